@@ -1,0 +1,91 @@
+"""longrun: make a long task durable.
+
+A run contract and plan pinned by a digest; a checksummed state envelope written atomically with a
+validated backup; an effect ledger that never repeats a verified effect; a lease with a fencing
+epoch that the store checks; fresh cancellation and scoped approval; bounded retry whose counters
+survive restarts; and one ``Runner`` that composes them over pluggable adapters and stores.
+"""
+
+from .adapters import EffectRequest, Observation, ObservedState, Receipt
+from .approval import Approval, ApprovalRequest
+from .budget import BudgetCounters, Limits, RetryPolicy
+from .cancellation import Cancellation
+from .contract import RunContract, Step, plan_digest
+from .envelope import RunState
+from .errors import (
+    AdapterError,
+    CorruptStateError,
+    FencedError,
+    ForeignStateError,
+    InvalidInputError,
+    LeaseHeldError,
+    LongrunError,
+    PermanentError,
+    SchemaVersionError,
+    StateUnrecoverableError,
+    StorageError,
+    TransientError,
+    UnknownActionError,
+    UnknownTaskError,
+)
+from .lease import Lease
+from .ledger import EffectRecord, EffectState
+from .outcome import Evidence, RunOutcome, Status
+from .protocols import Clock, EffectAdapter, LoadResult, Store
+from .stores import BaseStore, JsonFileStore
+
+
+def __getattr__(name: str) -> object:
+    # The runner is imported lazily so that importing longrun for its records or stores does not
+    # pull in the runner (and so nothing but the CLI and examples import it eagerly).
+    if name in ("Runner", "SystemClock"):
+        from . import runner
+
+        return getattr(runner, name)
+    raise AttributeError(f"module 'longrun' has no attribute {name!r}")
+
+
+__all__ = [
+    "AdapterError",
+    "Approval",
+    "ApprovalRequest",
+    "BaseStore",
+    "BudgetCounters",
+    "Cancellation",
+    "Clock",
+    "CorruptStateError",
+    "EffectAdapter",
+    "EffectRecord",
+    "EffectRequest",
+    "EffectState",
+    "Evidence",
+    "FencedError",
+    "ForeignStateError",
+    "InvalidInputError",
+    "JsonFileStore",
+    "Lease",
+    "LeaseHeldError",
+    "Limits",
+    "LoadResult",
+    "LongrunError",
+    "Observation",
+    "ObservedState",
+    "PermanentError",
+    "Receipt",
+    "RetryPolicy",
+    "RunContract",
+    "RunOutcome",
+    "RunState",
+    "Runner",
+    "SchemaVersionError",
+    "StateUnrecoverableError",
+    "Status",
+    "Step",
+    "Store",
+    "StorageError",
+    "SystemClock",
+    "TransientError",
+    "UnknownActionError",
+    "UnknownTaskError",
+    "plan_digest",
+]

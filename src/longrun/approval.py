@@ -1,0 +1,189 @@
+"""Scoped approval: a request bound to one effect, and the gate that decides whether an approval covers it.
+
+A step marked ``approval=True`` does not start until an approval names exactly its scope: task id,
+plan digest, step id, payload digest and action, and is unexpired. The runner persists an
+``ApprovalRequest`` carrying that scope; an operator answers with an ``Approval`` record bound to
+the same digests (``python -m longrun approve`` copies them from the request). The gate:
+
+- grants only an approval whose every scope field equals the request's, whose expiry lies in the
+  future, and whose id was never consumed; the runner then records the id as consumed in the same
+  commit that starts the effect, so one approval authorizes one effect, once;
+- refuses, and reports ``unsafe-to-continue``, an approval broader than requested (a wildcard or
+  missing scope field): someone tried to authorize more than was asked;
+- otherwise (missing, expired, replayed, for another plan, step, payload or action) keeps the step
+  ``awaiting-approval`` and says why.
+
+Not guaranteed here: who wrote the approval. Anyone who can write to the control area can approve;
+keep it out of the agent's reach.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from . import _fields as f
+from .canonical import JSONValue
+from .control import ControlRecord
+from .errors import CorruptStateError
+
+__all__ = ["Approval", "ApprovalRequest", "GateDecision", "GateVerdict", "SCOPE_FIELDS", "evaluate_gate"]
+
+SCOPE_FIELDS = ("task_id", "plan_digest", "step_id", "payload_digest", "action")
+WILDCARDS = frozenset({"*", "any", "all", ""})
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRequest:
+    task_id: str
+    plan_digest: str
+    step_id: str
+    payload_digest: str
+    action: str
+    requested_at: float
+    expires_at: float
+
+    def scope(self) -> dict[str, str]:
+        return {name: getattr(self, name) for name in SCOPE_FIELDS}
+
+    def expired(self, now: float) -> bool:
+        return now >= self.expires_at
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {**self.scope(), "requested_at": self.requested_at, "expires_at": self.expires_at}
+
+    @classmethod
+    def from_json(cls, data: object) -> "ApprovalRequest":
+        what = "approval request"
+        d: Mapping[str, Any] = f.require_mapping(data, what)
+        return cls(
+            task_id=f.get_str(d, "task_id", what),
+            plan_digest=f.get_str(d, "plan_digest", what),
+            step_id=f.get_str(d, "step_id", what),
+            payload_digest=f.get_str(d, "payload_digest", what),
+            action=f.get_str(d, "action", what),
+            requested_at=f.get_float(d, "requested_at", what),
+            expires_at=f.get_float(d, "expires_at", what),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    """An operator's answer to one request. ``approval_id`` is a nonce: it authorizes once."""
+
+    approval_id: str
+    task_id: str
+    plan_digest: str
+    step_id: str
+    payload_digest: str
+    action: str
+    expires_at: float
+    approver: str
+    granted_at: float
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "approval_id": self.approval_id,
+            "task_id": self.task_id,
+            "plan_digest": self.plan_digest,
+            "step_id": self.step_id,
+            "payload_digest": self.payload_digest,
+            "action": self.action,
+            "expires_at": self.expires_at,
+            "approver": self.approver,
+            "granted_at": self.granted_at,
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> "Approval":
+        what = "approval record"
+        d: Mapping[str, Any] = f.require_mapping(data, what)
+        return cls(
+            approval_id=f.get_str(d, "approval_id", what),
+            task_id=f.get_str(d, "task_id", what),
+            plan_digest=f.get_str(d, "plan_digest", what),
+            step_id=f.get_str(d, "step_id", what),
+            payload_digest=f.get_str(d, "payload_digest", what),
+            action=f.get_str(d, "action", what),
+            expires_at=f.get_float(d, "expires_at", what),
+            approver=f.get_str(d, "approver", what),
+            granted_at=f.get_float(d, "granted_at", what),
+        )
+
+    @classmethod
+    def for_request(
+        cls, request: ApprovalRequest, *, approval_id: str, approver: str, granted_at: float, expires_at: float
+    ) -> "Approval":
+        return cls(approval_id=approval_id, approver=approver, granted_at=granted_at, expires_at=expires_at, **request.scope())
+
+
+class GateVerdict(str, enum.Enum):
+    GRANTED = "granted"
+    AWAITING = "awaiting"
+    REFUSED = "refused"
+
+
+@dataclass(frozen=True, slots=True)
+class GateDecision:
+    verdict: GateVerdict
+    approval: Approval | None = None
+    reasons: tuple[str, ...] = field(default=())
+
+
+def _broader_fields(body: Mapping[str, Any]) -> list[str]:
+    broad = []
+    for name in SCOPE_FIELDS:
+        value = body.get(name)
+        if not isinstance(value, str) or value.strip().lower() in WILDCARDS or "*" in value:
+            broad.append(name)
+    if body.get("expires_at") is None:
+        broad.append("expires_at")
+    return broad
+
+
+def evaluate_gate(
+    request: ApprovalRequest, records: Iterable[ControlRecord], consumed: frozenset[str] | set[str], now: float
+) -> GateDecision:
+    """Decide whether any of ``records`` authorizes ``request`` now (see the module docstring)."""
+    reasons: list[str] = []
+    refusals: list[str] = []
+    granted: Approval | None = None
+    for raw in records:
+        if raw.error is not None:
+            reasons.append(f"approval {raw.name}: unreadable ({raw.error})")
+            continue
+        body = raw.body
+        if not isinstance(body, Mapping):
+            reasons.append(f"approval {raw.name}: not a JSON object")
+            continue
+        step_id = body.get("step_id")
+        if isinstance(step_id, str) and step_id != request.step_id and "*" not in step_id and step_id.strip():
+            continue  # an approval for another step: not ours to judge
+        broad = _broader_fields(body)
+        if broad:
+            refusals.append(f"approval {raw.name} is broader than requested (open scope: {', '.join(broad)})")
+            continue
+        try:
+            approval = Approval.from_json(body)
+        except CorruptStateError as exc:
+            reasons.append(f"approval {raw.name}: {exc}")
+            continue
+        mismatched = [name for name in SCOPE_FIELDS if getattr(approval, name) != getattr(request, name)]
+        if mismatched:
+            reasons.append(f"approval {approval.approval_id} does not match the request in {', '.join(mismatched)}")
+        elif approval.approval_id in consumed:
+            reasons.append(f"approval {approval.approval_id} was already consumed")
+        elif now >= approval.expires_at:
+            reasons.append(f"approval {approval.approval_id} expired at {approval.expires_at:.3f}")
+        elif granted is None:
+            granted = approval
+    # A broader-than-requested record refuses the step even beside an exact one: someone tried to
+    # authorize more than was asked, and an operator should look before anything runs.
+    if refusals:
+        return GateDecision(GateVerdict.REFUSED, None, tuple(refusals + reasons))
+    if granted is not None:
+        return GateDecision(GateVerdict.GRANTED, granted, tuple(reasons))
+    if not reasons:
+        reasons.append(f"no approval yet for step {request.step_id!r}")
+    return GateDecision(GateVerdict.AWAITING, None, tuple(reasons))

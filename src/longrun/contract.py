@@ -1,0 +1,175 @@
+"""The run contract and its plan, pinned by one digest.
+
+A ``RunContract`` says what a task is for and what it may do; a list of ``Step``s says what it
+will do, in order. ``plan_digest`` is SHA-256 over the canonical JSON of the contract and the
+steps' static parts (a callable payload contributes only the fact that it is dynamic). A run
+records the digest in its first revision; resuming with any other plan is refused
+(``plan-mismatch``) before anything changes.
+
+Not guaranteed: that a dynamic payload callable returns the same value twice. It is evaluated
+once, when its effect is planned, and the value is persisted; resumes use the persisted value.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from .canonical import JSONValue, digest_of, ensure_json
+from .errors import InvalidInputError
+
+__all__ = ["PayloadFactory", "RunContract", "Step", "check_task_id", "plan_digest", "validate_plan"]
+
+PayloadFactory = Callable[[Mapping[str, JSONValue]], Mapping[str, Any]]
+"""Receives the results of completed steps (step id -> result) and returns the payload."""
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_task_id(task_id: object, *, what: str = "task id") -> str:
+    """Return ``task_id`` if it is a safe single path component, else raise ``InvalidInputError``.
+
+    Safe: 1-128 characters of ASCII letters, digits, '.', '_' and '-', not starting with '.' or '-'.
+    So it can never name a parent directory, an absolute path or a hidden file.
+    """
+    if not isinstance(task_id, str) or not _SAFE_NAME.fullmatch(task_id):
+        raise InvalidInputError(
+            f"{what} {task_id!r} is not a safe name: use 1-128 of [A-Za-z0-9._-], starting with a letter or digit"
+        )
+    return task_id
+
+
+def _names(values: Sequence[str], what: str) -> tuple[str, ...]:
+    if isinstance(values, str):
+        raise InvalidInputError(f"{what} must be a sequence of names, not a single string")
+    out = tuple(values)
+    for value in out:
+        if not isinstance(value, str) or not value:
+            raise InvalidInputError(f"{what} must contain non-empty strings, got {value!r}")
+    if len(set(out)) != len(out):
+        raise InvalidInputError(f"{what} contains duplicates: {out!r}")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class RunContract:
+    """What the task is for and what it may do."""
+
+    task_id: str
+    goal: str
+    non_goals: tuple[str, ...] = ()
+    allowed_actions: tuple[str, ...] = ()
+    forbidden_actions: tuple[str, ...] = ()
+    completion_evidence: tuple[str, ...] = ()
+    """Step ids whose effects must be verified before the run is ``done``; empty means every step."""
+
+    def __post_init__(self) -> None:
+        check_task_id(self.task_id)
+        if not isinstance(self.goal, str) or not self.goal.strip():
+            raise InvalidInputError("a run contract needs a non-empty goal")
+        for name in ("non_goals", "allowed_actions", "forbidden_actions", "completion_evidence"):
+            object.__setattr__(self, name, _names(getattr(self, name), name))
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "task_id": self.task_id,
+            "goal": self.goal,
+            "non_goals": list(self.non_goals),
+            "allowed_actions": list(self.allowed_actions),
+            "forbidden_actions": list(self.forbidden_actions),
+            "completion_evidence": list(self.completion_evidence),
+        }
+
+    def action_refusal(self, action: str) -> str | None:
+        """Why ``action`` may not run under this contract, or None if it may."""
+        if action in self.forbidden_actions:
+            return f"action {action!r} is forbidden by the run contract"
+        if self.allowed_actions and action not in self.allowed_actions:
+            return f"action {action!r} is not among the contract's allowed actions {list(self.allowed_actions)}"
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One effect the plan will make: an action with a payload, optionally behind an approval."""
+
+    step_id: str
+    action: str
+    payload: Mapping[str, Any] | PayloadFactory = field(default_factory=dict)
+    approval: bool = False
+    key: str | None = None
+    """The stable semantic key of the effect; defaults to ``"<task id>/<step id>"``."""
+
+    def __post_init__(self) -> None:
+        check_task_id(self.step_id, what="step id")
+        if not isinstance(self.action, str) or not self.action:
+            raise InvalidInputError(f"step {self.step_id!r} needs a non-empty action name")
+        if not isinstance(self.approval, bool):
+            raise InvalidInputError(f"step {self.step_id!r}: approval must be True or False")
+        if self.key is not None and (not isinstance(self.key, str) or not self.key):
+            raise InvalidInputError(f"step {self.step_id!r}: key must be a non-empty string")
+        if not callable(self.payload):
+            if not isinstance(self.payload, Mapping):
+                raise InvalidInputError(f"step {self.step_id!r}: payload must be a mapping or a callable")
+            ensure_json(self.payload, what=f"payload of step {self.step_id!r}")
+
+    @property
+    def dynamic(self) -> bool:
+        return callable(self.payload)
+
+    def effect_key(self, task_id: str) -> str:
+        return self.key if self.key is not None else f"{task_id}/{self.step_id}"
+
+    def static_json(self, task_id: str) -> dict[str, JSONValue]:
+        """The parts of the step that the plan digest pins."""
+        payload: JSONValue = {"$dynamic": True} if self.dynamic else ensure_json(self.payload)
+        return {
+            "step_id": self.step_id,
+            "action": self.action,
+            "approval": self.approval,
+            "key": self.effect_key(task_id),
+            "payload": payload,
+        }
+
+    def evaluate_payload(self, results: Mapping[str, JSONValue]) -> dict[str, JSONValue]:
+        """The payload as plain JSON: the mapping itself, or what the factory returns for ``results``."""
+        value = self.payload(results) if callable(self.payload) else self.payload
+        if not isinstance(value, Mapping):
+            raise InvalidInputError(
+                f"payload of step {self.step_id!r} must be a mapping, got {type(value).__name__}"
+            )
+        return ensure_json(value, what=f"payload of step {self.step_id!r}")
+
+
+def validate_plan(contract: RunContract, steps: Sequence[Step]) -> tuple[Step, ...]:
+    """Check the steps against each other and the contract; return them as a tuple."""
+    if isinstance(contract, RunContract) is False:
+        raise InvalidInputError("contract must be a RunContract")
+    plan = tuple(steps)
+    if not plan:
+        raise InvalidInputError("a plan needs at least one step")
+    for step in plan:
+        if not isinstance(step, Step):
+            raise InvalidInputError(f"plan entries must be Step, got {type(step).__name__}")
+    ids = [step.step_id for step in plan]
+    if len(set(ids)) != len(ids):
+        raise InvalidInputError(f"step ids must be unique: {ids!r}")
+    keys = [step.effect_key(contract.task_id) for step in plan]
+    if len(set(keys)) != len(keys):
+        raise InvalidInputError(f"effect keys must be unique: {keys!r}")
+    unknown = [name for name in contract.completion_evidence if name not in ids]
+    if unknown:
+        raise InvalidInputError(f"completion evidence names steps that are not in the plan: {unknown!r}")
+    return plan
+
+
+def plan_digest(contract: RunContract, steps: Sequence[Step]) -> str:
+    """SHA-256 over the canonical JSON of the contract and the steps' static parts."""
+    return digest_of(
+        {
+            "contract": contract.to_json(),
+            "steps": [step.static_json(contract.task_id) for step in steps],
+        },
+        what="plan",
+    )

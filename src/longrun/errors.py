@@ -1,0 +1,113 @@
+"""The exception tree of longrun, drawn once.
+
+::
+
+    LongrunError                      root of every error the library raises itself
+    +-- InvalidInputError(ValueError) bad arguments: task id, payload, limits, contract
+    |   +-- UnknownActionError        a step names an action with no adapter
+    |   +-- UnknownTaskError(LookupError) no such task in the store
+    +-- StorageError(OSError)         the store could not read or write; __cause__ holds the OSError
+    |   +-- FencedError               a write carried an epoch other than the store's current one
+    |   +-- LeaseHeldError            another live owner holds the task's lease
+    +-- CorruptStateError(ValueError) stored bytes fail validation (checksum, syntax, fields)
+    |   +-- ForeignStateError         valid state that belongs to another task
+    |   +-- SchemaVersionError        a schema version this code does not know
+    |   +-- StateUnrecoverableError   neither the state nor its backup validates
+    +-- AdapterError                  base of the two classified adapter failures
+        +-- TransientError            the effect did not take place; retry within budget
+        +-- PermanentError            the effect did not take place and never will; stop `blocked`
+
+Any other exception escaping ``EffectAdapter.apply`` is treated as "outcome unknown": the
+effect becomes ``uncertain`` and is reconciled by observation, never blindly retried.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AdapterError",
+    "CorruptStateError",
+    "FencedError",
+    "ForeignStateError",
+    "InvalidInputError",
+    "LeaseHeldError",
+    "LongrunError",
+    "PermanentError",
+    "SchemaVersionError",
+    "StateUnrecoverableError",
+    "StorageError",
+    "TransientError",
+    "UnknownActionError",
+    "UnknownTaskError",
+]
+
+
+class LongrunError(Exception):
+    """Root of every error longrun raises itself."""
+
+
+class InvalidInputError(LongrunError, ValueError):
+    """An argument is malformed: nothing was written."""
+
+
+class UnknownActionError(InvalidInputError):
+    """A step names an action for which no adapter was given."""
+
+
+class UnknownTaskError(InvalidInputError, LookupError):
+    """The store holds no task by that id."""
+
+
+class StorageError(LongrunError, OSError):
+    """The store could not complete a read or write. The cause is chained."""
+
+
+class FencedError(StorageError):
+    """A write carried a fencing epoch that is not the store's current epoch.
+
+    The writer's lease was taken over (or never issued); the write changed nothing.
+    """
+
+    def __init__(self, message: str, *, current_epoch: int | None = None, write_epoch: int | None = None):
+        super().__init__(message)
+        self.current_epoch = current_epoch
+        self.write_epoch = write_epoch
+
+
+class LeaseHeldError(StorageError):
+    """Another owner holds an unexpired lease on the task."""
+
+    def __init__(self, message: str, *, holder: object | None = None):
+        super().__init__(message)
+        self.holder = holder
+
+
+class CorruptStateError(LongrunError, ValueError):
+    """Stored bytes failed validation. They were not used."""
+
+
+class ForeignStateError(CorruptStateError):
+    """The stored state is well formed but names another task."""
+
+
+class SchemaVersionError(CorruptStateError):
+    """The stored record has a schema version this code does not know."""
+
+
+class StateUnrecoverableError(CorruptStateError):
+    """Neither the state nor its backup validates; damaged files were quarantined."""
+
+
+class AdapterError(LongrunError):
+    """Base of the failures an adapter classifies itself."""
+
+
+class TransientError(AdapterError):
+    """Raise from ``apply`` only when the effect certainly did not take place and may succeed later.
+
+    An ambiguous failure (a timeout after the request was sent) must raise anything else, so that
+    the runner marks the effect uncertain and observes before any retry.
+    """
+
+
+class PermanentError(AdapterError):
+    """Raise from ``apply`` when the effect did not take place and retrying cannot help."""

@@ -1,0 +1,138 @@
+"""The effect ledger: one record per side effect, and the only legal moves between its states.
+
+Lifecycle::
+
+    planned -> started -> acknowledged -> verified
+                       -> uncertain    -> verified
+    started/acknowledged/uncertain -> planned   (observed absent: a retry is allowed)
+    planned/started -> failed                   (the adapter raised PermanentError)
+    planned -> uncertain                        (state recovered from a backup: a start may be lost)
+
+Guarantees this module enforces: a record changes only by ``EffectRecord.move``, which refuses any
+move not drawn above, so a verified effect can never go back to planned and be applied again.
+``started`` carries the attempt number, the payload digest and the fencing epoch of the writer.
+Not guaranteed here: durability. The runner commits records through a store before and after
+each adapter call; this module only says which records are legal.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+from . import _fields as f
+from .canonical import JSONValue
+from .errors import CorruptStateError, LongrunError
+
+__all__ = ["EffectRecord", "EffectState", "IllegalTransitionError"]
+
+
+class EffectState(str, enum.Enum):
+    PLANNED = "planned"
+    STARTED = "started"
+    ACKNOWLEDGED = "acknowledged"
+    UNCERTAIN = "uncertain"
+    VERIFIED = "verified"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_MOVES: dict[EffectState, frozenset[EffectState]] = {
+    # planned -> uncertain only when the state came from a backup: the lost revision may have started it.
+    EffectState.PLANNED: frozenset({EffectState.STARTED, EffectState.FAILED, EffectState.UNCERTAIN}),
+    EffectState.STARTED: frozenset(
+        {EffectState.ACKNOWLEDGED, EffectState.UNCERTAIN, EffectState.VERIFIED, EffectState.PLANNED, EffectState.FAILED}
+    ),
+    EffectState.ACKNOWLEDGED: frozenset({EffectState.VERIFIED, EffectState.UNCERTAIN, EffectState.PLANNED}),
+    EffectState.UNCERTAIN: frozenset({EffectState.VERIFIED, EffectState.PLANNED}),
+    EffectState.VERIFIED: frozenset(),
+    EffectState.FAILED: frozenset(),
+}
+
+IN_FLIGHT = frozenset({EffectState.STARTED, EffectState.ACKNOWLEDGED, EffectState.UNCERTAIN})
+"""States whose outcome at the target is not yet known to the ledger: reconcile before anything else."""
+
+
+class IllegalTransitionError(LongrunError):
+    """A ledger move that the lifecycle does not allow; a bug in the caller, never retried."""
+
+
+@dataclass(frozen=True, slots=True)
+class EffectRecord:
+    key: str
+    step_id: str
+    action: str
+    payload: JSONValue
+    payload_digest: str
+    state: EffectState = EffectState.PLANNED
+    attempts: int = 0
+    epoch: int = 0
+    """The fencing epoch under which the latest attempt started."""
+    result: JSONValue = None
+    cost: float = 0.0
+    receipt: str | None = None
+    """The adapter's acknowledgement evidence for the latest attempt, if it returned one."""
+    evidence: str | None = None
+    """What observation said about the effect, latest first."""
+    last_error: str | None = None
+    not_before: float | None = None
+    approval_id: str | None = None
+    updated_at: float = 0.0
+
+    def move(self, state: EffectState, at: float, **changes: Any) -> "EffectRecord":
+        if state not in _MOVES[self.state]:
+            raise IllegalTransitionError(f"effect {self.key!r}: {self.state.value} -> {state.value} is not allowed")
+        return replace(self, state=state, updated_at=at, **changes)
+
+    @property
+    def in_flight(self) -> bool:
+        return self.state in IN_FLIGHT
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "key": self.key,
+            "step_id": self.step_id,
+            "action": self.action,
+            "payload": self.payload,
+            "payload_digest": self.payload_digest,
+            "state": self.state.value,
+            "attempts": self.attempts,
+            "epoch": self.epoch,
+            "result": self.result,
+            "cost": self.cost,
+            "receipt": self.receipt,
+            "evidence": self.evidence,
+            "last_error": self.last_error,
+            "not_before": self.not_before,
+            "approval_id": self.approval_id,
+            "updated_at": self.updated_at,
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> "EffectRecord":
+        what = "effect record"
+        d: Mapping[str, Any] = f.require_mapping(data, what)
+        payload = d.get("payload")
+        if not isinstance(payload, dict):
+            raise CorruptStateError(f"{what}: field 'payload' must be a JSON object")
+        return cls(
+            key=f.get_str(d, "key", what),
+            step_id=f.get_str(d, "step_id", what),
+            action=f.get_str(d, "action", what),
+            payload=payload,
+            payload_digest=f.get_str(d, "payload_digest", what),
+            state=f.get_enum(d, "state", what, EffectState),
+            attempts=f.get_int(d, "attempts", what),
+            epoch=f.get_int(d, "epoch", what),
+            result=d.get("result"),
+            cost=f.get_float(d, "cost", what),
+            receipt=f.get_str(d, "receipt", what, optional=True),
+            evidence=f.get_str(d, "evidence", what, optional=True),
+            last_error=f.get_str(d, "last_error", what, optional=True),
+            not_before=f.get_float(d, "not_before", what, optional=True),
+            approval_id=f.get_str(d, "approval_id", what, optional=True),
+            updated_at=f.get_float(d, "updated_at", what),
+        )

@@ -1,0 +1,85 @@
+"""What a run returns: one status, one safe next action, results, and the evidence split three ways.
+
+``observations`` are things actually read (state bytes and their digest, receipts, target
+observations, control records), each with its source and time. ``inferences`` are conclusions the
+runner drew from them. ``unknowns`` are what it could not establish: unverified outcomes, stale
+authority, ambiguous ownership. An operator reading an outcome can tell which is which.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from . import _fields as f
+from .canonical import JSONValue
+
+__all__ = ["Evidence", "RunOutcome", "Status", "TERMINAL"]
+
+
+class Status(str, enum.Enum):
+    RUNNING = "running"
+    DONE = "done"
+    AWAITING_APPROVAL = "awaiting-approval"
+    CANCELLED = "cancelled"
+    ALREADY_RUNNING = "already-running"
+    RETRY_SCHEDULED = "retry-scheduled"
+    LIMITS_EXHAUSTED = "limits-exhausted"
+    BLOCKED = "blocked"
+    UNSAFE_TO_CONTINUE = "unsafe-to-continue"
+    STATE_UNRECOVERABLE = "state-unrecoverable"
+    PLAN_MISMATCH = "plan-mismatch"
+    LEASE_LOST = "lease-lost"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TERMINAL = frozenset({Status.DONE, Status.CANCELLED, Status.LIMITS_EXHAUSTED, Status.BLOCKED})
+"""Statuses recorded as final: running the task again changes nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    source: str
+    detail: str
+    at: float
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {"source": self.source, "detail": self.detail, "at": self.at}
+
+    @classmethod
+    def from_json(cls, data: object) -> "Evidence":
+        what = "evidence record"
+        d: Mapping[str, Any] = f.require_mapping(data, what)
+        return cls(source=f.get_str(d, "source", what), detail=f.get_str(d, "detail", what), at=f.get_float(d, "at", what))
+
+    def __str__(self) -> str:
+        return f"[{self.source} @ {self.at:.3f}] {self.detail}"
+
+
+@dataclass(frozen=True, slots=True)
+class RunOutcome:
+    status: Status
+    next_action: str
+    task_id: str
+    results: Mapping[str, JSONValue] = field(default_factory=dict)
+    observations: tuple[Evidence, ...] = ()
+    inferences: tuple[Evidence, ...] = ()
+    unknowns: tuple[Evidence, ...] = ()
+    revision: int = 0
+    epoch: int = 0
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "status": self.status.value,
+            "next_action": self.next_action,
+            "task_id": self.task_id,
+            "results": dict(self.results),
+            "observations": [item.to_json() for item in self.observations],
+            "inferences": [item.to_json() for item in self.inferences],
+            "unknowns": [item.to_json() for item in self.unknowns],
+            "revision": self.revision,
+            "epoch": self.epoch,
+        }

@@ -1,0 +1,97 @@
+"""The seams users implement, in one place: effect adapters, clocks and stores.
+
+Each is a ``typing.Protocol``: implement the methods, no base class needed. The records that cross
+these seams are frozen dataclasses defined beside the concept they belong to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Collection, Protocol, runtime_checkable
+
+from .adapters import EffectRequest, Observation, Receipt
+from .approval import Approval
+from .cancellation import Cancellation
+from .control import ControlRecord
+from .envelope import RunState
+from .lease import Lease
+from .outcome import Evidence
+
+__all__ = ["Clock", "EffectAdapter", "LoadResult", "Store"]
+
+
+@runtime_checkable
+class EffectAdapter(Protocol):
+    """Applies one kind of side effect to a target, and observes the target independently.
+
+    ``apply`` returns a ``Receipt`` (an acknowledgement), raises ``TransientError`` or
+    ``PermanentError`` when the effect certainly did not happen, or raises anything else when the
+    outcome is unknown. ``observe`` reports whether the effect with ``request.key`` has happened.
+    ``deduplicates`` is True only if the target itself ignores a second apply of the same key and
+    payload; only then may an effect whose outcome cannot be observed be sent again.
+    """
+
+    deduplicates: bool
+
+    def apply(self, request: EffectRequest) -> Receipt: ...
+
+    def observe(self, request: EffectRequest) -> Observation: ...
+
+
+class Clock(Protocol):
+    """Wall-clock seconds since the epoch, and a way to wait. Tests inject ``testing.FakeClock``."""
+
+    def now(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LoadResult:
+    """What ``Store.load`` found."""
+
+    state: RunState | None
+    """None when the task has never committed a revision."""
+    source: str = "none"
+    """"primary", "backup" or "none"."""
+    digest: str = ""
+    """SHA-256 of the bytes the state was decoded from."""
+    observations: tuple[Evidence, ...] = ()
+    quarantined: tuple[str, ...] = ()
+    revision_floor: int = 0
+    """The next commit gets a revision above this; past any revision that may have been committed."""
+
+    @property
+    def recovered(self) -> bool:
+        return self.source == "backup"
+
+
+class Store(Protocol):
+    """Durable state of record for tasks: lease, state, control records.
+
+    Every mutating call that takes a ``Lease`` is fenced: the store raises ``FencedError`` and
+    changes nothing unless the lease's epoch is the task's current epoch. ``acquire_lease`` issues
+    a strictly greater epoch on every acquisition.
+    """
+
+    def acquire_lease(self, task_id: str, owner: str, ttl_s: float, now: float) -> Lease: ...
+
+    def renew_lease(self, lease: Lease, ttl_s: float, now: float) -> Lease: ...
+
+    def release_lease(self, lease: Lease, now: float) -> None: ...
+
+    def read_lease(self, task_id: str) -> Lease | None: ...
+
+    def load(self, task_id: str, *, lease: Lease | None = None) -> LoadResult: ...
+
+    def commit(self, lease: Lease, state: RunState, changed: Collection[str] = ()) -> int: ...
+
+    def read_cancellation(self, task_id: str) -> ControlRecord | None: ...
+
+    def write_cancellation(self, record: Cancellation) -> None: ...
+
+    def read_approvals(self, task_id: str) -> tuple[ControlRecord, ...]: ...
+
+    def write_approval(self, approval: Approval) -> None: ...
+
+    def list_tasks(self) -> list[str]: ...

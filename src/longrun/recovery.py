@@ -1,0 +1,88 @@
+"""The recovery procedure, and the one rule for an effect whose outcome the ledger does not know.
+
+Every ``Runner.run`` call is a recovery; a first run is just one with nothing to recover. In order:
+
+1. Take the task's lease, or stop ``already-running`` having done nothing.
+2. Load and validate the state: schema, task identity, checksum, plan digest, revision, backup.
+   Damaged files are quarantined; a damaged primary is replaced by the validated backup with every
+   unverified step observed before it may be applied (``RunState.reconcile_all``); if nothing
+   validates, stop ``state-unrecoverable``.
+3. Reconcile every started, acknowledged or uncertain effect by observation before anything else
+   (``reconcile`` below): applied becomes verified and is never re-applied; absent allows a retry;
+   unknown allows a retry only if the adapter deduplicates, else the run stops
+   ``unsafe-to-continue`` with the effect listed among the unknowns.
+4. Read cancellation, authority and approvals fresh.
+5. Enforce the budgets (attempts, steps, elapsed, cost, no progress), counted across restarts.
+6. Pick the one next authorized action.
+7. Persist the intent (``started``, with attempt, payload digest and epoch), then execute it.
+8. Persist the acknowledgement or the uncertainty, observe, persist the verification; continue
+   until done or a legal stop.
+
+Steps 1-2 live in the store (``stores.base``), 3 here, and 4-8 in ``runner``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass, replace
+
+from .adapters import EffectRequest, Observation, ObservedState
+from .ledger import EffectRecord, EffectState
+from .protocols import EffectAdapter
+
+__all__ = ["Reconciled", "Verdict", "observe_safely", "reconcile"]
+
+log = logging.getLogger("longrun")
+
+
+class Verdict(str, enum.Enum):
+    VERIFIED = "verified"
+    RETRY = "retry"
+    """The effect did not take place (or the target deduplicates): it may be applied again."""
+    UNSAFE = "unsafe"
+    """The outcome cannot be established and re-applying could duplicate it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciled:
+    record: EffectRecord
+    verdict: Verdict
+    observation: Observation
+    reason: str
+
+
+def observe_safely(adapter: EffectAdapter, request: EffectRequest) -> Observation:
+    """``adapter.observe``, with any exception turned into an ``unknown`` observation that names it."""
+    try:
+        observation = adapter.observe(request)
+    except Exception as exc:  # the failure becomes evidence (an unknown), it is not dropped
+        log.warning("observe of %s failed: %r", request.key, exc)
+        return Observation.unknown(f"observe raised {type(exc).__name__}: {exc}")
+    if not isinstance(observation, Observation):
+        return Observation.unknown(f"observe returned {type(observation).__name__}, not an Observation")
+    return observation
+
+
+def reconcile(record: EffectRecord, adapter: EffectAdapter, request: EffectRequest, now: float) -> Reconciled:
+    """Settle an in-flight effect (started, acknowledged or uncertain) by observing the target."""
+    observation = observe_safely(adapter, request)
+    if observation.state is ObservedState.APPLIED:
+        result = observation.result if observation.result is not None else record.result
+        verified = record.move(EffectState.VERIFIED, now, result=result, evidence=observation.evidence)
+        return Reconciled(verified, Verdict.VERIFIED, observation, f"observed applied: {observation.evidence}")
+    if observation.state is ObservedState.ABSENT and record.receipt is None:
+        retry = record.move(EffectState.PLANNED, now, evidence=observation.evidence)
+        return Reconciled(retry, Verdict.RETRY, observation, f"observed absent: {observation.evidence}")
+    if observation.state is ObservedState.ABSENT:
+        reason = f"the target acknowledged {record.key!r} ({record.receipt}) but observation says absent ({observation.evidence})"
+    else:
+        reason = f"outcome of {record.key!r} is unknown: {observation.evidence}"
+    if adapter.deduplicates:
+        retry = record.move(EffectState.PLANNED, now, evidence=observation.evidence)
+        return Reconciled(retry, Verdict.RETRY, observation, reason + "; the target deduplicates, so it may be sent again")
+    if record.state is EffectState.UNCERTAIN:
+        uncertain = replace(record, evidence=observation.evidence, updated_at=now)
+    else:
+        uncertain = record.move(EffectState.UNCERTAIN, now, evidence=observation.evidence)
+    return Reconciled(uncertain, Verdict.UNSAFE, observation, reason)

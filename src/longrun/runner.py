@@ -1,0 +1,601 @@
+"""The Runner: the recovery procedure and the effect loop, composed over the adapter and store seams.
+
+``Runner(contract, steps, store=..., adapters=...).run()`` takes the task's lease, recovers, and
+applies the plan's effects one at a time until the run is done or reaches a legal stop, which it
+returns as a ``RunOutcome`` with one safe next action. Call it again (after a crash, an approval, a
+backoff) and it continues where the durable state says, never repeating a verified effect.
+
+Durability rules the loop keeps:
+
+- ``started`` (attempt, payload digest, epoch) is committed before ``apply`` is called, always in
+  its own commit that precedes the call.
+- The verification of effect i is committed together with the start of effect i+1 (or with the
+  run's stop), so a sequential run costs one commit per effect. If the process dies in between,
+  recovery observes effect i again, finds it applied, and verifies it without re-applying.
+- A transient failure's backoff time is committed at once, so a restart honours it.
+- Cancellation and approvals are read from the store before every new effect, never cached.
+- The lease is renewed in the background while the run holds it; if a renewal fails the runner
+  makes no further write and returns ``lease-lost``.
+
+Not guaranteed: that an adapter call stops when the lease is lost or a deadline passes (threads
+cannot be killed; targets should check ``EffectRequest.epoch`` and ``deadline``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import time
+from dataclasses import replace
+from types import MappingProxyType
+from typing import Mapping, Sequence
+
+from .adapters import EffectRequest, Receipt
+from .approval import ApprovalRequest, GateVerdict, evaluate_gate
+from .budget import BudgetCounters, Limits, RetryPolicy
+from .cancellation import Cancellation
+from .canonical import JSONValue, digest_of
+from .contract import RunContract, Step, plan_digest, validate_plan
+from .envelope import RunState
+from .errors import (
+    CorruptStateError,
+    FencedError,
+    InvalidInputError,
+    LeaseHeldError,
+    PermanentError,
+    StateUnrecoverableError,
+    TransientError,
+    UnknownActionError,
+)
+from .lease import Lease, LeaseKeeper
+from .ledger import EffectRecord, EffectState
+from .outcome import TERMINAL, Evidence, RunOutcome, Status
+from .protocols import Clock, EffectAdapter, Store
+from .recovery import Reconciled, Verdict, reconcile
+
+__all__ = ["Runner", "SystemClock"]
+
+log = logging.getLogger("longrun")
+
+
+class SystemClock:
+    """The real wall clock."""
+
+    def now(self) -> float:
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(seconds)
+
+
+def default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+class _Evidence:
+    """Collects one run's observations, inferences and unknowns, stamped by the clock."""
+
+    def __init__(self, clock: Clock):
+        self._clock = clock
+        self.observations: list[Evidence] = []
+        self.inferences: list[Evidence] = []
+        self.unknowns: list[Evidence] = []
+
+    def observed(self, source: str, detail: str) -> Evidence:
+        item = Evidence(source, detail, self._clock.now())
+        self.observations.append(item)
+        return item
+
+    def inferred(self, detail: str) -> None:
+        self.inferences.append(Evidence("runner", detail, self._clock.now()))
+
+    def unknown(self, source: str, detail: str) -> Evidence:
+        item = Evidence(source, detail, self._clock.now())
+        self.unknowns.append(item)
+        return item
+
+
+class _Stop(BaseException):
+    """Internal: unwinds the loop to return an outcome. Never escapes ``Runner.run``.
+
+    A ``BaseException`` so that no broad ``except Exception`` on the way can swallow a stop.
+    """
+
+    def __init__(self, status: Status, next_action: str):
+        super().__init__(status.value)
+        self.status = status
+        self.next_action = next_action
+
+
+class Runner:
+    def __init__(
+        self,
+        contract: RunContract,
+        steps: Sequence[Step],
+        *,
+        store: Store,
+        adapters: Mapping[str, EffectAdapter],
+        owner: str | None = None,
+        clock: Clock | None = None,
+        limits: Limits | None = None,
+        retry: RetryPolicy | None = None,
+        lease_ttl_s: float = 30.0,
+    ):
+        self.contract = contract
+        self.steps = validate_plan(contract, steps)
+        if not isinstance(adapters, Mapping):
+            raise InvalidInputError("adapters must map action names to EffectAdapter objects")
+        for step in self.steps:
+            adapter = adapters.get(step.action)
+            if adapter is None:
+                raise UnknownActionError(
+                    f"step {step.step_id!r} uses action {step.action!r}, which has no adapter (have: {sorted(adapters)})"
+                )
+            if not isinstance(adapter, EffectAdapter):
+                raise InvalidInputError(f"adapter for {step.action!r} lacks apply, observe or deduplicates")
+        if isinstance(lease_ttl_s, bool) or not isinstance(lease_ttl_s, (int, float)) or not lease_ttl_s > 0:
+            raise InvalidInputError(f"lease_ttl_s must be a positive number, got {lease_ttl_s!r}")
+        if owner is not None and (not isinstance(owner, str) or not owner):
+            raise InvalidInputError("owner must be a non-empty string")
+        self.store = store
+        self.adapters = dict(adapters)
+        self.owner = owner or default_owner()
+        self.clock: Clock = clock or SystemClock()
+        self.limits = limits or Limits()
+        self.retry = retry or RetryPolicy()
+        self.lease_ttl_s = float(lease_ttl_s)
+        self.plan_digest = plan_digest(contract, self.steps)
+        self.refusals = [
+            reason for reason in (contract.action_refusal(step.action) for step in self.steps) if reason is not None
+        ]
+        self._lease: Lease | None = None
+        self._keeper: LeaseKeeper | None = None
+        self._state: RunState | None = None
+        self._dirty = False
+        self._evidence = _Evidence(self.clock)
+
+    @property
+    def task_id(self) -> str:
+        return self.contract.task_id
+
+    # -- the public entry point ---------------------------------------------------------------
+
+    def run(self) -> RunOutcome:
+        """Recover and advance the run as far as it may go now; return why it stopped."""
+        self._evidence = _Evidence(self.clock)
+        self._state = None
+        self._dirty = False
+        if self.refusals:
+            for reason in self.refusals:
+                self._evidence.unknown("contract", reason)
+            return self._outcome(
+                Status.UNSAFE_TO_CONTINUE,
+                "change the plan so every step's action is allowed by the run contract; nothing was run",
+            )
+        try:
+            self._lease = self.store.acquire_lease(self.task_id, self.owner, self.lease_ttl_s, self.clock.now())
+        except LeaseHeldError as exc:
+            holder = exc.holder if isinstance(exc.holder, Lease) else None
+            self._evidence.observed("store", str(exc))
+            self._evidence.unknown("lease", "whether the current lease holder is alive and making progress")
+            until = f" at {holder.expires_at:.3f}" if holder else ""
+            return self._outcome(
+                Status.ALREADY_RUNNING,
+                f"wait for the current owner to finish or for its lease to expire{until}, then run again",
+            )
+        self._evidence.observed("store", f"lease acquired by {self.owner} at epoch {self._lease.epoch}")
+        self._keeper = LeaseKeeper(self._lease, self._renew, self.lease_ttl_s / 3)
+        try:
+            with self._keeper:
+                status, next_action = self._recover_and_run()
+        except FencedError as exc:
+            self._evidence.observed("store", f"write refused: {exc}")
+            self._evidence.unknown("lease", "another runner took over this task; its progress is not known here")
+            return self._outcome(Status.LEASE_LOST, "nothing on this runner: the newer lease holder continues the run")
+        except BaseException:
+            self._release(quiet=True)
+            raise
+        if status is not Status.LEASE_LOST:
+            self._release(quiet=False)
+        return self._outcome(status, next_action)
+
+    # -- lease --------------------------------------------------------------------------------
+
+    def _renew(self, lease: Lease) -> Lease:
+        return self.store.renew_lease(lease, self.lease_ttl_s, self.clock.now())
+
+    def _current_lease(self) -> Lease:
+        """The lease to write under; raises ``_Stop(lease-lost)`` if background renewal failed."""
+        assert self._keeper is not None
+        if self._keeper.failure is not None:
+            self._evidence.observed("lease", f"background renewal failed: {self._keeper.failure}")
+            raise _Stop(Status.LEASE_LOST, "nothing on this runner: the lease was lost, no further write was made")
+        lease = self._keeper.lease
+        now = self.clock.now()
+        if lease.remaining(now) < self.lease_ttl_s / 2:
+            lease = self._renew(lease)
+            self._keeper.replace(lease)
+        return lease
+
+    def _release(self, *, quiet: bool) -> None:
+        lease = self._keeper.lease if self._keeper is not None else self._lease
+        if lease is None:
+            return
+        try:
+            self.store.release_lease(lease, self.clock.now())
+        except FencedError as exc:
+            log.info("lease on %s was already taken over: %s", self.task_id, exc)
+        except Exception:
+            if not quiet:
+                raise
+            log.exception("releasing the lease on %s failed while another error propagates", self.task_id)
+
+    # -- persistence --------------------------------------------------------------------------
+
+    def _commit(self) -> None:
+        state = self._state
+        assert state is not None
+        lease = self._current_lease()
+        state.updated_at = self.clock.now()
+        self.store.commit(lease, state)
+        self._dirty = False
+
+    def _stop(self, status: Status, next_action: str) -> _Stop:
+        """Record a stop in the state (committed) and return the exception that unwinds to ``run``."""
+        state = self._state
+        assert state is not None
+        state.status = status
+        state.next_action = next_action
+        state.unknowns = list(self._evidence.unknowns)
+        self._commit()
+        return _Stop(status, next_action)
+
+    # -- the procedure ------------------------------------------------------------------------
+
+    def _recover_and_run(self) -> tuple[Status, str]:
+        try:
+            self._recover()
+            self._advance()
+        except _Stop as stop:
+            return stop.status, stop.next_action
+        raise AssertionError("the effect loop ended without a stop")  # pragma: no cover
+
+    def _recover(self) -> None:
+        assert self._lease is not None
+        try:
+            loaded = self.store.load(self.task_id, lease=self._lease)
+        except StateUnrecoverableError as exc:
+            self._evidence.observed("store", str(exc))
+            self._evidence.unknown("store", "which effects took place after the last readable revision")
+            raise _Stop(
+                Status.STATE_UNRECOVERABLE,
+                "inspect the quarantined state files and the target before anything else; do not restart this task from scratch",
+            ) from None
+        for item in loaded.observations:
+            self._evidence.observations.append(item)
+        now = self.clock.now()
+        if loaded.state is None:
+            self._state = RunState(
+                task_id=self.task_id,
+                plan_digest=self.plan_digest,
+                budget=BudgetCounters(created_at=now, last_progress_at=now),
+                created_at=now,
+                next_action="start the first step",
+            )
+            self._commit()
+            self._evidence.inferred("no state existed: this is the task's first run")
+            return
+        state = loaded.state
+        self._state = state
+        self._evidence.observed(
+            "store", f"state from {loaded.source}, revision {state.revision}, bytes {loaded.digest}, status {state.status.value}"
+        )
+        if state.plan_digest != self.plan_digest:
+            self._evidence.observed("store", f"recorded plan digest {state.plan_digest}")
+            raise _Stop(
+                Status.PLAN_MISMATCH,
+                f"run the task with the plan it was started with (digest {state.plan_digest}) or use a new task id",
+            )
+        if state.status in TERMINAL:
+            self._evidence.inferred(f"the run already ended {state.status.value}; nothing more will be applied")
+            raise _Stop(state.status, state.next_action)
+        unsafe = []
+        for step in self.steps:
+            record = state.effects.get(step.step_id)
+            if record is not None and record.in_flight:
+                settled = self._reconcile(step, record)
+                if settled.verdict is Verdict.UNSAFE:
+                    unsafe.append(settled)
+        if unsafe:
+            raise self._unsafe(unsafe[0])
+        if self._dirty:
+            self._commit()
+
+    def _request(self, step: Step, record: EffectRecord, attempt: int) -> EffectRequest:
+        assert self._keeper is not None
+        return EffectRequest(
+            task_id=self.task_id,
+            step_id=step.step_id,
+            action=step.action,
+            key=record.key,
+            payload=record.payload,
+            payload_digest=record.payload_digest,
+            attempt=attempt,
+            epoch=self._keeper.lease.epoch,
+            deadline=self.clock.now() + self.retry.deadline_s,
+        )
+
+    def _reconcile(self, step: Step, record: EffectRecord) -> Reconciled:
+        assert self._state is not None
+        adapter = self.adapters[step.action]
+        settled = reconcile(record, adapter, self._request(step, record, max(record.attempts, 1)), self.clock.now())
+        self._evidence.observed(f"target:{step.action}", f"{record.key}: {settled.observation.state.value} ({settled.observation.evidence})")
+        record = settled.record
+        if settled.verdict is Verdict.VERIFIED:
+            self._evidence.inferred(f"{record.key} verified by observation; it will not be applied again")
+            self._state.budget = self._state.budget.progressed(self.clock.now())
+        elif settled.verdict is Verdict.RETRY:
+            self._evidence.inferred(f"{record.key} may be applied again: {settled.reason}")
+            record = replace(record, not_before=self._backoff_until(record))
+        else:
+            self._evidence.unknown(f"target:{step.action}", settled.reason)
+        self._state.effects[step.step_id] = record
+        self._dirty = True
+        return settled
+
+    def _unsafe(self, settled: Reconciled) -> _Stop:
+        return self._stop(
+            Status.UNSAFE_TO_CONTINUE,
+            f"check the target for effect {settled.record.key!r} and resolve it by hand; then run again "
+            "(it will be observed again before anything is applied)",
+        )
+
+    def _backoff_until(self, record: EffectRecord) -> float | None:
+        if record.attempts == 0:
+            return None
+        return self.clock.now() + self.retry.delay(record.key, record.attempts)
+
+    def _results(self) -> Mapping[str, JSONValue]:
+        assert self._state is not None
+        return MappingProxyType(
+            {sid: rec.result for sid, rec in self._state.effects.items() if rec.state is EffectState.VERIFIED}
+        )
+
+    def _check_cancellation(self) -> None:
+        assert self._state is not None
+        raw = self.store.read_cancellation(self.task_id)
+        if raw is None:
+            self._evidence.inferred("no cancellation record: new effects are allowed")
+            return
+        item = self._evidence.observed("control", f"cancellation record {raw.name} ({raw.digest})")
+        self._state.note_control(item)
+        reason = "cancelled by an operator"
+        if raw.error is not None:
+            self._evidence.unknown("control", f"cancellation record is damaged ({raw.error}); treated as a request to stop")
+        else:
+            try:
+                record = Cancellation.from_json(raw.body)
+            except CorruptStateError as exc:
+                self._evidence.unknown("control", f"cancellation record is malformed ({exc}); treated as a request to stop")
+            else:
+                if record.task_id != self.task_id:
+                    self._evidence.unknown("control", f"cancellation record names task {record.task_id!r}; treated as a request to stop")
+                reason = f"cancelled by {record.requested_by}: {record.reason}"
+        raise self._stop(Status.CANCELLED, f"nothing: the run was {reason}; no new effect will start")
+
+    def _next_step(self) -> Step | None:
+        assert self._state is not None
+        for step in self.steps:
+            record = self._state.effects.get(step.step_id)
+            if record is None or record.state is not EffectState.VERIFIED:
+                return step
+        return None
+
+    def _advance(self) -> None:
+        state = self._state
+        assert state is not None
+        while True:
+            self._check_cancellation()
+            step = self._next_step()
+            if step is None:
+                self._finish()
+            assert step is not None
+            record = state.effects.get(step.step_id)
+            now = self.clock.now()
+            exhausted = state.budget.exhausted(self.limits, now)
+            if exhausted is None and record is not None and record.attempts >= self.limits.max_attempts:
+                exhausted = f"effect {record.key!r} used all {self.limits.max_attempts} attempts (last error: {record.last_error})"
+            if exhausted is not None:
+                self._evidence.observed("budget", exhausted)
+                raise self._stop(Status.LIMITS_EXHAUSTED, f"review why the budget ran out ({exhausted}); the run is over")
+            if record is None:
+                record = self._plan(step, now)
+            if record.not_before is not None and now < record.not_before:
+                wait = record.not_before - now
+                if wait > self.limits.max_block_s:
+                    raise self._stop(
+                        Status.RETRY_SCHEDULED,
+                        f"run again at or after {record.not_before:.3f} (effect {record.key!r} backs off after attempt {record.attempts})",
+                    )
+                self.clock.sleep(wait)
+                continue  # read cancellation afresh after waiting
+            if state.reconcile_all:
+                record = self._reconcile_before_start(step, record)
+                if record.state is EffectState.VERIFIED:
+                    continue
+            if step.approval and record.approval_id is None:
+                record = self._authorize(step, record)
+            self._execute(step, record)
+
+    def _plan(self, step: Step, now: float) -> EffectRecord:
+        assert self._state is not None
+        payload = step.evaluate_payload(self._results())
+        record = EffectRecord(
+            key=step.effect_key(self.task_id),
+            step_id=step.step_id,
+            action=step.action,
+            payload=payload,
+            payload_digest=digest_of(payload),
+            updated_at=now,
+        )
+        self._state.effects[step.step_id] = record
+        self._dirty = True
+        return record
+
+    def _reconcile_before_start(self, step: Step, record: EffectRecord) -> EffectRecord:
+        """After recovery from a backup, the lost revision may have started this step: observe first."""
+        assert self._state is not None
+        record = record.move(
+            EffectState.UNCERTAIN, self.clock.now(), last_error="state recovered from a backup: a start may have been lost"
+        )
+        settled = self._reconcile(step, record)
+        if settled.verdict is Verdict.UNSAFE:
+            raise self._unsafe(settled)
+        if settled.verdict is Verdict.RETRY:
+            # Steps run in order, so nothing after the first step observed absent can have started.
+            self._state.reconcile_all = False
+            self._evidence.inferred("recovery from the backup is reconciled: later steps cannot have started")
+        return self._state.effects[step.step_id]
+
+    def _authorize(self, step: Step, record: EffectRecord) -> EffectRecord:
+        state = self._state
+        assert state is not None
+        now = self.clock.now()
+        request = state.approval_requests.get(step.step_id)
+        if request is None or request.expired(now) or request.payload_digest != record.payload_digest:
+            request = ApprovalRequest(
+                task_id=self.task_id,
+                plan_digest=self.plan_digest,
+                step_id=step.step_id,
+                payload_digest=record.payload_digest,
+                action=step.action,
+                requested_at=now,
+                expires_at=now + self.limits.approval_ttl_s,
+            )
+            state.approval_requests[step.step_id] = request
+            self._dirty = True
+        records = self.store.read_approvals(self.task_id)
+        for raw in records:
+            state.note_control(self._evidence.observed("control", f"approval record {raw.name} ({raw.digest or raw.error})"))
+        decision = evaluate_gate(request, records, frozenset(state.consumed_approvals), now)
+        if decision.verdict is GateVerdict.GRANTED:
+            assert decision.approval is not None
+            approval = decision.approval
+            self._evidence.inferred(
+                f"approval {approval.approval_id} by {approval.approver} matches step {step.step_id!r} exactly; consumed once"
+            )
+            state.consumed_approvals.append(approval.approval_id)
+            del state.approval_requests[step.step_id]
+            record = replace(record, approval_id=approval.approval_id)
+            state.effects[step.step_id] = record
+            self._dirty = True
+            return record
+        for reason in decision.reasons:
+            self._evidence.unknown("approval", reason)
+        if decision.verdict is GateVerdict.REFUSED:
+            raise self._stop(
+                Status.UNSAFE_TO_CONTINUE,
+                f"remove the over-broad approval records for step {step.step_id!r} and approve exactly the pending request",
+            )
+        raise self._stop(
+            Status.AWAITING_APPROVAL,
+            f"approve step {step.step_id!r} (action {step.action!r}, payload {record.payload_digest}) "
+            f"with `longrun approve <store> {self.task_id} --step {step.step_id}`, then run again",
+        )
+
+    def _execute(self, step: Step, record: EffectRecord) -> None:
+        state = self._state
+        assert state is not None and self._keeper is not None
+        now = self.clock.now()
+        lease = self._current_lease()
+        attempt = record.attempts + 1
+        record = record.move(EffectState.STARTED, now, attempts=attempt, epoch=lease.epoch, not_before=None, last_error=None)
+        state.effects[step.step_id] = record
+        state.budget = state.budget.started(now)
+        state.current_step = step.step_id
+        state.status = Status.RUNNING
+        state.next_action = f"observe whether effect {record.key!r} took place"
+        self._commit()  # the intent is durable before the adapter is called
+        adapter = self.adapters[step.action]
+        request = self._request(step, record, attempt)
+        try:
+            receipt = adapter.apply(request)
+        except TransientError as exc:
+            self._transient(step, record, exc)
+            return
+        except PermanentError as exc:
+            self._current_lease()
+            state.effects[step.step_id] = record.move(EffectState.FAILED, self.clock.now(), last_error=f"permanent: {exc}")
+            self._evidence.observed(f"adapter:{step.action}", f"{record.key} attempt {attempt} failed permanently: {exc}")
+            raise self._stop(Status.BLOCKED, f"fix the cause of the permanent failure of step {step.step_id!r} ({exc}); the run is over")
+        except Exception as exc:  # outcome unknown: recorded as uncertain and observed, never retried blind
+            log.warning("apply of %s raised %r; observing", record.key, exc)
+            self._current_lease()
+            self._evidence.observed(f"adapter:{step.action}", f"{record.key} attempt {attempt} raised {type(exc).__name__}: {exc}")
+            record = record.move(EffectState.UNCERTAIN, self.clock.now(), last_error=f"{type(exc).__name__}: {exc}")
+            state.effects[step.step_id] = record
+            self._settle(step, record)
+            return
+        self._current_lease()
+        if not isinstance(receipt, Receipt):
+            receipt = Receipt(evidence=f"apply returned {type(receipt).__name__}, not a Receipt")
+        cost = float(receipt.cost) if isinstance(receipt.cost, (int, float)) and not isinstance(receipt.cost, bool) else 0.0
+        self._evidence.observed(f"adapter:{step.action}", f"receipt for {record.key} attempt {attempt}: {receipt.evidence or 'no evidence'}")
+        record = record.move(
+            EffectState.ACKNOWLEDGED,
+            self.clock.now(),
+            receipt=receipt.evidence or "acknowledged",
+            result=receipt.result,
+            cost=record.cost + cost,
+        )
+        state.effects[step.step_id] = record
+        state.budget = state.budget.spent(cost)
+        self._settle(step, record)
+
+    def _settle(self, step: Step, record: EffectRecord) -> None:
+        """Observe an acknowledged or uncertain effect right after ``apply``."""
+        settled = self._reconcile(step, record)
+        if settled.verdict is Verdict.UNSAFE:
+            raise self._unsafe(settled)
+        if settled.verdict is Verdict.RETRY:
+            self._commit()  # the retry's backoff must survive a restart
+        # A verification is committed with the next step's start (or the stop): one commit per effect.
+
+    def _transient(self, step: Step, record: EffectRecord, exc: TransientError) -> None:
+        assert self._state is not None
+        self._current_lease()
+        self._evidence.observed(f"adapter:{step.action}", f"{record.key} attempt {record.attempts} failed transiently: {exc}")
+        record = record.move(EffectState.PLANNED, self.clock.now(), last_error=f"transient: {exc}")
+        record = replace(record, not_before=self._backoff_until(record))
+        self._state.effects[step.step_id] = record
+        self._commit()
+
+    def _finish(self) -> None:
+        state = self._state
+        assert state is not None
+        required = self.contract.completion_evidence or tuple(step.step_id for step in self.steps)
+        missing = [sid for sid in required if state.effects.get(sid) is None or state.effects[sid].state is not EffectState.VERIFIED]
+        if missing:  # unreachable while every step must be verified before the loop ends; kept as a guard
+            raise self._stop(Status.UNSAFE_TO_CONTINUE, f"completion evidence missing for {missing}")
+        state.current_step = None
+        self._evidence.inferred(f"every required effect is verified: {list(required)}")
+        raise self._stop(Status.DONE, "nothing: every required effect is verified")
+
+    # -- the outcome --------------------------------------------------------------------------
+
+    def _outcome(self, status: Status, next_action: str) -> RunOutcome:
+        state = self._state
+        return RunOutcome(
+            status=status,
+            next_action=next_action,
+            task_id=self.task_id,
+            results=dict(self._results()) if state is not None else {},
+            observations=tuple(self._evidence.observations),
+            inferences=tuple(self._evidence.inferences),
+            unknowns=tuple(self._evidence.unknowns),
+            revision=state.revision if state is not None else 0,
+            epoch=self._lease.epoch if self._lease is not None else 0,
+        )

@@ -1,0 +1,148 @@
+"""The one I/O layer the file stores use: every open, write, fsync, rename and directory fsync.
+
+Routing file I/O through one small object gives the crash and fault tests a single place to
+count, fail or record calls (``FileIO`` can be subclassed or wrapped), and keeps the durable-write
+protocol in one function, ``write_atomic``:
+
+1. create a temporary file beside the destination (``O_EXCL``, owner-only, never following links);
+2. write it completely and ``fsync`` it;
+3. optionally hard-link the current destination to a backup name (costs no data write);
+4. ``os.replace`` the temporary file onto the destination;
+5. ``fsync`` the directory, so the renames themselves are durable.
+
+After step 5 returns the new content is durable; a crash at any earlier point leaves the old
+content in place (a leftover temporary file is never read as state). Not guaranteed: durability
+on file systems or devices that ignore fsync.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import stat
+
+__all__ = ["FileIO", "read_file", "write_atomic"]
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+TEMP_MARK = ".tmp-"
+
+
+class FileIO:
+    """Thin wrappers over ``os``; subclass to inject faults or record a trace."""
+
+    def open(self, path: str, flags: int, mode: int = 0o600) -> int:
+        return os.open(path, flags | _NOFOLLOW | _CLOEXEC, mode)
+
+    def write(self, fd: int, data: bytes) -> int:
+        return os.write(fd, data)
+
+    def read(self, fd: int, size: int) -> bytes:
+        return os.read(fd, size)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def replace(self, source: str, destination: str) -> None:
+        os.replace(source, destination)
+
+    def link(self, source: str, destination: str) -> None:
+        os.link(source, destination, follow_symlinks=False)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def mkdir(self, path: str, mode: int = 0o700) -> None:
+        os.mkdir(path, mode)
+
+    def fsync_dir(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def ensure_dir(io: FileIO, path: str) -> None:
+    """Create ``path`` owner-only if missing; refuse a symlink or a non-directory in its place."""
+    try:
+        io.mkdir(path, 0o700)
+    except FileExistsError:
+        info = os.lstat(path)
+        if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+            raise OSError(errno.ENOTDIR, "exists and is not a plain directory", path) from None
+        return
+    os.chmod(path, 0o700)  # mkdir's mode is filtered by the umask
+    io.fsync_dir(os.path.dirname(path) or ".")
+
+
+def read_file(io: FileIO, path: str, limit: int) -> bytes | None:
+    """The file's bytes, or None if it does not exist. Refuses symlinks and files over ``limit``."""
+    try:
+        fd = io.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        if info.st_size > limit:
+            raise OSError(errno.EFBIG, f"file is {info.st_size} bytes, over the {limit}-byte limit", path)
+        chunks = []
+        remaining = limit + 1
+        while remaining > 0:
+            chunk = io.read(fd, min(remaining, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > limit:
+            raise OSError(errno.EFBIG, f"file grew over the {limit}-byte limit while read", path)
+        return data
+    finally:
+        io.close(fd)
+
+
+def _write_all(io: FileIO, fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = io.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.EIO, "write made no progress")
+        view = view[written:]
+
+
+def write_atomic(io: FileIO, directory: str, name: str, data: bytes, *, backup: str | None = None) -> None:
+    """Durably replace ``directory/name`` with ``data``; see the module docstring for the steps."""
+    destination = os.path.join(directory, name)
+    temp = os.path.join(directory, f"{name}{TEMP_MARK}{secrets.token_hex(6)}")
+    fd = io.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        try:
+            _write_all(io, fd, data)
+            io.fsync(fd)
+        finally:
+            io.close(fd)
+        if backup is not None:
+            backup_temp = os.path.join(directory, f"{backup}{TEMP_MARK}{secrets.token_hex(6)}")
+            try:
+                io.link(destination, backup_temp)
+            except FileNotFoundError:
+                pass  # first revision: nothing to back up yet
+            else:
+                io.replace(backup_temp, os.path.join(directory, backup))
+        io.replace(temp, destination)
+    except BaseException:
+        # The original error is what the caller needs; a leftover temp file is harmless (it is
+        # never read as state and the store sweeps it on load), so a failed unlink is not raised.
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    io.fsync_dir(directory)

@@ -1,0 +1,179 @@
+"""The shared base of the stores longrun ships: the fencing, lease and revision rules, written once.
+
+Invariants every store built on ``BaseStore`` keeps (the tests are built to break them):
+
+1. Epochs only grow: each successful ``acquire_lease`` issues ``previous epoch + 1``.
+2. A second owner cannot acquire while the current lease is unexpired.
+3. Every mutating call that carries a lease (commit, renew, release, repairing load) runs inside
+   the task's exclusive transaction and is refused with ``FencedError``, changing nothing, unless
+   the lease's epoch equals the stored epoch.
+4. Revisions only grow: each commit gets a revision above every revision that may have been
+   committed before, including one lost to damage.
+5. After a failed write the store refuses further commits for that task until it is re-loaded,
+   because the bytes on disk may no longer be what it believes (SQLite's pager error state).
+
+A subclass supplies the primitives: a per-task exclusive transaction, reading and writing the
+lease record, reading (and repairing) and writing the state, and the control records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Collection, Iterator
+
+from ..approval import Approval
+from ..cancellation import Cancellation
+from ..contract import check_task_id
+from ..control import ControlRecord
+from ..envelope import RunState
+from ..errors import FencedError, InvalidInputError, LeaseHeldError, StorageError
+from ..lease import Lease
+from ..protocols import LoadResult
+
+__all__ = ["BaseStore"]
+
+log = logging.getLogger("longrun")
+
+
+class BaseStore:
+    """Implements the ``Store`` protocol over a handful of primitives (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._revisions: dict[str, int] = {}
+        self._poisoned: dict[str, BaseException] = {}
+
+    # -- primitives a subclass provides -------------------------------------------------------
+
+    def _transaction(self, task_id: str, *, create: bool) -> contextlib.AbstractContextManager[None]:
+        raise NotImplementedError
+
+    def _get_lease(self, task_id: str) -> Lease | None:
+        raise NotImplementedError
+
+    def _put_lease(self, lease: Lease) -> None:
+        raise NotImplementedError
+
+    def _epoch_floor(self, task_id: str) -> int:
+        """The highest epoch recorded anywhere but the lease record (used if that record is lost)."""
+        return 0
+
+    def _get_state(self, task_id: str, *, repair: bool) -> LoadResult:
+        raise NotImplementedError
+
+    def _put_state(self, state: RunState, changed: Collection[str]) -> None:
+        raise NotImplementedError
+
+    def read_cancellation(self, task_id: str) -> ControlRecord | None:
+        raise NotImplementedError
+
+    def write_cancellation(self, record: Cancellation) -> None:
+        raise NotImplementedError
+
+    def read_approvals(self, task_id: str) -> tuple[ControlRecord, ...]:
+        raise NotImplementedError
+
+    def write_approval(self, approval: Approval) -> None:
+        raise NotImplementedError
+
+    def list_tasks(self) -> list[str]:
+        raise NotImplementedError
+
+    # -- the rules, once ----------------------------------------------------------------------
+
+    @staticmethod
+    def _check_ttl(ttl_s: float) -> None:
+        if isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)) or not ttl_s > 0:
+            raise InvalidInputError(f"lease ttl must be a positive number of seconds, got {ttl_s!r}")
+
+    def _fence(self, lease: Lease, *, operation: str) -> Lease:
+        current = self._get_lease(lease.task_id)
+        if current is None or current.epoch != lease.epoch:
+            raise FencedError(
+                f"{operation} for task {lease.task_id!r} refused: it carries epoch {lease.epoch}, "
+                f"the store's current epoch is {current.epoch if current else 'none'}",
+                current_epoch=current.epoch if current else None,
+                write_epoch=lease.epoch,
+            )
+        return current
+
+    def acquire_lease(self, task_id: str, owner: str, ttl_s: float, now: float) -> Lease:
+        check_task_id(task_id)
+        self._check_ttl(ttl_s)
+        if not isinstance(owner, str) or not owner:
+            raise InvalidInputError("lease owner must be a non-empty string")
+        with self._transaction(task_id, create=True):
+            current = self._get_lease(task_id)
+            if current is not None and not current.expired(now) and current.owner != owner:
+                raise LeaseHeldError(
+                    f"task {task_id!r} is leased to {current.owner!r} (epoch {current.epoch}) "
+                    f"for {current.remaining(now):.1f}s more",
+                    holder=current,
+                )
+            floor = current.epoch if current is not None else self._epoch_floor(task_id)
+            lease = Lease(task_id=task_id, owner=owner, epoch=floor + 1, acquired_at=now, expires_at=now + ttl_s)
+            self._put_lease(lease)
+        log.debug("lease on %s acquired by %s at epoch %d", task_id, owner, lease.epoch)
+        return lease
+
+    def renew_lease(self, lease: Lease, ttl_s: float, now: float) -> Lease:
+        self._check_ttl(ttl_s)
+        with self._transaction(lease.task_id, create=False):
+            current = self._fence(lease, operation="lease renewal")
+            if current.owner != lease.owner:
+                raise FencedError(f"lease on {lease.task_id!r} at epoch {lease.epoch} belongs to {current.owner!r}")
+            renewed = Lease(lease.task_id, lease.owner, lease.epoch, current.acquired_at, now + ttl_s)
+            self._put_lease(renewed)
+        return renewed
+
+    def release_lease(self, lease: Lease, now: float) -> None:
+        with self._transaction(lease.task_id, create=False):
+            current = self._fence(lease, operation="lease release")
+            self._put_lease(Lease(lease.task_id, current.owner, lease.epoch, current.acquired_at, min(now, current.expires_at)))
+
+    def read_lease(self, task_id: str) -> Lease | None:
+        check_task_id(task_id)
+        with self._transaction(task_id, create=False):
+            return self._get_lease(task_id)
+
+    def load(self, task_id: str, *, lease: Lease | None = None) -> LoadResult:
+        """Read the task's state. With a lease (checked), damaged files are also quarantined."""
+        check_task_id(task_id)
+        with self._transaction(task_id, create=False):
+            if lease is not None:
+                self._fence(lease, operation="state repair")
+            result = self._get_state(task_id, repair=lease is not None)
+        if lease is not None:
+            self._revisions[task_id] = max(result.revision_floor, result.state.revision if result.state else 0)
+            self._poisoned.pop(task_id, None)
+        return result
+
+    def commit(self, lease: Lease, state: RunState, changed: Collection[str] = ()) -> int:
+        """Durably write ``state`` as the task's next revision, fenced by ``lease``. Returns the revision."""
+        task_id = state.task_id
+        if lease.task_id != task_id:
+            raise InvalidInputError(f"lease for {lease.task_id!r} cannot commit state of {task_id!r}")
+        poisoned = self._poisoned.get(task_id)
+        if poisoned is not None:
+            raise StorageError(
+                f"task {task_id!r}: an earlier write failed ({poisoned}); load the task again before writing"
+            ) from poisoned
+        previous_revision = state.revision
+        with self._transaction(task_id, create=False):
+            self._fence(lease, operation="state write")
+            known = self._revisions.get(task_id)
+            if known is None:
+                known = self._get_state(task_id, repair=False).state
+                known = known.revision if known is not None else 0
+            state.revision = known + 1
+            state.lease_epoch = lease.epoch
+            state.lease_owner = lease.owner
+            state.lease_expires_at = lease.expires_at
+            try:
+                self._put_state(state, changed)
+            except BaseException as exc:
+                state.revision = previous_revision
+                self._poisoned[task_id] = exc
+                raise
+            self._revisions[task_id] = state.revision
+        return state.revision

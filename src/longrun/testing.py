@@ -1,0 +1,140 @@
+"""Fixtures for users' own tests: a fake clock and a fictional local effect target.
+
+``FakeClock`` makes time pass only when told (``advance``, or ``sleep``, which advances instead of
+waiting), so backoff, expiry and budgets are tested without real delays.
+
+``OutboxAdapter(path)`` is a target whose effects are lines in a JSON-lines outbox. ``apply``
+appends ``{"key", "payload_digest", "payload", "epoch", "attempt"}`` and fsyncs; ``observe`` reads
+the outbox back. It never hides a duplicate: every apply is a line, so a test counts lines per
+key. It can be told to fail transiently N times, fail permanently, raise after applying (outcome
+unknown), or SIGKILL its own process right after the line is durable and before returning, which
+is exactly the window where a crash leaves an effect applied but not recorded.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import threading
+from collections import Counter
+from typing import Collection
+
+from .adapters import EffectRequest, Observation, Receipt
+from .errors import PermanentError, TransientError
+
+__all__ = ["FakeClock", "OutboxAdapter", "read_outbox"]
+
+
+class FakeClock:
+    """A clock that moves only when told. Thread-safe."""
+
+    def __init__(self, start: float = 1_700_000_000.0):
+        self._now = float(start)
+        self._lock = threading.Lock()
+        self.sleeps: list[float] = []
+
+    def now(self) -> float:
+        with self._lock:
+            return self._now
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self._now += seconds
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        if seconds > 0:
+            self.advance(seconds)
+
+
+def read_outbox(path: str | os.PathLike[str]) -> list[dict]:
+    """Every line of an outbox, parsed; an empty list if it does not exist."""
+    try:
+        with open(path, "rb") as handle:
+            return [json.loads(line) for line in handle if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+class OutboxAdapter:
+    """A fictional local target that appends each applied effect to a JSON-lines outbox."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        fail_transient: int = 0,
+        fail_permanent: bool = False,
+        raise_after_apply: Collection[str] = (),
+        kill_after_apply: Collection[str] = (),
+        deduplicates: bool = False,
+        unobservable: Collection[str] = (),
+        check_epoch: bool = True,
+        cost: float = 0.0,
+    ):
+        self.path = os.fspath(path)
+        self.fail_transient = fail_transient
+        self.fail_permanent = fail_permanent
+        self.raise_after_apply = frozenset(raise_after_apply)
+        self.kill_after_apply = frozenset(kill_after_apply)
+        """Step ids (or keys) after whose apply the process SIGKILLs itself."""
+        self.deduplicates = deduplicates
+        self.unobservable = frozenset(unobservable)
+        self.check_epoch = check_epoch
+        self.cost = cost
+        self.calls: Counter[str] = Counter()
+        self.observe_calls: Counter[str] = Counter()
+
+    def _lines(self) -> list[dict]:
+        return read_outbox(self.path)
+
+    def apply(self, request: EffectRequest) -> Receipt:
+        self.calls[request.key] += 1
+        if self.fail_permanent:
+            raise PermanentError(f"outbox refuses {request.key}")
+        if self.fail_transient > 0:
+            self.fail_transient -= 1
+            raise TransientError(f"outbox busy for {request.key}")
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            lines = self._lines()
+            if self.check_epoch:
+                newest = max((line.get("epoch", 0) for line in lines), default=0)
+                if request.epoch < newest:
+                    raise PermanentError(f"stale epoch {request.epoch} < {newest}: the target fences this write")
+            if self.deduplicates and any(line["key"] == request.key for line in lines):
+                number = next(i for i, line in enumerate(lines) if line["key"] == request.key)
+            else:
+                entry = {
+                    "key": request.key,
+                    "payload_digest": request.payload_digest,
+                    "payload": request.payload,
+                    "epoch": request.epoch,
+                    "attempt": request.attempt,
+                }
+                os.write(fd, (json.dumps(entry, sort_keys=True) + "\n").encode())
+                os.fsync(fd)
+                number = len(lines)
+        finally:
+            os.close(fd)
+        if request.step_id in self.kill_after_apply or request.key in self.kill_after_apply:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if request.step_id in self.raise_after_apply or request.key in self.raise_after_apply:
+            raise ConnectionError(f"connection dropped after sending {request.key}")
+        return Receipt(result={"line": number}, cost=self.cost, evidence=f"outbox line {number}")
+
+    def observe(self, request: EffectRequest) -> Observation:
+        self.observe_calls[request.key] += 1
+        if request.step_id in self.unobservable or request.key in self.unobservable:
+            return Observation.unknown(f"outbox cannot be read for {request.key}")
+        for number, line in enumerate(self._lines()):
+            if line.get("key") == request.key:
+                return Observation.applied(f"outbox line {number} holds {request.key}", {"line": number})
+        return Observation.absent(f"no outbox line holds {request.key}")
+
+    def counts(self) -> Counter[str]:
+        """Outbox lines per effect key: a duplicate shows as a count above 1."""
+        return Counter(line["key"] for line in self._lines())
