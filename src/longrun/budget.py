@@ -87,10 +87,12 @@ class RetryPolicy:
 
     def delay(self, key: str, attempt: int) -> float:
         """The wait before attempt ``attempt + 1`` of effect ``key`` (``attempt`` >= 1)."""
+        if self.base_delay_s == 0:
+            return 0.0
         exponent = max(0, attempt - 1)
         ceiling = self.max_delay_s
         # Compare in log space first so a large attempt number cannot overflow a float.
-        if self.base_delay_s > 0 and exponent * math.log(self.multiplier or 1) < math.log(ceiling / self.base_delay_s + 1):
+        if exponent * math.log(self.multiplier) < math.log(self.max_delay_s / self.base_delay_s + 1):
             ceiling = min(ceiling, self.base_delay_s * self.multiplier**exponent)
         digest = hashlib.sha256(f"{key}\x00{attempt}".encode()).digest()
         unit = int.from_bytes(digest[:8], "big") / 2**64

@@ -4,10 +4,10 @@
 waiting), so backoff, expiry and budgets are tested without real delays.
 
 ``OutboxAdapter(path)`` is a target whose effects are lines in a JSON-lines outbox. ``apply``
-appends ``{"key", "payload_digest", "payload", "epoch", "attempt"}`` and fsyncs; ``observe`` reads
+appends ``{"task_id", "key", "payload_digest", "payload", "epoch", "attempt"}`` and fsyncs; ``observe`` reads
 the outbox back. It never hides a duplicate: every apply is a line, so a test counts lines per
 key. It can be told to fail transiently N times, fail permanently, raise after applying (outcome
-unknown), or SIGKILL its own process right after the line is durable and before returning, which
+unknown), answer observations with ``unknown``, or SIGKILL its own process right after the line is durable and before returning, which
 is exactly the window where a crash leaves an effect applied but not recorded.
 """
 
@@ -71,6 +71,7 @@ class OutboxAdapter:
         kill_after_apply: Collection[str] = (),
         deduplicates: bool = False,
         unobservable: Collection[str] = (),
+        unknown_observations: int = 0,
         check_epoch: bool = True,
         cost: float = 0.0,
     ):
@@ -82,6 +83,8 @@ class OutboxAdapter:
         """Step ids (or keys) after whose apply the process SIGKILLs itself."""
         self.deduplicates = deduplicates
         self.unobservable = frozenset(unobservable)
+        self.unknown_observations = unknown_observations
+        """The first N observations answer ``unknown`` (a target that is briefly unreadable)."""
         self.check_epoch = check_epoch
         self.cost = cost
         self.calls: Counter[str] = Counter()
@@ -102,13 +105,15 @@ class OutboxAdapter:
             fcntl.flock(fd, fcntl.LOCK_EX)
             lines = self._lines()
             if self.check_epoch:
-                newest = max((line.get("epoch", 0) for line in lines), default=0)
-                if request.epoch < newest:
+                same_task = (line.get("epoch", 0) for line in lines if line.get("task_id") == request.task_id)
+                newest = max(same_task, default=0)
+                if request.epoch < newest:  # the target fences stale writers itself, per task
                     raise PermanentError(f"stale epoch {request.epoch} < {newest}: the target fences this write")
             if self.deduplicates and any(line["key"] == request.key for line in lines):
                 number = next(i for i, line in enumerate(lines) if line["key"] == request.key)
             else:
                 entry = {
+                    "task_id": request.task_id,
                     "key": request.key,
                     "payload_digest": request.payload_digest,
                     "payload": request.payload,
@@ -128,6 +133,9 @@ class OutboxAdapter:
 
     def observe(self, request: EffectRequest) -> Observation:
         self.observe_calls[request.key] += 1
+        if self.unknown_observations > 0:
+            self.unknown_observations -= 1
+            return Observation.unknown(f"outbox briefly unreadable for {request.key}")
         if request.step_id in self.unobservable or request.key in self.unobservable:
             return Observation.unknown(f"outbox cannot be read for {request.key}")
         for number, line in enumerate(self._lines()):

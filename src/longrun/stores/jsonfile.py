@@ -162,6 +162,13 @@ class JsonFileStore(BaseStore):
         self.io.fsync_dir(directory)
         return os.path.join(QUARANTINE, target_name)
 
+    def _quarantined_states(self, task_id: str) -> list[str]:
+        try:
+            names = os.listdir(os.path.join(self.task_dir(task_id), QUARANTINE))
+        except FileNotFoundError:
+            return []
+        return sorted(name for name in names if name.startswith(STATE))
+
     def _sweep_temporaries(self, task_id: str) -> None:
         directory = self.task_dir(task_id)
         for name in os.listdir(directory):
@@ -205,6 +212,14 @@ class JsonFileStore(BaseStore):
         if primary_error is not None:
             set_aside(STATE, "damaged", f"is damaged: {primary_error}")
         elif backup is None and backup_error is None:
+            quarantined = self._quarantined_states(task_id)
+            if quarantined:
+                # Damaged state was set aside earlier and nothing valid replaced it: starting afresh
+                # here would repeat every effect the lost state recorded.
+                raise StateUnrecoverableError(
+                    f"task {task_id!r} has no valid state but its quarantine holds {quarantined}; "
+                    "restore a validated state.json or retire the task id"
+                )
             return LoadResult(state=None, observations=tuple(notes))
         else:
             notes.append(Evidence("store", f"{STATE} is missing but a backup exists", now))

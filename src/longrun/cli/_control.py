@@ -1,0 +1,149 @@
+"""The operator's writing commands: ``approve`` and ``cancel``.
+
+Both write one control record and nothing else; neither takes the lease or touches the state.
+
+``approve`` copies the scope of a pending ``ApprovalRequest`` (task, plan digest, step, payload
+digest, action) into a new ``Approval`` with a fresh random id, so it authorizes exactly that
+effect, once, until its expiry. It refuses to guess: with several pending requests it needs
+``--step``. ``cancel`` writes the task's cancellation record, which the runner reads before every
+new effect.
+
+Not guaranteed: that the runner acts on the record (it reads it on its next run), or who the
+operator is (the approver name is what the caller says, by default the login name).
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+import time
+from typing import TextIO
+
+from ..approval import Approval, ApprovalRequest
+from ..cancellation import Cancellation
+from ..errors import CorruptStateError, LongrunError
+from ..outcome import TERMINAL
+from ..stores import JsonFileStore
+from ._common import CliError, ExitCode, checked_task, format_time, open_store, relative
+
+__all__ = ["cmd_approve", "cmd_cancel"]
+
+
+def _pick_request(requests: dict[str, ApprovalRequest], step: str | None, task_id: str) -> ApprovalRequest:
+    if not requests:
+        raise CliError(f"task {task_id!r} has no pending approval request", ExitCode.NOT_AS_ASKED)
+    pending = ", ".join(f"{r.step_id} (action {r.action}, payload {r.payload_digest})" for r in requests.values())
+    if step is not None:
+        request = requests.get(step)
+        if request is None:
+            raise CliError(f"task {task_id!r} has no pending approval request for step {step!r}; pending: {pending}", ExitCode.USAGE)
+        return request
+    if len(requests) > 1:
+        raise CliError(
+            f"task {task_id!r} has {len(requests)} pending approval requests; choose one with --step: {pending}", ExitCode.USAGE
+        )
+    return next(iter(requests.values()))
+
+
+def _unconsumed_matches(store: JsonFileStore, request: ApprovalRequest, consumed: list[str], now: float) -> list[str]:
+    """Ids of existing, unexpired, unconsumed approvals that already cover ``request``."""
+    ids = []
+    for raw in store.read_approvals(request.task_id):
+        if raw.error is not None:
+            continue
+        try:
+            approval = Approval.from_json(raw.body)
+        except CorruptStateError:
+            continue
+        if approval.approval_id not in consumed and now < approval.expires_at and all(
+            getattr(approval, name) == value for name, value in request.scope().items()
+        ):
+            ids.append(approval.approval_id)
+    return ids
+
+
+def _confirm(stdin: TextIO, err: TextIO) -> bool:
+    err.write("approve this request? [y/N] ")
+    err.flush()
+    answer = stdin.readline()
+    if not answer.endswith("\n"):
+        err.write("\n")
+    return answer.strip().lower() in ("y", "yes")
+
+
+def cmd_approve(
+    directory: str,
+    task_id: str,
+    *,
+    step: str | None,
+    approver: str,
+    ttl_s: float,
+    assume_yes: bool,
+    out: TextIO,
+    err: TextIO,
+    stdin: TextIO | None = None,
+) -> int:
+    task_id = checked_task(task_id)
+    store = open_store(directory)
+    state = store.load(task_id).state
+    if state is None:
+        raise CliError(f"task {task_id!r} has no committed state yet; nothing to approve", ExitCode.NOT_AS_ASKED)
+    if state.status in TERMINAL:
+        raise CliError(f"the run of {task_id!r} already ended {state.status.value}; nothing to approve", ExitCode.NOT_AS_ASKED)
+    request = _pick_request(state.approval_requests, step, task_id)
+    now = time.time()
+    out.write(
+        f"pending approval request of task {task_id}:\n"
+        f"  step            {request.step_id}\n"
+        f"  action          {request.action}\n"
+        f"  payload digest  {request.payload_digest}\n"
+        f"  plan digest     {request.plan_digest}\n"
+        f"  requested       {format_time(request.requested_at)}, expires {format_time(request.expires_at)} ({relative(request.expires_at, now)})\n"
+    )
+    if request.expired(now):
+        out.write("  note: the request has expired; the runner re-issues it with the same scope, which this approval covers\n")
+    for existing in _unconsumed_matches(store, request, state.consumed_approvals, now):
+        out.write(f"  note: approval {existing} already covers this request and is unused; only one will be consumed\n")
+    out.flush()
+    if not assume_yes and not _confirm(stdin if stdin is not None else sys.stdin, err):
+        raise CliError("not approved; nothing was written", ExitCode.NOT_AS_ASKED)
+    approval = Approval.for_request(
+        request, approval_id=secrets.token_hex(16), approver=approver, granted_at=now, expires_at=now + ttl_s
+    )
+    store.write_approval(approval)
+    out.write(
+        f"approved step {approval.step_id} of task {task_id}\n"
+        f"  approval id  {approval.approval_id}\n"
+        f"  approver     {approval.approver}\n"
+        f"  scope        action {approval.action}, payload {approval.payload_digest}, plan {approval.plan_digest}\n"
+        f"  expires      {format_time(approval.expires_at)} ({relative(approval.expires_at, now)})\n"
+        f"next: run the task again; the approval authorizes this one effect, once\n"
+    )
+    return 0
+
+
+def cmd_cancel(directory: str, task_id: str, *, reason: str, requested_by: str, out: TextIO, err: TextIO) -> int:
+    task_id = checked_task(task_id)
+    store = open_store(directory)
+    try:
+        state = store.load(task_id).state  # UnknownTaskError (exit 2) propagates
+    except CorruptStateError as exc:
+        err.write(f"longrun: warning: the task's state is damaged ({exc}); writing the cancellation anyway\n")
+        state = None
+    if state is not None and state.status in TERMINAL:
+        err.write(f"longrun: note: the run already ended {state.status.value}; the cancellation changes nothing\n")
+    try:
+        earlier = store.read_cancellation(task_id)
+    except LongrunError:
+        earlier = None
+    now = time.time()
+    store.write_cancellation(Cancellation(task_id=task_id, requested_at=now, requested_by=requested_by, reason=reason))
+    out.write(
+        f"cancellation recorded for task {task_id}{' (replacing an earlier record)' if earlier is not None else ''}\n"
+        f"  by      {requested_by}\n"
+        f"  reason  {reason}\n"
+        f"  at      {format_time(now)}\n"
+        "the runner reads it before every new effect: an effect in flight is still reconciled, "
+        "then the run ends cancelled\n"
+    )
+    return 0

@@ -1,0 +1,165 @@
+"""The read-only commands: ``status`` (one task) and ``ls`` (every task in a store).
+
+Guarantees: they never take a lease and never write state. They load without a lease, so the
+store leaves damaged files where they are (it only quarantines under a lease), and they read the
+lease record as it is. The one thing the JSON-file store may create is the task's empty ``lock``
+file, which its reads open to serialize with a running writer.
+
+Not guaranteed: a consistent view across tasks (``ls`` reads them one after another) or that the
+state is still current when printed (a runner may commit right after).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TextIO
+
+from ..envelope import RunState
+from ..errors import CorruptStateError, LongrunError
+from ..lease import Lease
+from ..ledger import EffectState
+from ..outcome import Status
+from ..protocols import LoadResult
+from ..stores import JsonFileStore
+from ._common import (
+    checked_task,
+    evidence_line,
+    format_time,
+    lease_summary,
+    open_store,
+    relative,
+    short_digest,
+)
+
+__all__ = ["cmd_ls", "cmd_status", "status_json"]
+
+NO_STATE_ACTION = "run the task: no revision has been committed yet"
+
+
+def status_json(task_id: str, loaded: LoadResult, lease: Lease | None, now: float) -> dict[str, object]:
+    """``state.to_json()`` plus ``store_lease`` (the lease record now) and ``load`` (where it came from).
+
+    The state's own ``lease`` key is the lease recorded with the last commit; ``store_lease`` is
+    the store's current lease record with ``expired`` judged at ``checked_at``.
+    """
+    state = loaded.state
+    if state is not None:
+        body: dict[str, object] = dict(state.to_json())
+    else:
+        body = {"task_id": task_id, "status": None, "revision": 0, "next_action": NO_STATE_ACTION, "effects": [], "approval_requests": []}
+    body["store_lease"] = None if lease is None else {**lease.to_json(), "expired": lease.expired(now)}
+    body["load"] = {
+        "source": loaded.source,
+        "digest": loaded.digest,
+        "observations": [item.to_json() for item in loaded.observations],
+    }
+    body["checked_at"] = now
+    return body
+
+
+def _table(rows: list[tuple[str, ...]], indent: str) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [indent + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+
+
+def _effect_lines(state: RunState) -> list[str]:
+    if not state.effects:
+        return ["  effects      none planned yet"]
+    rows = [("STEP", "STATE", "ATTEMPTS", "PAYLOAD", "KEY")]
+    for record in state.effects.values():
+        rows.append((record.step_id, record.state.value, str(record.attempts), short_digest(record.payload_digest), record.key))
+    lines = [f"  effects      {len(state.effects)}"]
+    lines += _table(rows, "    ")
+    for record in state.effects.values():
+        if record.last_error and record.state is not EffectState.VERIFIED:
+            lines.append(f"    {record.step_id}: last error: {record.last_error}")
+    return lines
+
+
+def _request_lines(state: RunState, now: float) -> list[str]:
+    if not state.approval_requests:
+        return ["  approvals    none pending"]
+    lines = [f"  approvals    {len(state.approval_requests)} pending"]
+    for request in state.approval_requests.values():
+        expiry = "expired" if request.expired(now) else "expires"
+        lines += [
+            f"    step {request.step_id} (action {request.action})",
+            f"      payload digest {request.payload_digest}",
+            f"      plan digest    {request.plan_digest}",
+            f"      requested {format_time(request.requested_at)}, {expiry} {format_time(request.expires_at)} ({relative(request.expires_at, now)})",
+        ]
+    return lines
+
+
+def render_status(task_id: str, loaded: LoadResult, lease: Lease | None, now: float) -> list[str]:
+    state = loaded.state
+    lines = [f"task {task_id}"]
+    if state is None:
+        lines += [
+            "  status       new (the task directory exists but holds no committed state)",
+            f"  lease        {lease_summary(lease, now)}",
+            f"  next action  {NO_STATE_ACTION}",
+        ]
+        return lines
+    source = "state.json" if loaded.source == "primary" else "state.json.bak (the primary is damaged or rolled back)"
+    lines += [
+        f"  status       {state.status.value}",
+        f"  revision     {state.revision} (read from {source}, {short_digest(loaded.digest)})",
+        f"  plan digest  {state.plan_digest}",
+        f"  updated      {format_time(state.updated_at)} ({relative(state.updated_at, now)})",
+        f"  lease        {lease_summary(lease, now)}",
+    ]
+    if state.current_step:
+        lines.append(f"  current step {state.current_step}")
+    lines += _effect_lines(state)
+    lines += _request_lines(state, now)
+    if state.unknowns:
+        lines.append(f"  unknowns     {len(state.unknowns)} recorded at the last stop")
+        lines += [f"    - {evidence_line(item)}" for item in state.unknowns]
+    if loaded.source != "primary" or len(loaded.observations) > 1:
+        lines.append("  store notes")
+        lines += [f"    - {evidence_line(item)}" for item in loaded.observations]
+    lines.append(f"  next action  {state.next_action or '(none recorded)'}")
+    if state.status is Status.RUNNING and lease is not None and lease.expired(now):
+        lines.append("               (no live runner holds the lease: running the task again does this)")
+    return lines
+
+
+def cmd_status(directory: str, task_id: str, as_json: bool, out: TextIO) -> int:
+    task_id = checked_task(task_id)
+    store = open_store(directory)
+    loaded = store.load(task_id)  # no lease: read-only, never quarantines
+    lease = store.read_lease(task_id)
+    now = time.time()
+    if as_json:
+        out.write(json.dumps(status_json(task_id, loaded, lease, now), indent=2, sort_keys=True) + "\n")
+    else:
+        out.write("\n".join(render_status(task_id, loaded, lease, now)) + "\n")
+    return 0
+
+
+def _ls_row(store: JsonFileStore, task_id: str) -> tuple[str, str, str, str]:
+    try:
+        loaded = store.load(task_id)
+    except CorruptStateError as exc:
+        return task_id, "DAMAGED", "-", f"inspect the task's state files ({exc})"
+    except LongrunError as exc:
+        return task_id, "UNREADABLE", "-", str(exc)
+    state = loaded.state
+    if state is None:
+        return task_id, "new", "0", NO_STATE_ACTION
+    status = state.status.value + (" (from backup)" if loaded.source == "backup" else "")
+    return task_id, status, str(state.revision), state.next_action
+
+
+def cmd_ls(directory: str, out: TextIO) -> int:
+    store = open_store(directory)
+    tasks = store.list_tasks()
+    if not tasks:
+        out.write(f"no tasks in {store.root}\n")
+        return 0
+    rows = [("TASK", "STATUS", "REV", "NEXT ACTION")]
+    rows += [_ls_row(store, task_id) for task_id in tasks]
+    out.write("\n".join(_table(rows, "")) + "\n")
+    return 0

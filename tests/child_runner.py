@@ -1,0 +1,102 @@
+"""A runner in its own process, for tests that kill, stop or race real processes.
+
+Usage: python child_runner.py ROOT OUTBOX [options]; prints the outcome as one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
+
+from longrun import JsonFileStore, Limits, RetryPolicy, RunContract, Runner, Step, SystemClock  # noqa: E402
+from longrun.adapters import EffectRequest, Observation, Receipt  # noqa: E402
+from longrun.testing import OutboxAdapter  # noqa: E402
+
+
+class SlowAdapter:
+    """Wraps an adapter: before applying ``step``, touches ``signal_path`` and sleeps ``seconds``."""
+
+    def __init__(self, inner: OutboxAdapter, step: str, seconds: float, signal_path: str):
+        self.inner = inner
+        self.step = step
+        self.seconds = seconds
+        self.signal_path = signal_path
+        self.deduplicates = inner.deduplicates
+
+    def apply(self, request: EffectRequest) -> Receipt:
+        if request.step_id == self.step:
+            with open(self.signal_path, "w") as handle:
+                handle.write(str(os.getpid()))
+            time.sleep(self.seconds)
+        return self.inner.apply(request)
+
+    def observe(self, request: EffectRequest) -> Observation:
+        return self.inner.observe(request)
+
+
+class LaterClock(SystemClock):
+    """The real clock shifted forward, so a resumed child sees earlier leases expired without waiting."""
+
+    def __init__(self, offset: float):
+        self.offset = offset
+
+    def now(self) -> float:
+        return super().now() + self.offset
+
+
+def build(args: argparse.Namespace) -> Runner:
+    contract = RunContract(args.task, "a test task that writes numbered lines to an outbox")
+    steps = [Step(f"step-{i:03d}", "write", {"n": i}) for i in range(args.steps)]
+    adapter: object = OutboxAdapter(
+        args.outbox,
+        fail_transient=args.fail_transient,
+        kill_after_apply=set(args.kill_after),
+        deduplicates=args.dedup,
+        unobservable=set(args.unobservable),
+    )
+    if args.slow:
+        step, seconds = args.slow.split(":")
+        adapter = SlowAdapter(adapter, step, float(seconds), args.signal)  # type: ignore[arg-type]
+    return Runner(
+        contract,
+        steps,
+        store=JsonFileStore(args.root),
+        adapters={"write": adapter},  # type: ignore[dict-item]
+        owner=args.owner,
+        clock=LaterClock(args.later),
+        limits=Limits(max_attempts=args.max_attempts, max_block_s=args.max_block),
+        retry=RetryPolicy(base_delay_s=args.base_delay, max_delay_s=1.0, jitter=0.0),
+        lease_ttl_s=args.ttl,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("root")
+    parser.add_argument("outbox")
+    parser.add_argument("--task", default="crash-task")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--kill-after", action="append", default=[])
+    parser.add_argument("--fail-transient", type=int, default=0)
+    parser.add_argument("--dedup", action="store_true")
+    parser.add_argument("--unobservable", action="append", default=[])
+    parser.add_argument("--slow", default="")
+    parser.add_argument("--signal", default="")
+    parser.add_argument("--owner", default=None)
+    parser.add_argument("--ttl", type=float, default=30.0)
+    parser.add_argument("--max-attempts", type=int, default=3)
+    parser.add_argument("--max-block", type=float, default=0.0)
+    parser.add_argument("--base-delay", type=float, default=0.0)
+    parser.add_argument("--later", type=float, default=0.0, help="seconds to shift this child's clock forward")
+    args = parser.parse_args()
+    outcome = build(args).run()
+    print(json.dumps(outcome.to_json()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Shared test helpers. Importing this module puts ``src`` on ``sys.path`` (the suite runs from a
+clean checkout with ``python -m unittest discover -s tests -v``, no install step)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SRC = os.path.join(ROOT, "src")
+if SRC not in sys.path:
+    sys.path.insert(0, SRC)
+
+CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child_runner.py")
+
+
+def child_env() -> dict[str, str]:
+    """The environment for a child Python process that must import longrun from ``src``."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = SRC + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def run_python(args: list[str], *, timeout: float = 60.0, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python ARGS`` with longrun importable; capture text output."""
+    return subprocess.run(
+        [sys.executable, *args], env=child_env(), capture_output=True, text=True, timeout=timeout, input=input, cwd=ROOT
+    )
+
+
+class TempDirTest(unittest.TestCase):
+    """A test case with a fresh temporary directory in ``self.tmp``."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.tmp = tempfile.mkdtemp(prefix="longrun-test-")
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.tmp, *parts)

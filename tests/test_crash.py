@@ -1,0 +1,218 @@
+"""Crashes and races with real processes: SIGKILL, SIGSTOP, two live runners, damaged state on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import unittest
+
+import support
+from longrun import JsonFileStore, Status
+from longrun.testing import read_outbox
+
+
+class ChildRunnerCase(support.TempDirTest):
+    task = "crash-task"
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.root = self.path("store")
+        self.outbox = self.path("outbox.jsonl")
+        self.children: list[subprocess.Popen[str]] = []
+        self.later = 0.0
+        self.addCleanup(self._reap)
+
+    def _reap(self) -> None:
+        for child in self.children:
+            if child.poll() is None:
+                child.kill()
+            child.communicate()
+
+    def spawn(self, *options: str, later: float | None = None) -> subprocess.Popen[str]:
+        """Start a child runner. Each child's clock runs 100 s past the previous one's (unless
+        ``later`` is given), so a crashed child's 30 s lease has expired for the next, without a wait."""
+        if later is None:
+            self.later += 100.0
+            later = self.later
+        child = subprocess.Popen(
+            [sys.executable, support.CHILD, self.root, self.outbox, "--task", self.task, "--later", str(later), *options],
+            env=support.child_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.children.append(child)
+        return child
+
+    def run_child(self, *options: str, timeout: float = 60, later: float | None = None) -> tuple[int, dict | None]:
+        child = self.spawn(*options, later=later)
+        out, err = child.communicate(timeout=timeout)
+        outcome = json.loads(out.strip().splitlines()[-1]) if out.strip() else None
+        return child.returncode, outcome
+
+    def wait_for(self, path: str, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(path):
+            if time.monotonic() > deadline:
+                self.fail(f"{path} never appeared")
+            time.sleep(0.01)
+
+    def counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for line in read_outbox(self.outbox):
+            counts[line["key"]] = counts.get(line["key"], 0) + 1
+        return counts
+
+    def assert_exactly_once(self, steps: int) -> None:
+        expected = {f"{self.task}/step-{i:03d}": 1 for i in range(steps)}
+        self.assertEqual(self.counts(), expected)
+
+    def state(self):
+        return JsonFileStore(self.root).load(self.task).state
+
+
+class InterruptionTests(ChildRunnerCase):
+    def test_sigkill_after_apply_before_checkpoint_then_resume_applies_each_effect_once(self) -> None:
+        code, _ = self.run_child("--kill-after", "step-002")
+        self.assertEqual(code, -signal.SIGKILL)
+        state = self.state()
+        self.assertEqual(state.effects["step-002"].state.value, "started", "applied but not checkpointed")
+        self.assertEqual(self.counts()[f"{self.task}/step-002"], 1)
+        code, outcome = self.run_child()
+        self.assertEqual(code, 0)
+        self.assertEqual(outcome["status"], "done")
+        self.assert_exactly_once(5)
+        details = " ".join(item["detail"] for item in outcome["observations"])
+        self.assertIn(f"{self.task}/step-002: applied", details)
+        self.assertEqual(self.state().effects["step-002"].attempts, 1, "verified by observation, not re-applied")
+
+    def test_sigkill_from_outside_before_the_effect_reaches_the_target_is_retried_once(self) -> None:
+        signal_path = self.path("in-apply")
+        child = self.spawn("--slow", "step-001:30", "--signal", signal_path)
+        self.wait_for(signal_path)
+        child.kill()
+        child.communicate()
+        self.assertEqual(self.state().effects["step-001"].state.value, "started")
+        code, outcome = self.run_child()
+        self.assertEqual(outcome["status"], "done")
+        self.assert_exactly_once(5)
+        self.assertEqual(self.state().effects["step-001"].attempts, 2, "observed absent, then applied again")
+
+    def test_unknown_outcome_after_a_crash_stops_unsafe_without_reapplying(self) -> None:
+        code, _ = self.run_child("--kill-after", "step-001")
+        self.assertEqual(code, -signal.SIGKILL)
+        code, outcome = self.run_child("--unobservable", "step-001")
+        self.assertEqual(outcome["status"], "unsafe-to-continue")
+        self.assertTrue(any("step-001" in item["detail"] for item in outcome["unknowns"]))
+        self.assertEqual(self.counts()[f"{self.task}/step-001"], 1)
+        self.assertNotIn(f"{self.task}/step-002", self.counts())
+        code, outcome = self.run_child()
+        self.assertEqual(outcome["status"], "done")
+        self.assert_exactly_once(5)
+
+    def test_many_kills_at_every_step_still_apply_each_effect_once(self) -> None:
+        for step in range(6):
+            code, _ = self.run_child("--steps", "6", "--kill-after", f"step-{step:03d}")
+            self.assertEqual(code, -signal.SIGKILL)
+        code, outcome = self.run_child("--steps", "6")
+        self.assertEqual(outcome["status"], "done")
+        self.assert_exactly_once(6)
+
+
+class LeaseProcessTests(ChildRunnerCase):
+    def test_two_live_runners_only_one_performs_effects(self) -> None:
+        signal_path = self.path("in-apply")
+        first = self.spawn("--slow", "step-001:1.5", "--signal", signal_path, "--owner", "first", later=0)
+        self.wait_for(signal_path)
+        code, second = self.run_child("--owner", "second", later=0)
+        self.assertEqual(code, 0)
+        self.assertEqual(second["status"], "already-running")
+        out, _ = first.communicate(timeout=60)
+        self.assertEqual(json.loads(out)["status"], "done")
+        self.assert_exactly_once(5)
+        epochs = {line["epoch"] for line in read_outbox(self.outbox)}
+        self.assertEqual(epochs, {1})
+
+    def test_expired_lease_taken_over_by_a_newer_epoch_and_the_paused_owner_is_fenced(self) -> None:
+        signal_path = self.path("in-apply")
+        stale = self.spawn("--slow", "step-001:0.2", "--signal", signal_path, "--ttl", "1.0", "--owner", "stale", later=0)
+        self.wait_for(signal_path)
+        os.kill(stale.pid, signal.SIGSTOP)  # paused mid-apply; it cannot renew its 1 s lease
+        try:
+            time.sleep(1.2)  # real time past the stale owner's expiry
+            code, taker = self.run_child("--owner", "taker", "--ttl", "1.0", later=0)
+            self.assertEqual(taker["status"], "done")
+            self.assertEqual(taker["epoch"], 2)
+            revision = self.state().revision
+        finally:
+            os.kill(stale.pid, signal.SIGCONT)
+        out, err = stale.communicate(timeout=60)
+        self.assertEqual(json.loads(out)["status"], "lease-lost", err)
+        self.assertEqual(self.state().revision, revision, "the stale owner's later writes were rejected")
+        self.assert_exactly_once(5)
+
+
+class BoundedRetryAcrossProcessesTests(ChildRunnerCase):
+    def test_attempt_counter_survives_restarts_and_stops_at_the_maximum(self) -> None:
+        statuses = []
+        for _ in range(5):
+            # each child's clock is 100 s later than the last, past the 1 s backoff
+            code, outcome = self.run_child("--steps", "1", "--fail-transient", "100", "--base-delay", "1")
+            statuses.append(outcome["status"])
+        self.assertEqual(statuses, ["retry-scheduled", "retry-scheduled", "limits-exhausted", "limits-exhausted", "limits-exhausted"])
+        self.assertEqual(self.state().effects["step-000"].attempts, 3)
+        self.assertEqual(self.state().status, Status.LIMITS_EXHAUSTED)
+
+    def test_killed_during_every_attempt_never_gets_a_fourth(self) -> None:
+        for attempt in range(1, 4):
+            signal_path = self.path(f"in-apply-{attempt}")
+            child = self.spawn("--steps", "1", "--slow", "step-000:30", "--signal", signal_path)
+            self.wait_for(signal_path)
+            self.assertEqual(self.state().effects["step-000"].attempts, attempt, "counter durable before the attempt")
+            child.kill()
+            child.communicate()
+        code, outcome = self.run_child("--steps", "1", "--slow", "step-000:30", "--signal", self.path("fourth"))
+        self.assertEqual(outcome["status"], "limits-exhausted")
+        self.assertFalse(os.path.exists(self.path("fourth")), "no fourth attempt was started")
+        self.assertEqual(self.counts(), {})
+
+
+class DamagedStateTests(ChildRunnerCase):
+    def task_file(self, name: str) -> str:
+        return os.path.join(self.root, self.task, name)
+
+    def test_truncated_state_after_a_crash_recovers_from_the_backup_and_observes_first(self) -> None:
+        code, _ = self.run_child("--kill-after", "step-002")
+        self.assertEqual(code, -signal.SIGKILL)
+        with open(self.task_file("state.json"), "r+b") as handle:
+            handle.truncate(os.path.getsize(self.task_file("state.json")) // 2)
+        code, outcome = self.run_child()
+        self.assertEqual(outcome["status"], "done")
+        self.assert_exactly_once(5)
+        quarantined = os.listdir(self.task_file("quarantine"))
+        self.assertEqual(len(quarantined), 1)
+        self.assertTrue(quarantined[0].startswith("state.json."))
+        details = " ".join(item["detail"] for item in outcome["observations"])
+        self.assertIn("recovered from state.json.bak", details)
+
+    def test_state_and_backup_both_damaged_stops_unrecoverable_and_applies_nothing(self) -> None:
+        code, _ = self.run_child("--kill-after", "step-002")
+        before = self.counts()
+        for name in ("state.json", "state.json.bak"):
+            with open(self.task_file(name), "r+b") as handle:
+                handle.truncate(10)
+        code, outcome = self.run_child()
+        self.assertEqual(outcome["status"], "state-unrecoverable")
+        self.assertEqual(self.counts(), before)
+        self.assertEqual(len(os.listdir(self.task_file("quarantine"))), 2)
+        code, outcome = self.run_child()
+        self.assertEqual(outcome["status"], "state-unrecoverable", "never silently restarted as a fresh run")
+        self.assertEqual(self.counts(), before)
+
+
+if __name__ == "__main__":
+    unittest.main()

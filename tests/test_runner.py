@@ -1,0 +1,538 @@
+"""The Runner in one process: lifecycle, completion, retry, budgets, cancellation, approval, plan pinning."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import unittest
+from typing import Collection
+
+import support
+from longrun import (
+    Approval,
+    Cancellation,
+    InvalidInputError,
+    JsonFileStore,
+    Lease,
+    Limits,
+    Observation,
+    Receipt,
+    RetryPolicy,
+    RunContract,
+    Runner,
+    RunState,
+    Status,
+    Step,
+    UnknownActionError,
+)
+from longrun.adapters import EffectRequest
+from longrun.testing import FakeClock, OutboxAdapter
+
+
+class SpyStore(JsonFileStore):
+    """A JSON-file store that remembers every committed state, to check the order of transitions."""
+
+    def __init__(self, root: str):
+        super().__init__(root)
+        self.commits: list[dict] = []
+
+    def commit(self, lease: Lease, state: RunState, changed: Collection[str] = ()) -> int:
+        revision = super().commit(lease, state, changed)
+        self.commits.append(json.loads(json.dumps(state.to_json())))
+        return revision
+
+    def states_of(self, step_id: str) -> list[str]:
+        seen = []
+        for snapshot in self.commits:
+            for effect in snapshot["effects"]:
+                if effect["step_id"] == step_id and (not seen or seen[-1] != effect["state"]):
+                    seen.append(effect["state"])
+        return seen
+
+
+class RecordingAdapter:
+    """Counts calls; the effect is 'applied' once apply returned, or as scripted."""
+
+    deduplicates = False
+
+    def __init__(self) -> None:
+        self.applied: list[str] = []
+        self.events: list[tuple[str, str]] = []
+        self.observe_as: dict[str, Observation] = {}
+        self.on_apply = None
+
+    def apply(self, request: EffectRequest) -> Receipt:
+        self.events.append(("apply", request.key))
+        if self.on_apply is not None:
+            self.on_apply(request)
+        self.applied.append(request.key)
+        return Receipt(result={"ok": request.key}, cost=1.0, evidence="recorded")
+
+    def observe(self, request: EffectRequest) -> Observation:
+        self.events.append(("observe", request.key))
+        if request.key in self.observe_as:
+            return self.observe_as[request.key]
+        if request.key in self.applied:
+            return Observation.applied("in the record", {"ok": request.key})
+        return Observation.absent("not in the record")
+
+
+class RunnerCase(support.TempDirTest):
+    def setUp(self) -> None:
+        super().setUp()
+        self.clock = FakeClock()
+        self.store = SpyStore(self.path("store"))
+        self.outbox = OutboxAdapter(self.path("outbox.jsonl"))
+
+    def runner(self, steps=None, *, contract=None, adapter=None, limits=None, retry=None, owner=None, store=None):
+        contract = contract or RunContract("task-1", "write three lines")
+        steps = steps if steps is not None else [Step(f"s{i}", "write", {"n": i}) for i in range(3)]
+        return Runner(
+            contract,
+            steps,
+            store=store or self.store,
+            adapters={"write": adapter or self.outbox},
+            clock=self.clock,
+            limits=limits,
+            retry=retry or RetryPolicy(base_delay_s=1.0, max_delay_s=8.0, jitter=0.0),
+            owner=owner,
+        )
+
+
+class LifecycleTests(RunnerCase):
+    def test_effect_moves_planned_started_acknowledged_verified_with_started_durable_before_apply(self) -> None:
+        seen_on_disk: list[str] = []
+
+        def check_disk(request: EffectRequest) -> None:
+            state = self.store.load("task-1").state
+            assert state is not None
+            seen_on_disk.append(state.effects[request.step_id].state.value)
+
+        adapter = RecordingAdapter()
+        adapter.on_apply = check_disk
+        outcome = self.runner([Step("s0", "write", {"n": 0})], adapter=adapter).run()
+        self.assertEqual(outcome.status, Status.DONE)
+        self.assertEqual(seen_on_disk, ["started"])
+        states = [effect["state"] for snap in self.store.commits for effect in snap["effects"]]
+        self.assertEqual(states, ["started", "verified"])  # acknowledged lives between commits
+        final = self.store.load("task-1").state
+        assert final is not None
+        record = final.effects["s0"]
+        self.assertEqual(record.receipt, "recorded")
+        self.assertEqual(record.attempts, 1)
+        self.assertEqual(record.evidence, "in the record")
+
+    def test_uncertain_apply_is_observed_and_verified_without_a_second_apply(self) -> None:
+        outbox = OutboxAdapter(self.path("outbox.jsonl"), raise_after_apply={"s1"})
+        outcome = self.runner(adapter=outbox).run()
+        self.assertEqual(outcome.status, Status.DONE)
+        self.assertEqual(outbox.calls["task-1/s1"], 1)
+        self.assertEqual(outbox.counts()["task-1/s1"], 1)
+        self.assertEqual(self.store.states_of("s1"), ["started", "verified"])
+        self.assertTrue(any("ConnectionError" in item.detail for item in outcome.observations))
+
+    def test_done_only_when_completion_evidence_is_verified_and_results_come_from_verified_effects(self) -> None:
+        adapter = RecordingAdapter()
+        adapter.observe_as["task-1/s2"] = Observation.unknown("target unreachable")
+        outcome = self.runner(adapter=adapter).run()
+        self.assertEqual(outcome.status, Status.UNSAFE_TO_CONTINUE)
+        self.assertNotIn("s2", outcome.results)
+        self.assertEqual(set(outcome.results), {"s0", "s1"})
+        self.assertTrue(any("task-1/s2" in item.detail for item in outcome.unknowns))
+        # The target becomes observable again: the next run verifies s2 without applying it again.
+        del adapter.observe_as["task-1/s2"]
+        outcome = self.runner(adapter=adapter).run()
+        self.assertEqual(outcome.status, Status.DONE)
+        self.assertEqual(adapter.applied.count("task-1/s2"), 1)
+
+    def test_repeat_run_of_a_finished_task_applies_nothing(self) -> None:
+        self.assertEqual(self.runner().run().status, Status.DONE)
+        before = self.outbox.counts()
+        outcome = self.runner().run()
+        self.assertEqual(outcome.status, Status.DONE)
+        self.assertEqual(self.outbox.counts(), before)
+        self.assertEqual(sum(self.outbox.calls.values()), 3)
+        self.assertEqual(set(outcome.results), {"s0", "s1", "s2"})
+
+    def test_one_commit_per_effect_in_a_sequential_run(self) -> None:
+        steps = [Step(f"s{i}", "write", {"n": i}) for i in range(10)]
+        self.runner(steps).run()
+        # one initial revision, one per effect start (carrying the previous verification), one final
+        self.assertEqual(len(self.store.commits), 1 + 10 + 1)
+
+    def test_dynamic_payload_is_evaluated_once_and_persisted(self) -> None:
+        calls = []
+
+        def factory(results):
+            calls.append(dict(results))
+            return {"from": results["s0"]["line"], "call": len(calls)}
+
+        steps = [Step("s0", "write", {"n": 0}), Step("s1", "write", factory, approval=True)]
+        first = self.runner(steps).run()
+        self.assertEqual(first.status, Status.AWAITING_APPROVAL)
+        self.assertEqual(calls, [{"s0": {"line": 0}}])
+        state = self.store.load("task-1").state
+        assert state is not None
+        self.store.write_approval(self.approve(state, "s1"))
+        second = self.runner(steps).run()
+        self.assertEqual(second.status, Status.DONE)
+        self.assertEqual(len(calls), 1, "the factory must not be called again on resume")
+        lines = [line for line in self.outbox._lines() if line["key"] == "task-1/s1"]
+        self.assertEqual(lines[0]["payload"], {"from": 0, "call": 1})
+
+    def approve(self, state: RunState, step_id: str, **changes) -> Approval:
+        request = state.approval_requests[step_id]
+        fields = dict(approval_id=f"ap-{step_id}", approver="ops", granted_at=self.clock.now(), expires_at=self.clock.now() + 600)
+        fields.update(changes)
+        return Approval.for_request(request, **fields)
+
+
+class ContractTests(RunnerCase):
+    def test_resuming_with_a_different_plan_stops_plan_mismatch_and_changes_nothing(self) -> None:
+        failing = OutboxAdapter(self.path("outbox.jsonl"), fail_permanent=False, raise_after_apply=())
+        self.runner([Step("s0", "write", {"n": 0}), Step("s1", "write", {"n": 1}, approval=True)], adapter=failing).run()
+        state_path = os.path.join(self.store.task_dir("task-1"), "state.json")
+        with open(state_path, "rb") as handle:
+            before = handle.read()
+        outcome = self.runner([Step("s0", "write", {"n": 0}), Step("s1", "write", {"n": 2}, approval=True)]).run()
+        self.assertEqual(outcome.status, Status.PLAN_MISMATCH)
+        with open(state_path, "rb") as handle:
+            self.assertEqual(handle.read(), before)
+        self.assertEqual(self.outbox.counts()["task-1/s1"], 0)
+
+    def test_forbidden_or_unlisted_action_is_refused_before_any_effect(self) -> None:
+        contract = RunContract("task-1", "goal", forbidden_actions=("write",))
+        outcome = self.runner(contract=contract).run()
+        self.assertEqual(outcome.status, Status.UNSAFE_TO_CONTINUE)
+        self.assertEqual(self.outbox.counts(), {})
+        self.assertFalse(os.path.exists(self.store.task_dir("task-1")))
+        contract = RunContract("task-1", "goal", allowed_actions=("read",))
+        self.assertEqual(self.runner(contract=contract).run().status, Status.UNSAFE_TO_CONTINUE)
+        self.assertEqual(self.outbox.counts(), {})
+
+    def test_unknown_action_and_bad_plans_are_typed_errors(self) -> None:
+        with self.assertRaises(UnknownActionError):
+            self.runner([Step("s0", "email", {})])
+        with self.assertRaises(InvalidInputError):
+            self.runner([Step("s0", "write", {}), Step("s0", "write", {})])
+        with self.assertRaises(InvalidInputError):
+            self.runner([])
+        with self.assertRaises(InvalidInputError):
+            Runner(RunContract("t", "g"), [Step("s", "write")], store=self.store, adapters={"write": self.outbox}, lease_ttl_s=-1)
+
+    def test_non_json_dynamic_payload_is_a_typed_error_and_nothing_is_applied(self) -> None:
+        steps = [Step("s0", "write", lambda results: {"when": object()})]
+        with self.assertRaises(InvalidInputError):
+            self.runner(steps).run()
+        self.assertEqual(self.outbox.counts(), {})
+        # the lease was released: a second attempt is not "already-running"
+        with self.assertRaises(InvalidInputError):
+            self.runner(steps).run()
+
+
+class RetryTests(RunnerCase):
+    def test_transient_failures_back_off_exponentially_and_then_succeed(self) -> None:
+        outbox = OutboxAdapter(self.path("outbox.jsonl"), fail_transient=2)
+        outcome = self.runner([Step("s0", "write", {})], adapter=outbox).run()
+        self.assertEqual(outcome.status, Status.DONE)
+        self.assertEqual(self.clock.sleeps, [1.0, 2.0])
+        self.assertEqual(outbox.calls["task-1/s0"], 3)
+        self.assertEqual(outbox.counts()["task-1/s0"], 1)
+
+    def test_attempts_are_bounded_and_exhaustion_is_terminal(self) -> None:
+        outbox = OutboxAdapter(self.path("outbox.jsonl"), fail_transient=100)
+        limits = Limits(max_attempts=3)
+        outcome = self.runner([Step("s0", "write", {})], adapter=outbox, limits=limits).run()
+        self.assertEqual(outcome.status, Status.LIMITS_EXHAUSTED)
+        self.assertEqual(outbox.calls["task-1/s0"], 3)
+        again = self.runner([Step("s0", "write", {})], adapter=OutboxAdapter(self.path("outbox.jsonl")), limits=limits).run()
+        self.assertEqual(again.status, Status.LIMITS_EXHAUSTED)
+        self.assertEqual(outbox.counts(), {})
+
+    def test_backoff_longer_than_the_runner_may_block_returns_retry_scheduled_with_time_persisted(self) -> None:
+        outbox = OutboxAdapter(self.path("outbox.jsonl"), fail_transient=1)
+        limits = Limits(max_block_s=0.5)
+        outcome = self.runner([Step("s0", "write", {})], adapter=outbox, limits=limits).run()
+        self.assertEqual(outcome.status, Status.RETRY_SCHEDULED)
+        state = self.store.load("task-1").state
+        assert state is not None
+        self.assertEqual(state.effects["s0"].not_before, self.clock.now() + 1.0)
+        # too early: nothing is applied
+        again = self.runner([Step("s0", "write", {})], adapter=outbox, limits=limits).run()
+        self.assertEqual(again.status, Status.RETRY_SCHEDULED)
+        self.assertEqual(outbox.calls["task-1/s0"], 1)
+        self.clock.advance(1.0)
+        self.assertEqual(self.runner([Step("s0", "write", {})], adapter=outbox, limits=limits).run().status, Status.DONE)
+
+    def test_permanent_error_stops_blocked_and_is_terminal(self) -> None:
+        outbox = OutboxAdapter(self.path("outbox.jsonl"), fail_permanent=True)
+        self.assertEqual(self.runner(adapter=outbox).run().status, Status.BLOCKED)
+        self.assertEqual(outbox.calls["task-1/s0"], 1)
+        self.assertEqual(self.runner().run().status, Status.BLOCKED)
+        self.assertEqual(self.outbox.counts(), {})
+
+    def test_unknown_outcome_is_not_retried_unless_the_target_deduplicates(self) -> None:
+        outbox = OutboxAdapter(self.path("outbox.jsonl"), raise_after_apply={"s0"}, unobservable={"s0"})
+        outcome = self.runner(adapter=outbox).run()
+        self.assertEqual(outcome.status, Status.UNSAFE_TO_CONTINUE)
+        self.assertEqual(outbox.calls["task-1/s0"], 1)
+        self.assertTrue(any("task-1/s0" in item.detail for item in outcome.unknowns))
+        state = self.store.load("task-1").state
+        assert state is not None
+        self.assertEqual(state.effects["s0"].state.value, "uncertain")
+        dedup = OutboxAdapter(self.path("outbox.jsonl"), deduplicates=True, unknown_observations=1)
+        outcome = self.runner(adapter=dedup).run()
+        self.assertEqual(outcome.status, Status.DONE)
+        self.assertEqual(dedup.calls["task-1/s0"], 1, "sent again because the target deduplicates")
+        self.assertEqual(dedup.counts()["task-1/s0"], 1, "the deduplicating target kept one line")
+
+    def test_a_deduplicating_target_that_never_becomes_observable_is_not_declared_done(self) -> None:
+        dedup = OutboxAdapter(self.path("outbox.jsonl"), deduplicates=True, unobservable={"s0"})
+        outcome = self.runner(adapter=dedup).run()
+        self.assertEqual(outcome.status, Status.LIMITS_EXHAUSTED)
+        self.assertNotIn("s0", outcome.results)
+        self.assertEqual(dedup.counts()["task-1/s0"], 1)
+
+    def test_retry_jitter_is_bounded_and_delay_capped(self) -> None:
+        policy = RetryPolicy(base_delay_s=1.0, max_delay_s=10.0, jitter=0.5)
+        for attempt in range(1, 40):
+            delay = policy.delay("k", attempt)
+            ceiling = min(10.0, 2.0 ** (attempt - 1))
+            self.assertGreaterEqual(delay, ceiling * 0.5)
+            self.assertLessEqual(delay, ceiling)
+
+
+class BudgetTests(RunnerCase):
+    def test_cost_budget_stops_before_the_next_effect(self) -> None:
+        adapter = RecordingAdapter()
+        outcome = self.runner(adapter=adapter, limits=Limits(max_cost=2.0)).run()
+        self.assertEqual(outcome.status, Status.LIMITS_EXHAUSTED)
+        self.assertEqual(adapter.applied, ["task-1/s0", "task-1/s1"])
+
+    def test_step_budget_counts_across_runs(self) -> None:
+        adapter = RecordingAdapter()
+        steps = [Step(f"s{i}", "write", {"n": i}, approval=(i == 1)) for i in range(3)]
+        self.assertEqual(self.runner(steps, adapter=adapter, limits=Limits(max_steps=2)).run().status, Status.AWAITING_APPROVAL)
+        state = self.store.load("task-1").state
+        assert state is not None
+        self.assertEqual(state.budget.attempts_total, 1)
+        self.store.write_approval(LifecycleTests.approve(self, state, "s1"))  # type: ignore[arg-type]
+        outcome = self.runner(steps, adapter=adapter, limits=Limits(max_steps=2)).run()
+        self.assertEqual(outcome.status, Status.LIMITS_EXHAUSTED)
+        self.assertEqual(adapter.applied, ["task-1/s0", "task-1/s1"])
+
+    def test_elapsed_budget_is_measured_from_the_first_start_across_restarts(self) -> None:
+        adapter = RecordingAdapter()
+        steps = [Step("s0", "write", {}), Step("s1", "write", {}, approval=True)]
+        self.runner(steps, adapter=adapter, limits=Limits(max_elapsed_s=100)).run()
+        self.clock.advance(101)
+        outcome = self.runner(steps, adapter=adapter, limits=Limits(max_elapsed_s=100)).run()
+        self.assertEqual(outcome.status, Status.LIMITS_EXHAUSTED)
+        self.assertIn("elapsed", outcome.next_action)
+
+    def test_no_progress_budget_uses_the_age_of_the_last_verifying_revision(self) -> None:
+        outbox = OutboxAdapter(self.path("outbox.jsonl"), fail_transient=100)
+        limits = Limits(max_attempts=100, max_no_progress_s=5.0, max_block_s=100)
+        outcome = self.runner([Step("s0", "write", {})], adapter=outbox, limits=limits).run()
+        self.assertEqual(outcome.status, Status.LIMITS_EXHAUSTED)
+        self.assertIn("no progress", outcome.next_action)
+        self.assertLess(outbox.calls["task-1/s0"], 10)
+
+    def test_negative_or_malformed_limits_are_typed_errors(self) -> None:
+        for bad in (dict(max_attempts=0), dict(max_steps=-1), dict(max_cost=-0.5), dict(max_elapsed_s=float("nan")), dict(max_attempts=True)):
+            with self.subTest(bad=bad), self.assertRaises(InvalidInputError):
+                Limits(**bad)
+        for bad in (dict(base_delay_s=-1), dict(jitter=1.5), dict(multiplier=0.5)):
+            with self.subTest(bad=bad), self.assertRaises(InvalidInputError):
+                RetryPolicy(**bad)
+
+
+class CancellationTests(RunnerCase):
+    def test_cancellation_is_read_before_every_new_effect(self) -> None:
+        adapter = RecordingAdapter()
+
+        def cancel_after_first(request: EffectRequest) -> None:
+            if request.step_id == "s0":
+                self.store.write_cancellation(Cancellation("task-1", self.clock.now(), "ops", "wrong week"))
+
+        adapter.on_apply = cancel_after_first
+        outcome = self.runner(adapter=adapter).run()
+        self.assertEqual(outcome.status, Status.CANCELLED)
+        self.assertEqual(adapter.applied, ["task-1/s0"])
+        self.assertIn("s0", outcome.results, "the in-flight effect was still verified")
+        self.assertEqual(self.runner(adapter=adapter).run().status, Status.CANCELLED)
+        self.assertEqual(adapter.applied, ["task-1/s0"])
+
+    def test_damaged_cancellation_record_is_read_as_a_request_to_stop(self) -> None:
+        self.runner([Step("s0", "write", {}, approval=True)]).run()
+        with open(os.path.join(self.store.task_dir("task-1"), "control", "cancel.json"), "w") as handle:
+            handle.write("{not json")
+        outcome = self.runner([Step("s0", "write", {}, approval=True)]).run()
+        self.assertEqual(outcome.status, Status.CANCELLED)
+        self.assertTrue(any("damaged" in item.detail for item in outcome.unknowns))
+
+
+class ApprovalTests(RunnerCase):
+    steps = [Step("s0", "write", {"n": 0}), Step("s1", "write", {"n": 1}, approval=True)]
+
+    def pending(self) -> RunState:
+        self.assertEqual(self.runner(self.steps).run().status, Status.AWAITING_APPROVAL)
+        state = self.store.load("task-1").state
+        assert state is not None
+        return state
+
+    def test_exact_unexpired_approval_authorizes_that_one_effect_once(self) -> None:
+        state = self.pending()
+        request = state.approval_requests["s1"]
+        self.assertEqual(request.payload_digest, state.effects["s1"].payload_digest)
+        self.assertEqual(request.plan_digest, self.runner(self.steps).plan_digest)
+        self.store.write_approval(LifecycleTests.approve(self, state, "s1"))  # type: ignore[arg-type]
+        outcome = self.runner(self.steps).run()
+        self.assertEqual(outcome.status, Status.DONE)
+        self.assertEqual(self.outbox.counts()["task-1/s1"], 1)
+        final = self.store.load("task-1").state
+        assert final is not None
+        self.assertEqual(final.consumed_approvals, ["ap-s1"])
+        self.assertEqual(final.effects["s1"].approval_id, "ap-s1")
+
+    def test_mismatched_or_expired_approvals_do_not_authorize(self) -> None:
+        state = self.pending()
+        cases = {
+            "plan": dict(plan_digest="sha256:" + "0" * 64),
+            "step": dict(step_id="s0"),
+            "payload": dict(payload_digest="sha256:" + "1" * 64),
+            "action": dict(action="delete"),
+            "task": dict(task_id="task-2"),
+            "expired": dict(expires_at=self.clock.now() - 1),
+        }
+        for name, change in cases.items():
+            with self.subTest(name=name):
+                approval = LifecycleTests.approve(self, state, "s1", approval_id=f"ap-{name}")  # type: ignore[arg-type]
+                fields = approval.to_json()
+                fields.update(change)
+                path = os.path.join(self.store.task_dir("task-1"), "control", "approvals", f"ap-{name}.json")
+                with open(path, "w") as handle:
+                    json.dump(fields, handle)
+                outcome = self.runner(self.steps).run()
+                self.assertEqual(outcome.status, Status.AWAITING_APPROVAL)
+                self.assertEqual(self.outbox.counts()["task-1/s1"], 0)
+
+    def test_broader_than_requested_approval_is_refused_unsafe(self) -> None:
+        state = self.pending()
+        approval = LifecycleTests.approve(self, state, "s1", approval_id="ap-wide").to_json()  # type: ignore[arg-type]
+        approval["payload_digest"] = "*"
+        path = os.path.join(self.store.task_dir("task-1"), "control", "approvals", "ap-wide.json")
+        with open(path, "w") as handle:
+            json.dump(approval, handle)
+        outcome = self.runner(self.steps).run()
+        self.assertEqual(outcome.status, Status.UNSAFE_TO_CONTINUE)
+        self.assertTrue(any("broader" in item.detail for item in outcome.unknowns))
+        self.assertEqual(self.outbox.counts()["task-1/s1"], 0)
+
+    def test_a_consumed_approval_is_not_replayed_for_another_task_run(self) -> None:
+        state = self.pending()
+        approval = LifecycleTests.approve(self, state, "s1")  # type: ignore[arg-type]
+        self.store.write_approval(approval)
+        self.assertEqual(self.runner(self.steps).run().status, Status.DONE)
+        # Same plan under another task id: the old approval names another task and plan.
+        other = RunContract("task-2", "write three lines")
+        other_store_dir = self.store.task_dir("task-2")
+        outcome = self.runner(self.steps, contract=other).run()
+        self.assertEqual(outcome.status, Status.AWAITING_APPROVAL)
+        os.makedirs(os.path.join(other_store_dir, "control", "approvals"), exist_ok=True)
+        self.store.write_approval(Approval.from_json({**approval.to_json(), "task_id": "task-2"}))
+        self.assertEqual(self.runner(self.steps, contract=other).run().status, Status.AWAITING_APPROVAL)
+        self.assertEqual(self.outbox.counts()["task-2/s1"], 0)
+
+    def test_an_expired_request_is_renewed_with_a_new_expiry(self) -> None:
+        state = self.pending()
+        old = state.approval_requests["s1"]
+        self.clock.advance(Limits().approval_ttl_s + 1)
+        self.runner(self.steps).run()
+        renewed = self.store.load("task-1").state
+        assert renewed is not None
+        self.assertGreater(renewed.approval_requests["s1"].expires_at, old.expires_at)
+
+
+class LeaseTests(RunnerCase):
+    def test_a_second_live_owner_gets_already_running_and_applies_nothing(self) -> None:
+        adapter = RecordingAdapter()
+        results = {}
+
+        def contend(request: EffectRequest) -> None:
+            if request.step_id == "s1":
+                results["second"] = self.runner(adapter=adapter, owner="second").run()
+
+        adapter.on_apply = contend
+        first = self.runner(adapter=adapter, owner="first").run()
+        self.assertEqual(first.status, Status.DONE)
+        self.assertEqual(results["second"].status, Status.ALREADY_RUNNING)
+        self.assertEqual(adapter.applied, ["task-1/s0", "task-1/s1", "task-1/s2"])
+
+    def test_epoch_increases_on_every_acquisition_and_reaches_the_adapter(self) -> None:
+        epochs = []
+        adapter = RecordingAdapter()
+        adapter.on_apply = lambda request: epochs.append(request.epoch)
+        steps = [Step("s0", "write", {}), Step("s1", "write", {}, approval=True)]
+        first = self.runner(steps, adapter=adapter).run()
+        second = self.runner(steps, adapter=adapter).run()
+        self.assertEqual((first.epoch, second.epoch), (1, 2))
+        self.assertEqual(epochs, [1])
+
+    def test_expired_lease_is_taken_over_with_a_newer_epoch_and_the_stale_writer_is_fenced(self) -> None:
+        stale = self.store.acquire_lease("task-1", "stale-owner", 30.0, self.clock.now())
+        self.clock.advance(31)
+        outcome = self.runner().run()
+        self.assertEqual(outcome.status, Status.DONE)
+        self.assertGreater(outcome.epoch, stale.epoch)
+        state = self.store.load("task-1").state
+        assert state is not None
+        from longrun import FencedError
+
+        path = os.path.join(self.store.task_dir("task-1"), "state.json")
+        with open(path, "rb") as handle:
+            before = handle.read()
+        with self.assertRaises(FencedError):
+            self.store.commit(stale, state)
+        with open(path, "rb") as handle:
+            self.assertEqual(handle.read(), before)
+
+    def test_failed_renewal_during_a_long_apply_stops_lease_lost_before_any_write(self) -> None:
+        adapter = RecordingAdapter()
+        taken = threading.Event()
+        state_path = os.path.join(self.store.task_dir("task-1"), "state.json")
+        snapshot = {}
+
+        def steal(request: EffectRequest) -> None:
+            if request.step_id != "s1":
+                return
+            with open(state_path, "rb") as handle:
+                snapshot["before"] = handle.read()
+            # A contender whose clock is past the expiry takes the task over.
+            self.store.acquire_lease("task-1", "contender", 30.0, self.clock.now() + 1000)
+            for _ in range(200):
+                if runner._keeper is not None and runner._keeper.failure is not None:
+                    taken.set()
+                    return
+                threading.Event().wait(0.01)
+
+        adapter.on_apply = steal
+        runner = Runner(
+            RunContract("task-1", "g"),
+            [Step(f"s{i}", "write", {}) for i in range(3)],
+            store=self.store,
+            adapters={"write": adapter},
+            clock=self.clock,
+            lease_ttl_s=0.09,  # the background keeper renews every 30 ms of real time
+        )
+        outcome = runner.run()
+        self.assertTrue(taken.is_set(), "the background renewal noticed the takeover")
+        self.assertEqual(outcome.status, Status.LEASE_LOST)
+        with open(state_path, "rb") as handle:
+            self.assertEqual(handle.read(), snapshot["before"], "no write after the lease was lost")
+        self.assertEqual(adapter.applied, ["task-1/s0", "task-1/s1"])
+
+
+if __name__ == "__main__":
+    unittest.main()
