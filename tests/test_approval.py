@@ -1,0 +1,61 @@
+"""The approval gate: only an exact, unexpired, unconsumed approval authorizes; broader is refused."""
+
+from __future__ import annotations
+
+import unittest
+
+import support  # noqa: F401
+from longrun.approval import Approval, ApprovalRequest, GateVerdict, evaluate_gate
+from longrun.control import ControlRecord
+
+REQUEST = ApprovalRequest("t", "sha256:plan", "s1", "sha256:payload", "send", requested_at=0.0, expires_at=100.0)
+
+
+def approval(**changes) -> ControlRecord:
+    body = Approval.for_request(REQUEST, approval_id="ap", approver="ops", granted_at=1.0, expires_at=50.0).to_json()
+    body.update(changes)
+    return ControlRecord(name=f"{body.get('approval_id')}.json", body=body, digest="sha256:x")
+
+
+class GateTests(unittest.TestCase):
+    def test_exact_approval_is_granted(self) -> None:
+        decision = evaluate_gate(REQUEST, [approval()], set(), now=10.0)
+        self.assertIs(decision.verdict, GateVerdict.GRANTED)
+        self.assertEqual(decision.approval.approval_id, "ap")
+
+    def test_each_scope_field_must_match(self) -> None:
+        for field in ("task_id", "plan_digest", "payload_digest", "action"):
+            with self.subTest(field=field):
+                decision = evaluate_gate(REQUEST, [approval(**{field: "other"})], set(), now=10.0)
+                self.assertIs(decision.verdict, GateVerdict.AWAITING)
+                self.assertIn(field, decision.reasons[0])
+
+    def test_an_approval_for_another_step_is_ignored(self) -> None:
+        decision = evaluate_gate(REQUEST, [approval(step_id="s2")], set(), now=10.0)
+        self.assertIs(decision.verdict, GateVerdict.AWAITING)
+
+    def test_expired_consumed_missing_and_malformed_keep_awaiting(self) -> None:
+        cases = {
+            "expired": ([approval()], set(), 60.0),
+            "consumed": ([approval()], {"ap"}, 10.0),
+            "missing": ([], set(), 10.0),
+            "unreadable": ([ControlRecord("x.json", error="not valid JSON")], set(), 10.0),
+            "not an object": ([ControlRecord("x.json", body=[1, 2])], set(), 10.0),
+            "wrong type": ([approval(expires_at="tomorrow")], set(), 10.0),
+        }
+        for name, (records, consumed, now) in cases.items():
+            with self.subTest(case=name):
+                decision = evaluate_gate(REQUEST, records, consumed, now)
+                self.assertIs(decision.verdict, GateVerdict.AWAITING)
+                self.assertTrue(decision.reasons)
+
+    def test_broader_than_requested_is_refused_even_beside_an_exact_one(self) -> None:
+        for change in ({"payload_digest": "*"}, {"step_id": "*"}, {"action": ""}, {"plan_digest": None}, {"expires_at": None}):
+            with self.subTest(change=change):
+                decision = evaluate_gate(REQUEST, [approval(approval_id="wide", **change), approval()], set(), now=10.0)
+                self.assertIs(decision.verdict, GateVerdict.REFUSED)
+                self.assertIn("broader", decision.reasons[0])
+
+
+if __name__ == "__main__":
+    unittest.main()

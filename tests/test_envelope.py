@@ -1,0 +1,92 @@
+"""The state envelope: round trip, and every kind of damage detected as a typed error."""
+
+from __future__ import annotations
+
+import json
+import unittest
+
+import support  # noqa: F401
+from longrun import CorruptStateError, ForeignStateError, RunState, SchemaVersionError
+from longrun.approval import ApprovalRequest
+from longrun.budget import BudgetCounters
+from longrun.envelope import decode, encode
+from longrun.ledger import EffectRecord, EffectState
+from longrun.outcome import Evidence
+
+
+def sample() -> RunState:
+    state = RunState(task_id="t", plan_digest="sha256:p", budget=BudgetCounters(created_at=1.0, last_progress_at=1.0), revision=3)
+    state.effects["a"] = EffectRecord("t/a", "a", "write", {"n": 1}, "sha256:d", EffectState.VERIFIED, attempts=1, result={"ok": True})
+    state.effects["b"] = EffectRecord("t/b", "b", "write", {"n": 2}, "sha256:e", EffectState.STARTED, attempts=2, epoch=4)
+    state.approval_requests["b"] = ApprovalRequest("t", "sha256:p", "b", "sha256:e", "write", 1.0, 2.0)
+    state.consumed_approvals.append("ap-1")
+    state.note_control(Evidence("control", "cancel absent", 1.5))
+    return state
+
+
+class EnvelopeTests(unittest.TestCase):
+    def test_round_trip(self) -> None:
+        state = sample()
+        again = decode(encode(state), expected_task="t")
+        self.assertEqual(again.to_json(), state.to_json())
+        self.assertEqual(again.completed_steps, ["a"])
+
+    def test_every_truncation_is_detected(self) -> None:
+        data = encode(sample())
+        for end in range(len(data) - 1):  # the final newline is not part of the checksummed document
+            with self.subTest(end=end), self.assertRaises(CorruptStateError):
+                decode(data[:end])
+
+    def test_every_single_bit_flip_is_detected_or_harmless(self) -> None:
+        data = encode(sample())
+        original = decode(data).to_json()
+        for index in range(len(data)):
+            for bit in (0x01, 0x20, 0x80):
+                damaged = bytearray(data)
+                damaged[index] ^= bit
+                try:
+                    state = decode(bytes(damaged))
+                except CorruptStateError:
+                    continue
+                # JSON allows a few flips that keep meaning (whitespace); the content must be identical.
+                self.assertEqual(state.to_json(), original, f"byte {index} bit {bit:#x} changed the state silently")
+
+    def test_schema_version_format_and_foreign_task(self) -> None:
+        document = json.loads(encode(sample()))
+        with self.assertRaises(SchemaVersionError):
+            decode(json.dumps({**document, "schema_version": 99}).encode())
+        with self.assertRaises(CorruptStateError):
+            decode(json.dumps({**document, "format": "other"}).encode())
+        with self.assertRaises(ForeignStateError):
+            decode(encode(sample()), expected_task="someone-else")
+
+    def test_wrong_field_types_with_a_valid_checksum_are_typed_errors(self) -> None:
+        from longrun.canonical import canonical_bytes, sha256_hex
+
+        body = sample().to_json()
+        mutations = [
+            ("revision", "3"),
+            ("revision", 0),
+            ("status", "finished"),
+            ("effects", {}),
+            ("budget", None),
+            ("completed_steps", ["b"]),
+            ("lease", []),
+            ("reconcile_all", "no"),
+        ]
+        for field, value in mutations:
+            broken = {**body, field: value}
+            data = canonical_bytes(
+                {"format": "longrun.state", "schema_version": 1, "checksum": "sha256:" + sha256_hex(canonical_bytes(broken)), "state": broken}
+            )
+            with self.subTest(field=field), self.assertRaises(CorruptStateError):
+                decode(data)
+
+    def test_non_json_and_non_object_documents(self) -> None:
+        for data in (b"", b"\xff\xfe", b"[]", b"null", b"{" * 5000 + b"}" * 5000, b'{"format": "longrun.state"}'):
+            with self.subTest(data=data[:20]), self.assertRaises(CorruptStateError):
+                decode(data)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,63 @@
+"""The effect lifecycle: only the drawn moves are legal."""
+
+from __future__ import annotations
+
+import unittest
+
+import support  # noqa: F401
+from longrun import CorruptStateError, EffectRecord, EffectState
+from longrun.ledger import IllegalTransitionError
+
+S = EffectState
+LEGAL = {
+    (S.PLANNED, S.STARTED),
+    (S.PLANNED, S.FAILED),
+    (S.PLANNED, S.UNCERTAIN),
+    (S.STARTED, S.ACKNOWLEDGED),
+    (S.STARTED, S.UNCERTAIN),
+    (S.STARTED, S.VERIFIED),
+    (S.STARTED, S.PLANNED),
+    (S.STARTED, S.FAILED),
+    (S.ACKNOWLEDGED, S.VERIFIED),
+    (S.ACKNOWLEDGED, S.UNCERTAIN),
+    (S.ACKNOWLEDGED, S.PLANNED),
+    (S.UNCERTAIN, S.VERIFIED),
+    (S.UNCERTAIN, S.PLANNED),
+}
+
+
+def record(state: EffectState) -> EffectRecord:
+    return EffectRecord(key="t/s", step_id="s", action="write", payload={}, payload_digest="sha256:x", state=state)
+
+
+class LifecycleTests(unittest.TestCase):
+    def test_exactly_the_drawn_moves_are_legal(self) -> None:
+        for source in S:
+            for target in S:
+                with self.subTest(move=f"{source.value}->{target.value}"):
+                    if (source, target) in LEGAL:
+                        self.assertIs(record(source).move(target, 1.0).state, target)
+                    else:
+                        with self.assertRaises(IllegalTransitionError):
+                            record(source).move(target, 1.0)
+
+    def test_verified_is_final(self) -> None:
+        for target in S:
+            with self.assertRaises(IllegalTransitionError):
+                record(S.VERIFIED).move(target, 1.0)
+
+    def test_round_trip_and_validation(self) -> None:
+        original = record(S.ACKNOWLEDGED).move(S.VERIFIED, 2.0, result={"id": 7}, evidence="seen")
+        self.assertEqual(EffectRecord.from_json(original.to_json()), original)
+        broken = original.to_json()
+        for field, value in (("state", "done"), ("attempts", -1), ("attempts", "1"), ("payload", []), ("cost", float("nan"))):
+            with self.subTest(field=field, value=value), self.assertRaises(CorruptStateError):
+                EffectRecord.from_json({**broken, field: value})
+        with self.assertRaises(CorruptStateError):
+            EffectRecord.from_json({k: v for k, v in broken.items() if k != "key"})
+        with self.assertRaises(CorruptStateError):
+            EffectRecord.from_json(["not", "an", "object"])
+
+
+if __name__ == "__main__":
+    unittest.main()
