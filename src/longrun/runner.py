@@ -155,6 +155,7 @@ class Runner:
         self._keeper: LeaseKeeper | None = None
         self._state: RunState | None = None
         self._dirty = False
+        self._cancellation_checked = False
         self._evidence = _Evidence(self.clock)
 
     @property
@@ -168,6 +169,7 @@ class Runner:
         self._evidence = _Evidence(self.clock)
         self._state = None
         self._dirty = False
+        self._cancellation_checked = False
         if self.refusals:
             for reason in self.refusals:
                 self._evidence.unknown("contract", reason)
@@ -368,7 +370,9 @@ class Runner:
         assert self._state is not None
         raw = self.store.read_cancellation(self.task_id)
         if raw is None:
-            self._evidence.inferred("no cancellation record: new effects are allowed")
+            if not self._cancellation_checked:
+                self._evidence.inferred("no cancellation record: new effects are allowed (read again before each one)")
+                self._cancellation_checked = True
             return
         item = self._evidence.observed("control", f"cancellation record {raw.name} ({raw.digest})")
         self._state.note_control(item)

@@ -19,6 +19,7 @@ The run uses the real clock and a real JSON-file store in a temporary directory 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -201,7 +202,7 @@ class _Demo:
         outcome = _runner(self.root, adapter).run()
         self.say(f"   outcome: {outcome.status.value} (revision {outcome.revision}, lease epoch {outcome.epoch})")
         applied, observed = adapter.calls[self.killed_key], adapter.observe_calls[self.killed_key]
-        self.say(f"   {KILLED_STEP} on resume: {applied} apply calls, {observed} observations")
+        self.say(f"   {KILLED_STEP} on resume: apply calls {applied}, observe calls {observed}")
         self.check(applied == 0 and observed >= 1, f"the resume observed {KILLED_STEP} and did not apply it again")
 
         state = JsonFileStore(self.store_root).load(TASK_ID).state
@@ -213,7 +214,7 @@ class _Demo:
             self.say(f"  {record.step_id:<12} {record.key:<32} {record.state.value:<9} {record.attempts:<8} {short_digest(record.payload_digest)}")
         archive = state.effects.get("archive")
         if archive is not None:
-            self.say(f"  archive payload (computed from the sends' results): {archive.payload}")
+            self.say(f"  archive payload (computed from the sends' results): {json.dumps(archive.payload, sort_keys=True)}")
 
         counts = adapter.counts()
         self.say()

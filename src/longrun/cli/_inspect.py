@@ -110,8 +110,6 @@ def render_status(task_id: str, loaded: LoadResult, lease: Lease | None, now: fl
         f"  updated      {format_time(state.updated_at)} ({relative(state.updated_at, now)})",
         f"  lease        {lease_summary(lease, now)}",
     ]
-    if state.current_step:
-        lines.append(f"  current step {state.current_step}")
     lines += _effect_lines(state)
     lines += _request_lines(state, now)
     if state.unknowns:

@@ -1,0 +1,306 @@
+"""The operator CLI, driven through subprocesses as a user would: status, approve, cancel, ls, errors."""
+
+import support  # noqa: F401
+
+import contextlib
+import io
+import json
+import os
+import unittest
+from dataclasses import replace
+
+from support import TempDirTest, run_python
+
+from longrun import JsonFileStore, Limits, RunContract, Runner, Status, Step
+from longrun.cli import main
+from longrun.testing import FakeClock, OutboxAdapter, read_outbox
+
+
+def cli(*args: str, input: str | None = None):
+    return run_python(["-m", "longrun", *args], input=input)
+
+
+class CliCase(TempDirTest):
+    def setUp(self) -> None:
+        super().setUp()
+        self.store_dir = self.path("store")
+        self.outbox = self.path("outbox.jsonl")
+        self.clock = FakeClock()
+
+    def runner(self, task_id: str, steps: list[Step], adapter: OutboxAdapter | None = None, **options) -> Runner:
+        adapter = adapter if adapter is not None else OutboxAdapter(self.outbox)
+        return Runner(
+            RunContract(task_id, goal="test the command line"),
+            steps,
+            store=JsonFileStore(self.store_dir),
+            adapters={"send": adapter},
+            clock=self.clock,
+            **options,
+        )
+
+    def finished_task(self, task_id: str = "finished") -> None:
+        steps = [Step("one", "send", {"n": 1}), Step("two", "send", {"n": 2})]
+        self.assertIs(self.runner(task_id, steps).run().status, Status.DONE)
+
+    def approval_steps(self) -> list[Step]:
+        return [
+            Step("draft", "send", {"text": "hello"}),
+            Step("publish", "send", {"channel": "everyone"}, approval=True),
+        ]
+
+    def awaiting_task(self, task_id: str = "gated") -> None:
+        outcome = self.runner(task_id, self.approval_steps()).run()
+        self.assertIs(outcome.status, Status.AWAITING_APPROVAL)
+
+    def assert_fails(self, result, code: int, *fragments: str) -> None:
+        self.assertEqual(result.returncode, code, f"stdout={result.stdout!r} stderr={result.stderr!r}")
+        self.assertTrue(result.stderr.strip(), "an error must say why on stderr")
+        for fragment in fragments:
+            self.assertIn(fragment, result.stderr)
+
+    def task_file(self, task_id: str, name: str) -> str:
+        return os.path.join(self.store_dir, task_id, name)
+
+
+class HelpTest(unittest.TestCase):
+    def test_help_documents_the_exit_codes(self) -> None:
+        result = cli("--help")
+        self.assertEqual(result.returncode, 0)
+        self.assertIn("exit codes:", result.stdout)
+        for line in ("0  ok", "1  the run is not done", "2  usage or bad input", "3  storage error"):
+            self.assertIn(line, result.stdout)
+
+    def test_main_returns_codes_instead_of_raising(self) -> None:
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            self.assertEqual(main(["status"]), 2)
+        self.assertIn("required", err.getvalue())
+        with contextlib.redirect_stdout(io.StringIO()):
+            self.assertEqual(main(["--help"]), 0)
+
+
+class StatusTest(CliCase):
+    def test_status_of_a_finished_task(self) -> None:
+        self.finished_task()
+        result = cli("status", self.store_dir, "finished")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        out = result.stdout
+        self.assertIn("status       done", out)
+        state = JsonFileStore(self.store_dir).load("finished").state
+        self.assertIn(f"revision     {state.revision} ", out)
+        self.assertIn(state.plan_digest, out)
+        self.assertIn("lease        expired: owner", out)
+        self.assertRegex(out, r"one\s+verified\s+1\s+sha256:")
+        self.assertRegex(out, r"two\s+verified\s+1\s+sha256:")
+        self.assertIn("approvals    none pending", out)
+        self.assertIn("next action  nothing: every required effect is verified", out)
+        self.assertEqual(result.stderr, "")
+
+    def test_status_json_is_one_parsable_object(self) -> None:
+        self.finished_task()
+        result = cli("status", self.store_dir, "finished", "--json")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        data = json.loads(result.stdout)
+        state = JsonFileStore(self.store_dir).load("finished").state
+        self.assertEqual(data["status"], "done")
+        self.assertEqual(data["revision"], state.revision)
+        self.assertEqual(data["plan_digest"], state.plan_digest)
+        self.assertEqual([e["state"] for e in data["effects"]], ["verified", "verified"])
+        self.assertEqual(data["store_lease"]["epoch"], 1)
+        self.assertTrue(data["store_lease"]["expired"])
+        self.assertEqual(data["load"]["source"], "primary")
+        self.assertTrue(data["load"]["digest"].startswith("sha256:"))
+        self.assertEqual(data["next_action"], state.next_action)
+
+    def test_status_is_read_only_on_damaged_state(self) -> None:
+        self.finished_task()
+        for name in ("state.json", "state.json.bak"):
+            with open(self.task_file("finished", name), "r+b") as handle:
+                handle.write(b"{garbage")
+        result = cli("status", self.store_dir, "finished")
+        self.assert_fails(result, 3, "damaged state", "neither")
+        self.assertEqual(result.stdout, "")
+        self.assertTrue(os.path.exists(self.task_file("finished", "state.json")), "a read-only status moved a file")
+        self.assertEqual(os.listdir(self.task_file("finished", "quarantine")), [])
+        self.assert_fails(cli("status", self.store_dir, "finished", "--json"), 3, "damaged state")
+
+    def test_status_shows_a_state_recovered_from_the_backup(self) -> None:
+        self.finished_task()
+        with open(self.task_file("finished", "state.json"), "r+b") as handle:
+            handle.write(b"{garbage")
+        result = cli("status", self.store_dir, "finished")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("state.json.bak", result.stdout)
+        self.assertIn("store notes", result.stdout)
+        data = json.loads(cli("status", self.store_dir, "finished", "--json").stdout)
+        self.assertEqual(data["load"]["source"], "backup")
+
+    def test_damaged_lease_record_exits_3(self) -> None:
+        self.finished_task()
+        with open(self.task_file("finished", "lease.json"), "wb") as handle:
+            handle.write(b"not json")
+        self.assert_fails(cli("status", self.store_dir, "finished"), 3, "lease")
+
+
+class ApprovalTest(CliCase):
+    def test_status_approve_then_run_applies_the_gated_effect_once(self) -> None:
+        self.awaiting_task()
+        status = cli("status", self.store_dir, "gated")
+        self.assertEqual(status.returncode, 0, status.stderr)
+        self.assertIn("status       awaiting-approval", status.stdout)
+        self.assertIn("approvals    1 pending", status.stdout)
+        self.assertIn("step publish (action send)", status.stdout)
+        request = JsonFileStore(self.store_dir).load("gated").state.approval_requests["publish"]
+        self.assertIn(request.payload_digest, status.stdout)
+        self.assertIn(f"plan digest    {request.plan_digest}", status.stdout)
+        self.assertIn("approve step 'publish'", status.stdout)
+        data = json.loads(cli("status", self.store_dir, "gated", "--json").stdout)
+        self.assertEqual([r["step_id"] for r in data["approval_requests"]], ["publish"])
+
+        approved = cli("approve", self.store_dir, "gated", "--yes", "--approver", "alice", "--ttl", "600")
+        self.assertEqual(approved.returncode, 0, approved.stderr)
+        self.assertIn("approved step publish of task gated", approved.stdout)
+        self.assertIn("approver     alice", approved.stdout)
+        approval_id = next(line.split()[-1] for line in approved.stdout.splitlines() if "approval id" in line)
+
+        adapter = OutboxAdapter(self.outbox)
+        outcome = self.runner("gated", self.approval_steps(), adapter).run()
+        self.assertIs(outcome.status, Status.DONE)
+        self.assertEqual(adapter.calls["gated/publish"], 1)
+        self.assertEqual(adapter.counts(), {"gated/draft": 1, "gated/publish": 1})
+        state = JsonFileStore(self.store_dir).load("gated").state
+        self.assertEqual(state.consumed_approvals, [approval_id])
+        self.assertEqual(state.effects["publish"].approval_id, approval_id)
+
+    def test_approve_asks_for_confirmation_without_yes(self) -> None:
+        self.awaiting_task()
+        approvals = os.path.join(self.store_dir, "gated", "control", "approvals")
+        declined = cli("approve", self.store_dir, "gated", input="n\n")
+        self.assert_fails(declined, 1, "not approved")
+        self.assertEqual(os.listdir(approvals), [])
+        no_answer = cli("approve", self.store_dir, "gated", input="")
+        self.assert_fails(no_answer, 1, "not approved")
+        accepted = cli("approve", self.store_dir, "gated", input="y\n")
+        self.assertEqual(accepted.returncode, 0, accepted.stderr)
+        self.assertEqual(len(os.listdir(approvals)), 1)
+
+    def test_approve_with_no_pending_request_exits_1(self) -> None:
+        steps = [Step("flaky", "send", {"n": 1})]
+        outcome = self.runner("flaky", steps, OutboxAdapter(self.outbox, fail_transient=1), limits=Limits(max_block_s=0)).run()
+        self.assertIs(outcome.status, Status.RETRY_SCHEDULED)
+        self.assert_fails(cli("approve", self.store_dir, "flaky", "--yes"), 1, "no pending approval request")
+
+    def test_approve_on_a_finished_task_exits_1(self) -> None:
+        self.finished_task()
+        self.assert_fails(cli("approve", self.store_dir, "finished", "--yes"), 1, "already ended done")
+
+    def test_ambiguous_pending_requests_need_step(self) -> None:
+        self.awaiting_task()
+        store = JsonFileStore(self.store_dir)
+        lease = store.acquire_lease("gated", "test-editor", 30, self.clock.now())
+        state = store.load("gated", lease=lease).state
+        request = state.approval_requests["publish"]
+        state.approval_requests["announce"] = replace(request, step_id="announce", payload_digest="sha256:" + "0" * 64)
+        store.commit(lease, state)
+        store.release_lease(lease, self.clock.now())
+
+        result = cli("approve", self.store_dir, "gated", "--yes")
+        self.assert_fails(result, 2, "--step", "publish", "announce")
+        self.assertEqual(os.listdir(os.path.join(self.store_dir, "gated", "control", "approvals")), [])
+        self.assert_fails(cli("approve", self.store_dir, "gated", "--yes", "--step", "nosuch"), 2, "nosuch", "publish")
+        chosen = cli("approve", self.store_dir, "gated", "--yes", "--step", "announce")
+        self.assertEqual(chosen.returncode, 0, chosen.stderr)
+        self.assertIn("approved step announce", chosen.stdout)
+
+    def test_approve_rejects_bad_ttl(self) -> None:
+        self.awaiting_task()
+        self.assert_fails(cli("approve", self.store_dir, "gated", "--yes", "--ttl", "0"), 2, "positive")
+        self.assert_fails(cli("approve", self.store_dir, "gated", "--yes", "--ttl", "soon"), 2, "not a number")
+
+
+class CancelTest(CliCase):
+    def test_cancel_then_run_ends_cancelled_without_a_new_effect(self) -> None:
+        self.awaiting_task()
+        lines_before = len(read_outbox(self.outbox))
+        result = cli("cancel", self.store_dir, "gated", "--reason", "wrong audience", "--by", "bob")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("cancellation recorded for task gated", result.stdout)
+
+        adapter = OutboxAdapter(self.outbox)
+        outcome = self.runner("gated", self.approval_steps(), adapter).run()
+        self.assertIs(outcome.status, Status.CANCELLED)
+        self.assertIn("bob", outcome.next_action)
+        self.assertEqual(adapter.calls, {})
+        self.assertEqual(len(read_outbox(self.outbox)), lines_before)
+        status = cli("status", self.store_dir, "gated")
+        self.assertIn("status       cancelled", status.stdout)
+        self.assertIn("wrong audience", status.stdout)
+        # Approving a cancelled run is refused: it has ended.
+        self.assert_fails(cli("approve", self.store_dir, "gated", "--yes"), 1, "cancelled")
+
+    def test_cancel_unknown_task_exits_2(self) -> None:
+        self.finished_task()
+        self.assert_fails(cli("cancel", self.store_dir, "nosuch"), 2, "no task 'nosuch'")
+        self.assertFalse(os.path.exists(os.path.join(self.store_dir, "nosuch")))
+
+
+class ListTest(CliCase):
+    def test_ls_lists_every_task_and_shows_damage(self) -> None:
+        self.finished_task("finished")
+        self.awaiting_task("gated")
+        self.finished_task("broken")
+        for name in ("state.json", "state.json.bak"):
+            with open(self.task_file("broken", name), "wb") as handle:
+                handle.write(b"\x00")
+        result = cli("ls", self.store_dir)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        lines = result.stdout.splitlines()
+        self.assertEqual(lines[0].split(), ["TASK", "STATUS", "REV", "NEXT", "ACTION"])
+        rows = {line.split()[0]: line for line in lines[1:]}
+        self.assertEqual(sorted(rows), ["broken", "finished", "gated"])
+        self.assertRegex(rows["finished"], r"done\s+\d+\s+nothing")
+        self.assertIn("awaiting-approval", rows["gated"])
+        self.assertIn("DAMAGED", rows["broken"])
+
+    def test_ls_of_an_empty_store(self) -> None:
+        os.mkdir(self.store_dir)
+        result = cli("ls", self.store_dir)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("no tasks", result.stdout)
+
+
+class WrongArgumentsTest(CliCase):
+    def test_usage_errors_exit_2(self) -> None:
+        for args in ([], ["status"], ["status", self.tmp], ["approve", self.tmp], ["cancel"], ["ls"], ["frobnicate"],
+                     ["status", self.tmp, "t", "--bogus"]):
+            with self.subTest(args=args):
+                self.assert_fails(cli(*args), 2, "usage:")
+
+    def test_unknown_task_exits_2(self) -> None:
+        self.finished_task()
+        for command in ("status", "approve"):
+            with self.subTest(command=command):
+                self.assert_fails(cli(command, self.store_dir, "nosuch"), 2, "no task 'nosuch'")
+
+    def test_missing_store_directory_exits_2(self) -> None:
+        missing = self.path("no-such-dir")
+        for args in (["status", missing, "t"], ["approve", missing, "t", "--yes"], ["cancel", missing, "t"], ["ls", missing]):
+            with self.subTest(args=args):
+                self.assert_fails(cli(*args), 2, "does not exist")
+        self.assertFalse(os.path.exists(missing), "a read or a refused write created the store")
+
+    def test_store_path_that_is_a_file_exits_2(self) -> None:
+        with open(self.path("file"), "w") as handle:
+            handle.write("x")
+        self.assert_fails(cli("ls", self.path("file")), 2, "not a directory")
+
+    def test_unsafe_task_ids_exit_2(self) -> None:
+        self.finished_task()
+        for task_id in ("../etc", "/etc", ".hidden", "a/b", ""):
+            for command in ("status", "approve", "cancel"):
+                with self.subTest(task_id=task_id, command=command):
+                    self.assert_fails(cli(command, self.store_dir, task_id), 2, "not a safe name")
+        self.assertEqual(sorted(os.listdir(self.store_dir)), ["finished"])
+
+
+if __name__ == "__main__":
+    unittest.main()
