@@ -158,8 +158,10 @@ class _Demo:
             self.check(False, f"worker finished within {WORKER_TIMEOUT_S:.0f}s")
             return False
         killed = worker.returncode == -signal.SIGKILL
-        how = "SIGKILL" if killed else f"exit status {worker.returncode}"
-        self.say(f"   worker died by {how} (returncode {worker.returncode})")
+        if killed:
+            self.say(f"   worker died by SIGKILL (returncode {worker.returncode})")
+        else:
+            self.say(f"   worker was NOT killed: returncode {worker.returncode} (expected {-signal.SIGKILL})")
         if not killed:
             for line in (worker.stdout + worker.stderr).strip().splitlines()[-10:]:
                 self.say(f"   | {line}")

@@ -21,8 +21,8 @@ import threading
 from collections import Counter
 from typing import Collection
 
-from .adapters import EffectRequest, Observation, Receipt
-from .errors import PermanentError, TransientError
+from ..adapters import EffectRequest, Observation, Receipt
+from ..errors import PermanentError, TransientError
 
 __all__ = ["FakeClock", "OutboxAdapter", "read_outbox"]
 
