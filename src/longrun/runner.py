@@ -155,6 +155,7 @@ class Runner:
         self._keeper: LeaseKeeper | None = None
         self._state: RunState | None = None
         self._dirty = False
+        self._changed = set()
         self._cancellation_checked = False
         self._evidence = _Evidence(self.clock)
 
@@ -169,6 +170,7 @@ class Runner:
         self._evidence = _Evidence(self.clock)
         self._state = None
         self._dirty = False
+        self._changed: set[str] = set()
         self._cancellation_checked = False
         if self.refusals:
             for reason in self.refusals:
@@ -237,12 +239,20 @@ class Runner:
 
     # -- persistence --------------------------------------------------------------------------
 
+    def _put(self, record: EffectRecord) -> None:
+        """Replace a step's effect record in the working state; it goes out with the next commit."""
+        assert self._state is not None
+        self._state.effects[record.step_id] = record
+        self._changed.add(record.step_id)
+        self._dirty = True
+
     def _commit(self) -> None:
         state = self._state
         assert state is not None
         lease = self._current_lease()
         state.updated_at = self.clock.now()
-        self.store.commit(lease, state)
+        self.store.commit(lease, state, frozenset(self._changed))
+        self._changed.clear()
         self._dirty = False
 
     def _stop(self, status: Status, next_action: str) -> _Stop:
@@ -344,8 +354,7 @@ class Runner:
             record = replace(record, not_before=self._backoff_until(record))
         else:
             self._evidence.unknown(f"target:{step.action}", settled.reason)
-        self._state.effects[step.step_id] = record
-        self._dirty = True
+        self._put(record)
         return settled
 
     def _unsafe(self, settled: Reconciled) -> _Stop:
@@ -445,8 +454,7 @@ class Runner:
             payload_digest=digest_of(payload),
             updated_at=now,
         )
-        self._state.effects[step.step_id] = record
-        self._dirty = True
+        self._put(record)
         return record
 
     def _reconcile_before_start(self, step: Step, record: EffectRecord) -> EffectRecord:
@@ -494,8 +502,7 @@ class Runner:
             state.consumed_approvals.append(approval.approval_id)
             del state.approval_requests[step.step_id]
             record = replace(record, approval_id=approval.approval_id)
-            state.effects[step.step_id] = record
-            self._dirty = True
+            self._put(record)
             return record
         for reason in decision.reasons:
             self._evidence.unknown("approval", reason)
@@ -517,7 +524,7 @@ class Runner:
         lease = self._current_lease()
         attempt = record.attempts + 1
         record = record.move(EffectState.STARTED, now, attempts=attempt, epoch=lease.epoch, not_before=None, last_error=None)
-        state.effects[step.step_id] = record
+        self._put(record)
         state.budget = state.budget.started(now)
         state.current_step = step.step_id
         state.status = Status.RUNNING
@@ -532,7 +539,7 @@ class Runner:
             return
         except PermanentError as exc:
             self._current_lease()
-            state.effects[step.step_id] = record.move(EffectState.FAILED, self.clock.now(), last_error=f"permanent: {exc}")
+            self._put(record.move(EffectState.FAILED, self.clock.now(), last_error=f"permanent: {exc}"))
             self._evidence.observed(f"adapter:{step.action}", f"{record.key} attempt {attempt} failed permanently: {exc}")
             raise self._stop(Status.BLOCKED, f"fix the cause of the permanent failure of step {step.step_id!r} ({exc}); the run is over")
         except Exception as exc:  # outcome unknown: recorded as uncertain and observed, never retried blind
@@ -540,7 +547,7 @@ class Runner:
             self._current_lease()
             self._evidence.observed(f"adapter:{step.action}", f"{record.key} attempt {attempt} raised {type(exc).__name__}: {exc}")
             record = record.move(EffectState.UNCERTAIN, self.clock.now(), last_error=f"{type(exc).__name__}: {exc}")
-            state.effects[step.step_id] = record
+            self._put(record)
             self._settle(step, record)
             return
         self._current_lease()
@@ -555,7 +562,7 @@ class Runner:
             result=receipt.result,
             cost=record.cost + cost,
         )
-        state.effects[step.step_id] = record
+        self._put(record)
         state.budget = state.budget.spent(cost)
         self._settle(step, record)
 
@@ -574,7 +581,7 @@ class Runner:
         self._evidence.observed(f"adapter:{step.action}", f"{record.key} attempt {record.attempts} failed transiently: {exc}")
         record = record.move(EffectState.PLANNED, self.clock.now(), last_error=f"transient: {exc}")
         record = replace(record, not_before=self._backoff_until(record))
-        self._state.effects[step.step_id] = record
+        self._put(record)
         self._commit()
 
     def _finish(self) -> None:
