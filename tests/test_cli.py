@@ -234,6 +234,7 @@ class CancelTest(CliCase):
         status = cli("status", self.store_dir, "gated")
         self.assertIn("status       cancelled", status.stdout)
         self.assertIn("wrong audience", status.stdout)
+        self.assertIn("approvals    none pending", status.stdout, "an ended run withdraws its open requests")
         # Approving a cancelled run is refused: it has ended.
         self.assert_fails(cli("approve", self.store_dir, "gated", "--yes"), 1, "cancelled")
 

@@ -212,7 +212,10 @@ class PathTests(StoreCase):
             self.store.write_cancellation(Cancellation("nope", 0.0, "a", "b"))
         with self.assertRaises(LookupError):  # also a builtin LookupError, for generic handlers
             self.store.write_approval(Approval("ap", "nope", "p", "s", "d", "a", 1.0, "ops", 0.0))
-        self.assertIsNone(self.store.read_cancellation("nope"))
+        with self.assertRaises(UnknownTaskError):
+            self.store.read_cancellation("nope")
+        with self.assertRaises(UnknownTaskError):
+            self.store.read_approvals("nope")
 
     def test_symlinks_are_refused(self) -> None:
         os.makedirs(self.path("elsewhere"))

@@ -6,7 +6,7 @@ these seams are frozen dataclasses defined beside the concept they belong to.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Collection, Protocol, runtime_checkable
 
 from .adapters import EffectRequest, Observation, Receipt

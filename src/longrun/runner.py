@@ -261,6 +261,9 @@ class Runner:
         assert state is not None
         state.status = status
         state.next_action = next_action
+        if status in TERMINAL:
+            # An ended run asks nothing more of anyone: open approval requests are withdrawn.
+            state.approval_requests.clear()
         state.unknowns = list(self._evidence.unknowns)
         self._commit()
         return _Stop(status, next_action)
@@ -416,6 +419,7 @@ class Runner:
             if step is None:
                 self._finish()
             assert step is not None
+            state.current_step = step.step_id
             record = state.effects.get(step.step_id)
             now = self.clock.now()
             exhausted = state.budget.exhausted(self.limits, now)
@@ -526,7 +530,6 @@ class Runner:
         record = record.move(EffectState.STARTED, now, attempts=attempt, epoch=lease.epoch, not_before=None, last_error=None)
         self._put(record)
         state.budget = state.budget.started(now)
-        state.current_step = step.step_id
         state.status = Status.RUNNING
         state.next_action = f"observe whether effect {record.key!r} took place"
         self._commit()  # the intent is durable before the adapter is called

@@ -19,7 +19,7 @@ from ..envelope import RunState
 from ..errors import CorruptStateError, LongrunError
 from ..lease import Lease
 from ..ledger import EffectState
-from ..outcome import TERMINAL, Status
+from ..outcome import Status
 from ..protocols import LoadResult
 from ..stores import JsonFileStore
 from ._common import (
@@ -80,11 +80,7 @@ def _effect_lines(state: RunState) -> list[str]:
 def _request_lines(state: RunState, now: float) -> list[str]:
     if not state.approval_requests:
         return ["  approvals    none pending"]
-    if state.status in TERMINAL:
-        # The runner leaves an open request in the state when a run ends (say, cancelled) while it waits.
-        lines = [f"  approvals    {len(state.approval_requests)} left open, moot: the run ended {state.status.value}"]
-    else:
-        lines = [f"  approvals    {len(state.approval_requests)} pending"]
+    lines = [f"  approvals    {len(state.approval_requests)} pending"]
     for request in state.approval_requests.values():
         expiry = "expired" if request.expired(now) else "expires"
         lines += [

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Collection, Iterator
+from typing import Collection
 
 from ..approval import Approval
 from ..cancellation import Cancellation
@@ -45,7 +45,9 @@ class BaseStore:
 
     # -- primitives a subclass provides -------------------------------------------------------
 
-    def _transaction(self, task_id: str, *, create: bool) -> contextlib.AbstractContextManager[None]:
+    def _transaction(self, task_id: str, *, create: bool, write: bool = True) -> contextlib.AbstractContextManager[None]:
+        """Exclusive (``write``) or shared access to one task; ``create`` makes the task if missing,
+        otherwise a missing task raises ``UnknownTaskError``."""
         raise NotImplementedError
 
     def _get_lease(self, task_id: str) -> Lease | None:
@@ -133,13 +135,13 @@ class BaseStore:
 
     def read_lease(self, task_id: str) -> Lease | None:
         check_task_id(task_id)
-        with self._transaction(task_id, create=False):
+        with self._transaction(task_id, create=False, write=False):
             return self._get_lease(task_id)
 
     def load(self, task_id: str, *, lease: Lease | None = None) -> LoadResult:
         """Read the task's state. With a lease (checked), damaged files are also quarantined."""
         check_task_id(task_id)
-        with self._transaction(task_id, create=False):
+        with self._transaction(task_id, create=False, write=lease is not None):
             if lease is not None:
                 self._fence(lease, operation="state repair")
             result = self._get_state(task_id, repair=lease is not None)

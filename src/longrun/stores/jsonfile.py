@@ -24,7 +24,6 @@ use a database store), or protection from a user who edits the files with the ri
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
@@ -93,7 +92,7 @@ class JsonFileStore(BaseStore):
     # -- transaction: flock on the task's lock file -------------------------------------------
 
     @contextlib.contextmanager
-    def _transaction(self, task_id: str, *, create: bool) -> Iterator[None]:
+    def _transaction(self, task_id: str, *, create: bool, write: bool = True) -> Iterator[None]:
         directory = self.task_dir(task_id)
         try:
             if create:
@@ -104,13 +103,20 @@ class JsonFileStore(BaseStore):
                 ensure_dir(self.io, os.path.join(directory, QUARANTINE))
             elif not self._exists(task_id):
                 raise UnknownTaskError(f"no task {task_id!r} in {self.root}")
-            fd = self.io.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+            lock_path = os.path.join(directory, LOCK)
+            try:
+                # Readers take a shared lock through a read-only descriptor, so an operator's
+                # `status` works on a store it cannot write and never creates files.
+                fd = self.io.open(lock_path, os.O_RDWR | os.O_CREAT if write else os.O_RDONLY, 0o600)
+            except FileNotFoundError:
+                fd = -1  # a reader of a task whose lock file is gone: there is no writer to exclude
         except LongrunError:
             raise
         except OSError as exc:
             raise StorageError(f"cannot open task {task_id!r} in {self.root}: {exc}") from exc
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            if fd >= 0:
+                fcntl.flock(fd, fcntl.LOCK_EX if write else fcntl.LOCK_SH)
             try:
                 yield
             except LongrunError:
@@ -118,7 +124,8 @@ class JsonFileStore(BaseStore):
             except OSError as exc:
                 raise StorageError(f"task {task_id!r}: {exc}") from exc
         finally:
-            os.close(fd)  # closing the descriptor releases the flock
+            if fd >= 0:
+                os.close(fd)  # closing the descriptor releases the flock
 
     # -- lease --------------------------------------------------------------------------------
 
@@ -269,7 +276,7 @@ class JsonFileStore(BaseStore):
 
     def read_cancellation(self, task_id: str) -> ControlRecord | None:
         if not self._exists(task_id):
-            return None
+            raise UnknownTaskError(f"no task {task_id!r} in {self.root}")
         return self._read_control(os.path.join(self.task_dir(task_id), CONTROL, CANCEL), CANCEL)
 
     def write_cancellation(self, record: Cancellation) -> None:
@@ -277,7 +284,7 @@ class JsonFileStore(BaseStore):
 
     def read_approvals(self, task_id: str) -> tuple[ControlRecord, ...]:
         if not self._exists(task_id):
-            return ()
+            raise UnknownTaskError(f"no task {task_id!r} in {self.root}")
         directory = os.path.join(self.task_dir(task_id), CONTROL, APPROVALS)
         try:
             names = sorted(name for name in os.listdir(directory) if name.endswith(".json") and TEMP_MARK not in name)
