@@ -303,5 +303,125 @@ class WrongArgumentsTest(CliCase):
         self.assertEqual(sorted(os.listdir(self.store_dir)), ["finished"])
 
 
+class SignedApprovalCliTest(CliCase):
+    """``approve --sign-key`` and ``cancel --sign-key`` against runners that accept only signed records."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        from longrun.authority import generate_key_file
+
+        self.key_file = self.path("approver.key")
+        generate_key_file(self.key_file)
+
+    def signed_runner(self, task_id: str, **sources) -> Runner:
+        from longrun.authority import SignedApprovals, SignedCancellations, load_key
+
+        key = load_key(self.key_file)
+        store = JsonFileStore(self.store_dir)
+        sources.setdefault("approvals", SignedApprovals(store, key))
+        sources.setdefault("cancellations", SignedCancellations(store, key))
+        return self.runner(task_id, self.approval_steps(), **sources)
+
+    def approval_files(self, task_id: str = "gated") -> list[str]:
+        return sorted(os.listdir(os.path.join(self.store_dir, task_id, "control", "approvals")))
+
+    def test_a_signed_approval_from_the_cli_authorizes_once_and_an_unsigned_one_does_not(self) -> None:
+        from longrun.authority import key_id, load_key
+
+        self.assertIs(self.signed_runner("gated").run().status, Status.AWAITING_APPROVAL)
+        unsigned = cli("approve", self.store_dir, "gated", "--yes", "--approver", "alice")
+        self.assertEqual(unsigned.returncode, 0, unsigned.stderr)
+        self.assertNotIn("signed", unsigned.stdout)
+        outcome = self.signed_runner("gated").run()
+        self.assertIs(outcome.status, Status.AWAITING_APPROVAL)
+        self.assertTrue(any("not signed" in item.detail for item in outcome.unknowns))
+        self.assertIn("--sign-key", outcome.next_action)
+        self.assertEqual(OutboxAdapter(self.outbox).counts()["gated/publish"], 0)
+
+        signed = cli("approve", self.store_dir, "gated", "--yes", "--approver", "alice", "--sign-key", self.key_file)
+        self.assertEqual(signed.returncode, 0, signed.stderr)
+        self.assertIn(f"signed       hmac-sha256 with key {key_id(load_key(self.key_file))}", signed.stdout)
+        approval_id = next(line.split()[-1] for line in signed.stdout.splitlines() if "approval id" in line)
+        with open(os.path.join(self.store_dir, "gated", "control", "approvals", f"{approval_id}.json")) as handle:
+            self.assertTrue(json.load(handle)["signature"].startswith("hmac-sha256:"))
+        adapter = OutboxAdapter(self.outbox)
+        outcome = self.signed_runner("gated").run()
+        self.assertIs(outcome.status, Status.DONE, outcome.next_action)
+        self.assertEqual(adapter.counts(), {"gated/draft": 1, "gated/publish": 1})
+        self.assertEqual(JsonFileStore(self.store_dir).load("gated").state.consumed_approvals, [approval_id])
+
+    def test_a_key_file_others_can_read_or_a_missing_one_is_refused_and_nothing_is_written(self) -> None:
+        self.awaiting_task()
+        os.chmod(self.key_file, 0o644)
+        for args, fragment in (
+            (["approve", self.store_dir, "gated", "--yes", "--sign-key", self.key_file], "accessible by group or others"),
+            (["cancel", self.store_dir, "gated", "--sign-key", self.key_file], "accessible by group or others"),
+            (["approve", self.store_dir, "gated", "--yes", "--sign-key", self.path("no-key")], "cannot read key file"),
+        ):
+            with self.subTest(args=args):
+                self.assert_fails(cli(*args), 2, fragment)
+        self.assertEqual(self.approval_files(), [])
+        self.assertFalse(os.path.exists(self.task_file("gated", os.path.join("control", "cancel.json"))))
+
+    def test_signed_cancel_cancels_and_unsigned_cancel_stops_unsafe_without_ending_the_run(self) -> None:
+        self.assertIs(self.signed_runner("gated").run().status, Status.AWAITING_APPROVAL)
+        unsigned = cli("cancel", self.store_dir, "gated", "--by", "someone")
+        self.assertEqual(unsigned.returncode, 0, unsigned.stderr)
+        outcome = self.signed_runner("gated").run()
+        self.assertIs(outcome.status, Status.UNSAFE_TO_CONTINUE)
+        self.assertTrue(any("not signed" in item.detail for item in outcome.unknowns))
+        self.assertIn("longrun cancel --sign-key", outcome.next_action)
+
+        signed = cli("cancel", self.store_dir, "gated", "--by", "bob", "--reason", "wrong audience", "--sign-key", self.key_file)
+        self.assertEqual(signed.returncode, 0, signed.stderr)
+        self.assertIn("replacing an earlier record", signed.stdout)
+        self.assertIn("signed  hmac-sha256 with key", signed.stdout)
+        outcome = self.signed_runner("gated").run()
+        self.assertIs(outcome.status, Status.CANCELLED)
+        self.assertIn("cancelled by bob: wrong audience", outcome.next_action)
+        self.assertEqual(OutboxAdapter(self.outbox).counts()["gated/publish"], 0)
+
+    def test_approve_and_cancel_into_a_strict_control_root(self) -> None:
+        import stat
+
+        from longrun.authority import FileControlSource, SignedApprovals, SignedCancellations, load_key
+
+        control = self.path("control")
+        os.mkdir(control, 0o755)
+        os.chmod(control, 0o755)
+        key = load_key(self.key_file)
+        source = FileControlSource(control, approver_uid=os.geteuid())
+        sources = {"approvals": SignedApprovals(source, key), "cancellations": SignedCancellations(source, key)}
+        self.assertIs(self.signed_runner("gated", **sources).run().status, Status.AWAITING_APPROVAL)
+
+        approved = cli("approve", self.store_dir, "gated", "--yes", "--sign-key", self.key_file, "--control-root", control)
+        self.assertEqual(approved.returncode, 0, approved.stderr)
+        written = next(line.split()[-1] for line in approved.stdout.splitlines() if "written to" in line)
+        self.assertTrue(written.startswith(os.path.join(control, "gated", "control", "approvals")))
+        self.assertEqual(self.approval_files(), [], "nothing was written into the store")
+        self.assertEqual(stat.S_IMODE(os.stat(written).st_mode), 0o644)
+        self.assertEqual(stat.S_IMODE(os.stat(os.path.dirname(written)).st_mode), 0o755)
+        self.assertIs(self.signed_runner("gated", **sources).run().status, Status.DONE)
+        self.assertEqual(OutboxAdapter(self.outbox).counts()["gated/publish"], 1)
+
+        self.awaiting_task("second")
+        cancelled = cli("cancel", self.store_dir, "second", "--sign-key", self.key_file, "--control-root", control)
+        self.assertEqual(cancelled.returncode, 0, cancelled.stderr)
+        self.assertTrue(os.path.exists(os.path.join(control, "second", "control", "cancel.json")))
+        self.assertIs(self.signed_runner("second", **sources).run().status, Status.CANCELLED)
+
+        self.assert_fails(
+            cli("approve", self.store_dir, "gated", "--yes", "--control-root", self.path("nowhere")), 2, "control root"
+        )
+
+    def test_help_documents_the_new_options(self) -> None:
+        for command in ("approve", "cancel"):
+            with self.subTest(command=command):
+                result = cli(command, "--help")
+                self.assertEqual(result.returncode, 0, result.stderr)
+                self.assertIn("--sign-key FILE", result.stdout)
+                self.assertIn("--control-root DIR", result.stdout)
+
+
 if __name__ == "__main__":
     unittest.main()

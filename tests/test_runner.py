@@ -287,6 +287,17 @@ class RetryTests(RunnerCase):
         self.assertEqual(dedup.calls["task-1/s0"], 1, "sent again because the target deduplicates")
         self.assertEqual(dedup.counts()["task-1/s0"], 1, "the deduplicating target kept one line")
 
+    def test_an_acknowledged_effect_that_observation_calls_absent_is_not_applied_again(self) -> None:
+        adapter = RecordingAdapter()
+        adapter.observe_as["task-1/s1"] = Observation.absent("the read replica has not seen it")
+        outcome = self.runner(adapter=adapter).run()
+        self.assertEqual(outcome.status, Status.UNSAFE_TO_CONTINUE)
+        self.assertEqual(adapter.applied, ["task-1/s0", "task-1/s1"])
+        self.assertTrue(any("acknowledged" in item.detail for item in outcome.unknowns))
+        outcome = self.runner(adapter=adapter).run()
+        self.assertEqual(outcome.status, Status.UNSAFE_TO_CONTINUE, "still contradictory: still not re-applied")
+        self.assertEqual(adapter.applied.count("task-1/s1"), 1)
+
     def test_a_deduplicating_target_that_never_becomes_observable_is_not_declared_done(self) -> None:
         dedup = OutboxAdapter(self.path("outbox.jsonl"), deduplicates=True, unobservable={"s0"})
         outcome = self.runner(adapter=dedup).run()
@@ -364,13 +375,20 @@ class CancellationTests(RunnerCase):
         self.assertEqual(self.runner(adapter=adapter).run().status, Status.CANCELLED)
         self.assertEqual(adapter.applied, ["task-1/s0"])
 
-    def test_damaged_cancellation_record_is_read_as_a_request_to_stop(self) -> None:
-        self.runner([Step("s0", "write", {}, approval=True)]).run()
-        with open(os.path.join(self.store.task_dir("task-1"), "control", "cancel.json"), "w") as handle:
-            handle.write("{not json")
-        outcome = self.runner([Step("s0", "write", {}, approval=True)]).run()
-        self.assertEqual(outcome.status, Status.CANCELLED)
-        self.assertTrue(any("damaged" in item.detail for item in outcome.unknowns))
+    def test_damaged_or_foreign_cancellation_starts_nothing_but_does_not_end_the_run(self) -> None:
+        steps = [Step("s0", "write", {}, approval=True)]
+        self.runner(steps).run()
+        path = os.path.join(self.store.task_dir("task-1"), "control", "cancel.json")
+        for body, word in (("{not json", "damaged"), ('{"task_id": "task-1"}', "malformed"), (json.dumps(Cancellation("other", 0.0, "x", "y").to_json()), "names task")):
+            with self.subTest(word=word):
+                with open(path, "w") as handle:
+                    handle.write(body)
+                outcome = self.runner(steps).run()
+                self.assertEqual(outcome.status, Status.UNSAFE_TO_CONTINUE)
+                self.assertTrue(any(word in item.detail for item in outcome.unknowns), outcome.unknowns)
+                self.assertEqual(self.outbox.counts(), {})
+        os.unlink(path)
+        self.assertEqual(self.runner(steps).run().status, Status.AWAITING_APPROVAL, "the run was not ended")
 
 
 class ApprovalTests(RunnerCase):
@@ -531,6 +549,47 @@ class LeaseTests(RunnerCase):
         self.assertEqual(outcome.status, Status.LEASE_LOST)
         with open(state_path, "rb") as handle:
             self.assertEqual(handle.read(), snapshot["before"], "no write after the lease was lost")
+        self.assertEqual(adapter.applied, ["task-1/s0", "task-1/s1"])
+
+    def test_a_renewal_that_fails_on_io_stops_lease_lost_even_though_no_one_took_over(self) -> None:
+        from longrun import StorageError
+
+        class FlakyRenewals(SpyStore):
+            broken = threading.Event()
+
+            def renew_lease(self, lease, ttl_s, now):
+                if self.broken.is_set():
+                    raise StorageError("disk unavailable")
+                return super().renew_lease(lease, ttl_s, now)
+
+        store = FlakyRenewals(self.path("flaky"))
+        adapter = RecordingAdapter()
+        runner_box = {}
+
+        def break_renewals(request: EffectRequest) -> None:
+            if request.step_id != "s1":
+                return
+            store.broken.set()
+            for _ in range(200):
+                if runner_box["runner"]._keeper.failure is not None:
+                    return
+                threading.Event().wait(0.01)
+
+        adapter.on_apply = break_renewals
+        runner = Runner(
+            RunContract("task-1", "g"),
+            [Step(f"s{i}", "write", {}) for i in range(3)],
+            store=store,
+            adapters={"write": adapter},
+            clock=self.clock,
+            lease_ttl_s=0.09,
+        )
+        runner_box["runner"] = runner
+        commits_before_apply = []
+        adapter.on_apply = lambda request: (commits_before_apply.append(len(store.commits)), break_renewals(request))
+        outcome = runner.run()
+        self.assertEqual(outcome.status, Status.LEASE_LOST)
+        self.assertEqual(len(store.commits), commits_before_apply[-1], "no write after the renewal failed")
         self.assertEqual(adapter.applied, ["task-1/s0", "task-1/s1"])
 
 

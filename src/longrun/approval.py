@@ -13,8 +13,14 @@ the same digests (``python -m longrun approve`` copies them from the request). T
 - otherwise (missing, expired, replayed, for another plan, step, payload or action) keeps the step
   ``awaiting-approval`` and says why.
 
-Not guaranteed here: who wrote the approval. Anyone who can write to the control area can approve;
-keep it out of the agent's reach.
+An approval may carry a ``signature`` (an HMAC over ``signed_fields()``: the full scope, expiry,
+approver, grant time and the id that serves as its nonce). The gate does not check it: who wrote a
+record is judged before the gate, by the sources in ``longrun.authority``, which hand over a record
+they refuse with its reason in ``error``; the gate reports such a record as not used, so a refused
+record never authorizes anything.
+
+Not guaranteed here: who wrote the approval. With the default source (the store) anyone who can
+write to the control area can approve; see ``longrun.authority`` for strict mode and signatures.
 """
 
 from __future__ import annotations
@@ -81,9 +87,25 @@ class Approval:
     expires_at: float
     approver: str
     granted_at: float
+    signature: str | None = None
+    """``hmac-sha256:<key id>:<mac>`` over ``signed_fields()``, or None (see ``longrun.authority``)."""
+
+    def signed_fields(self) -> dict[str, JSONValue]:
+        """Every field but the signature, as a signature covers them (times always as floats)."""
+        return {
+            "approval_id": self.approval_id,
+            "task_id": self.task_id,
+            "plan_digest": self.plan_digest,
+            "step_id": self.step_id,
+            "payload_digest": self.payload_digest,
+            "action": self.action,
+            "expires_at": float(self.expires_at),
+            "approver": self.approver,
+            "granted_at": float(self.granted_at),
+        }
 
     def to_json(self) -> dict[str, JSONValue]:
-        return {
+        body: dict[str, JSONValue] = {
             "approval_id": self.approval_id,
             "task_id": self.task_id,
             "plan_digest": self.plan_digest,
@@ -94,6 +116,9 @@ class Approval:
             "approver": self.approver,
             "granted_at": self.granted_at,
         }
+        if self.signature is not None:
+            body["signature"] = self.signature
+        return body
 
     @classmethod
     def from_json(cls, data: object) -> "Approval":
@@ -109,6 +134,7 @@ class Approval:
             expires_at=f.get_float(d, "expires_at", what),
             approver=f.get_str(d, "approver", what),
             granted_at=f.get_float(d, "granted_at", what),
+            signature=f.get_str(d, "signature", what, optional=True),
         )
 
     @classmethod
@@ -151,7 +177,7 @@ def evaluate_gate(
     granted: Approval | None = None
     for raw in records:
         if raw.error is not None:
-            reasons.append(f"approval {raw.name}: unreadable ({raw.error})")
+            reasons.append(f"approval {raw.name} not used: {raw.error}")
             continue
         body = raw.body
         if not isinstance(body, Mapping):

@@ -4,8 +4,13 @@ The runner reads the cancellation record fresh from the store before every new e
 after recovery; it never caches it. An effect already in flight is still reconciled by observation,
 but nothing new starts, and the run ends ``cancelled`` (terminal, recorded in the state).
 
-A record that cannot be parsed is treated as a request to cancel: stopping is the safe reading of
-damaged intent. Not guaranteed: that an adapter call already running is interrupted.
+A record that cannot be parsed, or names another task, is damaged intent to stop: the run starts
+nothing new and stops ``unsafe-to-continue`` (not terminal), so nobody's unreadable record ends a
+run for good. A record may carry a ``signature`` over ``signed_fields()``; when the runner is
+configured to authenticate cancellations (``longrun.authority``), a record that does not verify is
+treated the same way: the run stops ``unsafe-to-continue`` instead of ending on a forger's word.
+
+Not guaranteed: that an adapter call already running is interrupted.
 """
 
 from __future__ import annotations
@@ -25,14 +30,28 @@ class Cancellation:
     requested_at: float
     requested_by: str
     reason: str
+    signature: str | None = None
+    """``hmac-sha256:<key id>:<mac>`` over ``signed_fields()``, or None (see ``longrun.authority``)."""
+
+    def signed_fields(self) -> dict[str, JSONValue]:
+        """Every field but the signature, as a signature covers them (the time always as a float)."""
+        return {
+            "task_id": self.task_id,
+            "requested_at": float(self.requested_at),
+            "requested_by": self.requested_by,
+            "reason": self.reason,
+        }
 
     def to_json(self) -> dict[str, JSONValue]:
-        return {
+        body: dict[str, JSONValue] = {
             "task_id": self.task_id,
             "requested_at": self.requested_at,
             "requested_by": self.requested_by,
             "reason": self.reason,
         }
+        if self.signature is not None:
+            body["signature"] = self.signature
+        return body
 
     @classmethod
     def from_json(cls, data: object) -> "Cancellation":
@@ -43,4 +62,5 @@ class Cancellation:
             requested_at=f.get_float(d, "requested_at", what),
             requested_by=f.get_str(d, "requested_by", what),
             reason=f.get_str(d, "reason", what),
+            signature=f.get_str(d, "signature", what, optional=True),
         )

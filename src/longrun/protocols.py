@@ -1,4 +1,4 @@
-"""The seams users implement, in one place: effect adapters, clocks and stores.
+"""The seams users implement, in one place: effect adapters, clocks, stores, and control sources.
 
 Each is a ``typing.Protocol``: implement the methods, no base class needed. The records that cross
 these seams are frozen dataclasses defined beside the concept they belong to.
@@ -17,7 +17,7 @@ from .envelope import RunState
 from .lease import Lease
 from .outcome import Evidence
 
-__all__ = ["Clock", "EffectAdapter", "LoadResult", "Store"]
+__all__ = ["ApprovalSource", "CancellationSource", "Clock", "EffectAdapter", "LoadResult", "Store"]
 
 
 @runtime_checkable
@@ -95,3 +95,27 @@ class Store(Protocol):
     def write_approval(self, approval: Approval) -> None: ...
 
     def list_tasks(self) -> list[str]: ...
+
+
+@runtime_checkable
+class ApprovalSource(Protocol):
+    """Where the runner reads a task's approval records, fresh before each gated effect.
+
+    Every ``Store`` is one (the default). ``longrun.authority`` has a strict file source and a
+    signature-checking wrapper. A source hands over every record it found, raw; one it refuses
+    (wrong owner, bad signature) it hands over as a ``longrun.authority.RefusedRecord`` with the
+    reason in ``error``, so the refusal becomes evidence rather than disappearing.
+    """
+
+    def read_approvals(self, task_id: str) -> tuple[ControlRecord, ...]: ...
+
+
+@runtime_checkable
+class CancellationSource(Protocol):
+    """Where the runner reads a task's cancellation record, fresh before each new effect.
+
+    Every ``Store`` is one (the default). None means no record; a refused record comes back as a
+    ``longrun.authority.RefusedRecord`` (see ``ApprovalSource``).
+    """
+
+    def read_cancellation(self, task_id: str) -> ControlRecord | None: ...

@@ -13,7 +13,11 @@ Durability rules the loop keeps:
   run's stop), so a sequential run costs one commit per effect. If the process dies in between,
   recovery observes effect i again, finds it applied, and verifies it without re-applying.
 - A transient failure's backoff time is committed at once, so a restart honours it.
-- Cancellation and approvals are read from the store before every new effect, never cached.
+- Cancellation and approvals are read before every new effect, never cached, through the runner's
+  cancellation and approval sources (by default the store; ``longrun.authority`` has strict and
+  signed ones). A refused approval record authorizes nothing and its reason is recorded; a refused
+  or unreadable cancellation record stops the run ``unsafe-to-continue``, which starts nothing but,
+  unlike a cancellation, does not end the run for good on a record nobody can vouch for.
 - The lease is renewed in the background while the run holds it; if a renewal fails the runner
   makes no further write and returns ``lease-lost``.
 
@@ -34,10 +38,12 @@ from typing import Mapping, Sequence
 
 from .adapters import EffectRequest, Receipt
 from .approval import ApprovalRequest, GateVerdict, evaluate_gate
+from .authority import RefusedRecord, SignedApprovals, SignedCancellations
 from .budget import BudgetCounters, Limits, RetryPolicy
 from .cancellation import Cancellation
 from .canonical import JSONValue, digest_of
 from .contract import RunContract, Step, plan_digest, validate_plan
+from .control import ControlRecord
 from .envelope import RunState
 from .errors import (
     CorruptStateError,
@@ -52,7 +58,7 @@ from .errors import (
 from .lease import Lease, LeaseKeeper
 from .ledger import EffectRecord, EffectState
 from .outcome import TERMINAL, Evidence, RunOutcome, Status
-from .protocols import Clock, EffectAdapter, Store
+from .protocols import ApprovalSource, CancellationSource, Clock, EffectAdapter, Store
 from .recovery import Reconciled, Verdict, reconcile
 
 __all__ = ["Runner", "SystemClock"]
@@ -98,6 +104,16 @@ class _Evidence:
         return item
 
 
+def _describe(kind: str, raw: ControlRecord) -> str:
+    """One observation line for a control record: which bytes were read, and why it is unusable."""
+    text = f"{kind} {raw.name} ({raw.digest or 'no bytes read'})"
+    if isinstance(raw, RefusedRecord):
+        return f"{text} refused: {raw.error}"
+    if raw.error is not None:
+        return f"{text} unusable: {raw.error}"
+    return text
+
+
 class _Stop(BaseException):
     """Internal: unwinds the loop to return an outcome. Never escapes ``Runner.run``.
 
@@ -123,6 +139,8 @@ class Runner:
         limits: Limits | None = None,
         retry: RetryPolicy | None = None,
         lease_ttl_s: float = 30.0,
+        approvals: ApprovalSource | None = None,
+        cancellations: CancellationSource | None = None,
     ):
         self.contract = contract
         self.steps = validate_plan(contract, steps)
@@ -140,7 +158,13 @@ class Runner:
             raise InvalidInputError(f"lease_ttl_s must be a positive number, got {lease_ttl_s!r}")
         if owner is not None and (not isinstance(owner, str) or not owner):
             raise InvalidInputError("owner must be a non-empty string")
+        if approvals is not None and not isinstance(approvals, ApprovalSource):
+            raise InvalidInputError("approvals must be an ApprovalSource (a read_approvals(task_id) method)")
+        if cancellations is not None and not isinstance(cancellations, CancellationSource):
+            raise InvalidInputError("cancellations must be a CancellationSource (a read_cancellation(task_id) method)")
         self.store = store
+        self.approvals: ApprovalSource = approvals if approvals is not None else store
+        self.cancellations: CancellationSource = cancellations if cancellations is not None else store
         self.adapters = dict(adapters)
         self.owner = owner or default_owner()
         self.clock: Clock = clock or SystemClock()
@@ -380,27 +404,48 @@ class Runner:
 
     def _check_cancellation(self) -> None:
         assert self._state is not None
-        raw = self.store.read_cancellation(self.task_id)
+        raw = self.cancellations.read_cancellation(self.task_id)
         if raw is None:
             if not self._cancellation_checked:
                 self._evidence.inferred("no cancellation record: new effects are allowed (read again before each one)")
                 self._cancellation_checked = True
             return
-        item = self._evidence.observed("control", f"cancellation record {raw.name} ({raw.digest})")
+        item = self._evidence.observed("control", _describe("cancellation record", raw))
         self._state.note_control(item)
-        reason = "cancelled by an operator"
+        if isinstance(raw, RefusedRecord):
+            # Not an operator's word, so not a cancellation (which would end the run for good, in
+            # someone's name); but someone wrote in the control area, so nothing new starts either.
+            self._evidence.unknown(
+                "control", f"whether an operator asked this run to stop: cancellation record {raw.name} was refused ({raw.error})"
+            )
+            signed = " with `longrun cancel --sign-key`" if isinstance(self.cancellations, SignedCancellations) else ""
+            raise self._stop(
+                Status.UNSAFE_TO_CONTINUE,
+                f"inspect the control area: cancellation record {raw.name} was refused ({raw.error}); remove it, "
+                f"or cancel{signed} if the run should stop, then run again",
+            )
+        problem = None
         if raw.error is not None:
-            self._evidence.unknown("control", f"cancellation record is damaged ({raw.error}); treated as a request to stop")
+            problem = f"cancellation record {raw.name} is damaged ({raw.error})"
         else:
             try:
                 record = Cancellation.from_json(raw.body)
             except CorruptStateError as exc:
-                self._evidence.unknown("control", f"cancellation record is malformed ({exc}); treated as a request to stop")
+                problem = f"cancellation record {raw.name} is malformed ({exc})"
             else:
                 if record.task_id != self.task_id:
-                    self._evidence.unknown("control", f"cancellation record names task {record.task_id!r}; treated as a request to stop")
-                reason = f"cancelled by {record.requested_by}: {record.reason}"
-        raise self._stop(Status.CANCELLED, f"nothing: the run was {reason}; no new effect will start")
+                    problem = f"cancellation record {raw.name} names task {record.task_id!r}"
+        if problem is not None:
+            # Damaged intent to stop: start nothing, but do not end the run for good on a record
+            # nobody can read; an operator decides.
+            self._evidence.unknown("control", f"whether an operator asked this run to stop: {problem}")
+            raise self._stop(
+                Status.UNSAFE_TO_CONTINUE,
+                f"inspect the control area: {problem}; remove it, or write a valid cancellation if the run should stop, then run again",
+            )
+        raise self._stop(
+            Status.CANCELLED, f"nothing: the run was cancelled by {record.requested_by}: {record.reason}; no new effect will start"
+        )
 
     def _next_step(self) -> Step | None:
         assert self._state is not None
@@ -493,13 +538,17 @@ class Runner:
             )
             state.approval_requests[step.step_id] = request
             self._dirty = True
-        records = self.store.read_approvals(self.task_id)
+        records = self.approvals.read_approvals(self.task_id)
+        refused = 0
         for raw in records:
-            state.note_control(self._evidence.observed("control", f"approval record {raw.name} ({raw.digest or raw.error})"))
+            refused += isinstance(raw, RefusedRecord)
+            state.note_control(self._evidence.observed("control", _describe("approval record", raw)))
         decision = evaluate_gate(request, records, frozenset(state.consumed_approvals), now)
         if decision.verdict is GateVerdict.GRANTED:
             assert decision.approval is not None
             approval = decision.approval
+            for reason in decision.reasons:
+                self._evidence.inferred(reason)
             self._evidence.inferred(
                 f"approval {approval.approval_id} by {approval.approver} matches step {step.step_id!r} exactly; consumed once"
             )
@@ -515,10 +564,12 @@ class Runner:
                 Status.UNSAFE_TO_CONTINUE,
                 f"remove the over-broad approval records for step {step.step_id!r} and approve exactly the pending request",
             )
+        signed = " --sign-key <key file>" if isinstance(self.approvals, SignedApprovals) else ""
+        note = f" ({refused} approval record{'s' if refused != 1 else ''} refused: see the unknowns)" if refused else ""
         raise self._stop(
             Status.AWAITING_APPROVAL,
             f"approve step {step.step_id!r} (action {step.action!r}, payload {record.payload_digest}) "
-            f"with `longrun approve <store> {self.task_id} --step {step.step_id}`, then run again",
+            f"with `longrun approve <store> {self.task_id} --step {step.step_id}{signed}`, then run again{note}",
         )
 
     def _execute(self, step: Step, record: EffectRecord) -> None:

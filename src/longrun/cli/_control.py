@@ -8,22 +8,32 @@ effect, once, until its expiry. It refuses to guess: with several pending reques
 ``--step``. ``cancel`` writes the task's cancellation record, which the runner reads before every
 new effect.
 
+With ``--sign-key FILE`` either command signs its record (HMAC-SHA256 over every field; for an
+approval that is the full scope, the expiry, the approver and the approval id, its nonce), for a
+runner that accepts only signed records (``longrun.authority``). With ``--control-root DIR`` the
+record is written under DIR, a control area laid out like a store that a runner reads with
+``FileControlSource`` in strict mode, instead of into the store; the pending request and the
+task's state are still read from the store.
+
 Not guaranteed: that the runner acts on the record (it reads it on its next run), or who the
-operator is (the approver name is what the caller says, by default the login name).
+operator is (the approver name is what the caller says, by default the login name; a signature
+shows only that the signer held the key).
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 import sys
 import time
 from typing import TextIO
 
 from ..approval import Approval, ApprovalRequest
+from ..authority import FileControlSource, key_id, load_key, sign_approval, sign_cancellation
 from ..cancellation import Cancellation
 from ..errors import CorruptStateError, LongrunError
 from ..outcome import TERMINAL
-from ..stores import JsonFileStore
+from ..protocols import ApprovalSource
 from ._common import CliError, ExitCode, checked_task, format_time, open_store, relative
 
 __all__ = ["cmd_approve", "cmd_cancel"]
@@ -45,10 +55,19 @@ def _pick_request(requests: dict[str, ApprovalRequest], step: str | None, task_i
     return next(iter(requests.values()))
 
 
-def _unconsumed_matches(store: JsonFileStore, request: ApprovalRequest, consumed: list[str], now: float) -> list[str]:
+def _control_root(directory: str | None) -> FileControlSource | None:
+    """The control area to write to instead of the store, if one was given; it must exist."""
+    if directory is None:
+        return None
+    if not os.path.isdir(directory):
+        raise CliError(f"control root {directory!r} is not an existing directory", ExitCode.USAGE)
+    return FileControlSource(directory, strict=False)
+
+
+def _unconsumed_matches(source: ApprovalSource, request: ApprovalRequest, consumed: list[str], now: float) -> list[str]:
     """Ids of existing, unexpired, unconsumed approvals that already cover ``request``."""
     ids = []
-    for raw in store.read_approvals(request.task_id):
+    for raw in source.read_approvals(request.task_id):
         if raw.error is not None:
             continue
         try:
@@ -82,9 +101,13 @@ def cmd_approve(
     out: TextIO,
     err: TextIO,
     stdin: TextIO | None = None,
+    sign_key: str | None = None,
+    control_root: str | None = None,
 ) -> int:
     task_id = checked_task(task_id)
     store = open_store(directory)
+    key = load_key(sign_key) if sign_key is not None else None  # a bad key file fails before any question
+    control = _control_root(control_root)
     state = store.load(task_id).state
     if state is None:
         raise CliError(f"task {task_id!r} has no committed state yet; nothing to approve", ExitCode.NOT_AS_ASKED)
@@ -102,7 +125,7 @@ def cmd_approve(
     )
     if request.expired(now):
         out.write("  note: the request has expired; the runner re-issues it with the same scope, which this approval covers\n")
-    for existing in _unconsumed_matches(store, request, state.consumed_approvals, now):
+    for existing in _unconsumed_matches(control or store, request, state.consumed_approvals, now):
         out.write(f"  note: approval {existing} already covers this request and is unused; only one will be consumed\n")
     out.flush()
     if not assume_yes and not _confirm(stdin if stdin is not None else sys.stdin, err):
@@ -110,21 +133,41 @@ def cmd_approve(
     approval = Approval.for_request(
         request, approval_id=secrets.token_hex(16), approver=approver, granted_at=now, expires_at=now + ttl_s
     )
-    store.write_approval(approval)
+    if key is not None:
+        approval = sign_approval(approval, key)
+    written = None
+    if control is not None:
+        written = control.write_approval(approval)
+    else:
+        store.write_approval(approval)
     out.write(
         f"approved step {approval.step_id} of task {task_id}\n"
         f"  approval id  {approval.approval_id}\n"
         f"  approver     {approval.approver}\n"
         f"  scope        action {approval.action}, payload {approval.payload_digest}, plan {approval.plan_digest}\n"
         f"  expires      {format_time(approval.expires_at)} ({relative(approval.expires_at, now)})\n"
-        f"next: run the task again; the approval authorizes this one effect, once\n"
+        + (f"  signed       hmac-sha256 with key {key_id(key)}\n" if key is not None else "")
+        + (f"  written to   {written}\n" if written is not None else "")
+        + "next: run the task again; the approval authorizes this one effect, once\n"
     )
     return 0
 
 
-def cmd_cancel(directory: str, task_id: str, *, reason: str, requested_by: str, out: TextIO, err: TextIO) -> int:
+def cmd_cancel(
+    directory: str,
+    task_id: str,
+    *,
+    reason: str,
+    requested_by: str,
+    out: TextIO,
+    err: TextIO,
+    sign_key: str | None = None,
+    control_root: str | None = None,
+) -> int:
     task_id = checked_task(task_id)
     store = open_store(directory)
+    key = load_key(sign_key) if sign_key is not None else None
+    control = _control_root(control_root)
     try:
         state = store.load(task_id).state  # UnknownTaskError (exit 2) propagates
     except CorruptStateError as exc:
@@ -133,17 +176,26 @@ def cmd_cancel(directory: str, task_id: str, *, reason: str, requested_by: str, 
     if state is not None and state.status in TERMINAL:
         err.write(f"longrun: note: the run already ended {state.status.value}; the cancellation changes nothing\n")
     try:
-        earlier = store.read_cancellation(task_id)
+        earlier = (control or store).read_cancellation(task_id)
     except LongrunError:
         earlier = None
     now = time.time()
-    store.write_cancellation(Cancellation(task_id=task_id, requested_at=now, requested_by=requested_by, reason=reason))
+    record = Cancellation(task_id=task_id, requested_at=now, requested_by=requested_by, reason=reason)
+    if key is not None:
+        record = sign_cancellation(record, key)
+    written = None
+    if control is not None:
+        written = control.write_cancellation(record)
+    else:
+        store.write_cancellation(record)
     out.write(
         f"cancellation recorded for task {task_id}{' (replacing an earlier record)' if earlier is not None else ''}\n"
         f"  by      {requested_by}\n"
         f"  reason  {reason}\n"
         f"  at      {format_time(now)}\n"
-        "the runner reads it before every new effect: an effect in flight is still reconciled, "
+        + (f"  signed  hmac-sha256 with key {key_id(key)}\n" if key is not None else "")
+        + (f"  file    {written}\n" if written is not None else "")
+        + "the runner reads it before every new effect: an effect in flight is still reconciled, "
         "then the run ends cancelled\n"
     )
     return 0

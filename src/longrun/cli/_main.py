@@ -45,6 +45,21 @@ def _non_empty(text: str) -> str:
     return text
 
 
+def _add_authority_options(command: argparse.ArgumentParser, record: str) -> None:
+    command.add_argument(
+        "--sign-key",
+        metavar="FILE",
+        help=f"sign the {record} with HMAC-SHA256 under the key in FILE (mode 0600, at least 32 bytes), "
+        "for a runner that accepts only signed records",
+    )
+    command.add_argument(
+        "--control-root",
+        metavar="DIR",
+        help=f"write the {record} under DIR (an existing control area read by a strict FileControlSource) "
+        "instead of into the store",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = {"epilog": EPILOG, "formatter_class": argparse.RawDescriptionHelpFormatter}
     parser = argparse.ArgumentParser(prog="longrun", description=DESCRIPTION, **common)  # type: ignore[arg-type]
@@ -89,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--ttl", metavar="SECONDS", type=_positive_seconds, default=3600.0, help="how long the approval is valid (default 3600)"
     )
     approve.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    _add_authority_options(approve, "approval")
 
     cancel = commands.add_parser(
         "cancel",
@@ -101,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("task", metavar="TASK", help="the task id")
     cancel.add_argument("--reason", metavar="TEXT", type=_non_empty, default="cancelled by an operator from the command line")
     cancel.add_argument("--by", metavar="NAME", type=_non_empty, help="who cancels (default: the login name)")
+    _add_authority_options(cancel, "cancellation")
 
     listing = commands.add_parser(
         "ls", help="list the tasks in a store with status, revision and next action", **common  # type: ignore[arg-type]
@@ -137,11 +154,22 @@ def _dispatch(args: argparse.Namespace) -> int:
             assume_yes=args.yes,
             out=out,
             err=err,
+            sign_key=args.sign_key,
+            control_root=args.control_root,
         )
     if args.command == "cancel":
         from ._control import cmd_cancel
 
-        return cmd_cancel(args.dir, args.task, reason=args.reason, requested_by=args.by or login_name(), out=out, err=err)
+        return cmd_cancel(
+            args.dir,
+            args.task,
+            reason=args.reason,
+            requested_by=args.by or login_name(),
+            out=out,
+            err=err,
+            sign_key=args.sign_key,
+            control_root=args.control_root,
+        )
     raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover
 
 
