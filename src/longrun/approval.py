@@ -105,17 +105,7 @@ class Approval:
         }
 
     def to_json(self) -> dict[str, JSONValue]:
-        body: dict[str, JSONValue] = {
-            "approval_id": self.approval_id,
-            "task_id": self.task_id,
-            "plan_digest": self.plan_digest,
-            "step_id": self.step_id,
-            "payload_digest": self.payload_digest,
-            "action": self.action,
-            "expires_at": self.expires_at,
-            "approver": self.approver,
-            "granted_at": self.granted_at,
-        }
+        body = self.signed_fields()
         if self.signature is not None:
             body["signature"] = self.signature
         return body
