@@ -230,6 +230,19 @@ class ContractTests(RunnerCase):
         with self.assertRaises(InvalidInputError):
             self.runner(steps).run()
 
+    def test_a_payload_factory_that_raises_is_a_typed_error_with_its_cause(self) -> None:
+        from longrun import PayloadError
+
+        steps = [Step("s0", "write", {}), Step("s1", "write", lambda results: {"x": 1 / 0})]
+        with self.assertRaises(PayloadError) as caught:
+            self.runner(steps).run()
+        self.assertIsInstance(caught.exception.__cause__, ZeroDivisionError)
+        self.assertEqual(self.outbox.counts(), {"task-1/s0": 1})
+        state = self.store.load("task-1").state
+        self.assertNotIn("s1", state.effects, "nothing was planned for the failing step")
+        with self.assertRaises(PayloadError):  # the lease was released: not already-running
+            self.runner(steps).run()
+
 
 class RetryTests(RunnerCase):
     def test_transient_failures_back_off_exponentially_and_then_succeed(self) -> None:

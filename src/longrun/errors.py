@@ -13,6 +13,7 @@
     |   +-- ForeignStateError         valid state that belongs to another task
     |   +-- SchemaVersionError        a schema version this code does not know
     |   +-- StateUnrecoverableError   neither the state nor its backup validates
+    +-- PayloadError                  a step's payload factory raised; its exception is the cause
     +-- AdapterError                  base of the two classified adapter failures
         +-- TransientError            the effect did not take place; retry within budget
         +-- PermanentError            the effect did not take place and never will; stop `blocked`
@@ -31,6 +32,7 @@ __all__ = [
     "InvalidInputError",
     "LeaseHeldError",
     "LongrunError",
+    "PayloadError",
     "PermanentError",
     "SchemaVersionError",
     "StateUnrecoverableError",
@@ -95,6 +97,10 @@ class SchemaVersionError(CorruptStateError):
 
 class StateUnrecoverableError(CorruptStateError):
     """Neither the state nor its backup validates; damaged files were quarantined."""
+
+
+class PayloadError(LongrunError):
+    """A step's payload callable raised. Nothing was planned for the step; the cause is chained."""
 
 
 class AdapterError(LongrunError):

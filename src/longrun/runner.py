@@ -27,6 +27,7 @@ cannot be killed; targets should check ``EffectRequest.epoch`` and ``deadline``)
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import secrets
@@ -50,6 +51,7 @@ from .errors import (
     FencedError,
     InvalidInputError,
     LeaseHeldError,
+    PayloadError,
     PermanentError,
     StateUnrecoverableError,
     TransientError,
@@ -75,6 +77,10 @@ class SystemClock:
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
             time.sleep(seconds)
+
+
+def _utc(timestamp: float) -> str:
+    return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).isoformat(timespec="milliseconds")
 
 
 def default_owner() -> str:
@@ -209,7 +215,7 @@ class Runner:
             holder = exc.holder if isinstance(exc.holder, Lease) else None
             self._evidence.observed("store", str(exc))
             self._evidence.unknown("lease", "whether the current lease holder is alive and making progress")
-            until = f" at {holder.expires_at:.3f}" if holder else ""
+            until = f" at {_utc(holder.expires_at)}" if holder else ""
             return self._outcome(
                 Status.ALREADY_RUNNING,
                 f"wait for the current owner to finish or for its lease to expire{until}, then run again",
@@ -480,7 +486,7 @@ class Runner:
                 if wait > self.limits.max_block_s:
                     raise self._stop(
                         Status.RETRY_SCHEDULED,
-                        f"run again at or after {record.not_before:.3f} (effect {record.key!r} backs off after attempt {record.attempts})",
+                        f"run again at or after {_utc(record.not_before)} (effect {record.key!r} backs off after attempt {record.attempts})",
                     )
                 self.clock.sleep(wait)
                 continue  # read cancellation afresh after waiting
@@ -494,7 +500,12 @@ class Runner:
 
     def _plan(self, step: Step, now: float) -> EffectRecord:
         assert self._state is not None
-        payload = step.evaluate_payload(self._results())
+        try:
+            payload = step.evaluate_payload(self._results())
+        except InvalidInputError:
+            raise
+        except Exception as exc:  # the factory is user code (an LLM call, say): name it and keep the cause
+            raise PayloadError(f"the payload factory of step {step.step_id!r} raised {type(exc).__name__}: {exc}") from exc
         record = EffectRecord(
             key=step.effect_key(self.task_id),
             step_id=step.step_id,
