@@ -20,6 +20,7 @@ from .errors import (
     InvalidInputError,
     LeaseHeldError,
     LongrunError,
+    PayloadError,
     PermanentError,
     SchemaVersionError,
     StateUnrecoverableError,
@@ -32,7 +33,7 @@ from .lease import Lease
 from .ledger import EffectRecord, EffectState
 from .outcome import Evidence, RunOutcome, Status
 from .protocols import Clock, EffectAdapter, LoadResult, Store
-from .stores import BaseStore, JsonFileStore
+from .stores import BaseStore, JsonFileStore, PostgresStore, SqliteStore
 
 
 def __getattr__(name: str) -> object:
@@ -70,7 +71,9 @@ __all__ = [
     "LongrunError",
     "Observation",
     "ObservedState",
+    "PayloadError",
     "PermanentError",
+    "PostgresStore",
     "Receipt",
     "RetryPolicy",
     "RunContract",
@@ -78,6 +81,7 @@ __all__ = [
     "RunState",
     "Runner",
     "SchemaVersionError",
+    "SqliteStore",
     "StateUnrecoverableError",
     "Status",
     "Step",

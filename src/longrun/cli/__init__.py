@@ -1,10 +1,34 @@
-"""The operator command line: ``longrun demo | status | approve | cancel | ls``.
+"""The operator command line: ``longrun ls | status | history | verify | approve | cancel | resume | demo``.
 
-The only part of longrun that prints. Every command works on a ``JsonFileStore`` directory;
-``status`` and ``ls`` are read-only, ``approve`` and ``cancel`` write one control record each,
-and ``demo`` runs a fictional task through a real SIGKILL and resume. Exit codes: 0 ok, 1 the
-run is not done / not as the command needs (demo: a check failed), 2 usage or bad input,
-3 storage error or damaged state (see ``longrun --help``).
+The only part of longrun that prints. Every command but ``resume`` and ``demo`` works on a store
+named by the operator: a JSON-file store directory, ``sqlite:PATH`` or a ``postgresql://`` URL,
+given as the ``STORE`` argument or with ``--store SPEC`` (never created by the CLI). ``ls``,
+``status``, ``history`` and ``verify`` are read-only; ``approve`` and ``cancel`` write one control
+record each; ``resume MODULE:FUNCTION`` imports a function that builds a ``Runner`` and runs it
+once (the recovery trigger for cron or systemd); ``demo`` runs a fictional task through a real
+SIGKILL and resume. Every command takes ``--json``.
+
+Exit codes:
+
+====  ==========================================================================================
+code  meaning
+====  ==========================================================================================
+0     ok (``verify``: safe to resume now, or finished; ``resume``: done)
+1     the run is not done, or not in the state the command needs (``verify``: resumable only
+      after an operator acts; ``resume``: a later run or an operator continues it; ``demo``: a
+      check failed)
+2     usage or bad input: wrong arguments, unknown task, missing store, unsafe task id, a bad
+      store spec; ``resume``: a bad ``MODULE:FUNCTION`` target or ``InvalidInputError``
+3     storage error or damaged state (``verify``: damaged, with whether the backup validates)
+4     ``verify`` and ``resume`` only: the run ended without finishing (cancelled,
+      limits-exhausted, blocked); running it again changes nothing
+70    an unexpected exception, with its traceback: a bug in longrun, or under ``resume`` the
+      task's own code raising inside ``run()``
+130   interrupted (Ctrl-C)
+====  ==========================================================================================
+
+The per-command tables are in ``longrun verify --help`` and ``longrun resume --help`` (and the
+docstrings of ``_verify`` and ``_resume``).
 """
 
 from ._main import build_parser, main

@@ -1,29 +1,38 @@
 """What every command shares: exit codes, the operator-facing error, opening a store, formatting.
 
-Owns the mapping from longrun's exception tree to exit codes (``exit_code_for``) and the few
-text helpers the commands print with. Guarantees: opening a store never creates its root, and a
-task id is checked before any path is built from it. Not owned here: printing (the commands do it).
+Owns the mapping from longrun's exception tree to exit codes (``exit_code_for``), the one way the
+commands open a store from what the operator typed (``open_store``), and the few text helpers the
+commands print with. Guarantees: opening a store never creates it (a missing JSON-file directory
+or SQLite file is a usage error, exit 2), and a task id is checked before any path is built from
+it. Not owned here: printing (the commands do it).
 """
 
 from __future__ import annotations
 
 import enum
 import getpass
+import json
 import math
 import os
+import re
 import time
+import urllib.parse
+from typing import TextIO
 
 from ..contract import check_task_id
 from ..errors import CorruptStateError, InvalidInputError, StorageError
 from ..lease import Lease
 from ..outcome import Evidence
-from ..stores import JsonFileStore
+from ..protocols import Store
 
 __all__ = [
     "EXIT_CODES_HELP",
+    "STORE_HELP",
     "CliError",
     "ExitCode",
+    "TaskCodeError",
     "checked_task",
+    "close_store",
     "evidence_line",
     "exit_code_for",
     "format_duration",
@@ -33,6 +42,8 @@ __all__ = [
     "open_store",
     "relative",
     "short_digest",
+    "store_label",
+    "write_json",
 ]
 
 
@@ -41,17 +52,27 @@ class ExitCode(enum.IntEnum):
     NOT_AS_ASKED = 1
     """The run is not done, or not in the state the command needs (demo: a check failed)."""
     USAGE = 2
-    """Bad arguments or input: argparse's own errors, an unknown task, a missing directory."""
+    """Bad arguments or input: argparse's own errors, an unknown task, a missing store."""
     STORAGE = 3
     """The store could not be read or written, or its state is damaged."""
+    ENDED = 4
+    """``resume`` and ``verify`` only: the run ended without finishing (cancelled, limits-exhausted, blocked)."""
 
 
 EXIT_CODES_HELP = """\
 exit codes:
   0  ok
   1  the run is not done / not in the state the command needs (demo: a check failed)
-  2  usage or bad input: wrong arguments, unknown task, missing directory, unsafe task id
+  2  usage or bad input: wrong arguments, unknown task, missing store, unsafe task id
   3  storage error or damaged (corrupt) state
+  4  resume, verify: the run ended without finishing (cancelled, limits-exhausted, blocked)
+"""
+
+STORE_HELP = """\
+stores:
+  STORE (or --store SPEC) names the store: a JSON-file store directory, sqlite:PATH (an existing
+  SQLite file), or postgresql://user:password@host/db (needs psycopg or pg8000). Give it either as
+  the first argument or with --store, not both. The CLI never creates a store.
 """
 
 
@@ -61,6 +82,14 @@ class CliError(Exception):
     def __init__(self, message: str, code: ExitCode):
         super().__init__(message)
         self.code = code
+
+
+class TaskCodeError(Exception):
+    """``resume``: the task's ``run()`` raised an exception that is not longrun's (its cause).
+
+    Reported with the cause's traceback and exit 70: it is the task's own code (a payload
+    factory) or a bug in longrun, and a person needs the traceback to tell which.
+    """
 
 
 def exit_code_for(exc: BaseException) -> ExitCode:
@@ -74,13 +103,91 @@ def exit_code_for(exc: BaseException) -> ExitCode:
     raise TypeError(f"no exit code for {type(exc).__name__}")  # pragma: no cover
 
 
-def open_store(directory: str) -> JsonFileStore:
-    """A ``JsonFileStore`` on an existing directory; a missing one is a usage error, never created."""
-    if not os.path.exists(directory):
-        raise CliError(f"store directory {directory!r} does not exist", ExitCode.USAGE)
-    if not os.path.isdir(directory):
-        raise CliError(f"{directory!r} is not a directory", ExitCode.USAGE)
-    return JsonFileStore(directory)
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def open_store(spec: str) -> Store:
+    """The store ``spec`` names (see ``STORE_HELP``), which must already exist; else exit 2.
+
+    A ``sqlite:`` or ``postgresql://`` spec goes to ``longrun.stores.open_store`` with
+    ``create=False``; anything else is a JSON-file store directory, checked here so that a
+    missing directory or a plain file gets a message that says which.
+    """
+    from ..stores import open_store as open_spec  # the SQL stores load only when named
+
+    if not spec:
+        raise CliError("the store is empty: give a directory, sqlite:PATH or postgresql://...", ExitCode.USAGE)
+    if spec.startswith(("sqlite:", "postgresql://", "postgres://")):
+        store = open_spec(spec, create=False)
+        path = getattr(store, "path", None)
+        if spec.startswith("sqlite:") and isinstance(path, str):
+            _check_longrun_database(path)
+        return store
+    if not os.path.exists(spec):
+        if _URL.match(spec):
+            raise CliError(
+                f"unknown kind of store {spec.split('://', 1)[0]!r}: use a directory, sqlite:PATH or postgresql://...",
+                ExitCode.USAGE,
+            )
+        raise CliError(f"store directory {spec!r} does not exist", ExitCode.USAGE)
+    if not os.path.isdir(spec):
+        raise CliError(
+            f"{spec!r} is not a directory (a SQLite store is named sqlite:{spec})" if spec.endswith((".db", ".sqlite", ".sqlite3"))
+            else f"{spec!r} is not a directory",
+            ExitCode.USAGE,
+        )
+    return open_spec(spec, create=False)
+
+
+def _check_longrun_database(path: str) -> None:
+    """Refuse a SQLite file that holds no longrun schema, before the store would add one to it.
+
+    The SQL store creates its tables on first contact, which is right for a runner and wrong for
+    an operator who named the wrong file: a read-only command must not turn another application's
+    database into a longrun store. The probe opens the file read-only; if SQLite cannot open it
+    that way (a WAL database with no shared-memory file, on a directory this user cannot write),
+    the check is skipped and the store's own errors apply.
+    """
+    import sqlite3
+
+    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+    try:
+        connection = sqlite3.connect(uri, uri=True)
+    except sqlite3.Error:
+        return
+    try:
+        row = connection.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'longrun_schema'"
+        ).fetchone()
+    except sqlite3.OperationalError:
+        return
+    except sqlite3.DatabaseError as exc:
+        raise CliError(f"sqlite:{path} is not a SQLite database ({exc})", ExitCode.USAGE) from None
+    finally:
+        connection.close()
+    if row is None:
+        raise CliError(f"sqlite:{path} holds no longrun store (no longrun_schema table); nothing was changed", ExitCode.USAGE)
+
+
+def close_store(store: object) -> None:
+    """Close a store that holds a connection (the SQL stores); the JSON-file store holds none."""
+    close = getattr(store, "close", None)
+    if callable(close):
+        close()
+
+
+def store_label(spec: str) -> str:
+    """How to name the store in output: the spec as typed, with any password in a URL masked."""
+    if not _URL.match(spec):
+        return os.path.abspath(spec) if not spec.startswith("sqlite:") else spec
+    try:
+        parts = urllib.parse.urlsplit(spec)
+        if parts.password is None:
+            return spec
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+        return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    except ValueError:
+        return spec.split("://", 1)[0] + "://..."
 
 
 def checked_task(task_id: str) -> str:
@@ -96,16 +203,25 @@ def login_name() -> str:
         return "operator"
 
 
+def write_json(out: TextIO, value: object) -> None:
+    """One JSON document, indented, keys sorted, newline-terminated."""
+    out.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
 def short_digest(digest: str, length: int = 12) -> str:
     """``sha256:<first hex digits>`` for display; the full digest stays in the state."""
     algorithm, _, hex_part = digest.partition(":")
     return f"{algorithm}:{hex_part[:length]}" if hex_part else digest[:length]
 
 
-def format_time(at: float | None) -> str:
+def format_time(at: float | None, *, precise: bool = False) -> str:
+    """UTC, to the second (``precise``: to the millisecond); ``-`` for no time."""
     if at is None:
         return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(at))
+    text = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at))
+    if precise:
+        text += f".{int((at % 1) * 1000):03d}"
+    return text + "Z"
 
 
 def format_duration(seconds: float) -> str:

@@ -15,6 +15,10 @@ record is written under DIR, a control area laid out like a store that a runner 
 ``FileControlSource`` in strict mode, instead of into the store; the pending request and the
 task's state are still read from the store.
 
+With ``--json`` each prints one JSON object (the request and the approval; the cancellation) on
+stdout instead of the text; ``approve`` then shows the request on stderr when it asks for
+confirmation.
+
 Not guaranteed: that the runner acts on the record (it reads it on its next run), or who the
 operator is (the approver name is what the caller says, by default the login name; a signature
 shows only that the signer held the key).
@@ -33,10 +37,10 @@ from ..authority import FileControlSource, key_id, load_key, sign_approval, sign
 from ..cancellation import Cancellation
 from ..errors import CorruptStateError, LongrunError
 from ..outcome import TERMINAL
-from ..protocols import ApprovalSource
-from ._common import CliError, ExitCode, checked_task, format_time, open_store, relative
+from ..protocols import ApprovalSource, Store
+from ._common import CliError, ExitCode, checked_task, format_time, relative, write_json
 
-__all__ = ["cmd_approve", "cmd_cancel"]
+__all__ = ["cmd_approve", "cmd_cancel", "unconsumed_matches"]
 
 
 def _pick_request(requests: dict[str, ApprovalRequest], step: str | None, task_id: str) -> ApprovalRequest:
@@ -64,7 +68,7 @@ def _control_root(directory: str | None) -> FileControlSource | None:
     return FileControlSource(directory, strict=False)
 
 
-def _unconsumed_matches(source: ApprovalSource, request: ApprovalRequest, consumed: list[str], now: float) -> list[str]:
+def unconsumed_matches(source: ApprovalSource, request: ApprovalRequest, consumed: list[str], now: float) -> list[str]:
     """Ids of existing, unexpired, unconsumed approvals that already cover ``request``."""
     ids = []
     for raw in source.read_approvals(request.task_id):
@@ -90,8 +94,22 @@ def _confirm(stdin: TextIO, err: TextIO) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
+def _request_text(task_id: str, request: ApprovalRequest, now: float) -> str:
+    text = (
+        f"pending approval request of task {task_id}:\n"
+        f"  step            {request.step_id}\n"
+        f"  action          {request.action}\n"
+        f"  payload digest  {request.payload_digest}\n"
+        f"  plan digest     {request.plan_digest}\n"
+        f"  requested       {format_time(request.requested_at)}, expires {format_time(request.expires_at)} ({relative(request.expires_at, now)})\n"
+    )
+    if request.expired(now):
+        text += "  note: the request has expired; the runner re-issues it with the same scope, which this approval covers\n"
+    return text
+
+
 def cmd_approve(
-    directory: str,
+    store: Store,
     task_id: str,
     *,
     step: str | None,
@@ -103,9 +121,11 @@ def cmd_approve(
     stdin: TextIO | None = None,
     sign_key: str | None = None,
     control_root: str | None = None,
+    as_json: bool = False,
 ) -> int:
+    """Approve the task's pending request. With ``as_json`` the request and the approval are one
+    JSON object on ``out`` at the end; the request is shown on ``err`` only if confirmation is asked."""
     task_id = checked_task(task_id)
-    store = open_store(directory)
     key = load_key(sign_key) if sign_key is not None else None  # a bad key file fails before any question
     control = _control_root(control_root)
     state = store.load(task_id).state
@@ -115,19 +135,16 @@ def cmd_approve(
         raise CliError(f"the run of {task_id!r} already ended {state.status.value}; nothing to approve", ExitCode.NOT_AS_ASKED)
     request = _pick_request(state.approval_requests, step, task_id)
     now = time.time()
-    out.write(
-        f"pending approval request of task {task_id}:\n"
-        f"  step            {request.step_id}\n"
-        f"  action          {request.action}\n"
-        f"  payload digest  {request.payload_digest}\n"
-        f"  plan digest     {request.plan_digest}\n"
-        f"  requested       {format_time(request.requested_at)}, expires {format_time(request.expires_at)} ({relative(request.expires_at, now)})\n"
+    existing = unconsumed_matches(control or store, request, state.consumed_approvals, now)
+    shown = _request_text(task_id, request, now) + "".join(
+        f"  note: approval {approval_id} already covers this request and is unused; only one will be consumed\n"
+        for approval_id in existing
     )
-    if request.expired(now):
-        out.write("  note: the request has expired; the runner re-issues it with the same scope, which this approval covers\n")
-    for existing in _unconsumed_matches(control or store, request, state.consumed_approvals, now):
-        out.write(f"  note: approval {existing} already covers this request and is unused; only one will be consumed\n")
-    out.flush()
+    if not as_json:
+        out.write(shown)
+        out.flush()
+    elif not assume_yes:
+        err.write(shown)
     if not assume_yes and not _confirm(stdin if stdin is not None else sys.stdin, err):
         raise CliError("not approved; nothing was written", ExitCode.NOT_AS_ASKED)
     approval = Approval.for_request(
@@ -140,6 +157,18 @@ def cmd_approve(
         written = control.write_approval(approval)
     else:
         store.write_approval(approval)
+    if as_json:
+        write_json(
+            out,
+            {
+                "request": request.to_json(),
+                "approval": approval.to_json(),
+                "signed_with_key": key_id(key) if key is not None else None,
+                "written_to": written,
+                "unused_matching_approvals": existing,
+            },
+        )
+        return 0
     out.write(
         f"approved step {approval.step_id} of task {task_id}\n"
         f"  approval id  {approval.approval_id}\n"
@@ -154,7 +183,7 @@ def cmd_approve(
 
 
 def cmd_cancel(
-    directory: str,
+    store: Store,
     task_id: str,
     *,
     reason: str,
@@ -163,9 +192,9 @@ def cmd_cancel(
     err: TextIO,
     sign_key: str | None = None,
     control_root: str | None = None,
+    as_json: bool = False,
 ) -> int:
     task_id = checked_task(task_id)
-    store = open_store(directory)
     key = load_key(sign_key) if sign_key is not None else None
     control = _control_root(control_root)
     try:
@@ -188,6 +217,18 @@ def cmd_cancel(
         written = control.write_cancellation(record)
     else:
         store.write_cancellation(record)
+    if as_json:
+        write_json(
+            out,
+            {
+                "cancellation": record.to_json(),
+                "replaced_earlier_record": earlier is not None,
+                "signed_with_key": key_id(key) if key is not None else None,
+                "written_to": written,
+                "run_already_ended": state.status.value if state is not None and state.status in TERMINAL else None,
+            },
+        )
+        return 0
     out.write(
         f"cancellation recorded for task {task_id}{' (replacing an earlier record)' if earlier is not None else ''}\n"
         f"  by      {requested_by}\n"

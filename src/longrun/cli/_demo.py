@@ -15,6 +15,8 @@ The archive step's payload is computed from the two sends' results.
    outbox exactly once, and the run is ``done``. Exit 0 if every check passes, 1 otherwise.
 
 The run uses the real clock and a real JSON-file store in a temporary directory (or ``--keep DIR``).
+With ``--json`` the narrative goes to stderr and stdout gets a JSON summary of the checks and the
+resumed run's outcome.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Mapping, TextIO
 from ..canonical import JSONValue
 from ..contract import RunContract, Step, plan_digest
 from ..ledger import EffectState
-from ..outcome import Evidence, Status
+from ..outcome import Evidence, RunOutcome, Status
 from ..runner import Runner
 from ..stores import JsonFileStore
 from ..testing import OutboxAdapter, read_outbox
@@ -105,10 +107,28 @@ def _prepare_root(keep: str | None) -> str:
     return root
 
 
-def run_demo(keep: str | None, out: TextIO) -> int:
+def run_demo(keep: str | None, out: TextIO, *, as_json: bool = False, err: TextIO | None = None) -> int:
+    """Run the demonstration; with ``as_json`` the narrative goes to ``err`` and ``out`` gets one
+    JSON summary: ``{passed, checks: [{ok, what}], outcome, kept}`` (``kept`` is the directory or null)."""
     root = _prepare_root(keep)
     try:
-        return _Demo(root, out).run()
+        demo = _Demo(root, err if as_json and err is not None else out)
+        code = demo.run()
+        if as_json:
+            out.write(
+                json.dumps(
+                    {
+                        "passed": code == ExitCode.OK,
+                        "checks": [{"ok": ok, "what": what} for ok, what in demo.checks],
+                        "outcome": demo.outcome.to_json() if demo.outcome is not None else None,
+                        "kept": root if keep is not None else None,
+                    },
+                    indent=2,
+                    sort_keys=True,
+                )
+                + "\n"
+            )
+        return code
     finally:
         if keep is None:
             shutil.rmtree(root, ignore_errors=True)
@@ -125,6 +145,7 @@ class _Demo:
         self.killed_key = f"{TASK_ID}/{KILLED_STEP}"
         self.digest = plan_digest(contract, steps)
         self.checks: list[tuple[bool, str]] = []
+        self.outcome: RunOutcome | None = None
 
     def say(self, line: str = "") -> None:
         self.out.write(line + "\n")
@@ -201,7 +222,7 @@ class _Demo:
         self.say()
         self.say("3. resume in this process with a normal outbox (same plan, same store)")
         adapter = OutboxAdapter(self.outbox)
-        outcome = _runner(self.root, adapter).run()
+        outcome = self.outcome = _runner(self.root, adapter).run()
         self.say(f"   outcome: {outcome.status.value} (revision {outcome.revision}, lease epoch {outcome.epoch})")
         applied, observed = adapter.calls[self.killed_key], adapter.observe_calls[self.killed_key]
         self.say(f"   {KILLED_STEP} on resume: apply calls {applied}, observe calls {observed}")

@@ -2,8 +2,9 @@
 
 Guarantees: they never take a lease and never write state. They load without a lease, so the
 store leaves damaged files where they are (it only quarantines under a lease), and they read the
-lease record as it is. The one thing the JSON-file store may create is the task's empty ``lock``
-file, which its reads open to serialize with a running writer.
+lease record as it is. They work on any ``Store``. The CLI refuses a SQLite file that holds no
+longrun schema (``_common.open_store``), so a SQL store never creates its tables for a read; it may
+still migrate an older longrun schema on first contact.
 
 Not guaranteed: a consistent view across tasks (``ls`` reads them one after another) or that the
 state is still current when printed (a runner may commit right after).
@@ -11,7 +12,6 @@ state is still current when printed (a runner may commit right after).
 
 from __future__ import annotations
 
-import json
 import time
 from typing import TextIO
 
@@ -20,19 +20,18 @@ from ..errors import CorruptStateError, LongrunError
 from ..lease import Lease
 from ..ledger import EffectState
 from ..outcome import Status
-from ..protocols import LoadResult
-from ..stores import JsonFileStore
+from ..protocols import LoadResult, Store
 from ._common import (
     checked_task,
     evidence_line,
     format_time,
     lease_summary,
-    open_store,
     relative,
     short_digest,
+    write_json,
 )
 
-__all__ = ["cmd_ls", "cmd_status", "status_json"]
+__all__ = ["NO_STATE_ACTION", "cmd_ls", "cmd_status", "status_json"]
 
 NO_STATE_ACTION = "run the task: no revision has been committed yet"
 
@@ -102,7 +101,7 @@ def render_status(task_id: str, loaded: LoadResult, lease: Lease | None, now: fl
             f"  next action  {NO_STATE_ACTION}",
         ]
         return lines
-    source = "state.json" if loaded.source == "primary" else "state.json.bak (the primary is damaged or rolled back)"
+    source = "the primary copy" if loaded.source == "primary" else "the backup copy: the primary is damaged or rolled back"
     lines += [
         f"  status       {state.status.value}",
         f"  revision     {state.revision} (read from {source}, {short_digest(loaded.digest)})",
@@ -124,40 +123,52 @@ def render_status(task_id: str, loaded: LoadResult, lease: Lease | None, now: fl
     return lines
 
 
-def cmd_status(directory: str, task_id: str, as_json: bool, out: TextIO) -> int:
+def cmd_status(store: Store, task_id: str, as_json: bool, out: TextIO) -> int:
     task_id = checked_task(task_id)
-    store = open_store(directory)
     loaded = store.load(task_id)  # no lease: read-only, never quarantines
     lease = store.read_lease(task_id)
     now = time.time()
     if as_json:
-        out.write(json.dumps(status_json(task_id, loaded, lease, now), indent=2, sort_keys=True) + "\n")
+        write_json(out, status_json(task_id, loaded, lease, now))
     else:
         out.write("\n".join(render_status(task_id, loaded, lease, now)) + "\n")
     return 0
 
 
-def _ls_row(store: JsonFileStore, task_id: str) -> tuple[str, str, str, str]:
+def _ls_entry(store: Store, task_id: str) -> dict[str, object]:
+    """One task's row: status (or DAMAGED / UNREADABLE), revision, next action, where it was read from."""
+    entry: dict[str, object] = {"task_id": task_id, "status": None, "revision": 0, "next_action": "", "source": None, "error": None}
     try:
         loaded = store.load(task_id)
     except CorruptStateError as exc:
-        return task_id, "DAMAGED", "-", f"inspect the task's state files ({exc})"
+        return {**entry, "status": "DAMAGED", "next_action": f"run `longrun verify` on the task ({exc})", "error": str(exc)}
     except LongrunError as exc:
-        return task_id, "UNREADABLE", "-", str(exc)
+        return {**entry, "status": "UNREADABLE", "next_action": str(exc), "error": str(exc)}
     state = loaded.state
     if state is None:
-        return task_id, "new", "0", NO_STATE_ACTION
-    status = state.status.value + (" (from backup)" if loaded.source == "backup" else "")
-    return task_id, status, str(state.revision), state.next_action
+        return {**entry, "status": "new", "next_action": NO_STATE_ACTION, "source": loaded.source}
+    return {
+        **entry,
+        "status": state.status.value,
+        "revision": state.revision,
+        "next_action": state.next_action,
+        "source": loaded.source,
+    }
 
 
-def cmd_ls(directory: str, out: TextIO) -> int:
-    store = open_store(directory)
+def cmd_ls(store: Store, label: str, as_json: bool, out: TextIO) -> int:
     tasks = store.list_tasks()
-    if not tasks:
-        out.write(f"no tasks in {store.root}\n")
+    entries = [_ls_entry(store, task_id) for task_id in tasks]
+    if as_json:
+        write_json(out, entries)
+        return 0
+    if not entries:
+        out.write(f"no tasks in {label}\n")
         return 0
     rows = [("TASK", "STATUS", "REV", "NEXT ACTION")]
-    rows += [_ls_row(store, task_id) for task_id in tasks]
+    for entry in entries:
+        status = str(entry["status"]) + (" (from backup)" if entry["source"] == "backup" else "")
+        revision = str(entry["revision"]) if entry["status"] not in ("DAMAGED", "UNREADABLE") else "-"
+        rows.append((str(entry["task_id"]), status, revision, str(entry["next_action"])))
     out.write("\n".join(_table(rows, "")) + "\n")
     return 0

@@ -1,10 +1,15 @@
 """The argument parser and ``main``: turn a command line into one command call and an exit code.
 
 Guarantees: ``main`` returns an int and never raises for operator mistakes or storage trouble;
-each error is one ``longrun: error: ...`` line on stderr with the exit code from
-``_common.ExitCode`` (argparse's own usage errors exit 2 as well). Output meant for the operator
-goes to stdout; warnings, prompts and errors go to stderr. The library's log records are routed to
-stderr only for the duration of the call.
+each error is one ``longrun <command>: error: ...`` line on stderr with the exit code from
+``_common.ExitCode`` (argparse's own usage errors exit 2 as well, with the command's usage). Output
+meant for the operator goes to stdout (with ``--json``, only the JSON document); warnings, prompts
+and errors go to stderr. The library's log records are routed to stderr only for the duration of
+the call. A traceback is printed only for an exception nobody expected (exit 70): a bug in
+longrun, or, under ``resume``, the task's own code raising inside ``run()``.
+
+The store of every command that takes one is named once: as the ``STORE`` argument before
+``TASK``, or with ``--store SPEC``. Both at once are accepted only when they agree.
 """
 
 from __future__ import annotations
@@ -13,20 +18,75 @@ import argparse
 import logging
 import math
 import os
+import re
 import sys
 import traceback
-from typing import Sequence
+from typing import Sequence, TextIO
 
 from ..errors import CorruptStateError, LongrunError, StorageError
-from ._common import EXIT_CODES_HELP, CliError, ExitCode, exit_code_for, login_name
+from ..protocols import Store
+from ._common import (
+    EXIT_CODES_HELP,
+    STORE_HELP,
+    CliError,
+    ExitCode,
+    TaskCodeError,
+    checked_task,
+    close_store,
+    exit_code_for,
+    login_name,
+    open_store,
+    store_label,
+)
 
 __all__ = ["build_parser", "main"]
 
 INTERNAL_ERROR = 70
-"""A bug in longrun (an exception the CLI did not expect); the traceback is printed."""
+"""A bug in longrun (an exception the CLI did not expect), or, for ``resume``, an exception from
+the task's own code inside ``run()``; the traceback is printed."""
 
-DESCRIPTION = "Inspect and steer durable longrun tasks kept in a JSON-file store directory."
-EPILOG = EXIT_CODES_HELP + f"  {INTERNAL_ERROR} internal error (a bug in longrun; the traceback is printed)\n"
+DESCRIPTION = (
+    "Inspect, verify, steer and resume durable longrun tasks. The store is a JSON-file store "
+    "directory, sqlite:PATH or a postgresql:// URL."
+)
+EPILOG = (
+    STORE_HELP
+    + "\n"
+    + EXIT_CODES_HELP
+    + f"  {INTERNAL_ERROR} internal error (a bug in longrun; resume: the task's own code raised; the traceback is printed)\n"
+    + "\nErrors are one line on stderr; with --json, stdout holds only the JSON document.\n"
+)
+
+VERIFY_EPILOG = """\
+exit codes (whether the run can be resumed safely):
+  0  safe to resume now with nobody's help: done (nothing left), new, interrupted or in progress
+     (in-flight effects are observed first), a retry backoff, or an approval already in the store
+  1  resumable only after an operator acts: awaiting approval, unsafe-to-continue, a damaged
+     cancellation record
+  2  usage: wrong arguments, unknown task, missing store, unsafe task id
+  3  damaged: state, lease record or ledger; the output says whether the backup validates, in
+     which case `longrun resume` would recover from it (look first)
+  4  the run ended without finishing (cancelled, limits-exhausted, blocked)
+"""
+
+RESUME_EPILOG = """\
+FUNCTION is called with no arguments and must return a longrun Runner; resume calls its run()
+once. MODULE is searched in the --path directories, then the current directory, then sys.path.
+
+exit codes (from the outcome's status):
+  0   done
+  1   not finished; a later run (or an operator, then a later run) continues it: awaiting-approval,
+      retry-scheduled, already-running, lease-lost, unsafe-to-continue, plan-mismatch,
+      state-unrecoverable
+  2   the target is wrong (bad MODULE:FUNCTION, import error, no such function, it raised or did
+      not return a Runner), or the library refused an input (InvalidInputError)
+  3   storage error or damaged state raised by the store
+  4   the run ended without finishing: cancelled, limits-exhausted, blocked (stop the timer)
+  70  run() raised an exception that is not longrun's (the task's own code, or a bug); traceback printed
+"""
+
+_STORE_COMMANDS = ("status", "history", "verify", "approve", "cancel", "ls")
+_TASK_COMMANDS = ("status", "history", "verify", "approve", "cancel")
 
 
 def _positive_seconds(text: str) -> float:
@@ -60,44 +120,79 @@ def _add_authority_options(command: argparse.ArgumentParser, record: str) -> Non
     )
 
 
+def _add_store(command: argparse.ArgumentParser, *, task: bool) -> None:
+    command.add_argument(
+        "store", metavar="STORE", nargs="?", help="the store: a directory, sqlite:PATH or postgresql://... (or use --store)"
+    )
+    if task:
+        command.add_argument("task", metavar="TASK", help="the task id")
+    command.add_argument("--store", dest="store_option", metavar="SPEC", help="the store, instead of the STORE argument")
+
+
+def _add_json(command: argparse.ArgumentParser, what: str) -> None:
+    command.add_argument("--json", action="store_true", help=f"print JSON on stdout: {what}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = {"epilog": EPILOG, "formatter_class": argparse.RawDescriptionHelpFormatter}
     parser = argparse.ArgumentParser(prog="longrun", description=DESCRIPTION, **common)  # type: ignore[arg-type]
     parser.add_argument("-v", "--verbose", action="count", default=0, help="show the library's log: -v info, -vv debug")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    demo = commands.add_parser(
-        "demo",
-        help="run a fictional 5-step task, SIGKILL its worker mid-effect, resume, check exactly-once",
-        description="Run a fictional newsletter task in a worker process that is SIGKILLed right after "
-        "its third effect, resume it here, and check that every effect happened exactly once.",
-        **common,  # type: ignore[arg-type]
-    )
-    demo.add_argument("--keep", metavar="DIR", help="run in DIR (new or empty) and keep it, instead of a temporary directory")
-    demo.add_argument("--worker", metavar="ROOT", help=argparse.SUPPRESS)
+    def add(name: str, help: str, description: str | None = None, epilog: str = EPILOG) -> argparse.ArgumentParser:
+        command = commands.add_parser(
+            name,
+            help=help,
+            description=description or help[0].upper() + help[1:] + ".",
+            epilog=epilog,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        command.set_defaults(command_parser=command)
+        return command
 
-    status = commands.add_parser(
+    listing = add("ls", "list the tasks in a store with status, revision and next action (read-only)")
+    _add_store(listing, task=False)
+    _add_json(listing, "a list of {task_id, status, revision, next_action, source, error}")
+
+    status = add(
         "status",
-        help="show one task's state, lease, effects, pending approvals and next action (read-only)",
-        description="Show a task's status, revision, plan digest, lease, effects, pending approval "
+        "show one task's state, lease, effects, pending approvals and next action (read-only)",
+        "Show a task's status, revision, plan digest, lease, effects, pending approval "
         "requests and its one next action. Read-only: takes no lease, moves no file.",
-        **common,  # type: ignore[arg-type]
     )
-    status.add_argument("dir", metavar="DIR", help="the store directory (a JsonFileStore root)")
-    status.add_argument("task", metavar="TASK", help="the task id")
-    status.add_argument(
-        "--json", action="store_true", help="print one JSON object: state.to_json() plus store_lease, load and checked_at"
-    )
+    _add_store(status, task=True)
+    _add_json(status, "one object: state.to_json() plus store_lease, load and checked_at")
 
-    approve = commands.add_parser(
-        "approve",
-        help="approve a task's pending approval request (exactly its scope, once)",
-        description="Show the task's pending approval request and write an approval bound to its "
-        "task, plan digest, step, payload digest and action. It authorizes that one effect, once.",
-        **common,  # type: ignore[arg-type]
+    history = add(
+        "history",
+        "show a task's timeline: commits, effects, approvals, control records read and their digests (read-only)",
+        "Show a task's timeline, oldest first: its revisions (from the store's own history when it keeps one, "
+        "else the first and the latest), each effect's latest move with attempts, epoch, receipt, evidence and "
+        "error, approvals requested and consumed, the control records the runner read with their SHA-256 "
+        "digests, the unknowns of the last stop, and the lease. Read-only.",
     )
-    approve.add_argument("dir", metavar="DIR", help="the store directory")
-    approve.add_argument("task", metavar="TASK", help="the task id")
+    _add_store(history, task=True)
+    _add_json(history, "a list of {at, kind, detail, source, revision, epoch, step, digest}")
+
+    verify = add(
+        "verify",
+        "check a task's state, lease, ledger and control records; the exit code says if it can resume safely",
+        "Read-only checks: the state validates (checksum, schema, task identity), the plan digest and "
+        "revision are recorded, the effect records are consistent with their lifecycle and the status, "
+        "the in-flight effects (observed first on resume), the lease, and the control records a resume "
+        "would act on. Takes no lease and moves no file, even when the state is damaged.",
+        VERIFY_EPILOG,
+    )
+    _add_store(verify, task=True)
+    _add_json(verify, "one object: verdict, exit_code, status, checks [{name, result, detail}], in_flight")
+
+    approve = add(
+        "approve",
+        "approve a task's pending approval request (exactly its scope, once)",
+        "Show the task's pending approval request and write an approval bound to its "
+        "task, plan digest, step, payload digest and action. It authorizes that one effect, once.",
+    )
+    _add_store(approve, task=True)
     approve.add_argument("--step", metavar="STEP", help="which pending request, when there are several")
     approve.add_argument("--approver", metavar="NAME", type=_non_empty, help="who approves (default: the login name)")
     approve.add_argument(
@@ -105,25 +200,56 @@ def build_parser() -> argparse.ArgumentParser:
     )
     approve.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     _add_authority_options(approve, "approval")
+    _add_json(approve, "{request, approval, signed_with_key, written_to, unused_matching_approvals} (the prompt goes to stderr)")
 
-    cancel = commands.add_parser(
+    cancel = add(
         "cancel",
-        help="ask a task to start no new effect; its next run ends cancelled",
-        description="Write the task's cancellation record. The runner reads it before every new "
+        "ask a task to start no new effect; its next run ends cancelled",
+        "Write the task's cancellation record. The runner reads it before every new "
         "effect; an effect already in flight is still reconciled, then the run ends cancelled.",
-        **common,  # type: ignore[arg-type]
     )
-    cancel.add_argument("dir", metavar="DIR", help="the store directory")
-    cancel.add_argument("task", metavar="TASK", help="the task id")
+    _add_store(cancel, task=True)
     cancel.add_argument("--reason", metavar="TEXT", type=_non_empty, default="cancelled by an operator from the command line")
     cancel.add_argument("--by", metavar="NAME", type=_non_empty, help="who cancels (default: the login name)")
     _add_authority_options(cancel, "cancellation")
+    _add_json(cancel, "{cancellation, replaced_earlier_record, signed_with_key, written_to, run_already_ended}")
 
-    listing = commands.add_parser(
-        "ls", help="list the tasks in a store with status, revision and next action", **common  # type: ignore[arg-type]
+    resume = add(
+        "resume",
+        "import MODULE, call FUNCTION() for a Runner and run it once: the recovery trigger for cron or systemd",
+        "Import MODULE, call FUNCTION() (no arguments), which must return a longrun Runner, run it once and "
+        "print the outcome. Starting, resuming after a crash and continuing after an approval or a backoff "
+        "are the same call; an overlapping call returns already-running and changes nothing.",
+        RESUME_EPILOG,
     )
-    listing.add_argument("dir", metavar="DIR", help="the store directory")
+    resume.add_argument("target", metavar="MODULE:FUNCTION", help="for example mytasks.nightly:build_runner")
+    resume.add_argument(
+        "--path", metavar="DIR", action="append", default=[], help="search DIR for MODULE first (repeatable)"
+    )
+    _add_json(resume, "the outcome (RunOutcome.to_json())")
+
+    demo = add(
+        "demo",
+        "run a fictional 5-step task, SIGKILL its worker mid-effect, resume, check exactly-once",
+        "Run a fictional newsletter task in a worker process that is SIGKILLed right after "
+        "its third effect, resume it here, and check that every effect happened exactly once.",
+    )
+    demo.add_argument("--keep", metavar="DIR", help="run in DIR (new or empty) and keep it, instead of a temporary directory")
+    demo.add_argument("--worker", metavar="ROOT", help=argparse.SUPPRESS)
+    _add_json(demo, "a summary {passed, checks, outcome} (the narrative goes to stderr)")
     return parser
+
+
+def _store_spec(args: argparse.Namespace) -> str:
+    """The one store the operator named, as the STORE argument or with --store (not both)."""
+    positional, option = args.store, args.store_option
+    if positional is not None and option is not None and positional != option:
+        args.command_parser.error(f"the store is given twice ({positional!r} and --store {option!r}); give it once")
+    spec = positional if positional is not None else option
+    if spec is None:
+        where = "as STORE before TASK" if args.command in _TASK_COMMANDS else "as STORE"
+        args.command_parser.error(f"the store is missing: give it {where}, or with --store SPEC")
+    return spec
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -133,20 +259,43 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         if args.worker is not None:
             return run_worker(args.worker, out)
-        return run_demo(args.keep, out)
+        return run_demo(args.keep, out, as_json=args.json, err=err)
+    if args.command == "resume":
+        from ._resume import cmd_resume
+
+        return cmd_resume(args.target, args.path, args.json, out, err, verbose=args.verbose > 0)
+    spec = args.store_spec
+    if args.command in _TASK_COMMANDS:
+        checked_task(args.task)  # an unsafe id is refused before the store is opened
+    store = open_store(spec)
+    try:
+        return _store_command(args, store, store_label(spec), out, err)
+    finally:
+        close_store(store)
+
+
+def _store_command(args: argparse.Namespace, store: Store, label: str, out: TextIO, err: TextIO) -> int:
     if args.command == "status":
         from ._inspect import cmd_status
 
-        return cmd_status(args.dir, args.task, args.json, out)
+        return cmd_status(store, args.task, args.json, out)
     if args.command == "ls":
         from ._inspect import cmd_ls
 
-        return cmd_ls(args.dir, out)
+        return cmd_ls(store, label, args.json, out)
+    if args.command == "history":
+        from ._history import cmd_history
+
+        return cmd_history(store, args.task, args.json, out)
+    if args.command == "verify":
+        from ._verify import cmd_verify
+
+        return cmd_verify(store, label, args.task, args.json, out)
     if args.command == "approve":
         from ._control import cmd_approve
 
         return cmd_approve(
-            args.dir,
+            store,
             args.task,
             step=args.step,
             approver=args.approver or login_name(),
@@ -156,12 +305,13 @@ def _dispatch(args: argparse.Namespace) -> int:
             err=err,
             sign_key=args.sign_key,
             control_root=args.control_root,
+            as_json=args.json,
         )
     if args.command == "cancel":
         from ._control import cmd_cancel
 
         return cmd_cancel(
-            args.dir,
+            store,
             args.task,
             reason=args.reason,
             requested_by=args.by or login_name(),
@@ -169,25 +319,48 @@ def _dispatch(args: argparse.Namespace) -> int:
             err=err,
             sign_key=args.sign_key,
             control_root=args.control_root,
+            as_json=args.json,
         )
     raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parse_args``, except that ``STORE --option TASK`` (an option between the two) still parses."""
+    args, extras = parser.parse_known_args(argv)
+    command_parser = getattr(args, "command_parser", parser)
+    if (
+        extras
+        and args.command in _TASK_COMMANDS
+        and args.store is None
+        and len(extras) == 1
+        and not extras[0].startswith("-")
+    ):
+        # argparse gives a lone positional before an option to TASK (STORE is optional); the
+        # operator meant STORE TASK.
+        args.store, args.task = args.task, extras[0]
+    elif extras:
+        command_parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    if args.command in _STORE_COMMANDS:
+        args.store_spec = _store_spec(args)
+    return args
+
+
 def _error_text(exc: BaseException) -> str:
+    """The error as one line (a driver's message may span several)."""
     if isinstance(exc, CorruptStateError):
-        return f"damaged state: {exc}"
-    if isinstance(exc, StorageError):
-        return f"storage error: {exc}"
-    if isinstance(exc, OSError) and not isinstance(exc, LongrunError):
-        return f"storage error: {exc}"
-    return str(exc)
+        text = f"damaged state: {exc}"
+    elif isinstance(exc, StorageError) or (isinstance(exc, OSError) and not isinstance(exc, LongrunError)):
+        text = f"storage error: {exc}"
+    else:
+        text = str(exc)
+    return re.sub(r"\s*\n\s*", " ", text.strip())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``longrun`` command line; return its exit code (see ``--help``)."""
     parser = build_parser()
     try:
-        args = parser.parse_args(list(argv) if argv is not None else None)
+        args = _parse(parser, list(argv) if argv is not None else None)
     except SystemExit as exc:  # argparse exits 2 on usage errors and 0 after --help
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else ExitCode.USAGE)
     logger = logging.getLogger("longrun")
@@ -207,6 +380,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("longrun: interrupted\n")
         return 130
+    except TaskCodeError as exc:
+        sys.stderr.write(f"longrun {args.command}: error: {exc}; its traceback follows\n")
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        traceback.print_exception(type(cause), cause, cause.__traceback__, file=sys.stderr)
+        return INTERNAL_ERROR
     except Exception:
         sys.stderr.write(f"longrun {args.command}: internal error (a bug in longrun, please report it):\n")
         traceback.print_exc(file=sys.stderr)

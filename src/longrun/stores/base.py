@@ -10,7 +10,11 @@ Invariants every store built on ``BaseStore`` keeps (the tests are built to brea
 4. Revisions only grow: each commit gets a revision above every revision that may have been
    committed before, including one lost to damage.
 5. After a failed write the store refuses further commits for that task until it is re-loaded,
-   because the bytes on disk may no longer be what it believes (SQLite's pager error state).
+   because the bytes on disk may no longer be what it believes (SQLite's pager error state). A
+   write fails also when the transaction around it fails to commit (a database's COMMIT).
+6. Lease expiry is judged by ``_clock``, read inside the task's transaction: the caller's ``now``
+   unless the store has a better clock (a database server's), so runners on machines whose clocks
+   disagree cannot both hold an unexpired lease.
 
 A subclass supplies the primitives: a per-task exclusive transaction, reading and writing the
 lease record, reading (and repairing) and writing the state, and the control records.
@@ -55,6 +59,14 @@ class BaseStore:
 
     def _put_lease(self, lease: Lease) -> None:
         raise NotImplementedError
+
+    def _clock(self, now: float) -> float:
+        """The time to judge and stamp leases by, called inside the task's transaction.
+
+        The default trusts the caller's ``now``; a store shared by several machines returns its
+        own clock (the database server's), so that a runner's skewed clock cannot expire a live
+        lease early or keep a dead one alive."""
+        return now
 
     def _epoch_floor(self, task_id: str) -> int:
         """The highest epoch recorded anywhere but the lease record (used if that record is lost)."""
@@ -105,6 +117,7 @@ class BaseStore:
         if not isinstance(owner, str) or not owner:
             raise InvalidInputError("lease owner must be a non-empty string")
         with self._transaction(task_id, create=True):
+            now = self._clock(now)
             current = self._get_lease(task_id)
             if current is not None and not current.expired(now) and current.owner != owner:
                 raise LeaseHeldError(
@@ -121,6 +134,7 @@ class BaseStore:
     def renew_lease(self, lease: Lease, ttl_s: float, now: float) -> Lease:
         self._check_ttl(ttl_s)
         with self._transaction(lease.task_id, create=False):
+            now = self._clock(now)
             current = self._fence(lease, operation="lease renewal")
             if current.owner != lease.owner:
                 raise FencedError(f"lease on {lease.task_id!r} at epoch {lease.epoch} belongs to {current.owner!r}")
@@ -130,6 +144,7 @@ class BaseStore:
 
     def release_lease(self, lease: Lease, now: float) -> None:
         with self._transaction(lease.task_id, create=False):
+            now = self._clock(now)
             current = self._fence(lease, operation="lease release")
             self._put_lease(Lease(lease.task_id, current.owner, lease.epoch, current.acquired_at, min(now, current.expires_at)))
 
@@ -161,21 +176,26 @@ class BaseStore:
                 f"task {task_id!r}: an earlier write failed ({poisoned}); load the task again before writing"
             ) from poisoned
         previous_revision = state.revision
-        with self._transaction(task_id, create=False):
-            self._fence(lease, operation="state write")
-            known = self._revisions.get(task_id)
-            if known is None:
-                known = self._get_state(task_id, repair=False).state
-                known = known.revision if known is not None else 0
-            state.revision = known + 1
-            state.lease_epoch = lease.epoch
-            state.lease_owner = lease.owner
-            state.lease_expires_at = lease.expires_at
-            try:
+        writing = False
+        try:
+            with self._transaction(task_id, create=False):
+                self._fence(lease, operation="state write")
+                known = self._revisions.get(task_id)
+                if known is None:
+                    known = self._get_state(task_id, repair=False).state
+                    known = known.revision if known is not None else 0
+                state.revision = known + 1
+                state.lease_epoch = lease.epoch
+                state.lease_owner = lease.owner
+                state.lease_expires_at = lease.expires_at
+                writing = True
                 self._put_state(state, changed)
-            except BaseException as exc:
+            # A database store's write lands at the end of the transaction (its COMMIT), so a
+            # failure there is a failed write too and must poison the task like one.
+        except BaseException as exc:
+            if writing:
                 state.revision = previous_revision
                 self._poisoned[task_id] = exc
-                raise
-            self._revisions[task_id] = state.revision
+            raise
+        self._revisions[task_id] = state.revision
         return state.revision

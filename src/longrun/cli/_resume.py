@@ -1,0 +1,163 @@
+"""``longrun resume MODULE:FUNCTION``: the recovery trigger a cron job or systemd timer calls.
+
+Imports ``MODULE`` (with the ``--path`` directories, then the current directory, put in front of
+``sys.path``), calls ``FUNCTION()`` with no arguments, which must return a ``longrun.runner.Runner``
+(built with its store, adapters, limits, sources: everything the task needs), calls ``run()``
+once and prints the ``RunOutcome``. The same call starts a task, resumes it after a crash, and
+continues it after an approval or a backoff; a run that another process holds returns
+``already-running`` and changes nothing, so an overlapping timer is harmless.
+
+Exit codes (the status decides; a cron wrapper can tell each group apart):
+
+====  =========================================================================================
+code  meaning
+====  =========================================================================================
+0     done: every required effect is verified
+1     not finished; a later run, or an operator and then a later run, continues it:
+      awaiting-approval, retry-scheduled, already-running, lease-lost, unsafe-to-continue,
+      plan-mismatch, state-unrecoverable (the outcome's next action says which)
+2     the target is wrong: bad MODULE:FUNCTION syntax, the module cannot be imported (or raised
+      while importing), no such function, the function raised or did not return a Runner; or the
+      library refused an input (``InvalidInputError``, such as a payload that is not JSON)
+3     a storage error or damaged state raised by the store (``StorageError``, ``CorruptStateError``)
+4     the run ended without finishing: cancelled, limits-exhausted, blocked (running it again
+      changes nothing; stop the timer)
+70    ``run()`` raised an exception that is not longrun's (the task's own payload code, or a bug
+      in longrun): the traceback is printed
+====  =========================================================================================
+
+Not guaranteed: isolation from the target module. It runs in this process with this process's
+privileges; ``resume`` is as trustworthy as the module it is pointed at.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+import traceback
+from typing import Callable, Sequence, TextIO
+
+from ..errors import LongrunError, PayloadError
+from ..outcome import RunOutcome, Status
+from ._common import CliError, ExitCode, TaskCodeError, evidence_line, write_json
+
+__all__ = ["STATUS_EXIT", "cmd_resume", "load_target"]
+
+STATUS_EXIT: dict[Status, ExitCode] = {
+    Status.DONE: ExitCode.OK,
+    Status.CANCELLED: ExitCode.ENDED,
+    Status.LIMITS_EXHAUSTED: ExitCode.ENDED,
+    Status.BLOCKED: ExitCode.ENDED,
+}
+"""Every status not listed exits ``ExitCode.NOT_AS_ASKED`` (1): a later run continues it."""
+
+_TARGET = re.compile(r"(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):(?P<function>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
+
+
+def _usage(message: str) -> CliError:
+    return CliError(message, ExitCode.USAGE)
+
+
+def _explain(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def load_target(target: str, paths: Sequence[str], err: TextIO, verbose: bool) -> Callable[[], object]:
+    """The function ``target`` names, imported with ``paths`` and the current directory searched first."""
+    match = _TARGET.fullmatch(target)
+    if match is None:
+        raise _usage(f"{target!r} is not MODULE:FUNCTION (for example mytasks.nightly:build_runner)")
+    for path in paths:
+        if not os.path.isdir(path):
+            raise _usage(f"--path {path!r} is not an existing directory")
+    for entry in reversed([*(os.path.abspath(path) for path in paths), os.getcwd()]):
+        if entry in sys.path:
+            sys.path.remove(entry)
+        sys.path.insert(0, entry)
+    module_name = match.group("module")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            raise _usage(
+                f"cannot import module {module_name!r}: no module named {missing!r} "
+                "(searched --path, the current directory and sys.path)"
+            ) from None
+        _trace(err, verbose)
+        raise _usage(f"cannot import module {module_name!r}: {_explain(exc)}") from None
+    except Exception as exc:  # the module's own code failed while importing (SyntaxError included)
+        _trace(err, verbose)
+        raise _usage(f"importing module {module_name!r} raised {_explain(exc)}" + ("" if verbose else " (-v shows the traceback)")) from None
+    value: object = module
+    for part in match.group("function").split("."):
+        try:
+            value = getattr(value, part)
+        except AttributeError:
+            raise _usage(f"module {module_name!r} has no attribute {match.group('function')!r}") from None
+    if not callable(value):
+        raise _usage(f"{target} is a {type(value).__name__}, not a function that returns a Runner")
+    return value
+
+
+def _trace(err: TextIO, verbose: bool) -> None:
+    if verbose:
+        traceback.print_exc(file=err)
+
+
+def _build_runner(function: Callable[[], object], target: str, err: TextIO, verbose: bool) -> object:
+    from ..runner import Runner  # the CLI imports the runner only for commands that run tasks
+
+    try:
+        runner = function()
+    except (LongrunError, OSError):
+        raise  # the library's own refusals keep their exit codes (InvalidInputError 2, StorageError 3)
+    except TypeError as exc:
+        _trace(err, verbose)
+        raise _usage(f"calling {target}() failed: {_explain(exc)} (it must take no arguments and return a Runner)") from None
+    except Exception as exc:
+        _trace(err, verbose)
+        raise _usage(f"calling {target}() raised {_explain(exc)}" + ("" if verbose else " (-v shows the traceback)")) from None
+    if not isinstance(runner, Runner):
+        raise _usage(f"{target}() returned {type(runner).__name__}, not a longrun.runner.Runner")
+    return runner
+
+
+def _render(outcome: RunOutcome, code: ExitCode) -> str:
+    lines = [
+        f"task {outcome.task_id}: {outcome.status.value} (revision {outcome.revision}, lease epoch {outcome.epoch})",
+        f"  next action   {outcome.next_action}",
+    ]
+    if outcome.results:
+        lines.append(f"  results       {len(outcome.results)} verified effects: {', '.join(outcome.results)}")
+    else:
+        lines.append("  results       no verified effects yet")
+    lines.append(
+        f"  evidence      {len(outcome.observations)} observations, {len(outcome.inferences)} inferences, "
+        f"{len(outcome.unknowns)} unknowns"
+    )
+    lines += [f"    unknown: {evidence_line(item)}" for item in outcome.unknowns]
+    lines.append(f"  exit {int(code)}")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_resume(target: str, paths: Sequence[str], as_json: bool, out: TextIO, err: TextIO, verbose: bool = False) -> int:
+    function = load_target(target, paths, err, verbose)
+    runner = _build_runner(function, target, err, verbose)
+    try:
+        outcome = runner.run()  # type: ignore[attr-defined]
+    except PayloadError as exc:  # the task's own payload code raised: its cause is the real error
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        raise TaskCodeError(f"{target}: run() raised {_explain(cause)} in a payload factory") from cause
+    except (LongrunError, OSError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        raise TaskCodeError(f"{target}: run() raised {_explain(exc)}") from exc
+    code = STATUS_EXIT.get(outcome.status, ExitCode.NOT_AS_ASKED)
+    if as_json:
+        write_json(out, outcome.to_json())
+    else:
+        out.write(_render(outcome, code))
+    return code

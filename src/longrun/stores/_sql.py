@@ -1,0 +1,699 @@
+"""The shared engine of the SQL stores: one schema, one set of statements, two dialects.
+
+``SqlStore`` implements ``BaseStore``'s primitives over a DB-API 2.0 connection; ``SqliteStore``
+and ``PostgresStore`` supply only how to connect, how to begin a transaction and lock a task, and
+the column types. The fencing, lease and revision rules stay in ``BaseStore``; this module adds
+the database's own enforcement of them inside the same transaction as every write:
+
+- A task's exclusive transaction locks the task first (SQLite: ``BEGIN IMMEDIATE`` takes the
+  database's write lock; PostgreSQL: ``SELECT ... FOR UPDATE`` on the task's row), so the fence
+  check that ``BaseStore`` makes and the write it guards commit or roll back together.
+- The state write is ``UPDATE longrun_tasks ... WHERE revision_floor < new revision AND the
+  lease's epoch = the writer's epoch``, and its row count is checked: even if the code above were
+  wrong, the database refuses a stale epoch (``FencedError``) or a revision that does not grow.
+- A lease write is an upsert ``WHERE stored epoch <= new epoch``, so no statement can move an
+  epoch backwards.
+
+Schema (version ``SCHEMA_VERSION``; ``longrun_schema`` records every migration applied; a
+database whose version is newer than this code knows is refused with ``SchemaVersionError``)::
+
+    longrun_tasks          task_id, created_at, revision_floor (highest revision ever committed),
+                           epoch_floor (highest epoch ever issued, should the lease row be lost)
+    longrun_leases         task_id, owner, epoch, acquired_at, expires_at
+    longrun_states         task_id, revision, epoch, plan_digest, status, next_action,
+                           effect_count, header (a state envelope with no effects), checksum
+    longrun_effects        task_id, step_id, position, revision, record, checksum
+    longrun_cancellations  task_id, body (raw JSON text), written_at
+    longrun_approvals      task_id, approval_id, body (raw JSON text), written_at
+    longrun_quarantine     id, task_id, kind, name, reason, quarantined_at, data
+
+A commit writes the header row and only the effect rows the runner says changed (plus any row the
+store has not written yet), so its cost grows with the change, not with the ledger. Every row
+carries a SHA-256 checksum and names its task; a load validates every row and the header's effect
+count before it returns anything.
+
+Damage. The database's transactions are the atomicity, so these stores keep no backup revision:
+a damaged header or effect row (checksum, JSON, fields, a missing row) makes the load raise
+``StateUnrecoverableError``; a repairing load (one that carries the lease) first moves the
+damaged rows to ``longrun_quarantine`` (never deletes them), and from then on the task keeps
+raising rather than start afresh. Rows that are well formed but name another task raise
+``ForeignStateError`` and are left where they are. Control records are stored as the raw text an
+operator wrote, so a damaged one is handed to the runner to judge (see ``longrun.control``).
+
+Not guaranteed: protection from someone who can write to the database; progress while another
+process is stopped inside a transaction (it holds the task's lock until the database's timeout
+ends its session, or SQLite's busy timeout ends the wait with ``StorageError``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import threading
+import time
+from typing import Any, Collection, Iterator, Sequence
+
+from ..approval import Approval
+from ..cancellation import Cancellation
+from ..canonical import canonical_bytes, sha256_hex
+from ..contract import check_task_id
+from ..control import ControlRecord
+from ..envelope import RunState, decode, encode
+from ..errors import (
+    CorruptStateError,
+    FencedError,
+    ForeignStateError,
+    LongrunError,
+    SchemaVersionError,
+    StateUnrecoverableError,
+    StorageError,
+    UnknownTaskError,
+)
+from ..lease import Lease
+from ..ledger import EffectRecord
+from ..outcome import Evidence
+from ..protocols import LoadResult
+from .base import BaseStore
+
+__all__ = ["SCHEMA_VERSION", "SqlStore"]
+
+log = logging.getLogger("longrun")
+
+SCHEMA_VERSION = 1
+MAX_APPROVALS = 1000
+
+
+def _migrations(types: dict[str, str]) -> list[tuple[int, str, list[str]]]:
+    """Every schema version, in order, as DDL in the dialect's column types."""
+    t = types
+    return [
+        (
+            1,
+            "tasks, leases, state header, effect records, control records, quarantine",
+            [
+                f"""CREATE TABLE IF NOT EXISTS longrun_tasks (
+                    task_id TEXT PRIMARY KEY,
+                    created_at {t['float']} NOT NULL,
+                    revision_floor {t['int']} NOT NULL DEFAULT 0,
+                    epoch_floor {t['int']} NOT NULL DEFAULT 0)""",
+                f"""CREATE TABLE IF NOT EXISTS longrun_leases (
+                    task_id TEXT PRIMARY KEY REFERENCES longrun_tasks (task_id),
+                    owner TEXT NOT NULL,
+                    epoch {t['int']} NOT NULL,
+                    acquired_at {t['float']} NOT NULL,
+                    expires_at {t['float']} NOT NULL)""",
+                f"""CREATE TABLE IF NOT EXISTS longrun_states (
+                    task_id TEXT PRIMARY KEY REFERENCES longrun_tasks (task_id),
+                    revision {t['int']} NOT NULL,
+                    epoch {t['int']} NOT NULL,
+                    plan_digest TEXT NOT NULL,
+                    status TEXT NOT NULL,
+                    next_action TEXT NOT NULL,
+                    effect_count {t['int']} NOT NULL,
+                    header TEXT NOT NULL,
+                    checksum TEXT NOT NULL,
+                    updated_at {t['float']} NOT NULL)""",
+                f"""CREATE TABLE IF NOT EXISTS longrun_effects (
+                    task_id TEXT NOT NULL REFERENCES longrun_tasks (task_id),
+                    step_id TEXT NOT NULL,
+                    position {t['int']} NOT NULL,
+                    revision {t['int']} NOT NULL,
+                    record TEXT NOT NULL,
+                    checksum TEXT NOT NULL,
+                    PRIMARY KEY (task_id, step_id))""",
+                f"""CREATE TABLE IF NOT EXISTS longrun_cancellations (
+                    task_id TEXT PRIMARY KEY REFERENCES longrun_tasks (task_id),
+                    body TEXT NOT NULL,
+                    written_at {t['float']} NOT NULL)""",
+                f"""CREATE TABLE IF NOT EXISTS longrun_approvals (
+                    task_id TEXT NOT NULL REFERENCES longrun_tasks (task_id),
+                    approval_id TEXT NOT NULL,
+                    body TEXT NOT NULL,
+                    written_at {t['float']} NOT NULL,
+                    PRIMARY KEY (task_id, approval_id))""",
+                f"""CREATE TABLE IF NOT EXISTS longrun_quarantine (
+                    id {t['serial']},
+                    task_id TEXT NOT NULL,
+                    kind TEXT NOT NULL,
+                    name TEXT NOT NULL,
+                    reason TEXT NOT NULL,
+                    quarantined_at {t['float']} NOT NULL,
+                    data TEXT)""",
+                "CREATE INDEX IF NOT EXISTS longrun_quarantine_task ON longrun_quarantine (task_id)",
+            ],
+        ),
+    ]
+
+
+def _raw(value: object) -> str | None:
+    """A damaged column's content, kept for the quarantine: text as is, bytes as hex."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "hex:" + bytes(value).hex()
+    return repr(value)
+
+
+def _text(value: object) -> str | None:
+    """A TEXT column's value as str; None if it holds something else (SQLite types are loose)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return None
+
+
+def _checksum(data: bytes) -> str:
+    return "sha256:" + sha256_hex(data)
+
+
+@dataclasses.dataclass
+class _Damage:
+    kind: str
+    """"state" (the header row), "effect" (one effect row) or "count" (rows missing: nothing to move)."""
+    name: str
+    reason: str
+    key: tuple[str, ...]
+    data: str | None
+
+
+class SqlStore(BaseStore):
+    """``BaseStore`` over SQL. Subclasses supply the dialect (see the methods marked so below).
+
+    One connection per store instance, opened on first use and reopened after it breaks; a lock
+    serializes the instance's transactions, so a runner's lease-renewal thread and its main loop
+    can share one store.
+    """
+
+    placeholder = "?"
+    """How the driver marks a parameter; statements here are written with ``?``."""
+    types = {"int": "BIGINT", "float": "DOUBLE PRECISION", "serial": "INTEGER PRIMARY KEY"}
+    """The dialect's column types for the schema's integers, floats and the quarantine's row id."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._connection: Any = None
+        self._cursor: Any = None
+        self._schema_checked = False
+        self._keep_writes = False
+        self._stored_steps: dict[str, set[str]] = {}
+        """Per task, the step ids whose rows this instance knows exist (after a repairing load)."""
+
+    # -- dialect: a subclass provides these ---------------------------------------------------
+
+    def _connect(self) -> Any:
+        """A new DB-API connection with no transaction open."""
+        raise NotImplementedError
+
+    def _driver_errors(self) -> tuple[type[BaseException], ...]:
+        """The exception classes the driver raises, translated to ``StorageError``."""
+        raise NotImplementedError
+
+    def _begin(self, *, write: bool) -> None:
+        raise NotImplementedError
+
+    def _finish(self, *, commit: bool) -> None:
+        raise NotImplementedError
+
+    def _lock_schema(self) -> None:
+        """Serialize schema creation between processes (inside the schema transaction)."""
+
+    def _lock_task_sql(self, *, write: bool) -> str:
+        """The statement that reads (and in a write transaction locks) a task's row."""
+        return "SELECT task_id FROM longrun_tasks WHERE task_id = ?"
+
+    def _now_sql(self) -> str:
+        """An SQL expression for the database's clock, in seconds since the epoch."""
+        raise NotImplementedError
+
+    # -- connection and transactions ----------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection (a later call opens a new one)."""
+        with self._lock:
+            self._drop_connection()
+
+    def __enter__(self) -> "SqlStore":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _drop_connection(self) -> None:
+        connection, self._connection, self._cursor = self._connection, None, None
+        self._schema_checked = False
+        if connection is not None:
+            with contextlib.suppress(Exception):  # it may already be broken; nothing to save
+                connection.close()
+
+    def _sql(self, statement: str) -> str:
+        return statement if self.placeholder == "?" else statement.replace("?", self.placeholder)
+
+    def _run(self, statement: str, params: Sequence[object] = ()) -> Any:
+        """Execute one statement in the open transaction; the one place SQL reaches the driver."""
+        self._cursor.execute(self._sql(statement), tuple(params))
+        return self._cursor
+
+    def _run_many(self, statement: str, rows: Sequence[Sequence[object]]) -> None:
+        for row in rows:
+            self._run(statement, row)
+
+    def _one(self, statement: str, params: Sequence[object] = ()) -> Any:
+        return self._run(statement, params).fetchone()
+
+    def _all(self, statement: str, params: Sequence[object] = ()) -> list[Any]:
+        return list(self._run(statement, params).fetchall())
+
+    @contextlib.contextmanager
+    def _session(self, *, write: bool, what: str) -> Iterator[None]:
+        """One database transaction, with the driver's errors translated to ``StorageError``."""
+        with self._lock:
+            if self._connection is None:
+                try:
+                    self._connection = self._connect()
+                except LongrunError:
+                    raise
+                except Exception as exc:  # whatever the driver or the caller's factory raises
+                    raise StorageError(f"{self!r}: cannot connect: {exc}") from exc
+            errors = self._driver_errors()
+            try:
+                if not self._schema_checked:
+                    self._ensure_schema()
+                self._cursor = self._connection.cursor()
+                self._begin(write=write)
+            except LongrunError:
+                self._drop_connection()
+                raise
+            except errors as exc:
+                self._drop_connection()
+                raise StorageError(f"{self!r}: cannot open a transaction to {what}: {exc}") from exc
+            self._keep_writes = False
+            try:
+                yield
+            except BaseException as exc:
+                keep = self._keep_writes and isinstance(exc, LongrunError)
+                self._end_after_error(commit=keep)
+                if isinstance(exc, errors) and not isinstance(exc, LongrunError):
+                    raise StorageError(f"{self!r}: cannot {what}: {exc}") from exc
+                raise
+            else:
+                try:
+                    self._finish(commit=True)
+                except errors as exc:
+                    self._end_after_error(commit=False)
+                    raise StorageError(f"{self!r}: the transaction to {what} did not commit: {exc}") from exc
+            finally:
+                cursor, self._cursor = self._cursor, None
+                self._keep_writes = False
+                if cursor is not None:
+                    with contextlib.suppress(Exception):  # a cursor of a broken connection
+                        cursor.close()
+
+    def _end_after_error(self, *, commit: bool) -> None:
+        try:
+            self._finish(commit=commit)
+        except Exception as exc:  # the connection is in an unknown state: never reuse it
+            log.warning("%r: ending a failed transaction failed (%s); reconnecting on next use", self, exc)
+            self._drop_connection()
+
+    def _ensure_schema(self) -> None:
+        """Create or migrate the schema, or refuse a newer one. Once per connection.
+
+        A current schema is only read (no DDL, no lock), so a database user without the right to
+        create tables can use tables an administrator created.
+        """
+        if self._schema_step(write=False) < SCHEMA_VERSION:
+            self._schema_step(write=True)
+        self._schema_checked = True
+
+    def _schema_step(self, *, write: bool) -> int:
+        """In one transaction, read the schema version and (``write``) create or migrate to ours."""
+        self._cursor = self._connection.cursor()
+        self._begin(write=write)
+        try:
+            if write:
+                self._lock_schema()
+                self._run(
+                    f"""CREATE TABLE IF NOT EXISTS longrun_schema (
+                        version INTEGER PRIMARY KEY,
+                        applied_at {self.types['float']} NOT NULL,
+                        description TEXT NOT NULL)"""
+                )
+                current = self._schema_version()  # again: another process may have migrated
+                if current < SCHEMA_VERSION:
+                    self._migrate(current)
+                    current = SCHEMA_VERSION
+            else:
+                current = self._schema_version() if self._one(self._schema_table_sql())[0] else 0
+            self._finish(commit=True)
+            return current
+        except BaseException:
+            self._end_after_error(commit=False)
+            raise
+        finally:
+            cursor, self._cursor = self._cursor, None
+            if cursor is not None:
+                with contextlib.suppress(Exception):
+                    cursor.close()
+
+    def _schema_table_sql(self) -> str:
+        """A query whose one row's first value is true if ``longrun_schema`` exists (dialect)."""
+        raise NotImplementedError
+
+    def _schema_version(self) -> int:
+        row = self._one("SELECT MAX(version) FROM longrun_schema")
+        current = row[0] if row is not None and row[0] is not None else 0
+        if not isinstance(current, int):
+            raise SchemaVersionError(f"{self!r}: the schema version table holds {current!r}, not a version number")
+        if current > SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"{self!r}: the database has longrun schema version {current}, newer than this code knows "
+                f"({SCHEMA_VERSION}); upgrade longrun to use this database"
+            )
+        return current
+
+    def _migrate(self, current: int) -> None:
+        for version, description, statements in _migrations(self.types):
+            if version <= current:
+                continue
+            for statement in statements:
+                self._run(statement)
+            self._run(
+                f"INSERT INTO longrun_schema (version, applied_at, description) VALUES (?, {self._now_sql()}, ?)",
+                (version, description),
+            )
+            log.info("%r: schema migrated to version %d (%s)", self, version, description)
+
+    @contextlib.contextmanager
+    def _transaction(self, task_id: str, *, create: bool, write: bool = True) -> Iterator[None]:
+        check_task_id(task_id)
+        with self._session(write=write, what=f"access task {task_id!r}"):
+            if create:
+                self._run(
+                    f"INSERT INTO longrun_tasks (task_id, created_at, revision_floor) VALUES (?, {self._now_sql()}, 0) "
+                    "ON CONFLICT (task_id) DO NOTHING",
+                    (task_id,),
+                )
+            if self._one(self._lock_task_sql(write=write), (task_id,)) is None:
+                raise UnknownTaskError(f"no task {task_id!r} in {self!r}")
+            yield
+
+    # -- lease --------------------------------------------------------------------------------
+
+    def _get_lease(self, task_id: str) -> Lease | None:
+        row = self._one("SELECT owner, epoch, acquired_at, expires_at FROM longrun_leases WHERE task_id = ?", (task_id,))
+        if row is None:
+            return None
+        owner, epoch, acquired_at, expires_at = row
+        try:
+            return Lease.from_json(
+                {"task_id": task_id, "owner": owner, "epoch": epoch, "acquired_at": acquired_at, "expires_at": expires_at}
+            )
+        except CorruptStateError as exc:
+            raise CorruptStateError(f"lease row of {task_id!r} is damaged: {exc}") from exc
+
+    def _put_lease(self, lease: Lease) -> None:
+        cursor = self._run(
+            "INSERT INTO longrun_leases (task_id, owner, epoch, acquired_at, expires_at) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (task_id) DO UPDATE SET owner = excluded.owner, epoch = excluded.epoch, "
+            "acquired_at = excluded.acquired_at, expires_at = excluded.expires_at "
+            "WHERE longrun_leases.epoch <= excluded.epoch",
+            (lease.task_id, lease.owner, lease.epoch, lease.acquired_at, lease.expires_at),
+        )
+        if cursor.rowcount != 1:
+            raise FencedError(
+                f"lease write for {lease.task_id!r} at epoch {lease.epoch} refused by the database: "
+                "a newer epoch is recorded",
+                write_epoch=lease.epoch,
+            )
+        self._run(
+            "UPDATE longrun_tasks SET epoch_floor = ? WHERE task_id = ? AND epoch_floor < ?",
+            (lease.epoch, lease.task_id, lease.epoch),
+        )
+
+    def _epoch_floor(self, task_id: str) -> int:
+        """Used only if the lease row is gone: never reissue an epoch that was ever issued."""
+        floors = [
+            self._one("SELECT epoch_floor FROM longrun_tasks WHERE task_id = ?", (task_id,)),
+            self._one("SELECT epoch FROM longrun_states WHERE task_id = ?", (task_id,)),
+        ]
+        return max((row[0] for row in floors if row is not None and isinstance(row[0], int)), default=0)
+
+    # -- state --------------------------------------------------------------------------------
+
+    def _get_state(self, task_id: str, *, repair: bool) -> LoadResult:
+        now = time.time()
+        floor_row = self._one("SELECT revision_floor FROM longrun_tasks WHERE task_id = ?", (task_id,))
+        floor = floor_row[0] if floor_row is not None and isinstance(floor_row[0], int) else 0
+        header_row = self._one(
+            "SELECT revision, effect_count, header, checksum FROM longrun_states WHERE task_id = ?", (task_id,)
+        )
+        effect_rows = self._all(
+            "SELECT step_id, position, revision, record, checksum FROM longrun_effects WHERE task_id = ?", (task_id,)
+        )
+        if header_row is None:
+            quarantined = self._quarantined(task_id)
+            if effect_rows or quarantined:
+                # Damaged state was set aside earlier (or its header is gone): starting afresh here
+                # would repeat every effect the lost state recorded.
+                raise StateUnrecoverableError(
+                    f"task {task_id!r} has no valid state header but "
+                    + (f"{len(effect_rows)} effect rows remain" if effect_rows else f"its quarantine holds {quarantined}")
+                    + "; restore the state rows or retire the task id"
+                )
+            return LoadResult(state=None, revision_floor=floor)
+
+        damage: list[_Damage] = []
+        state = self._decode_header(task_id, header_row, damage)
+        records: list[tuple[int, EffectRecord]] = []
+        for row in effect_rows:
+            record = self._decode_effect(task_id, row, state.revision if state else None, damage)
+            if record is not None:
+                records.append(record)
+        if state is not None and not damage:
+            records.sort(key=lambda item: item[0])
+            positions = [position for position, _ in records]
+            count = header_row[1]
+            if positions != list(range(len(records))) or count != len(records):
+                damage.append(
+                    _Damage("count", "longrun_effects", f"the header counts {count!r} effect records; rows hold positions {positions}", (), None)
+                )
+        if damage:
+            moved = self._set_aside(task_id, damage, now) if repair else []
+            raise StateUnrecoverableError(
+                f"task {task_id!r}: the stored state does not validate ({'; '.join(d.name + ': ' + d.reason for d in damage)}); "
+                + (f"damaged rows were moved to the quarantine ({', '.join(moved)})" if moved else
+                   "damaged rows were left in place (read-only load)" if not repair else "no row could be set aside")
+                + ". A database store keeps no backup revision: inspect the target before anything else"
+            )
+        assert state is not None
+        state.effects = {record.step_id: record for _, record in records}
+        if repair:
+            self._stored_steps[task_id] = set(state.effects)
+        digest = _checksum(encode(state))
+        note = Evidence("store", f"state revision {state.revision} validated: header and {len(records)} effect rows in {self!r}", now)
+        return LoadResult(
+            state=state,
+            source="primary",
+            digest=digest,
+            observations=(note,),
+            revision_floor=max(floor, state.revision),
+        )
+
+    def _decode_header(self, task_id: str, row: Sequence[Any], damage: list[_Damage]) -> RunState | None:
+        revision, _, header, checksum = row
+        text = _text(header)
+        if text is None:
+            damage.append(_Damage("state", "longrun_states", "the header is not UTF-8 text", (), _raw(header)))
+            return None
+        data = text.encode("utf-8")
+        if checksum != _checksum(data):
+            damage.append(_Damage("state", "longrun_states", "the header's row checksum does not match", (), text))
+            return None
+        try:
+            state = decode(data, expected_task=task_id)
+        except (ForeignStateError, SchemaVersionError):
+            raise  # well formed but not ours to repair: refuse, move nothing
+        except CorruptStateError as exc:
+            damage.append(_Damage("state", "longrun_states", str(exc), (), text))
+            return None
+        if state.effects or revision != state.revision:
+            damage.append(
+                _Damage("state", "longrun_states", f"the header disagrees with its row (revision {revision!r})", (), text)
+            )
+            return None
+        return state
+
+    def _decode_effect(
+        self, task_id: str, row: Sequence[Any], header_revision: int | None, damage: list[_Damage]
+    ) -> tuple[int, EffectRecord] | None:
+        step_id, position, revision, body, checksum = row
+        name = f"longrun_effects/{step_id}"
+        text = _text(body)
+        if text is None or checksum != _checksum(text.encode("utf-8")):
+            damage.append(_Damage("effect", name, "the effect row's checksum does not match", (str(step_id),), _raw(body)))
+            return None
+        try:
+            document = json.loads(text)
+            if not isinstance(document, dict) or set(document) != {"task_id", "record"}:
+                raise CorruptStateError("an effect row holds {task_id, record}")
+            if document["task_id"] != task_id:
+                raise ForeignStateError(f"effect row {step_id!r} of task {task_id!r} belongs to task {document['task_id']!r}")
+            record = EffectRecord.from_json(document["record"])
+        except ForeignStateError:
+            raise
+        except (ValueError, RecursionError) as exc:  # CorruptStateError is a ValueError too
+            damage.append(_Damage("effect", name, f"the effect row does not validate: {exc}", (str(step_id),), text))
+            return None
+        if record.step_id != step_id or not isinstance(position, int) or not isinstance(revision, int):
+            damage.append(_Damage("effect", name, "the effect row disagrees with its record", (str(step_id),), text))
+            return None
+        if header_revision is not None and revision > header_revision:
+            damage.append(
+                _Damage("effect", name, f"revision {revision} is newer than the header's {header_revision}", (str(step_id),), text)
+            )
+            return None
+        return position, record
+
+    def _quarantined(self, task_id: str) -> list[str]:
+        rows = self._all("SELECT id, name FROM longrun_quarantine WHERE task_id = ? AND kind IN ('state', 'effect')", (task_id,))
+        return sorted(f"longrun_quarantine/{row[0]} ({row[1]})" for row in rows)
+
+    def _set_aside(self, task_id: str, damage: list[_Damage], now: float) -> list[str]:
+        moved = []
+        for item in damage:
+            if item.kind == "count":
+                continue  # rows are missing: nothing to move, the refusal itself is the record
+            self._run(
+                "INSERT INTO longrun_quarantine (task_id, kind, name, reason, quarantined_at, data) VALUES (?, ?, ?, ?, ?, ?)",
+                (task_id, item.kind, item.name, item.reason[:2000], now, item.data),
+            )
+            if item.kind == "state":
+                self._run("DELETE FROM longrun_states WHERE task_id = ?", (task_id,))
+            else:
+                self._run("DELETE FROM longrun_effects WHERE task_id = ? AND step_id = ?", (task_id, item.key[0]))
+            moved.append(item.name)
+        if moved:
+            # The moves are evidence: keep them even though the load raises.
+            self._keep_writes = True
+            self._stored_steps.pop(task_id, None)
+            log.warning("task %s: moved damaged rows to the quarantine: %s", task_id, moved)
+        return moved
+
+    def _put_state(self, state: RunState, changed: Collection[str]) -> None:
+        task_id = state.task_id
+        header = encode(dataclasses.replace(state, effects={}))
+        # The database checks the fence and the revision itself, in this transaction.
+        cursor = self._run(
+            "UPDATE longrun_tasks SET revision_floor = ? WHERE task_id = ? AND revision_floor < ? "
+            "AND EXISTS (SELECT 1 FROM longrun_leases WHERE task_id = ? AND epoch = ?)",
+            (state.revision, task_id, state.revision, task_id, state.lease_epoch),
+        )
+        if cursor.rowcount != 1:
+            lease = self._get_lease(task_id)
+            if lease is None or lease.epoch != state.lease_epoch:
+                raise FencedError(
+                    f"state write for {task_id!r} at epoch {state.lease_epoch} refused by the database",
+                    current_epoch=lease.epoch if lease else None,
+                    write_epoch=state.lease_epoch,
+                )
+            raise StorageError(f"state write for {task_id!r}: revision {state.revision} is not above the stored revision")
+        self._run(
+            "INSERT INTO longrun_states (task_id, revision, epoch, plan_digest, status, next_action, effect_count, "
+            "header, checksum, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (task_id) DO UPDATE SET revision = excluded.revision, epoch = excluded.epoch, "
+            "plan_digest = excluded.plan_digest, status = excluded.status, next_action = excluded.next_action, "
+            "effect_count = excluded.effect_count, header = excluded.header, checksum = excluded.checksum, "
+            "updated_at = excluded.updated_at",
+            (
+                task_id, state.revision, state.lease_epoch, state.plan_digest, state.status.value, state.next_action,
+                len(state.effects), header.decode("utf-8"), _checksum(header), state.updated_at,
+            ),
+        )
+        stored = self._stored_steps.get(task_id)
+        if stored is None:
+            stored = {row[0] for row in self._all("SELECT step_id FROM longrun_effects WHERE task_id = ?", (task_id,))}
+            to_write = list(state.effects)
+        else:
+            to_write = [step for step in state.effects if step not in stored]
+            to_write += [step for step in changed if step in state.effects and step in stored]
+        removed = stored - state.effects.keys()
+        for step_id in sorted(removed):
+            self._run("DELETE FROM longrun_effects WHERE task_id = ? AND step_id = ?", (task_id, step_id))
+        if to_write:
+            positions = {step_id: index for index, step_id in enumerate(state.effects)}
+            rows = []
+            for step_id in to_write:
+                body = canonical_bytes({"task_id": task_id, "record": state.effects[step_id].to_json()})
+                rows.append((task_id, step_id, positions[step_id], state.revision, body.decode("utf-8"), _checksum(body)))
+            self._run_many(
+                "INSERT INTO longrun_effects (task_id, step_id, position, revision, record, checksum) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (task_id, step_id) DO UPDATE SET position = excluded.position, "
+                "revision = excluded.revision, record = excluded.record, checksum = excluded.checksum",
+                rows,
+            )
+        # Known only once this transaction commits; if the commit fails, BaseStore poisons the task
+        # and the repairing load it then requires resets this.
+        self._stored_steps[task_id] = set(state.effects)
+
+    # -- control records ----------------------------------------------------------------------
+
+    @staticmethod
+    def _control(name: str, body: object) -> ControlRecord:
+        text = _text(body)
+        if text is None:
+            raw = bytes(body) if isinstance(body, (bytes, bytearray, memoryview)) else repr(body).encode()
+            return ControlRecord(name=name, error="not UTF-8 text", digest=_checksum(raw))
+        data = text.encode("utf-8")
+        digest = _checksum(data)
+        try:
+            return ControlRecord(name=name, body=json.loads(text), digest=digest)
+        except (ValueError, RecursionError) as exc:
+            return ControlRecord(name=name, error=f"not valid JSON: {exc}", digest=digest)
+
+    def read_cancellation(self, task_id: str) -> ControlRecord | None:
+        with self._transaction(task_id, create=False, write=False):
+            row = self._one("SELECT body FROM longrun_cancellations WHERE task_id = ?", (task_id,))
+        return None if row is None else self._control(f"longrun_cancellations/{task_id}", row[0])
+
+    def write_cancellation(self, record: Cancellation) -> None:
+        body = canonical_bytes(record.to_json()).decode("utf-8")
+        with self._transaction(record.task_id, create=False):
+            self._run(
+                f"INSERT INTO longrun_cancellations (task_id, body, written_at) VALUES (?, ?, {self._now_sql()}) "
+                "ON CONFLICT (task_id) DO UPDATE SET body = excluded.body, written_at = excluded.written_at",
+                (record.task_id, body),
+            )
+
+    def read_approvals(self, task_id: str) -> tuple[ControlRecord, ...]:
+        with self._transaction(task_id, create=False, write=False):
+            rows = self._all(
+                "SELECT approval_id, body FROM longrun_approvals WHERE task_id = ? LIMIT ?", (task_id, MAX_APPROVALS + 1)
+            )
+        if len(rows) > MAX_APPROVALS:
+            raise StorageError(f"task {task_id!r} has over {MAX_APPROVALS} approval records")
+        rows.sort(key=lambda row: str(row[0]))
+        return tuple(self._control(f"longrun_approvals/{row[0]}", row[1]) for row in rows)
+
+    def write_approval(self, approval: Approval) -> None:
+        check_task_id(approval.approval_id, what="approval id")
+        body = canonical_bytes(approval.to_json()).decode("utf-8")
+        with self._transaction(approval.task_id, create=False):
+            self._run(
+                f"INSERT INTO longrun_approvals (task_id, approval_id, body, written_at) VALUES (?, ?, ?, {self._now_sql()}) "
+                "ON CONFLICT (task_id, approval_id) DO UPDATE SET body = excluded.body, written_at = excluded.written_at",
+                (approval.task_id, approval.approval_id, body),
+            )
+
+    # -- listing ------------------------------------------------------------------------------
+
+    def list_tasks(self) -> list[str]:
+        with self._session(write=False, what="list tasks"):
+            rows = self._all("SELECT task_id FROM longrun_tasks")
+        return sorted(str(row[0]) for row in rows)

@@ -1,0 +1,127 @@
+"""The SQLite store: many tasks in one database file, for the processes of one machine.
+
+``SqliteStore(path)`` keeps every task's lease, state and control records in one SQLite file
+through the standard library's ``sqlite3``: WAL journal, ``synchronous=FULL`` (a commit is on
+disk when it returns), explicit ``BEGIN IMMEDIATE`` for every write so the fence check and the
+write it guards hold the database's write lock together, deferred read transactions (a reader
+sees one consistent snapshot and never blocks a writer), and a busy timeout so writers queue
+rather than fail. The file (and SQLite's ``-wal`` and ``-shm`` files beside it) is created
+owner-only. The schema, damage handling and the database's own fence are described in
+``longrun.stores._sql``.
+
+Lease expiry is judged by the caller's clock, as with the JSON-file store: every process on one
+machine reads the same clock.
+
+Not guaranteed: exclusion or durability on a network file system (SQLite's locks are not
+trustworthy there; use ``PostgresStore`` for several machines), or progress while another process
+is stopped inside a transaction (writers wait up to ``busy_timeout_s``, then get ``StorageError``).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+import time
+from typing import Any
+
+from ..errors import InvalidInputError, StorageError
+from ._sql import SqlStore
+
+__all__ = ["SqliteStore"]
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class SqliteStore(SqlStore):
+    """A store in one SQLite database file (created owner-only if missing; its directory must exist)."""
+
+    placeholder = "?"
+    types = {"int": "INTEGER", "float": "REAL", "serial": "INTEGER PRIMARY KEY AUTOINCREMENT"}
+
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout_s: float = 30.0):
+        super().__init__()
+        self.path = os.path.abspath(os.fspath(path))
+        if isinstance(busy_timeout_s, bool) or not isinstance(busy_timeout_s, (int, float)) or not busy_timeout_s >= 0:
+            raise InvalidInputError(f"busy_timeout_s must be a non-negative number, got {busy_timeout_s!r}")
+        self.busy_timeout_s = float(busy_timeout_s)
+        self._check_path()
+
+    def __repr__(self) -> str:
+        return f"SqliteStore({self.path!r})"
+
+    def _check_path(self) -> None:
+        directory = os.path.dirname(self.path)
+        if not os.path.isdir(directory):
+            raise InvalidInputError(f"SQLite store {self.path!r}: directory {directory!r} does not exist")
+        try:
+            info = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
+            raise InvalidInputError(f"SQLite store {self.path!r} is not a regular file (symlinks are refused)")
+
+    def _connect(self) -> Any:
+        self._check_path()
+        try:
+            # Create the file owner-only before SQLite does (it would use the umask); SQLite gives
+            # its -wal and -shm files the database file's permissions.
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            os.close(fd)
+        connection = sqlite3.connect(
+            self.path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False
+        )
+        try:
+            mode = self._enter_wal(connection)
+            if str(mode).lower() != "wal":
+                raise StorageError(f"{self!r}: SQLite refused WAL mode (journal_mode is {mode!r})")
+            connection.execute("PRAGMA synchronous=FULL")
+            connection.execute("PRAGMA foreign_keys=ON")
+            connection.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    def _enter_wal(self, connection: sqlite3.Connection) -> str:
+        """Switch to WAL (a setting kept in the file), retrying while other connections hold locks.
+
+        The switch reads and then writes the file header; SQLite answers a lock upgrade that could
+        deadlock with SQLITE_BUSY at once, without its busy handler, so the wait is done here.
+        """
+        deadline = time.monotonic() + self.busy_timeout_s
+        delay = 0.005
+        while True:
+            try:
+                mode = connection.execute("PRAGMA journal_mode").fetchone()[0]
+                if str(mode).lower() == "wal":
+                    return str(mode)
+                return str(connection.execute("PRAGMA journal_mode=WAL").fetchone()[0])
+            except sqlite3.OperationalError as exc:
+                busy = getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+                if not busy or time.monotonic() >= deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+    def _driver_errors(self) -> tuple[type[BaseException], ...]:
+        return (sqlite3.Error, OSError)
+
+    def _begin(self, *, write: bool) -> None:
+        # IMMEDIATE takes the write lock now, so the fence read and the write cannot interleave
+        # with another writer; a deferred read sees one snapshot and never blocks writers.
+        self._run("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    def _finish(self, *, commit: bool) -> None:
+        if self._connection.in_transaction:
+            self._run("COMMIT" if commit else "ROLLBACK")
+
+    def _schema_table_sql(self) -> str:
+        return "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'longrun_schema'"
+
+    def _now_sql(self) -> str:
+        return "((julianday('now') - 2440587.5) * 86400.0)"

@@ -1,0 +1,284 @@
+"""The store contract (``longrun.testing.store_contract``), run by every store longrun ships.
+
+JSON-file and SQLite always run; PostgreSQL runs once per installed driver when
+``LONGRUN_TEST_POSTGRES_DSN`` is set (and fails rather than skips under ``LONGRUN_REQUIRE_POSTGRES=1``).
+The hooks below are the only store-specific code: how to damage, plant or fail what a store keeps.
+The JSON-file hooks avoid naming state files, so they survive a change of that store's layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import sqlite3
+import time
+import unittest
+from typing import Any, Iterator
+
+import pg_support
+import support
+from longrun import JsonFileStore, PostgresStore, SqliteStore
+from longrun.lease import Lease
+from longrun.stores._fileio import FileIO
+from longrun.testing.store_contract import StoreContract
+
+
+def _injected(n: int) -> OSError:
+    return OSError(errno.EIO, f"injected failure of I/O operation {n}")
+
+
+# -- JSON-file store ------------------------------------------------------------------------------
+
+
+class _FailingIO(FileIO):
+    """Delegates to ``inner`` and fails the ``n``-th operation that reads or changes the disk."""
+
+    def __init__(self, inner: FileIO, n: int):
+        self.inner = inner
+        self.n = n
+        self.count = 0
+
+    def _tick(self) -> None:
+        self.count += 1
+        if self.count == self.n:
+            raise _injected(self.n)
+
+    def open(self, path: str, flags: int, mode: int = 0o600) -> int:
+        self._tick()
+        return self.inner.open(path, flags, mode)
+
+    def write(self, fd: int, data: bytes) -> int:
+        self._tick()
+        return self.inner.write(fd, data)
+
+    def read(self, fd: int, size: int) -> bytes:
+        self._tick()
+        return self.inner.read(fd, size)
+
+    def fsync(self, fd: int) -> None:
+        self._tick()
+        self.inner.fsync(fd)
+
+    def close(self, fd: int) -> None:
+        self.inner.close(fd)
+
+    def replace(self, source: str, destination: str) -> None:
+        self._tick()
+        self.inner.replace(source, destination)
+
+    def link(self, source: str, destination: str) -> None:
+        self._tick()
+        self.inner.link(source, destination)
+
+    def unlink(self, path: str) -> None:
+        self._tick()
+        self.inner.unlink(path)
+
+    def mkdir(self, path: str, mode: int = 0o700) -> None:
+        self._tick()
+        self.inner.mkdir(path, mode)
+
+    def fsync_dir(self, path: str) -> None:
+        self._tick()
+        self.inner.fsync_dir(path)
+
+
+class JsonFileStoreContract(StoreContract, support.TempDirTest):
+    def make_store(self) -> JsonFileStore:
+        return JsonFileStore(self.path("root"))
+
+    def _task_dir(self, task_id: str) -> str:
+        return os.path.join(self.path("root"), task_id)
+
+    def _state_files(self, task_id: str) -> list[str]:
+        """Regular files directly in the task directory that are not the lease or its lock."""
+        directory = self._task_dir(task_id)
+        names = []
+        for name in sorted(os.listdir(directory)):
+            if name.startswith(("lease", "lock")) or not os.path.isfile(os.path.join(directory, name)):
+                continue
+            names.append(name)
+        if not names:
+            self.skipTest(f"no state files found in {directory}: the layout changed")
+        return names
+
+    def damage_state(self, store: Any, task_id: str) -> None:
+        for name in self._state_files(task_id):
+            with open(os.path.join(self._task_dir(task_id), name), "wb") as handle:
+                handle.write(b"garbage, not a state")
+
+    def plant_foreign_state(self, store: Any, task_id: str, source_task_id: str) -> None:
+        for name in self._state_files(source_task_id):
+            with open(os.path.join(self._task_dir(source_task_id), name), "rb") as source:
+                data = source.read()
+            with open(os.path.join(self._task_dir(task_id), name), "wb") as target:
+                target.write(data)
+
+    def plant_future_schema(self, store: Any, task_id: str) -> None:
+        changed = 0
+        for name in self._state_files(task_id):
+            path = os.path.join(self._task_dir(task_id), name)
+            with open(path, "rb") as handle:
+                lines = handle.read().splitlines()
+            out = []
+            for line in lines:
+                try:
+                    document = json.loads(line)
+                except ValueError:
+                    out.append(line)
+                    continue
+                if isinstance(document, dict) and "schema_version" in document:
+                    document["schema_version"] = 999
+                    changed += 1
+                out.append(json.dumps(document, sort_keys=True, separators=(",", ":")).encode())
+            with open(path, "wb") as handle:
+                handle.write(b"\n".join(out) + b"\n")
+        if not changed:
+            self.skipTest("no schema_version found in the state files: the layout changed")
+
+    def plant_control_text(self, store: Any, task_id: str, kind: str, text: bytes) -> None:
+        control = os.path.join(self._task_dir(task_id), "control")
+        target = os.path.join(control, "cancel.json") if kind == "cancellation" else os.path.join(control, "approvals", "planted.json")
+        if not os.path.isdir(os.path.dirname(target)):
+            self.skipTest("the control directory layout changed")
+        with open(target, "wb") as handle:
+            handle.write(text)
+
+    @contextlib.contextmanager
+    def fail_nth_operation(self, store: Any, n: int) -> Iterator[None]:
+        if not isinstance(getattr(store, "io", None), FileIO):
+            self.skipTest("the JSON-file store no longer routes its I/O through store.io")
+        inner = store.io
+        store.io = _FailingIO(inner, n)
+        try:
+            yield
+        finally:
+            store.io = inner
+
+
+# -- the SQL stores -------------------------------------------------------------------------------
+
+
+class _SqlHooks:
+    """The hooks for both SQL stores, over ``execute(statement, params)`` on a side connection."""
+
+    placeholder = "?"
+
+    def execute(self, statement: str, params: tuple = ()) -> list[tuple]:
+        raise NotImplementedError
+
+    def sql(self, statement: str, params: tuple = ()) -> list[tuple]:
+        return self.execute(statement.replace("?", self.placeholder), params)
+
+    def damage_state(self, store: Any, task_id: str) -> None:
+        self.sql("UPDATE longrun_states SET header = ? WHERE task_id = ?", ("garbage, not a state", task_id))
+
+    def plant_foreign_state(self, store: Any, task_id: str, source_task_id: str) -> None:
+        self.sql("DELETE FROM longrun_effects WHERE task_id = ?", (task_id,))
+        self.sql("DELETE FROM longrun_states WHERE task_id = ?", (task_id,))
+        self.sql(
+            "INSERT INTO longrun_states (task_id, revision, epoch, plan_digest, status, next_action, effect_count, header, "
+            "checksum, updated_at) SELECT ?, revision, epoch, plan_digest, status, next_action, effect_count, header, "
+            "checksum, updated_at FROM longrun_states WHERE task_id = ?",
+            (task_id, source_task_id),
+        )
+        self.sql(
+            "INSERT INTO longrun_effects (task_id, step_id, position, revision, record, checksum) "
+            "SELECT ?, step_id, position, revision, record, checksum FROM longrun_effects WHERE task_id = ?",
+            (task_id, source_task_id),
+        )
+
+    def plant_future_schema(self, store: Any, task_id: str) -> None:
+        self.sql("INSERT INTO longrun_schema (version, applied_at, description) VALUES (999, 0, 'from the future')")
+
+    def plant_control_text(self, store: Any, task_id: str, kind: str, text: bytes) -> None:
+        if kind == "cancellation":
+            self.sql("INSERT INTO longrun_cancellations (task_id, body, written_at) VALUES (?, ?, 0)", (task_id, text.decode()))
+        else:
+            self.sql(
+                "INSERT INTO longrun_approvals (task_id, approval_id, body, written_at) VALUES (?, 'planted', ?, 0)",
+                (task_id, text.decode()),
+            )
+
+    @contextlib.contextmanager
+    def fail_nth_operation(self, store: Any, n: int) -> Iterator[None]:
+        """Fail the store's ``n``-th SQL statement or COMMIT (patched at the one place SQL runs)."""
+        count = 0
+        real_run, real_finish = store._run, store._finish
+
+        def tick() -> None:
+            nonlocal count
+            count += 1
+            if count == n:
+                raise _injected(n)
+
+        def run(statement: str, params: tuple = ()) -> Any:
+            tick()
+            return real_run(statement, params)
+
+        def finish(*, commit: bool) -> None:
+            if commit:
+                tick()
+            real_finish(commit=commit)
+
+        store._run, store._finish = run, finish
+        try:
+            yield
+        finally:
+            del store._run, store._finish
+
+
+class SqliteStoreContract(_SqlHooks, StoreContract, support.TempDirTest):
+    def make_store(self) -> SqliteStore:
+        return SqliteStore(self.path("longrun.db"))
+
+    def execute(self, statement: str, params: tuple = ()) -> list[tuple]:
+        connection = sqlite3.connect(self.path("longrun.db"), isolation_level=None, timeout=30)
+        try:
+            return list(connection.execute(statement, params).fetchall())
+        finally:
+            connection.close()
+
+
+class _PostgresContract(_SqlHooks, StoreContract):
+    driver = ""
+    placeholder = "%s"
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        pg_support.check(cls.driver)
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.schema = pg_support.Schema(self.driver)
+        self.addCleanup(self.schema.drop)
+
+    def make_store(self) -> PostgresStore:
+        return PostgresStore(self.schema.factory())
+
+    def execute(self, statement: str, params: tuple = ()) -> list[tuple]:
+        return self.schema.execute(statement, params)
+
+    def expire(self, store: Any, lease: Lease) -> float:
+        # Expiry is judged by the server's clock, so the lease is moved into the server's past.
+        self.sql(
+            "UPDATE longrun_leases SET expires_at = CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION) - 1 "
+            "WHERE task_id = ?",
+            (lease.task_id,),
+        )
+        return time.time()
+
+
+class PostgresPsycopgContract(_PostgresContract, unittest.TestCase):
+    driver = "psycopg"
+
+
+class PostgresPg8000Contract(_PostgresContract, unittest.TestCase):
+    driver = "pg8000"
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,329 @@
+"""The PostgreSQL store beyond the shared contract: the server's clock, the database's own fence,
+timeouts for a runner frozen inside a transaction, broken connections, schema versions, a runner on it.
+
+Runs when ``LONGRUN_TEST_POSTGRES_DSN`` is set (see ``pg_support``); CI requires it.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+import unittest
+import urllib.parse
+from typing import Any
+from unittest import mock
+
+import pg_support
+import support
+from longrun import (
+    FencedError,
+    InvalidInputError,
+    LeaseHeldError,
+    Limits,
+    PostgresStore,
+    RunContract,
+    Runner,
+    SchemaVersionError,
+    Status,
+    Step,
+    StorageError,
+)
+from longrun.stores import open_store
+from longrun.stores._spec import postgres_connector
+from longrun.stores._sql import SCHEMA_VERSION
+from longrun.testing import FakeClock, OutboxAdapter
+from longrun.testing.store_contract import sample_state
+
+HOUR = 3600.0
+
+
+class PostgresCase(support.TempDirTest):
+    driver: str | None = None
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        pg_support.check(cls.driver)
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.schema = pg_support.Schema(self.driver)
+        self.addCleanup(self.schema.drop)
+        self.store = self.open()
+
+    def open(self, **options: Any) -> PostgresStore:
+        store = PostgresStore(self.schema.factory(), **options)
+        self.addCleanup(store.close)
+        return store
+
+    def server_now(self) -> float:
+        return self.schema.execute("SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)")[0][0]
+
+    def committed(self, task: str = "t"):
+        lease = self.store.acquire_lease(task, "me", 30.0, time.time())
+        self.store.load(task, lease=lease)
+        state = sample_state(task)
+        self.store.commit(lease, state, set(state.effects))
+        return lease, state
+
+
+class ServerClockTests(PostgresCase):
+    """Lease expiry comes from the server's clock: a runner's clock, however wrong, changes nothing."""
+
+    def test_a_runner_an_hour_ahead_cannot_take_a_live_lease(self) -> None:
+        lease = self.store.acquire_lease("t", "a", 30.0, time.time() - HOUR)
+        before, after = self.server_now() - 30.0, self.server_now()
+        self.assertTrue(before <= lease.acquired_at <= after + 1, "stamped with the server's time, not the runner's")
+        self.assertAlmostEqual(lease.expires_at - lease.acquired_at, 30.0, places=3)
+        for skewed in (time.time() + HOUR, time.time() + 24 * HOUR, float(2**40)):
+            with self.subTest(now=skewed), self.assertRaises(LeaseHeldError):
+                self.open().acquire_lease("t", "b", 30.0, skewed)
+
+    def test_a_runner_an_hour_behind_cannot_keep_a_dead_lease_alive(self) -> None:
+        lease = self.store.acquire_lease("t", "a", 0.3, time.time() + HOUR)
+        renewed = self.store.renew_lease(lease, 0.3, time.time() + HOUR)  # its renewal does not reach the future
+        self.assertLess(renewed.expires_at, self.server_now() + 1.0)
+        time.sleep(0.4)  # the server's clock cannot be faked: let 0.3 s of it pass
+        taken = self.open().acquire_lease("t", "b", 30.0, time.time() - HOUR)
+        self.assertGreater(taken.epoch, lease.epoch)
+        with self.assertRaises(FencedError):
+            self.store.renew_lease(renewed, 30.0, time.time())
+
+    def test_a_release_stamped_by_a_runner_ahead_ends_the_lease_at_the_servers_now(self) -> None:
+        lease = self.store.acquire_lease("t", "a", 30.0, time.time())
+        self.store.release_lease(lease, time.time() + HOUR)
+        released = self.store.read_lease("t")
+        self.assertLessEqual(released.expires_at, self.server_now())
+        self.assertEqual(self.open().acquire_lease("t", "b", 30.0, time.time() - HOUR).owner, "b")
+
+
+class DatabaseFenceTests(PostgresCase):
+    """The database refuses stale writes even if the check in ``BaseStore`` were skipped."""
+
+    def test_a_stale_state_write_is_refused_by_the_update_itself(self) -> None:
+        stale, state = self.committed()
+        self.schema.execute("UPDATE longrun_leases SET expires_at = 0")  # expired by the server's clock
+        self.open().acquire_lease("t", "other", 30.0, time.time())
+        before = self.schema.execute("SELECT revision, header FROM longrun_states")
+        with mock.patch.object(self.store, "_fence", lambda lease, operation: lease), self.assertRaises(FencedError):
+            self.store.commit(stale, state)
+        self.assertEqual(self.schema.execute("SELECT revision, header FROM longrun_states"), before)
+
+    def test_an_epoch_never_moves_backwards(self) -> None:
+        self.committed()
+        for _ in range(2):
+            self.store.acquire_lease("t", "me", 30.0, time.time())
+        epoch = self.store.read_lease("t").epoch
+        # Pretend the code computed too low an epoch (it read no lease and no floor): the upsert refuses.
+        with mock.patch.object(self.store, "_get_lease", lambda task_id: None), mock.patch.object(
+            self.store, "_epoch_floor", lambda task_id: 0
+        ), self.assertRaises(FencedError):
+            self.store.acquire_lease("t", "me", 30.0, time.time())
+        self.assertEqual(self.store.read_lease("t").epoch, epoch)
+
+    def test_a_commit_that_fails_at_commit_time_poisons_the_task(self) -> None:
+        lease, state = self.committed()
+        before = self.schema.execute("SELECT revision FROM longrun_states")
+        real = self.store._finish
+
+        def failing(*, commit: bool) -> None:
+            if commit:
+                raise OSError("the connection dropped during COMMIT")
+            real(commit=commit)
+
+        with mock.patch.object(self.store, "_finish", failing), self.assertRaises(StorageError):
+            self.store.commit(lease, state)
+        self.assertEqual(state.revision, 1)
+        with self.assertRaises(StorageError):
+            self.store.commit(lease, state)  # the outcome of that COMMIT is unknown: load first
+        self.assertEqual(self.schema.execute("SELECT revision FROM longrun_states"), before)
+        self.store.load("t", lease=lease)
+        self.assertEqual(self.store.commit(lease, state), 2)
+
+
+class SessionTests(PostgresCase):
+    def test_a_runner_frozen_inside_a_transaction_loses_its_session_not_the_task(self) -> None:
+        lease = self.store.acquire_lease("t", "a", 30.0, time.time())
+        self.store.release_lease(lease, time.time())
+        frozen = self.open(transaction_timeout_s=0.5)
+        outcome: list[BaseException | None] = []
+
+        def freeze() -> None:
+            try:
+                with frozen._transaction("t", create=False):  # holds the task's row lock ...
+                    time.sleep(2.0)  # ... and stops talking, as under SIGSTOP
+                outcome.append(None)
+            except BaseException as exc:  # asserted below
+                outcome.append(exc)
+
+        thread = threading.Thread(target=freeze)
+        with mock.patch.object(logging.getLogger("longrun"), "disabled", True):  # it warns of its lost session
+            thread.start()
+            time.sleep(0.2)
+            started = time.monotonic()
+            taken = self.open().acquire_lease("t", "b", 30.0, time.time())
+            waited = time.monotonic() - started
+            thread.join()
+        self.assertEqual(taken.owner, "b")
+        self.assertLess(waited, 1.7, "the waiter got the lock when the server ended the frozen session")
+        self.assertIsInstance(outcome[0], StorageError, "the frozen runner's transaction did not commit")
+        self.assertEqual(frozen.read_lease("t").owner, "b", "and its store reconnects on the next call")
+
+    def test_a_waiter_gives_up_after_the_lock_timeout(self) -> None:
+        self.store.acquire_lease("t", "a", 30.0, time.time())
+        holder = self.open()
+        ready, done = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with holder._transaction("t", create=False):
+                ready.set()
+                done.wait(5)
+
+        thread = threading.Thread(target=hold)
+        thread.start()
+        ready.wait(5)
+        try:
+            started = time.monotonic()
+            with self.assertRaises(StorageError):
+                self.open(transaction_timeout_s=0.3).acquire_lease("t", "b", 30.0, time.time())
+            self.assertLess(time.monotonic() - started, 3.0)
+        finally:
+            done.set()
+            thread.join()
+
+    def test_a_broken_connection_is_replaced_on_the_next_call(self) -> None:
+        self.committed()
+        with self.store._session(write=False, what="find the backend"):
+            pid = self.store._one("SELECT pg_backend_pid()")[0]
+        self.schema.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        failures = 0
+        for _ in range(2):
+            try:
+                self.assertEqual(self.store.read_lease("t").owner, "me")
+            except StorageError:
+                failures += 1
+        self.assertLessEqual(failures, 1)
+        self.assertEqual(self.store.load("t").state.revision, 1)
+
+    def test_an_unreachable_server_is_a_storage_error(self) -> None:
+        def refuse() -> Any:
+            raise ConnectionRefusedError("connection refused")
+
+        with self.assertRaises(StorageError) as caught:
+            PostgresStore(refuse).list_tasks()
+        self.assertIsInstance(caught.exception.__cause__, ConnectionRefusedError)
+        with self.assertRaises(InvalidInputError):
+            PostgresStore("postgresql://not-a-factory")  # type: ignore[arg-type]
+
+    def test_the_repr_never_shows_the_connection_string(self) -> None:
+        url = pg_support.dsn() or ""
+        store = open_store(url)
+        password = urllib.parse.urlsplit(url).password
+        self.assertNotIn("@", repr(store))
+        if password:
+            self.assertNotIn(password, repr(store))
+
+
+class SchemaTests(PostgresCase):
+    def test_processes_creating_the_schema_at_once_do_not_collide(self) -> None:
+        fresh = pg_support.Schema(self.driver, prefix="lr_fresh")
+        self.addCleanup(fresh.drop)
+        errors: list[BaseException] = []
+        barrier = threading.Barrier(6)
+
+        def start() -> None:
+            store = PostgresStore(fresh.factory())
+            try:
+                barrier.wait()
+                store.acquire_lease("t", f"owner-{threading.get_ident()}", 30.0, time.time())
+            except LeaseHeldError:
+                pass
+            except BaseException as exc:  # asserted below
+                errors.append(exc)
+            finally:
+                store.close()
+
+        threads = [threading.Thread(target=start) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.assertEqual(errors, [])
+        self.assertEqual(fresh.execute("SELECT version FROM longrun_schema"), [(SCHEMA_VERSION,)])
+
+    def test_a_user_who_may_not_create_tables_uses_the_tables_an_administrator_made(self) -> None:
+        lease, state = self.committed()
+        role, password = f"lr_dml_{secrets.token_hex(4)}", secrets.token_hex(12)
+        try:
+            self.schema.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'", schema=False)
+        except Exception as exc:  # the DSN's user may not create roles: nothing to test here then
+            self.skipTest(f"cannot create a role: {exc}")
+        self.addCleanup(self.schema.execute, f"DROP ROLE {role}", schema=False)
+        self.addCleanup(self.schema.execute, f"DROP OWNED BY {role}", schema=False)
+        self.schema.execute(f"GRANT USAGE ON SCHEMA {self.schema.name} TO {role}")
+        self.schema.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {self.schema.name} TO {role}")
+        parts = urllib.parse.urlsplit(pg_support.dsn() or "")
+        url = parts._replace(netloc=f"{role}:{password}@{parts.hostname}:{parts.port or 5432}").geturl()
+        connect = postgres_connector(url, driver=self.schema.driver)
+
+        def factory() -> Any:
+            connection = connect()
+            connection.cursor().execute(f"SET search_path TO {self.schema.name}")
+            connection.commit()
+            return connection
+
+        limited = PostgresStore(factory)
+        self.addCleanup(limited.close)
+        self.assertEqual(limited.load("t").state.to_json(), state.to_json())
+        self.store.release_lease(lease, time.time())
+        taken = limited.acquire_lease("t", "limited", 30.0, time.time())
+        limited.load("t", lease=taken)
+        self.assertEqual(limited.commit(taken, state), 2)
+
+    def test_a_newer_schema_is_refused_with_a_clear_error(self) -> None:
+        self.committed()
+        self.schema.execute("INSERT INTO longrun_schema VALUES (%s, 0, 'future')", (SCHEMA_VERSION + 1,))
+        with self.assertRaises(SchemaVersionError) as caught:
+            self.open().load("t")
+        self.assertIn("newer than this code knows", str(caught.exception))
+
+
+class OpenStoreTests(PostgresCase):
+    def test_a_url_opens_a_store_with_each_driver(self) -> None:
+        url = (pg_support.dsn() or "") + ("&" if "?" in (pg_support.dsn() or "") else "?") + f"options=-csearch_path%3D{self.schema.name}"
+        for driver in pg_support.available_drivers():
+            with self.subTest(driver=driver):
+                with mock.patch("longrun.stores._spec._DRIVERS", (driver,)):
+                    store = open_store(url)
+                self.addCleanup(store.close)
+                self.assertIsInstance(store, PostgresStore)
+                store.acquire_lease(f"via-{driver}", "me", 30.0, time.time())
+        self.assertEqual(self.store.list_tasks(), [f"via-{driver}" for driver in sorted(pg_support.available_drivers())])
+
+
+class RunnerOnPostgresTests(PostgresCase):
+    def test_a_runner_completes_a_plan_and_resumes_without_repeating(self) -> None:
+        outbox = self.path("outbox.jsonl")
+        contract = RunContract("job", "write five lines")
+        steps = [Step(f"s{i}", "write", {"n": i}) for i in range(5)]
+        clock = FakeClock(start=time.time() - 2 * HOUR)  # a runner whose clock is two hours slow
+        adapter = OutboxAdapter(outbox, raise_after_apply={"s2"})
+        runner = Runner(contract, steps, store=self.store, adapters={"write": adapter}, clock=clock, limits=Limits(max_block_s=0))
+        with self.assertLogs("longrun", "WARNING"):  # the runner warns that apply raised, then observes
+            outcome = runner.run()
+        self.assertEqual(outcome.status, Status.DONE, outcome.next_action)
+        again = Runner(contract, steps, store=self.open(), adapters={"write": OutboxAdapter(outbox)}, clock=clock).run()
+        self.assertEqual(again.status, Status.DONE)
+        self.assertEqual(sorted(OutboxAdapter(outbox).counts().values()), [1] * 5)
+
+
+class Pg8000Tests(ServerClockTests):
+    """The server-clock tests again through the other driver."""
+
+    driver = "pg8000"
+
+
+if __name__ == "__main__":
+    unittest.main()

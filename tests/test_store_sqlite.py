@@ -1,0 +1,297 @@
+"""The SQLite store beyond the shared contract: its file, its settings, its rows, its own fence, a runner on it."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sqlite3
+import stat
+import threading
+import time
+import unittest
+from unittest import mock
+
+import support
+from longrun import (
+    FencedError,
+    ForeignStateError,
+    InvalidInputError,
+    Limits,
+    RunContract,
+    Runner,
+    SchemaVersionError,
+    SqliteStore,
+    StateUnrecoverableError,
+    Status,
+    Step,
+    StorageError,
+)
+from longrun.stores._sql import SCHEMA_VERSION
+from longrun.testing import FakeClock, OutboxAdapter
+from longrun.testing.store_contract import sample_state
+
+
+class SqliteCase(support.TempDirTest):
+    def setUp(self) -> None:
+        super().setUp()
+        self.db = self.path("longrun.db")
+        self.store = self.open()
+
+    def open(self, **options: object) -> SqliteStore:
+        store = SqliteStore(self.db, **options)  # type: ignore[arg-type]
+        self.addCleanup(store.close)
+        return store
+
+    def sql(self, statement: str, params: tuple = ()) -> list[tuple]:
+        connection = sqlite3.connect(self.db, isolation_level=None, timeout=30)
+        try:
+            return list(connection.execute(statement, params).fetchall())
+        finally:
+            connection.close()
+
+    def committed(self, task: str = "t", effects: int = 3):
+        lease = self.store.acquire_lease(task, "me", 30.0, 1000.0)
+        self.store.load(task, lease=lease)
+        state = sample_state(task, effects=effects)
+        self.store.commit(lease, state, set(state.effects))
+        return lease, state
+
+
+class FileTests(SqliteCase):
+    def test_the_database_and_its_journal_files_are_owner_only(self) -> None:
+        self.committed()
+        names = sorted(name for name in os.listdir(self.tmp) if name.startswith("longrun.db"))
+        self.assertIn("longrun.db-wal", names)
+        for name in names:
+            self.assertEqual(stat.S_IMODE(os.stat(self.path(name)).st_mode), 0o600, name)
+
+    def test_wal_full_sync_and_a_busy_timeout_are_set(self) -> None:
+        self.store.list_tasks()
+        connection = self.store._connection
+        self.assertEqual(connection.execute("PRAGMA journal_mode").fetchone()[0], "wal")
+        self.assertEqual(connection.execute("PRAGMA synchronous").fetchone()[0], 2)  # FULL
+        self.assertEqual(connection.execute("PRAGMA busy_timeout").fetchone()[0], 30_000)
+        self.assertEqual(self.sql("SELECT MAX(version) FROM longrun_schema"), [(SCHEMA_VERSION,)])
+
+    def test_bad_paths_are_refused_clearly(self) -> None:
+        with self.assertRaises(InvalidInputError) as caught:
+            SqliteStore(self.path("missing", "longrun.db"))
+        self.assertIn("does not exist", str(caught.exception))
+        with self.assertRaises(InvalidInputError):
+            SqliteStore(self.tmp)  # a directory
+        os.symlink(self.db, self.path("link.db"))
+        with self.assertRaises(InvalidInputError):
+            SqliteStore(self.path("link.db"))
+        with self.assertRaises(InvalidInputError):
+            SqliteStore(self.db, busy_timeout_s=-1)
+
+    def test_a_file_that_is_not_a_database_is_a_storage_error(self) -> None:
+        with open(self.path("other.db"), "wb") as handle:
+            handle.write(b"this is not an SQLite database, just some bytes " * 100)
+        store = SqliteStore(self.path("other.db"))
+        with self.assertRaises(StorageError) as caught:
+            store.list_tasks()
+        self.assertIsInstance(caught.exception.__cause__, sqlite3.DatabaseError)
+
+    def test_a_newer_schema_is_refused_with_a_clear_error(self) -> None:
+        self.committed()
+        self.sql("INSERT INTO longrun_schema (version, applied_at, description) VALUES (?, 0, 'future')", (SCHEMA_VERSION + 1,))
+        with self.assertRaises(SchemaVersionError) as caught:
+            SqliteStore(self.db).load("t")
+        self.assertIn("newer than this code knows", str(caught.exception))
+
+    def test_a_closed_store_reopens_on_the_next_call(self) -> None:
+        lease, state = self.committed()
+        self.store.close()
+        self.assertEqual(self.store.load("t").state.to_json(), state.to_json())
+
+
+class RowTests(SqliteCase):
+    def test_a_commit_writes_only_the_changed_effect_rows(self) -> None:
+        lease, state = self.committed(effects=200)
+        statements: list[str] = []
+        real = self.store._run
+
+        def counting(statement: str, params: tuple = ()) -> object:
+            statements.append(statement)
+            return real(statement, params)
+
+        state.effects["step-007"] = dataclasses.replace(state.effects["step-007"], evidence="changed")
+        with mock.patch.object(self.store, "_run", counting):
+            self.store.commit(lease, state, {"step-007"})
+        effect_writes = [s for s in statements if s.startswith("INSERT INTO longrun_effects")]
+        self.assertEqual(len(effect_writes), 1, statements)
+        self.assertLess(len(statements), 12, statements)
+
+    def test_a_damaged_effect_row_is_quarantined_by_a_repairing_load_and_never_started_afresh(self) -> None:
+        lease, state = self.committed()
+        self.sql("UPDATE longrun_effects SET record = replace(record, 'write', 'wrote') WHERE step_id = 'step-001'")
+        with self.assertRaises(StateUnrecoverableError) as caught:
+            self.store.load("t")
+        self.assertIn("step-001", str(caught.exception))
+        self.assertEqual(self.sql("SELECT COUNT(*) FROM longrun_quarantine"), [(0,)], "a read-only load moves nothing")
+        with self.assertLogs("longrun", "WARNING"), self.assertRaises(StateUnrecoverableError):
+            self.store.load("t", lease=lease)
+        rows = self.sql("SELECT task_id, kind, name, data FROM longrun_quarantine")
+        self.assertEqual(len(rows), 1)
+        self.assertEqual(rows[0][:3], ("t", "effect", "longrun_effects/step-001"))
+        self.assertIn("wrote", rows[0][3], "the damaged row is kept, not deleted")
+        for _ in range(2):
+            with self.assertRaises(StateUnrecoverableError):
+                self.store.load("t", lease=lease)
+        self.assertEqual(len(self.sql("SELECT * FROM longrun_quarantine")), 1, "nothing is moved twice")
+
+    def test_a_missing_effect_row_is_detected(self) -> None:
+        self.committed()
+        self.sql("DELETE FROM longrun_effects WHERE step_id = 'step-002'")
+        with self.assertRaises(StateUnrecoverableError) as caught:
+            self.store.load("t")
+        self.assertIn("counts 3 effect records", str(caught.exception))
+
+    def test_a_state_header_with_its_rows_gone_is_never_a_fresh_task(self) -> None:
+        lease, _ = self.committed()
+        self.sql("DELETE FROM longrun_states WHERE task_id = 't'")
+        with self.assertRaises(StateUnrecoverableError):
+            self.store.load("t", lease=lease)
+
+    def test_an_effect_row_copied_from_another_task_is_foreign(self) -> None:
+        self.committed("t")
+        self.committed("u")
+        self.sql("DELETE FROM longrun_effects WHERE task_id = 'u' AND step_id = 'step-000'")
+        self.sql(
+            "INSERT INTO longrun_effects SELECT 'u', step_id, position, revision, record, checksum "
+            "FROM longrun_effects WHERE task_id = 't' AND step_id = 'step-000'"
+        )
+        with self.assertRaises(ForeignStateError):
+            self.store.load("u")
+
+    def test_a_control_record_stored_as_bytes_is_handed_over_with_an_error(self) -> None:
+        self.committed()
+        self.sql("INSERT INTO longrun_cancellations VALUES ('t', ?, 0)", (b"\xff\xfe",))
+        record = self.store.read_cancellation("t")
+        self.assertIsNotNone(record.error)
+
+
+class DatabaseFenceTests(SqliteCase):
+    """The database refuses stale writes even if the check in ``BaseStore`` were skipped."""
+
+    def test_a_stale_state_write_is_refused_by_the_update_itself(self) -> None:
+        stale, state = self.committed()
+        self.store.acquire_lease("t", "other", 30.0, 5000.0)
+        before = self.sql("SELECT revision, header FROM longrun_states")
+        with mock.patch.object(self.store, "_fence", lambda lease, operation: lease), self.assertRaises(FencedError):
+            self.store.commit(stale, state)
+        self.assertEqual(self.sql("SELECT revision, header FROM longrun_states"), before)
+
+    def test_an_epoch_never_moves_backwards(self) -> None:
+        self.committed()
+        self.store.acquire_lease("t", "me", 30.0, 2000.0)
+        self.store.acquire_lease("t", "me", 30.0, 3000.0)
+        epoch = self.store.read_lease("t").epoch
+        # Pretend the code computed too low an epoch (it read no lease and no floor): the upsert refuses.
+        with mock.patch.object(self.store, "_get_lease", lambda task_id: None), mock.patch.object(
+            self.store, "_epoch_floor", lambda task_id: 0
+        ), self.assertRaises(FencedError):
+            self.store.acquire_lease("t", "me", 30.0, 4000.0)
+        self.assertEqual(self.store.read_lease("t").epoch, epoch)
+
+
+    def test_a_lost_lease_row_never_lets_an_epoch_be_issued_twice(self) -> None:
+        self.committed()  # the state records epoch 1
+        for now in (2000.0, 3000.0, 4000.0):
+            latest = self.store.acquire_lease("t", "me", 30.0, now)  # epochs issued without a commit
+        self.sql("DELETE FROM longrun_leases")
+        self.assertGreater(self.store.acquire_lease("t", "other", 30.0, 5000.0).epoch, latest.epoch)
+
+
+class ConcurrencyTests(SqliteCase):
+    def test_a_writer_waits_for_the_write_lock_then_fails_clearly(self) -> None:
+        self.committed()
+        holder = sqlite3.connect(self.db, isolation_level=None, check_same_thread=False)
+        holder.execute("BEGIN IMMEDIATE")
+        impatient = self.open(busy_timeout_s=0.2)
+        started = time.monotonic()
+        with self.assertRaises(StorageError) as caught:
+            impatient.acquire_lease("t", "b", 30.0, 1e9)
+        self.assertGreaterEqual(time.monotonic() - started, 0.15)
+        self.assertIn("locked", str(caught.exception))
+        release = threading.Timer(0.2, lambda: holder.execute("ROLLBACK"))
+        release.start()
+        patient = self.open(busy_timeout_s=10)
+        self.assertEqual(patient.acquire_lease("t", "b", 30.0, 1e9).owner, "b")
+        release.join()
+        holder.close()
+
+    def test_switching_a_new_file_to_wal_waits_for_a_writer_that_holds_it(self) -> None:
+        # SQLite answers the WAL switch with "database is locked" at once, without its busy
+        # handler, while another connection holds a write lock on a file not yet in WAL mode
+        # (what processes opening a new store at the same moment do to each other).
+        path = self.path("fresh.db")
+        holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        holder.execute("CREATE TABLE other (x)")
+        holder.execute("BEGIN IMMEDIATE")
+        holder.execute("INSERT INTO other VALUES (1)")
+        release = threading.Timer(0.3, lambda: holder.execute("COMMIT"))
+        release.start()
+        store = SqliteStore(path)
+        self.addCleanup(store.close)
+        started = time.monotonic()
+        self.assertEqual(store.list_tasks(), [])
+        self.assertGreaterEqual(time.monotonic() - started, 0.2)
+        release.join()
+        holder.close()
+        check = sqlite3.connect(path)
+        self.assertEqual(check.execute("PRAGMA journal_mode").fetchone()[0], "wal")
+        check.close()
+
+    def test_readers_see_one_snapshot_while_a_writer_commits(self) -> None:
+        lease, state = self.committed(effects=50)
+        stop = threading.Event()
+        failures: list[BaseException] = []
+
+        def write() -> None:
+            writer = SqliteStore(self.db)
+            try:
+                writer.load("t", lease=lease)
+                round_number = 0
+                while not stop.is_set():
+                    round_number += 1
+                    for step_id in list(state.effects)[:5]:
+                        state.effects[step_id] = dataclasses.replace(state.effects[step_id], evidence=f"round {round_number}")
+                    writer.commit(lease, state, set(list(state.effects)[:5]))
+            except BaseException as exc:  # reported by the main thread
+                failures.append(exc)
+            finally:
+                writer.close()
+
+        thread = threading.Thread(target=write)
+        thread.start()
+        try:
+            for _ in range(40):
+                loaded = self.store.load("t").state  # raises if it ever saw a half-written revision
+                self.assertEqual(len(loaded.effects), 50)
+        finally:
+            stop.set()
+            thread.join()
+        self.assertEqual(failures, [])
+
+
+class RunnerOnSqliteTests(SqliteCase):
+    def test_a_runner_completes_a_plan_and_resumes_without_repeating(self) -> None:
+        outbox = self.path("outbox.jsonl")
+        contract = RunContract("job", "write five lines")
+        steps = [Step(f"s{i}", "write", {"n": i}) for i in range(5)]
+        clock = FakeClock()
+        failing = OutboxAdapter(outbox, raise_after_apply={"s2"}, unobservable=set())
+        first = Runner(contract, steps, store=self.store, adapters={"write": failing}, clock=clock, limits=Limits(max_block_s=0))
+        with self.assertLogs("longrun", "WARNING"):  # the runner warns that apply raised, then observes
+            outcome = first.run()
+        self.assertEqual(outcome.status, Status.DONE, outcome.next_action)
+        again = Runner(contract, steps, store=SqliteStore(self.db), adapters={"write": OutboxAdapter(outbox)}, clock=clock)
+        self.assertEqual(again.run().status, Status.DONE)
+        self.assertEqual(set(OutboxAdapter(outbox).counts().values()), {1})
+        self.assertEqual(len(OutboxAdapter(outbox).counts()), 5)
+
+
+if __name__ == "__main__":
+    unittest.main()
