@@ -6,8 +6,10 @@ was made under, and the store rejects it (``FencedError``) unless that epoch is 
 a writer that paused past its expiry and was taken over cannot change anything, even if it never
 notices. The epoch is also handed to adapters so a target can fence its own writes.
 
-``LeaseKeeper`` renews the lease from a background thread while an adapter call runs. If a renewal
-fails it records why, and the runner stops (``lease-lost``) before its next write.
+``LeaseKeeper`` renews the lease from a background thread for as long as a run holds it. If a
+renewal fails it records why, and the runner stops (``lease-lost``) before its next write. It
+measures the lease's freshness on a monotonic clock from the grant, never by comparing the
+lease's expiry (which a database store stamps with its own clock) with the runner's wall clock.
 
 Not guaranteed: that the adapter call itself stops when the lease is lost. A thread cannot be
 killed; a target that must refuse stale work checks ``EffectRequest.epoch`` itself.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -70,8 +73,13 @@ class LeaseKeeper:
     failure stops the keeper and is kept in ``failure``; ``lease`` is always the latest good lease.
     """
 
-    def __init__(self, lease: Lease, renew: Callable[[Lease], Lease], interval_s: float):
+    def __init__(
+        self, lease: Lease, renew: Callable[[Lease], Lease], interval_s: float, monotonic: Callable[[], float] = time.monotonic
+    ):
         self._lease = lease
+        self._monotonic = monotonic
+        self.renewed_at = monotonic()
+        """When (on ``monotonic``) the lease was last granted: its freshness, immune to wall-clock skew."""
         self._renew = renew
         self._interval_s = max(0.01, interval_s)
         self._stop = threading.Event()
@@ -88,6 +96,7 @@ class LeaseKeeper:
         """Adopt a lease the caller renewed itself."""
         with self._lock:
             self._lease = lease
+            self.renewed_at = self._monotonic()
 
     def __enter__(self) -> "LeaseKeeper":
         self._thread.start()
@@ -107,3 +116,4 @@ class LeaseKeeper:
                 return
             with self._lock:
                 self._lease = renewed
+                self.renewed_at = self._monotonic()

@@ -39,7 +39,11 @@ class EffectAdapter(Protocol):
 
 
 class Clock(Protocol):
-    """Wall-clock seconds since the epoch, and a way to wait. Tests inject ``testing.FakeClock``."""
+    """Wall-clock seconds since the epoch, and a way to wait. Tests inject ``testing.FakeClock``.
+
+    A clock may also offer ``monotonic() -> float``; the runner then measures the lease's
+    freshness with it (``SystemClock`` and ``FakeClock`` do). Without it, ``now()`` is used.
+    """
 
     def now(self) -> float: ...
 

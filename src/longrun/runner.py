@@ -69,10 +69,13 @@ log = logging.getLogger("longrun")
 
 
 class SystemClock:
-    """The real wall clock."""
+    """The real wall clock, and the system's monotonic clock for measuring durations."""
 
     def now(self) -> float:
         return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
 
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
@@ -221,7 +224,7 @@ class Runner:
                 f"wait for the current owner to finish or for its lease to expire{until}, then run again",
             )
         self._evidence.observed("store", f"lease acquired by {self.owner} at epoch {self._lease.epoch}")
-        self._keeper = LeaseKeeper(self._lease, self._renew, self.lease_ttl_s / 3)
+        self._keeper = LeaseKeeper(self._lease, self._renew, self.lease_ttl_s / 3, self._monotonic)
         try:
             with self._keeper:
                 status, next_action = self._recover_and_run()
@@ -248,11 +251,15 @@ class Runner:
             self._evidence.observed("lease", f"background renewal failed: {self._keeper.failure}")
             raise _Stop(Status.LEASE_LOST, "nothing on this runner: the lease was lost, no further write was made")
         lease = self._keeper.lease
-        now = self.clock.now()
-        if lease.remaining(now) < self.lease_ttl_s / 2:
+        if self._monotonic() - self._keeper.renewed_at > self.lease_ttl_s / 2:
             lease = self._renew(lease)
             self._keeper.replace(lease)
         return lease
+
+    def _monotonic(self) -> float:
+        """The clock's ``monotonic()`` if it has one (``FakeClock`` does), else its ``now()``."""
+        monotonic = getattr(self.clock, "monotonic", None)
+        return monotonic() if callable(monotonic) else self.clock.now()
 
     def _release(self, *, quiet: bool) -> None:
         lease = self._keeper.lease if self._keeper is not None else self._lease

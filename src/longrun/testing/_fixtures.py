@@ -6,7 +6,8 @@ waiting), so backoff, expiry and budgets are tested without real delays.
 ``OutboxAdapter(path)`` is a target whose effects are lines in a JSON-lines outbox. ``apply``
 appends ``{"task_id", "key", "payload_digest", "payload", "epoch", "attempt"}`` and fsyncs; ``observe`` reads
 the outbox back. It never hides a duplicate: every apply is a line, so a test counts lines per
-key. It can be told to fail transiently N times, fail permanently, raise after applying (outcome
+key. Like a target that fences, it refuses an apply whose epoch is older than the newest epoch
+that applied or observed anything of the same task. It can be told to fail transiently N times, fail permanently, raise after applying (outcome
 unknown), answer observations with ``unknown``, or SIGKILL its own process right after the line is durable and before returning, which
 is exactly the window where a crash leaves an effect applied but not recorded.
 """
@@ -38,6 +39,10 @@ class FakeClock:
     def now(self) -> float:
         with self._lock:
             return self._now
+
+    def monotonic(self) -> float:
+        """The fake time again: durations on this clock are what ``advance`` and ``sleep`` made."""
+        return self.now()
 
     def advance(self, seconds: float) -> None:
         with self._lock:
@@ -106,7 +111,7 @@ class OutboxAdapter:
             lines = self._lines()
             if self.check_epoch:
                 same_task = (line.get("epoch", 0) for line in lines if line.get("task_id") == request.task_id)
-                newest = max(same_task, default=0)
+                newest = max(max(same_task, default=0), self._fences().get(request.task_id, 0))
                 if request.epoch < newest:  # the target fences stale writers itself, per task
                     raise PermanentError(f"stale epoch {request.epoch} < {newest}: the target fences this write")
             if self.deduplicates and any(line["key"] == request.key for line in lines):
@@ -138,10 +143,41 @@ class OutboxAdapter:
             return Observation.unknown(f"outbox briefly unreadable for {request.key}")
         if request.step_id in self.unobservable or request.key in self.unobservable:
             return Observation.unknown(f"outbox cannot be read for {request.key}")
+        if self.check_epoch:
+            self._raise_fence(request)
         for number, line in enumerate(self._lines()):
             if line.get("key") == request.key:
                 return Observation.applied(f"outbox line {number} holds {request.key}", {"line": number})
         return Observation.absent(f"no outbox line holds {request.key}")
+
+    @property
+    def fence_path(self) -> str:
+        return self.path + ".fence"
+
+    def _fences(self) -> dict[str, int]:
+        try:
+            with open(self.fence_path) as handle:
+                return json.load(handle)
+        except FileNotFoundError:
+            return {}
+
+    def _raise_fence(self, request: EffectRequest) -> None:
+        """Remember the newest epoch that has looked at this task, so an older owner that wakes up
+        after a newer one observed "absent" cannot apply behind its back (a target-side fence)."""
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # the same lock apply takes: the check and the raise are atomic
+            fences = self._fences()
+            if request.epoch > fences.get(request.task_id, 0):
+                fences[request.task_id] = request.epoch
+                temp = self.fence_path + ".tmp"
+                with open(temp, "w") as handle:
+                    json.dump(fences, handle)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.replace(temp, self.fence_path)
+        finally:
+            os.close(fd)
 
     def counts(self) -> Counter[str]:
         """Outbox lines per effect key: a duplicate shows as a count above 1."""
