@@ -1,8 +1,11 @@
-"""The JSON-file store: lease and fencing rules, atomic commits, backup, quarantine, permissions, bad paths."""
+"""The JSON-file store: lease and fencing rules, one durable write per commit, snapshot and journal,
+backup, quarantine, permissions, bad paths. ``test_journal`` breaks the format byte by byte."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import json
 import os
 import shutil
 import stat
@@ -12,6 +15,7 @@ import support
 from longrun import (
     Approval,
     Cancellation,
+    CorruptStateError,
     FencedError,
     ForeignStateError,
     InvalidInputError,
@@ -23,6 +27,9 @@ from longrun import (
     UnknownTaskError,
 )
 from longrun.budget import BudgetCounters
+from longrun.envelope import encode as encode_legacy
+from longrun.ledger import EffectRecord, EffectState
+from longrun.stores import jsonfile
 from longrun.stores._fileio import FileIO
 
 
@@ -30,10 +37,56 @@ def new_state(task: str = "t") -> RunState:
     return RunState(task_id=task, plan_digest="sha256:p", budget=BudgetCounters(created_at=0.0), next_action="go")
 
 
+def effect(index: int, state: EffectState = EffectState.PLANNED, task: str = "t") -> EffectRecord:
+    return EffectRecord(f"{task}/s{index}", f"s{index}", "write", {"n": index}, f"sha256:{index:064x}", state, updated_at=1.0)
+
+
+class CountingIO(FileIO):
+    """Counts the calls that change the disk or make it durable, and the bytes written."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+        self.written = 0
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self.written = 0
+
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    def write(self, fd: int, data: bytes) -> int:
+        self._count("write")
+        self.written += len(data)
+        return super().write(fd, data)
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        self._count("pwrite")
+        self.written += len(data)
+        return super().pwrite(fd, data, offset)
+
+    def fsync(self, fd: int) -> None:
+        self._count("fsync")
+        super().fsync(fd)
+
+    def fdatasync(self, fd: int) -> None:
+        self._count("fdatasync")
+        super().fdatasync(fd)
+
+    def fsync_dir(self, path: str) -> None:
+        self._count("fsync_dir")
+        super().fsync_dir(path)
+
+    def replace(self, source: str, destination: str) -> None:
+        self._count("replace")
+        super().replace(source, destination)
+
+
 class StoreCase(support.TempDirTest):
     def setUp(self) -> None:
         super().setUp()
         self.store = JsonFileStore(self.path("root"))
+        self.addCleanup(self.store.close)
 
     def file(self, *parts: str) -> str:
         return os.path.join(self.store.root, "t", *parts)
@@ -42,13 +95,34 @@ class StoreCase(support.TempDirTest):
         with open(self.file(*parts), "rb") as handle:
             return handle.read()
 
-    def committed(self, revisions: int = 1):
+    def files(self) -> dict[str, bytes]:
+        """Every regular file of the task but its lock, with its bytes."""
+        out = {}
+        for name in sorted(os.listdir(self.file())):
+            if name != "lock" and os.path.isfile(self.file(name)):
+                out[name] = self.read(name)
+        return out
+
+    def journals(self) -> list[str]:
+        return sorted(name for name in os.listdir(self.file()) if name.startswith("journal."))
+
+    def committed(self, revisions: int = 1, *, effects: int = 0):
         lease = self.store.acquire_lease("t", "me", 30.0, 0.0)
         self.store.load("t", lease=lease)
         state = new_state()
+        for index in range(effects):
+            state.effects[f"s{index}"] = effect(index)
         for _ in range(revisions):
-            self.store.commit(lease, state)
+            self.store.commit(lease, state, set(state.effects))
         return lease, state
+
+    def assert_same_content(self, loaded: RunState, expected: RunState) -> None:
+        """Equal but for the revision and ``reconcile_all`` (which a recovery sets)."""
+        a, b = loaded.to_json(), expected.to_json()
+        for document in (a, b):
+            document.pop("revision")
+            document.pop("reconcile_all")
+        self.assertEqual(a, b)
 
 
 class LeaseTests(StoreCase):
@@ -64,18 +138,27 @@ class LeaseTests(StoreCase):
         self.assertEqual(third.epoch, 3)
 
     def test_every_mutating_call_with_a_stale_epoch_is_fenced_and_changes_nothing(self) -> None:
-        stale, state = self.committed()
+        stale, state = self.committed(3, effects=2)
         self.store.acquire_lease("t", "new", 30.0, 100.0)
-        before = {name: self.read(name) for name in ("state.json", "lease.json")}
+        before = self.files()
         for name, call in (
             ("commit", lambda: self.store.commit(stale, state)),
+            ("commit of a changed record", lambda: self.store.commit(stale, state, {"s0"})),
             ("renew", lambda: self.store.renew_lease(stale, 30.0, 101.0)),
             ("release", lambda: self.store.release_lease(stale, 101.0)),
             ("repairing load", lambda: self.store.load("t", lease=stale)),
         ):
             with self.subTest(call=name), self.assertRaises(FencedError):
                 call()
-            self.assertEqual({n: self.read(n) for n in before}, before)
+            self.assertEqual(self.files(), before, "no file of the task changed, journal and lease included")
+
+    def test_a_lease_read_from_cache_still_sees_another_process_acquire(self) -> None:
+        lease, state = self.committed(2)
+        other = JsonFileStore(self.store.root)  # another process, as far as caches go
+        taken = other.acquire_lease("t", "other", 30.0, 100.0)
+        with self.assertRaises(FencedError):
+            self.store.commit(lease, state)
+        self.assertEqual(self.store.read_lease("t"), taken)
 
     def test_lost_lease_record_does_not_restart_epochs(self) -> None:
         lease, state = self.committed()
@@ -97,15 +180,84 @@ class LeaseTests(StoreCase):
 
 
 class CommitTests(StoreCase):
-    def test_revisions_increase_and_the_backup_holds_the_previous_revision(self) -> None:
+    def test_revisions_increase_and_the_backup_chain_holds_every_revision(self) -> None:
         lease, state = self.committed(3)
         self.assertEqual(state.revision, 3)
         self.assertEqual(self.store.load("t").state.revision, 3)
-        from longrun.envelope import decode
+        # The first snapshot became the backup at the second commit; its journal leads on.
+        self.assertTrue(os.path.exists(self.file("state.json.bak")))
+        self.assertEqual(self.journals(), ["journal.1.log", "journal.2.log"])
+        os.unlink(self.file("state.json"))
+        recovered = JsonFileStore(self.store.root).load("t")
+        self.assertEqual((recovered.source, recovered.state.revision), ("backup", 3), "backup + journals reach the last revision")
+        self.assertTrue(recovered.state.reconcile_all)
 
-        self.assertEqual(decode(self.read("state.json.bak")).revision, 2)
-        other = JsonFileStore(self.store.root)  # a store that never loaded reads the revision first
+    def test_a_store_that_never_loaded_reads_the_revision_first(self) -> None:
+        lease, state = self.committed(3)
+        other = JsonFileStore(self.store.root)
         self.assertEqual(other.commit(lease, state), 4)
+        self.assertEqual(JsonFileStore(self.store.root).load("t").state.revision, 4)
+
+    def test_a_commit_is_one_fdatasync_of_one_line_and_rewrites_no_snapshot(self) -> None:
+        io = CountingIO()
+        store = JsonFileStore(self.path("root"), io=io)
+        lease = store.acquire_lease("t", "me", 30.0, 0.0)
+        store.load("t", lease=lease)
+        state = new_state()
+        for index in range(200):
+            state.effects[f"s{index}"] = effect(index, EffectState.VERIFIED)
+        store.commit(lease, state, set(state.effects))
+        store.commit(lease, state, ())  # the second commit also makes the first backup
+        snapshot = self.read("state.json")
+        sizes = []
+        for index in range(5):
+            io.reset()
+            state.effects[f"s{index}"] = dataclasses.replace(state.effects[f"s{index}"], evidence=f"seen {index}")
+            state.next_action = f"step {index}"
+            store.commit(lease, state, {f"s{index}"})
+            self.assertEqual(io.calls, {"pwrite": 1, "fdatasync": 1}, "one write, one durable flush, no rename")
+            sizes.append(io.written)
+        self.assertEqual(self.read("state.json"), snapshot, "the snapshot is not rewritten by a commit")
+        self.assertLess(max(sizes), 400, f"a commit writes what changed, not the ledger: {sizes}")
+        self.assertEqual(JsonFileStore(self.store.root).load("t").state.to_json(), state.to_json())
+
+    def test_commit_size_does_not_grow_with_the_ledger(self) -> None:
+        sizes = {}
+        for count in (10, 2000):
+            io = CountingIO()
+            store = JsonFileStore(self.path(f"root-{count}"), io=io)
+            lease = store.acquire_lease("t", "me", 30.0, 0.0)
+            store.load("t", lease=lease)
+            state = new_state()
+            for index in range(count):
+                state.effects[f"s{index}"] = effect(index, EffectState.VERIFIED)
+            store.commit(lease, state, set(state.effects))
+            store.commit(lease, state, ())
+            io.reset()
+            state.effects["s5"] = dataclasses.replace(state.effects["s5"], evidence="seen again", updated_at=2.0)
+            store.commit(lease, state, {"s5"})
+            sizes[count] = io.written
+            store.close()
+        self.assertEqual(sizes[10], sizes[2000], sizes)
+
+    def test_the_journal_is_compacted_into_a_new_snapshot_and_old_journals_go(self) -> None:
+        lease, state = self.committed(2, effects=3)
+        original = jsonfile.COMPACT_MIN_BYTES
+        jsonfile.COMPACT_MIN_BYTES = 2000
+        self.addCleanup(setattr, jsonfile, "COMPACT_MIN_BYTES", original)
+        generations = set()
+        for round_number in range(60):
+            state.next_action = f"round {round_number}"
+            state.effects["s1"] = dataclasses.replace(state.effects["s1"], evidence=f"round {round_number}")
+            self.store.commit(lease, state, {"s1"})
+            generations.add(tuple(self.journals()))
+            self.assertLessEqual(len(self.journals()), 2, "the current journal and the backup's, nothing older")
+        self.assertGreater(len(generations), 3, "compacted more than once")
+        current = int(self.journals()[-1].split(".")[1])
+        self.assertEqual(json.loads(self.read("state.json").split(b"\n")[0])["revision"], current)
+        backup_revision = json.loads(self.read("state.json.bak").split(b"\n")[0])["revision"]
+        self.assertEqual(self.journals(), [f"journal.{backup_revision}.log", f"journal.{current}.log"])
+        self.assertEqual(JsonFileStore(self.store.root).load("t").state.to_json(), state.to_json())
 
     def test_files_are_owner_only_and_no_temporary_is_left(self) -> None:
         lease, _ = self.committed(2)
@@ -117,7 +269,7 @@ class CommitTests(StoreCase):
                 self.assertNotIn(".tmp-", name)
 
     def test_a_failed_write_poisons_the_task_until_it_is_loaded_again(self) -> None:
-        class FailingFsync(FileIO):
+        class FailingSync(FileIO):
             fail = False
 
             def fsync(self, fd: int) -> None:
@@ -125,30 +277,80 @@ class CommitTests(StoreCase):
                     raise OSError(errno.EIO, "injected")
                 super().fsync(fd)
 
-        io = FailingFsync()
+            def fdatasync(self, fd: int) -> None:
+                if self.fail:
+                    raise OSError(errno.EIO, "injected")
+                super().fdatasync(fd)
+
+        io = FailingSync()
         store = JsonFileStore(self.path("root"), io=io)
         lease = store.acquire_lease("t", "me", 30.0, 0.0)
         store.load("t", lease=lease)
         state = new_state()
         store.commit(lease, state)
-        before = self.read("state.json")
+        before = self.files()
         io.fail = True
         with self.assertRaises(StorageError) as caught:
             store.commit(lease, state)
         self.assertIsInstance(caught.exception.__cause__, OSError)
-        self.assertEqual(self.read("state.json"), before)
+        self.assertEqual(self.files(), before, "the journal's padding is put back: every byte as before")
         self.assertEqual(state.revision, 1)
         io.fail = False
         with self.assertRaises(StorageError):
             store.commit(lease, state)  # refused: the store must reload first
-        self.assertEqual(self.read("state.json"), before)
+        self.assertEqual(self.files(), before)
         store.load("t", lease=lease)
         self.assertEqual(store.commit(lease, state), 2)
 
+    def test_a_store_object_refuses_to_write_over_another_writers_commits(self) -> None:
+        lease, state = self.committed(2, effects=1)
+        other = JsonFileStore(self.store.root)  # the same lease in a second object: a misuse
+        other_state = other.load("t", lease=lease).state
+        other_state.next_action = "written by the other object"
+        other.commit(lease, other_state)
+        before = self.files()
+        with self.assertRaises(StorageError):
+            self.store.commit(lease, state)
+        self.assertEqual(self.files(), before)
+        loaded = self.store.load("t", lease=lease).state
+        self.assertEqual(loaded.next_action, "written by the other object")
+
+    def test_a_state_object_the_store_does_not_follow_is_written_whole(self) -> None:
+        lease, state = self.committed(2, effects=2)
+        replacement = new_state()
+        replacement.effects["x"] = effect(9)
+        replacement.effects["x"] = dataclasses.replace(replacement.effects["x"], step_id="x")
+        self.store.commit(lease, replacement)
+        self.assertEqual(JsonFileStore(self.store.root).load("t").state.to_json(), replacement.to_json())
+
+    def test_records_changed_without_being_named_are_still_written(self) -> None:
+        lease, state = self.committed(2, effects=3)
+        state.effects["s7"] = effect(7)
+        self.store.commit(lease, state, {"s0"})  # names one step, adds another: the count shows it
+        self.assertEqual(JsonFileStore(self.store.root).load("t").state.to_json(), state.to_json())
+        state.effects["s1"] = dataclasses.replace(state.effects["s1"], evidence="changed, not named")
+        del state.effects["s2"]
+        self.store.commit(lease, state)  # a caller that does not say what changed: every record is compared
+        self.assertEqual(JsonFileStore(self.store.root).load("t").state.to_json(), state.to_json())
+
+    def test_a_state_written_by_the_previous_format_is_read_and_continued(self) -> None:
+        lease = self.store.acquire_lease("t", "me", 30.0, 0.0)
+        state = new_state()
+        state.effects["s0"] = effect(0, EffectState.VERIFIED)
+        state.revision = 7
+        with open(self.file("state.json"), "wb") as handle:
+            handle.write(encode_legacy(state))
+        loaded = self.store.load("t", lease=lease)
+        self.assertEqual((loaded.source, loaded.state.revision), ("primary", 7))
+        self.assertEqual(self.store.commit(lease, loaded.state), 8)
+        reloaded = JsonFileStore(self.store.root).load("t")
+        self.assertEqual((reloaded.source, reloaded.state.revision), ("primary", 8))
+        self.assertEqual(reloaded.state.effects, state.effects)
+
 
 class DamageTests(StoreCase):
-    def test_damaged_state_is_quarantined_and_the_backup_used_with_every_step_observed(self) -> None:
-        lease, state = self.committed(3)
+    def test_damaged_snapshot_is_quarantined_and_the_backup_chain_used_with_every_step_observed(self) -> None:
+        lease, state = self.committed(3, effects=2)
         with open(self.file("state.json"), "r+b") as handle:
             handle.truncate(20)
         read_only = self.store.load("t")
@@ -157,22 +359,74 @@ class DamageTests(StoreCase):
         result = self.store.load("t", lease=lease)
         self.assertEqual(result.source, "backup")
         self.assertTrue(result.state.reconcile_all)
-        self.assertEqual(result.state.revision, 2)
-        self.assertEqual(len(os.listdir(self.file("quarantine"))), 1)
-        self.assertEqual(self.store.commit(lease, result.state), 4, "revision 3 may have been committed: skipped")
+        self.assert_same_content(result.state, state)
+        self.assertGreater(result.state.revision, 3, "a new revision above every one that may have been committed")
+        self.assertEqual([name.split(".")[:2] for name in os.listdir(self.file("quarantine"))], [["state", "json"]])
+        recovered_revision = result.state.revision
+        self.assertEqual(self.store.commit(lease, result.state), recovered_revision + 1)
+        reloaded = JsonFileStore(self.store.root).load("t")
+        self.assertEqual(reloaded.source, "primary")
+        self.assertTrue(reloaded.state.reconcile_all, "the recovery survives a restart until the runner clears it")
 
-    def test_rolled_back_state_file_is_detected(self) -> None:
-        lease, state = self.committed(3)
-        shutil.copy(self.file("state.json"), self.path("rev3"))
-        self.store.commit(lease, state)
-        os.replace(self.file("state.json.bak"), self.path("rev3b"))
-        shutil.copy(self.path("rev3b"), self.file("state.json.bak"))
-        shutil.copy(self.path("rev3"), self.file("state.json"))  # state.json now equals the backup's revision
+    def test_damage_in_the_middle_of_the_journal_recovers_the_records_before_it(self) -> None:
+        lease, state = self.committed(2, effects=2)
+        seen = []
+        for index in range(4):
+            state.next_action = f"commit {index}"
+            self.store.commit(lease, state)
+            seen.append(state.to_json())
+        journal = self.journals()[-1]
+        lines = self.read(journal).rstrip(b"\0").split(b"\n")
+        damaged = bytearray(self.read(journal))
+        offset = len(b"\n".join(lines[:3])) + 30  # inside the third record of four
+        damaged[offset] ^= 0x01
+        with open(self.file(journal), "wb") as handle:
+            handle.write(damaged)
         result = self.store.load("t", lease=lease)
         self.assertEqual(result.source, "backup")
+        self.assertTrue(result.state.reconcile_all)
+        self.assertEqual(result.state.next_action, "commit 1", "the records before the damage are kept")
+        self.assertGreater(result.state.revision, state.revision, "the damaged records' revisions are never reused")
+        quarantined = os.listdir(self.file("quarantine"))
+        self.assertEqual(len(quarantined), 1)
+        self.assertTrue(quarantined[0].startswith(journal + "."))
+        again = JsonFileStore(self.store.root).load("t")
+        self.assertEqual((again.source, again.state.next_action), ("primary", "commit 1"))
+        self.assertTrue(again.state.reconcile_all)
+
+    def test_rolled_back_snapshot_is_detected(self) -> None:
+        lease, state = self.committed(3)
+        shutil.copy(self.file("state.json.bak"), self.file("state.json"))  # an older snapshot put back
+        result = self.store.load("t", lease=lease)
+        self.assertEqual(result.source, "backup")
+        self.assertTrue(result.state.reconcile_all)
         self.assertTrue(any("rolled-back" in name for name in os.listdir(self.file("quarantine"))))
 
-    def test_both_damaged_is_unrecoverable_and_stays_so(self) -> None:
+    def test_a_snapshot_older_than_a_journal_with_records_is_detected(self) -> None:
+        lease, state = self.committed(2)
+        old_snapshot = self.read("state.json")
+        os.unlink(self.file("state.json.bak"))
+        for index in range(3):
+            state.next_action = f"later {index}"
+            self.store.commit(lease, state)
+        jsonfile_compact = jsonfile.COMPACT_MIN_BYTES
+        jsonfile.COMPACT_MIN_BYTES = 0
+        self.addCleanup(setattr, jsonfile, "COMPACT_MIN_BYTES", jsonfile_compact)
+        before = self.journals()
+        while self.journals() == before:  # until a compaction starts a journal past the old snapshot
+            state.next_action = f"later {state.revision}"
+            self.store.commit(lease, state)
+            self.assertLess(state.revision, 100)
+        state.next_action = "after the compaction"
+        self.store.commit(lease, state)
+        with open(self.file("state.json"), "wb") as handle:
+            handle.write(old_snapshot)  # put back without its backup
+        result = JsonFileStore(self.store.root).load("t")
+        self.assertEqual(result.source, "backup", "a journal the chain cannot reach holds records: not clean")
+        self.assertTrue(result.state.reconcile_all)
+        self.assertGreaterEqual(result.revision_floor, state.revision, "the next commit goes above every committed one")
+
+    def test_both_snapshots_damaged_is_unrecoverable_and_stays_so(self) -> None:
         lease, _ = self.committed(3)
         for name in ("state.json", "state.json.bak"):
             with open(self.file(name), "wb") as handle:
@@ -181,6 +435,17 @@ class DamageTests(StoreCase):
             with self.assertRaises(StateUnrecoverableError):
                 self.store.load("t", lease=lease)
         self.assertEqual(len(os.listdir(self.file("quarantine"))), 2)
+        with self.assertRaises(StateUnrecoverableError):
+            JsonFileStore(self.store.root).load("t")
+        with self.assertRaises(CorruptStateError):
+            JsonFileStore(self.store.root).commit(lease, new_state())  # never a silent fresh start
+
+    def test_lost_snapshots_with_journals_left_are_unrecoverable(self) -> None:
+        lease, _ = self.committed(3)
+        for name in ("state.json", "state.json.bak"):
+            os.unlink(self.file(name))
+        with self.assertRaises(StateUnrecoverableError):
+            self.store.load("t", lease=lease)
 
     def test_foreign_state_is_refused_and_not_moved(self) -> None:
         self.committed(2)
@@ -195,11 +460,13 @@ class DamageTests(StoreCase):
 
     def test_temporary_files_are_never_read_as_state(self) -> None:
         lease, state = self.committed(1)
-        with open(self.file("state.json.tmp-deadbeef"), "wb") as handle:
-            handle.write(b"{}")
+        for name in ("state.json.tmp-deadbeef", "journal.9.log.tmp-deadbeef"):
+            with open(self.file(name), "wb") as handle:
+                handle.write(b"{}")
         result = self.store.load("t", lease=lease)
-        self.assertEqual(result.state.revision, 1)
+        self.assertEqual((result.source, result.state.revision), ("primary", 1))
         self.assertFalse(os.path.exists(self.file("state.json.tmp-deadbeef")))
+        self.assertFalse(os.path.exists(self.file("journal.9.log.tmp-deadbeef")))
 
 
 class PathTests(StoreCase):
@@ -229,6 +496,13 @@ class PathTests(StoreCase):
         os.symlink(self.path("elsewhere"), os.path.join(other.root, "t", "state.json"))
         with self.assertRaises(StorageError):
             other.load("t", lease=lease)
+        os.unlink(os.path.join(other.root, "t", "state.json"))
+        other.commit(lease, new_state())
+        journal = sorted(name for name in os.listdir(os.path.join(other.root, "t")) if name.startswith("journal."))[0]
+        os.unlink(os.path.join(other.root, "t", journal))
+        os.symlink(self.path("elsewhere"), os.path.join(other.root, "t", journal))
+        with self.assertRaises(StorageError):
+            JsonFileStore(self.path("root2")).load("t", lease=lease)
 
     def test_path_like_names_are_refused_everywhere(self) -> None:
         self.committed(1)

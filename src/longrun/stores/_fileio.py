@@ -1,8 +1,11 @@
-"""The one I/O layer the file stores use: every open, write, fsync, rename and directory fsync.
+"""The one I/O layer the file stores use: every open, read, write, fsync, truncation and rename.
 
 Routing file I/O through one small object gives the crash and fault tests a single place to
-count, fail or record calls (``FileIO`` can be subclassed or wrapped), and keeps the durable-write
-protocol in one function, ``write_atomic``:
+count, fail or record calls (``FileIO`` can be subclassed or wrapped). Two durable-write protocols
+live here. Writing into a journal is ``write_all_at`` followed by ``FileIO.fdatasync``, which
+flushes the data and any metadata needed to read it back (a new file size); the journal's name was
+made durable when it was created, so no directory fsync is needed. Replacing a whole file is
+``write_atomic``:
 
 1. create a temporary file beside the destination (``O_EXCL``, owner-only, never following links);
 2. write it completely and ``fsync`` it;
@@ -22,13 +25,16 @@ import errno
 import os
 import secrets
 import stat
+from typing import Sequence
 
-__all__ = ["FileIO", "read_file", "write_atomic"]
+__all__ = ["FileIO", "ensure_dir", "read_file", "read_prefix", "read_small", "write_all", "write_all_at", "write_atomic"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 TEMP_MARK = ".tmp-"
+# Where the platform has no fdatasync (macOS), fsync flushes at least as much.
+_fdatasync = getattr(os, "fdatasync", os.fsync)
 
 
 class FileIO:
@@ -43,8 +49,21 @@ class FileIO:
     def read(self, fd: int, size: int) -> bytes:
         return os.read(fd, size)
 
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        return os.pwrite(fd, data, offset)
+
+    def pread(self, fd: int, size: int, offset: int) -> bytes:
+        return os.pread(fd, size, offset)
+
     def fsync(self, fd: int) -> None:
         os.fsync(fd)
+
+    def fdatasync(self, fd: int) -> None:
+        """Flush the file's data and the metadata needed to read it back (its size), not its times."""
+        _fdatasync(fd)
+
+    def truncate(self, fd: int, length: int) -> None:
+        os.ftruncate(fd, length)
 
     def close(self, fd: int) -> None:
         os.close(fd)
@@ -60,6 +79,9 @@ class FileIO:
 
     def mkdir(self, path: str, mode: int = 0o700) -> None:
         os.mkdir(path, mode)
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)
 
     def fsync_dir(self, path: str) -> None:
         fd = os.open(path, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
@@ -110,7 +132,46 @@ def read_file(io: FileIO, path: str, limit: int) -> bytes | None:
         io.close(fd)
 
 
-def _write_all(io: FileIO, fd: int, data: bytes) -> None:
+def read_small(io: FileIO, path: str, limit: int) -> bytes | None:
+    """A small file's bytes in one read, or None if it does not exist; refuses symlinks and files
+    over ``limit``. For files read on every commit (the lease): three system calls, not five."""
+    try:
+        fd = io.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        data = io.read(fd, limit + 1)  # a directory raises IsADirectoryError here
+    finally:
+        io.close(fd)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"file is over the {limit}-byte limit", path)
+    return data
+
+
+def read_prefix(io: FileIO, path: str, size: int) -> bytes | None:
+    """Up to ``size`` bytes from the start of the file, or None if it does not exist (no symlinks)."""
+    try:
+        fd = io.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        chunks = []
+        remaining = size
+        while remaining > 0:
+            chunk = io.read(fd, remaining)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        io.close(fd)
+
+
+def write_all(io: FileIO, fd: int, data: bytes) -> None:
+    """Write every byte of ``data`` (a short write is continued, a write of nothing is an error)."""
     view = memoryview(data)
     while view:
         written = io.write(fd, view)
@@ -119,14 +180,29 @@ def _write_all(io: FileIO, fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def write_atomic(io: FileIO, directory: str, name: str, data: bytes, *, backup: str | None = None) -> None:
-    """Durably replace ``directory/name`` with ``data``; see the module docstring for the steps."""
+def write_all_at(io: FileIO, fd: int, data: bytes, offset: int) -> None:
+    """Write every byte of ``data`` at ``offset`` (``pwrite``; the descriptor's offset is unused)."""
+    view = memoryview(data)
+    while view:
+        written = io.pwrite(fd, view, offset)
+        if written <= 0:
+            raise OSError(errno.EIO, "write made no progress")
+        view = view[written:]
+        offset += written
+
+
+def write_atomic(
+    io: FileIO, directory: str, name: str, data: bytes | Sequence[bytes], *, backup: str | None = None
+) -> None:
+    """Durably replace ``directory/name`` with ``data`` (bytes, or chunks written in order); see the
+    module docstring for the steps."""
     destination = os.path.join(directory, name)
     temp = os.path.join(directory, f"{name}{TEMP_MARK}{secrets.token_hex(6)}")
     fd = io.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         try:
-            _write_all(io, fd, data)
+            for chunk in (data,) if isinstance(data, (bytes, bytearray)) else data:
+                write_all(io, fd, chunk)
             io.fsync(fd)
         finally:
             io.close(fd)

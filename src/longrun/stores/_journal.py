@@ -1,0 +1,741 @@
+"""The encodings of the JSON-file store's snapshot and journal: line framing, checksums, compact records.
+
+Both kinds of file are UTF-8 text, one JSON document per line, so ``head``, ``tail`` and ``grep``
+work on them::
+
+    line 1    the meta: a JSON object with "format", "schema_version", "task_id", what the file
+              holds, and "checksum": SHA-256 over the canonical JSON of the other fields
+    line 2..  framed lines: "<16 hex> <JSON>", the hex being the first 8 bytes of SHA-256 over
+              the JSON bytes exactly as written; JSON escapes every control character, so a
+              body never contains a newline and every line is one frame
+
+A snapshot (format ``longrun.snapshot``) holds one whole ``RunState``. Its meta names the revision
+and how many effect records and row lines follow; line 2 is the header (every field but the effect
+records, as a flat object: ``budget.attempts_total`` and so on); each further line is a list of up
+to ``ROWS_PER_LINE`` effect records, each a row of values in ``EFFECT_FIELDS`` order, in plan order.
+
+A journal (format ``longrun.journal``) continues a chain of revisions from its meta's ``base``.
+Each framed line is one commit and names only what changed since the previous one::
+
+    {"rev": base + k, "epoch": E,
+     "set": {header key: value},                          header fields that changed
+     "extend": {list key: {"drop": n, "add": [...]}},      list = list[n:] + add (bounded lists)
+     "effects": {step id: row | {field: value} | null}}   new record, changed fields, removed
+
+So a commit costs bytes in proportion to what it changed, not to the size of the ledger. After its
+last line a journal holds zero bytes written ahead of use; its content ends at the first zero byte.
+
+Invariants (the tests in ``tests/test_journal.py`` are built to break them):
+
+1. A line is accepted only if its checksum matches; a snapshot is accepted only if every line is,
+   and its meta's counts match what follows, so a snapshot cut at a line boundary is refused too.
+2. Within a journal the revisions are contiguous (``base + 1``, ``base + 2``, ...) and the epochs
+   never decrease; a checksum-valid record that breaks this is damage, not data.
+3. ``scan`` calls the last line *torn* only if it is incomplete (no newline yet) and not a whole,
+   valid frame that lost only its newline to damage. Anything else that fails is *damaged*.
+4. Decoding validates every field through the records' own rules (``RunState.from_json``, typed
+   field checks for rows); no ``JSONDecodeError``, ``KeyError`` or ``TypeError`` escapes, only
+   ``CorruptStateError`` and its subclasses.
+
+Not guaranteed here: anything about files, order of writes or recovery. ``jsonfile`` does that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import hashlib
+import json
+import math
+import operator
+from typing import Any, Collection, Iterator, Mapping
+
+from ..budget import BudgetCounters
+from ..canonical import canonical_bytes, sha256_hex
+from ..envelope import RunState
+from ..errors import CorruptStateError, ForeignStateError, SchemaVersionError
+from ..ledger import EffectRecord, EffectState
+from ..outcome import Status
+
+__all__ = [
+    "EFFECT_FIELDS",
+    "JOURNAL_FORMAT",
+    "SNAPSHOT_FORMAT",
+    "Scan",
+    "Shadow",
+    "Replay",
+    "decode_snapshot",
+    "encode_journal_meta",
+    "encode_snapshot",
+    "frame",
+    "no_gc",
+    "parse_meta",
+    "record_from_row",
+    "row_of",
+    "scan",
+    "snapshot_revision",
+    "journal_base",
+    "build_state",
+    "RawSnapshot",
+]
+
+SNAPSHOT_FORMAT = "longrun.snapshot"
+JOURNAL_FORMAT = "longrun.journal"
+SCHEMA_VERSION = 1
+ROWS_PER_LINE = 1000
+CHECKSUM_HEX = 16
+MIN_RECORD_BYTES = 32
+"""No journal line is shorter than this; bounds how many revisions a damaged journal may hold."""
+
+EFFECT_FIELDS: tuple[str, ...] = (
+    "key", "step_id", "action", "payload", "payload_digest", "state", "attempts", "epoch", "result",
+    "cost", "receipt", "evidence", "last_error", "not_before", "approval_id", "updated_at",
+)  # fmt: skip
+_FIELD_INDEX = {name: index for index, name in enumerate(EFFECT_FIELDS)}
+_STATES = {state.value: state for state in EffectState}
+
+_SCALAR_KEYS = (
+    "task_id", "plan_digest", "created_at", "updated_at", "status", "current_step", "next_action",
+    "lease_owner", "lease_epoch", "lease_expires_at", "reconcile_all",
+)  # fmt: skip
+_scalar_values = operator.attrgetter(*_SCALAR_KEYS)
+_EVIDENCE_LISTS = ("control_observations", "unknowns")
+_LIST_KEYS = frozenset(("consumed_approvals", *_EVIDENCE_LISTS))
+_BUDGET_KEYS = tuple("budget." + field.name for field in dataclasses.fields(BudgetCounters))
+HEADER_KEYS = frozenset((*_SCALAR_KEYS, *_BUDGET_KEYS, "approval_requests", *_LIST_KEYS))
+_RECORD_KEYS = frozenset(("rev", "epoch", "set", "extend", "effects"))
+
+# The codecs below name every field of RunState and EffectRecord; fail at import, not on a
+# customer's disk, if one of them gains a field that would silently not be stored.
+if {field.name for field in dataclasses.fields(EffectRecord)} != set(EFFECT_FIELDS):
+    raise ImportError("EffectRecord's fields changed: update EFFECT_FIELDS and row_of in stores/_journal.py")
+if {field.name for field in dataclasses.fields(RunState)} != {
+    *_SCALAR_KEYS, "budget", "approval_requests", *_LIST_KEYS, "effects", "revision"
+}:
+    raise ImportError("RunState's fields changed: update the header codec in stores/_journal.py")
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"), check_circular=False)
+_encode = _ENCODER.encode
+_sha256 = hashlib.sha256
+
+
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while decoding.
+
+    Decoding a large state allocates hundreds of thousands of small containers, none of them in a
+    cycle; without the pause every few thousand allocations start a collection that walks all of
+    them, which makes loading super-linear. Reference counting still frees everything.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+# -- lines ------------------------------------------------------------------------------------
+
+
+def checksum(body: bytes) -> bytes:
+    return _sha256(body).hexdigest()[:CHECKSUM_HEX].encode("ascii")
+
+
+def frame(value: object) -> bytes:
+    """One framed line for a JSON value: ``<checksum> <json>\\n``."""
+    body = _encode(value).encode("utf-8")
+    return checksum(body) + b" " + body + b"\n"
+
+
+def _meta_line(fields: dict[str, Any]) -> bytes:
+    document = dict(fields)
+    document["checksum"] = "sha256:" + sha256_hex(canonical_bytes(fields))
+    return canonical_bytes(document) + b"\n"
+
+
+def parse_meta(line: bytes, *, expected_format: str, task_id: str) -> dict[str, Any]:
+    """Validate a file's first line (without its newline) and return its fields.
+
+    Order matters: a well-formed meta of a schema this code does not know raises
+    ``SchemaVersionError`` even though its checksum (over the newer fields) cannot match here.
+    """
+    try:
+        document = json.loads(line.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise CorruptStateError(f"{expected_format} meta line is not valid JSON: {exc}") from exc
+    if not isinstance(document, dict) or document.get("format") != expected_format:
+        raise CorruptStateError(f"not a {expected_format} file (its first line is not a {expected_format} meta)")
+    version = document.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"{expected_format} schema version {version!r:.20} is not supported (this code reads version {SCHEMA_VERSION})"
+        )
+    fields = {key: value for key, value in document.items() if key != "checksum"}
+    try:
+        actual = "sha256:" + sha256_hex(canonical_bytes(fields))
+    except (TypeError, ValueError) as exc:
+        raise CorruptStateError(f"{expected_format} meta cannot be re-encoded: {exc}") from exc
+    if document.get("checksum") != actual:
+        raise CorruptStateError(f"{expected_format} meta checksum does not match its content")
+    if document.get("task_id") != task_id:
+        raise ForeignStateError(f"{expected_format} belongs to task {document.get('task_id')!r:.80}, not {task_id!r}")
+    return fields
+
+
+def _body(line: bytes) -> bytes | None:
+    """The JSON bytes of a framed line (without its newline) if its checksum matches, else None."""
+    if len(line) <= CHECKSUM_HEX + 1 or line[CHECKSUM_HEX] != 0x20:
+        return None
+    body = line[CHECKSUM_HEX + 1 :]
+    if checksum(body) != line[:CHECKSUM_HEX]:
+        return None
+    return body
+
+
+def _loads(body: bytes, what: str) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise CorruptStateError(f"{what} is not valid JSON: {exc}") from exc
+
+
+@dataclasses.dataclass
+class Scan:
+    """What ``scan`` found in a file: its meta, the checksum-valid bodies after it, and where it ends."""
+
+    meta: bytes | None
+    """The first line without its newline, if the file has a complete first line (not validated)."""
+    bodies: list[bytes]
+    """Checksum-valid framed lines after the meta, in order, up to the first problem."""
+    checksums: list[bytes]
+    """The checksum of each accepted framed line (what a digest of the file's content is built on)."""
+    offsets: list[int]
+    """The byte offset just past each accepted line (the meta's first)."""
+    problem: str | None = None
+    """None, "torn" (the last line is incomplete: a write a crash interrupted) or "damaged"."""
+    problem_at: int = 0
+    """Byte offset of the first line that failed."""
+    size: int = 0
+    content_end: int = 0
+    """Where the content ends: the file's size, or in a padded journal the first zero byte."""
+
+    @property
+    def valid_end(self) -> int:
+        return self.offsets[-1] if self.offsets else 0
+
+
+def scan(data: bytes, *, padded: bool = False) -> Scan:
+    """Split a file into its meta line and checksum-valid framed lines, stopping at the first bad one.
+
+    See invariant 3 for what "torn" means; everything else that fails is "damaged". A ``padded``
+    file (a journal) may end in zero bytes written ahead of use: the content ends at the first zero
+    byte (JSON text never holds one), and anything but zeros after it is damage.
+    """
+    size = len(data)
+    content_end = size
+    stray_bytes = False
+    if padded:
+        zero = data.find(b"\0")
+        if zero >= 0:
+            content_end = zero
+            stray_bytes = data.count(b"\0", zero) != size - zero
+            data = data[:zero]
+    lines = data.split(b"\n")
+    tail = lines.pop()  # b"" when the content ends with a newline
+    result = Scan(meta=None, bodies=[], checksums=[], offsets=[], size=size, content_end=content_end)
+    offset = 0
+    if lines:
+        result.meta = lines[0]
+        offset = len(lines[0]) + 1
+        result.offsets.append(offset)
+    bodies, checksums, offsets = result.bodies, result.checksums, result.offsets
+    for index in range(1, len(lines)):
+        line = lines[index]
+        body = _body(line)
+        if body is None:
+            result.problem, result.problem_at = "damaged", offset
+            return result
+        offset += len(line) + 1
+        bodies.append(body)
+        checksums.append(line[:CHECKSUM_HEX])
+        offsets.append(offset)
+    if tail:
+        result.problem_at = offset
+        # A whole valid frame whose last byte should have been its newline was damaged, not torn:
+        # a torn write leaves a prefix of what was written, never a wrong byte after a whole frame.
+        if result.meta is not None and _body(tail[:-1]) is not None:
+            result.problem = "damaged"
+        else:
+            result.problem = "torn"
+    if stray_bytes:
+        # Bytes after the padding began: a write that landed out of order, or damage. Either way
+        # not a clean prefix, so not merely torn.
+        result.problem, result.problem_at = "damaged", offset if tail else content_end
+    return result
+
+
+# -- effect rows ------------------------------------------------------------------------------
+
+
+def row_of(record: EffectRecord) -> list[Any]:
+    """An effect record as a row of values in ``EFFECT_FIELDS`` order."""
+    return [
+        record.key, record.step_id, record.action, record.payload, record.payload_digest, record.state.value,
+        record.attempts, record.epoch, record.result, record.cost, record.receipt, record.evidence,
+        record.last_error, record.not_before, record.approval_id, record.updated_at,
+    ]  # fmt: skip
+
+
+def _bad(field: str, value: object) -> CorruptStateError:
+    return CorruptStateError(f"effect record: field {field!r} has a bad value {value!r:.60}")
+
+
+def _number(field: str, value: object, optional: bool = False) -> float | None:
+    """A finite number as a float (ints accepted, bools not), as ``_fields.get_float`` reads it."""
+    kind = type(value)
+    if kind is float:
+        if math.isfinite(value):  # type: ignore[arg-type]
+            return value  # type: ignore[return-value]
+    elif kind is int:
+        return float(value)  # type: ignore[arg-type]
+    elif value is None and optional:
+        return None
+    raise _bad(field, value)
+
+
+_isfinite = math.isfinite
+
+
+def record_from_row(row: object) -> EffectRecord:
+    """Validate a row with the rules of ``EffectRecord.from_json`` and build the record."""
+    if type(row) is not list or len(row) != len(EFFECT_FIELDS):
+        raise CorruptStateError(f"effect record row must be a list of {len(EFFECT_FIELDS)} values")
+    (key, step_id, action, payload, payload_digest, state, attempts, epoch, result, cost, receipt, evidence,
+     last_error, not_before, approval_id, updated_at) = row  # fmt: skip
+    for name, value in (("key", key), ("step_id", step_id), ("action", action), ("payload_digest", payload_digest)):
+        if type(value) is not str:
+            raise _bad(name, value)
+    for name, value in (("receipt", receipt), ("evidence", evidence), ("last_error", last_error), ("approval_id", approval_id)):
+        if value is not None and type(value) is not str:
+            raise _bad(name, value)
+    if type(payload) is not dict:
+        raise _bad("payload", payload)
+    lifecycle = _STATES.get(state) if type(state) is str else None
+    if lifecycle is None:
+        raise _bad("state", state)
+    if type(attempts) is not int or attempts < 0:
+        raise _bad("attempts", attempts)
+    if type(epoch) is not int or epoch < 0:
+        raise _bad("epoch", epoch)
+    # The common case inline (floats as written); anything else goes through _number's full rules.
+    if type(cost) is not float or not _isfinite(cost):
+        cost = _number("cost", cost)
+    if not_before is not None and (type(not_before) is not float or not _isfinite(not_before)):
+        not_before = _number("not_before", not_before, True)
+    if type(updated_at) is not float or not _isfinite(updated_at):
+        updated_at = _number("updated_at", updated_at)
+    return EffectRecord(
+        key, step_id, action, payload, payload_digest, lifecycle, attempts, epoch, result,
+        cost, receipt, evidence, last_error, not_before, approval_id, updated_at,
+    )  # fmt: skip
+
+
+def _same_json(a: object, b: object) -> bool:
+    """Whether two JSON values encode alike (``1 == 1.0`` and ``True == 1`` are not alike here)."""
+    if a is b:
+        return True
+    if type(a) is not type(b) or a != b:
+        return False
+    if isinstance(a, (dict, list)):
+        return _encode(a) == _encode(b)  # equal, but a nested 1 and 1.0 would still differ
+    return True
+
+
+_record_values = operator.attrgetter(*EFFECT_FIELDS)
+
+
+def _record_changes(old: EffectRecord, new: EffectRecord) -> dict[str, Any]:
+    changes = {
+        name: b for name, a, b in zip(EFFECT_FIELDS, _record_values(old), _record_values(new)) if a is not b and not _same_json(a, b)
+    }
+    if "state" in changes:
+        changes["state"] = changes["state"].value
+    return changes
+
+
+# -- the header -------------------------------------------------------------------------------
+
+
+def _header_of(state: RunState) -> dict[str, Any]:
+    """The flat header of a state: every field but the effect records and the revision."""
+    header: dict[str, Any] = {}
+    for key in _SCALAR_KEYS:
+        value = getattr(state, key)
+        header[key] = value.value if isinstance(value, Status) else value
+    for key, value in state.budget.to_json().items():
+        header["budget." + key] = value
+    header["approval_requests"] = [request.to_json() for request in state.approval_requests.values()]
+    header["consumed_approvals"] = list(state.consumed_approvals)
+    for key in _EVIDENCE_LISTS:
+        header[key] = [item.to_json() for item in getattr(state, key)]
+    return header
+
+
+def build_state(header: Mapping[str, Any], revision: int, rows: Mapping[str, list[Any]]) -> RunState:
+    """Validate a flat header and effect rows and build the ``RunState`` they describe."""
+    if set(header) != HEADER_KEYS:
+        missing = sorted(HEADER_KEYS - set(header))
+        extra = sorted(set(header) - HEADER_KEYS)
+        raise CorruptStateError(f"state header: missing fields {missing}, unknown fields {extra[:5]}")
+    document = {key: header[key] for key in _SCALAR_KEYS if not key.startswith("lease_")}
+    document.update(
+        revision=revision,
+        budget={key[len("budget.") :]: header[key] for key in _BUDGET_KEYS},
+        lease={"owner": header["lease_owner"], "epoch": header["lease_epoch"], "expires_at": header["lease_expires_at"]},
+        approval_requests=header["approval_requests"],
+        consumed_approvals=header["consumed_approvals"],
+        control_observations=header["control_observations"],
+        unknowns=header["unknowns"],
+        effects=[],
+        completed_steps=[],
+    )
+    state = RunState.from_json(document)
+    effects: dict[str, EffectRecord] = {}
+    for step_id, row in rows.items():
+        record = record_from_row(row)
+        if record.step_id != step_id:
+            raise CorruptStateError(f"effect record filed under {step_id!r} names step {record.step_id!r}")
+        effects[step_id] = record
+    state.effects = effects
+    return state
+
+
+# -- snapshot ---------------------------------------------------------------------------------
+
+
+def encode_snapshot(state: RunState) -> list[bytes]:
+    """The lines of a snapshot of ``state`` (at ``state.revision``); raises before any I/O if a
+    value cannot be encoded."""
+    records = list(state.effects.values())
+    chunks = (len(records) + ROWS_PER_LINE - 1) // ROWS_PER_LINE
+    lines = [
+        _meta_line(
+            {
+                "format": SNAPSHOT_FORMAT,
+                "schema_version": SCHEMA_VERSION,
+                "task_id": state.task_id,
+                "revision": state.revision,
+                "effects": len(records),
+                "row_lines": chunks,
+                "fields": list(EFFECT_FIELDS),
+            }
+        ),
+        frame(_header_of(state)),
+    ]
+    for start in range(0, len(records), ROWS_PER_LINE):
+        lines.append(frame([row_of(record) for record in records[start : start + ROWS_PER_LINE]]))
+    return lines
+
+
+@dataclasses.dataclass
+class RawSnapshot:
+    """A snapshot whose every line validated, not yet built into a ``RunState`` (see ``Replay``)."""
+
+    revision: int
+    header: dict[str, Any]
+    rows: dict[str, list[Any]]
+    meta: bytes
+    line_checksums: list[bytes]
+
+
+def decode_snapshot(data: bytes, *, task_id: str) -> RawSnapshot:
+    """Validate a whole snapshot file; raise ``CorruptStateError`` (or a subclass) on any defect."""
+    found = scan(data)
+    if found.meta is None:
+        raise CorruptStateError("snapshot is empty or has no complete first line")
+    meta = parse_meta(found.meta, expected_format=SNAPSHOT_FORMAT, task_id=task_id)
+    if found.problem is not None:
+        raise CorruptStateError(f"snapshot line at byte {found.problem_at} is {found.problem} (checksum or framing)")
+    revision, count, chunks = meta.get("revision"), meta.get("effects"), meta.get("row_lines")
+    for name, value, minimum in (("revision", revision, 1), ("effects", count, 0), ("row_lines", chunks, 0)):
+        if type(value) is not int or value < minimum:
+            raise CorruptStateError(f"snapshot meta: {name} must be an integer >= {minimum}")
+    if meta.get("fields") != list(EFFECT_FIELDS):
+        raise CorruptStateError("snapshot meta: the effect record fields are not the ones this code writes")
+    if len(found.bodies) != 1 + chunks:
+        raise CorruptStateError(f"snapshot has {len(found.bodies)} lines after its meta, its meta says {1 + chunks}")
+    header = _loads(found.bodies[0], "snapshot header")
+    if type(header) is not dict:
+        raise CorruptStateError("snapshot header must be a JSON object")
+    rows: dict[str, list[Any]] = {}
+    for body in found.bodies[1:]:
+        chunk = _loads(body, "snapshot row line")
+        if type(chunk) is not list:
+            raise CorruptStateError("snapshot row line must be a JSON list")
+        for row in chunk:
+            if type(row) is not list or len(row) != len(EFFECT_FIELDS) or type(row[1]) is not str:
+                raise CorruptStateError("snapshot effect row is malformed")
+            if row[1] in rows:
+                raise CorruptStateError(f"snapshot has two effect records for step {row[1]!r:.80}")
+            rows[row[1]] = row
+    if len(rows) != count:
+        raise CorruptStateError(f"snapshot holds {len(rows)} effect records, its meta says {count}")
+    return RawSnapshot(revision, header, rows, found.meta, found.checksums)
+
+
+def snapshot_revision(first_line: bytes, *, task_id: str) -> int:
+    """The revision a snapshot's meta line names (validated), without reading the rest."""
+    meta = parse_meta(first_line, expected_format=SNAPSHOT_FORMAT, task_id=task_id)
+    revision = meta.get("revision")
+    if type(revision) is not int or revision < 1:
+        raise CorruptStateError("snapshot meta: revision must be an integer >= 1")
+    return revision
+
+
+# -- journal ----------------------------------------------------------------------------------
+
+
+def encode_journal_meta(task_id: str, base: int) -> bytes:
+    return _meta_line({"format": JOURNAL_FORMAT, "schema_version": SCHEMA_VERSION, "task_id": task_id, "base": base})
+
+
+def journal_base(first_line: bytes, *, task_id: str) -> int:
+    meta = parse_meta(first_line, expected_format=JOURNAL_FORMAT, task_id=task_id)
+    base = meta.get("base")
+    if type(base) is not int or base < 0:
+        raise CorruptStateError("journal meta: base must be an integer >= 0")
+    return base
+
+
+class Replay:
+    """A state being rebuilt: a snapshot's raw header and rows, with journal records applied in order."""
+
+    def __init__(self, snapshot: RawSnapshot):
+        self.revision = snapshot.revision
+        self.header = snapshot.header
+        self.rows = snapshot.rows
+        epoch = self.header.get("lease_epoch")
+        self.epoch = epoch if type(epoch) is int else 0
+
+    def apply_all(self, bodies: list[bytes]) -> tuple[int, CorruptStateError | None]:
+        """Apply records in order; return how many were applied and why the next one was not.
+
+        The bodies (each already checksum-valid) are parsed in one call, as one JSON array: one
+        C-level parse instead of one per record. If that fails or miscounts (a body that is not a
+        single JSON value), they are parsed one by one, which finds the first bad one."""
+        try:
+            records = json.loads(b"[" + b",".join(bodies) + b"]") if bodies else []
+        except (ValueError, RecursionError):
+            records = None
+        if records is None or len(records) != len(bodies):
+            records = []
+            for body in bodies:
+                try:
+                    records.append(_loads(body, "journal record"))
+                except CorruptStateError as exc:
+                    applied, error = self.apply_all_parsed(records)
+                    return applied, error or exc
+        return self.apply_all_parsed(records)
+
+    def apply_all_parsed(self, records: list[Any]) -> tuple[int, CorruptStateError | None]:
+        for index, record in enumerate(records):
+            try:
+                self.apply_record(record)
+            except CorruptStateError as exc:
+                return index, exc
+        return len(records), None
+
+    def apply(self, body: bytes) -> None:
+        """Apply one journal record; raise ``CorruptStateError`` (changing nothing) if it is malformed."""
+        self.apply_record(_loads(body, "journal record"))
+
+    def apply_record(self, record: Any) -> None:
+        if type(record) is not dict or not _RECORD_KEYS.issuperset(record):
+            raise CorruptStateError("journal record must be an object with rev, epoch, set, extend, effects")
+        revision, epoch = record.get("rev"), record.get("epoch")
+        if type(revision) is not int or revision != self.revision + 1:
+            raise CorruptStateError(f"journal record has revision {revision!r:.20}, expected {self.revision + 1}")
+        if type(epoch) is not int or epoch < self.epoch:
+            raise CorruptStateError(f"journal record revision {revision} has epoch {epoch!r:.20}, below {self.epoch}")
+        assignments = record.get("set", {})
+        extensions = record.get("extend", {})
+        changes = record.get("effects", {})
+        if type(assignments) is not dict or type(extensions) is not dict or type(changes) is not dict:
+            raise CorruptStateError(f"journal record revision {revision} is malformed")
+        # Check everything first, so that a malformed record changes nothing.
+        if not HEADER_KEYS.issuperset(assignments) or not _LIST_KEYS.issuperset(extensions):
+            raise CorruptStateError(f"journal record revision {revision} names an unknown header field")
+        header = self.header
+        extended: dict[str, list[Any]] = {}
+        for key, change in extensions.items():
+            current = assignments.get(key, header.get(key))
+            drop = change.get("drop") if type(change) is dict else None
+            add = change.get("add") if type(change) is dict else None
+            if type(current) is not list or type(drop) is not int or not 0 <= drop <= len(current) or type(add) is not list:
+                raise CorruptStateError(f"journal record revision {revision}: bad extension of {key}")
+            extended[key] = current[drop:] + add
+        rows = self.rows
+        for step_id, change in changes.items():
+            if change is None or type(change) is dict:
+                if step_id not in rows:
+                    raise CorruptStateError(f"journal record revision {revision} changes unknown step {step_id!r:.80}")
+                if change is not None and not _FIELD_INDEX.keys() >= change.keys():
+                    raise CorruptStateError(f"journal record revision {revision} names an unknown effect field")
+            elif type(change) is not list or len(change) != len(EFFECT_FIELDS):
+                raise CorruptStateError(f"journal record revision {revision} has a malformed effect row")
+        if assignments.get("lease_epoch", header.get("lease_epoch")) != epoch:
+            raise CorruptStateError(f"journal record revision {revision}: epoch {epoch} is not the state's lease epoch")
+        header.update(assignments)
+        header.update(extended)
+        for step_id, change in changes.items():
+            if change is None:
+                del rows[step_id]
+            elif type(change) is list:
+                rows[step_id] = change
+            else:
+                row = rows[step_id]
+                for name, value in change.items():
+                    row[_FIELD_INDEX[name]] = value
+        self.revision, self.epoch = revision, epoch
+
+    def build(self) -> RunState:
+        return build_state(self.header, self.revision, self.rows)
+
+
+class Shadow:
+    """What the journal holds, as of the last record written: the writer's side of ``Replay``.
+
+    ``record_for`` compares the state about to be committed with it and returns the journal record
+    naming only what changed. Effect records are compared only for the step ids the caller says
+    changed (the runner passes them) plus any new or removed ones, which the count reveals; so a
+    commit costs work in proportion to what it changed, not to the size of the ledger. A caller
+    that does not say (``changed`` is the empty tuple, the protocol's default) gets every record
+    compared, which is correct and costs O(n).
+    """
+
+    def __init__(self, state: RunState):
+        self.state = state
+        self.effects = state.effects
+        self.records: dict[str, EffectRecord] = dict(state.effects)
+        self.header = _header_of(state)
+        self._objects: dict[str, Any] = {}
+        self._remember_objects(state)
+
+    def _remember_objects(self, state: RunState) -> None:
+        self._objects = {
+            "budget": state.budget,
+            "approval_requests": tuple(state.approval_requests.items()),
+            "consumed_approvals": list(state.consumed_approvals),
+            "control_observations": list(state.control_observations),
+            "unknowns": list(state.unknowns),
+        }
+
+    def tracks(self, state: RunState) -> bool:
+        """Whether ``state`` is the very object (and effect mapping) this shadow follows."""
+        return state is self.state and state.effects is self.effects
+
+    def record_for(self, state: RunState, changed: Collection[str]) -> dict[str, Any] | None:
+        """The journal record that turns the shadow into ``state``, updating the shadow; or None if
+        the change cannot be told from ``changed`` (the caller then writes a snapshot)."""
+        record: dict[str, Any] = {"rev": state.revision, "epoch": state.lease_epoch}
+        effects = self._effect_changes(state, changed)
+        if effects is None:
+            return None
+        assignments, extensions = self._header_changes(state)
+        if assignments:
+            record["set"] = assignments
+        if extensions:
+            record["extend"] = extensions
+        if effects:
+            record["effects"] = effects
+        return record
+
+    def _effect_changes(self, state: RunState, changed: Collection[str]) -> dict[str, Any] | None:
+        current, known = state.effects, self.records
+        if type(changed) is tuple and not changed:
+            # Not told what changed: compare every record (by identity first, so unchanged ones are cheap).
+            changed = [step_id for step_id, record in current.items() if known.get(step_id) is not record]
+            changed += [step_id for step_id in known if step_id not in current]
+        changed = dict.fromkeys(changed)  # once each, in the caller's order
+        added = [step_id for step_id in changed if step_id not in known and step_id in current]
+        removed = [step_id for step_id in changed if step_id in known and step_id not in current]
+        if len(known) + len(added) - len(removed) != len(current):
+            return None  # a record was added or removed without being named in ``changed``
+        if len(added) > 1:
+            # New steps must be replayed in plan order; they are the newest keys of the mapping.
+            position = {}
+            for step_id in reversed(current):
+                if step_id in added:
+                    position[step_id] = len(position)
+                    if len(position) == len(added):
+                        break
+            added.sort(key=position.__getitem__, reverse=True)
+        out: dict[str, Any] = {}
+        for step_id in changed:
+            if step_id in known and step_id in current:
+                new = current[step_id]
+                old = known[step_id]
+                if new is not old:
+                    difference = _record_changes(old, new)
+                    if difference:
+                        out[step_id] = difference
+                    known[step_id] = new
+        for step_id in removed:
+            out[step_id] = None
+            del known[step_id]
+        for step_id in added:
+            record = current[step_id]
+            out[step_id] = row_of(record)
+            known[step_id] = record
+        return out
+
+    def _header_changes(self, state: RunState) -> tuple[dict[str, Any], dict[str, Any]]:
+        header, objects = self.header, self._objects
+        assignments: dict[str, Any] = {}
+        for key, value in zip(_SCALAR_KEYS, _scalar_values(state)):
+            old = header[key]
+            if value is old:
+                continue
+            if isinstance(value, Status):
+                value = value.value
+            if type(value) is not type(old) or value != old:
+                assignments[key] = header[key] = value
+        if state.budget is not objects["budget"]:
+            for key, value in state.budget.to_json().items():
+                flat = "budget." + key
+                old = header[flat]
+                if value is not old and (type(value) is not type(old) or value != old):
+                    assignments[flat] = header[flat] = value
+            objects["budget"] = state.budget
+        requests = tuple(state.approval_requests.items())
+        if requests != objects["approval_requests"]:
+            assignments["approval_requests"] = header["approval_requests"] = [r.to_json() for _, r in requests]
+            objects["approval_requests"] = requests
+        extensions: dict[str, Any] = {}
+        for key in _LIST_KEYS:
+            items = getattr(state, key)
+            old_items = objects[key]
+            if items == old_items:
+                continue
+            encode = (lambda item: item) if key == "consumed_approvals" else (lambda item: item.to_json())
+            drop = _dropped_prefix(old_items, items)
+            if drop is None:
+                assignments[key] = header[key] = [encode(item) for item in items]
+            else:
+                added = [encode(item) for item in items[len(old_items) - drop :]]
+                extensions[key] = {"drop": drop, "add": added}
+                header[key] = header[key][drop:] + added
+            objects[key] = list(items)
+        return assignments, extensions
+
+
+def _dropped_prefix(old: list[Any], new: list[Any]) -> int | None:
+    """The ``n`` for which ``new == old[n:] + tail`` (the fewest dropped), or None if there is none."""
+    for drop in range(len(old) + 1):
+        kept = len(old) - drop
+        if kept <= len(new) and new[:kept] == old[drop:]:
+            return drop
+    return None

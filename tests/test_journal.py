@@ -1,0 +1,577 @@
+"""The snapshot + journal format of the JSON-file store, attacked byte by byte.
+
+Every test here damages or interrupts the files and checks what a load then says: a version that
+was committed (whole, never a mix), or a recovery that observes every unverified step first, or a
+typed ``CorruptStateError``; never a silent reset to nothing and never a leaked ``JSONDecodeError``
+or ``KeyError``. Nothing here is timed: "linear" is checked by counting work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import shutil
+import unittest
+from typing import Any, Callable
+
+import support
+from longrun import CorruptStateError, JsonFileStore, RunState
+from longrun.approval import ApprovalRequest
+from longrun.budget import BudgetCounters
+from longrun.ledger import EffectRecord, EffectState
+from longrun.outcome import Evidence, Status
+from longrun.stores import _journal, jsonfile
+from longrun.stores._fileio import FileIO
+
+TASK = "t"
+
+
+def base_state() -> RunState:
+    state = RunState(task_id=TASK, plan_digest="sha256:" + "ab" * 32, budget=BudgetCounters(created_at=1.0), next_action="start")
+    for index in range(3):
+        state.effects[f"s{index}"] = EffectRecord(
+            f"{TASK}/s{index}", f"s{index}", "write", {"n": index, "text": "ünïcødé ✓\n\"quoted\""}, f"sha256:{index:064x}",
+            updated_at=1.0,
+        )  # fmt: skip
+    return state
+
+
+def mutate(state: RunState, step: int, rng: random.Random) -> set[str]:
+    """Change the state the way a runner does; return the step ids whose records changed."""
+    changed: set[str] = set()
+    state.updated_at = 10.0 + step
+    state.next_action = f"action {step}"
+    choice = rng.randrange(8)
+    if choice == 0:
+        step_id = f"s{len(state.effects)}"
+        state.effects[step_id] = EffectRecord(f"{TASK}/{step_id}", step_id, "write", {"n": step, "l": [1, 2.5, None]}, "sha256:" + "1" * 64)
+        changed.add(step_id)
+    elif choice == 1:
+        state.note_control(Evidence("control", f"approval record {step}", float(step)))
+    elif choice == 2:
+        state.budget = dataclasses.replace(state.budget, attempts_total=state.budget.attempts_total + 1, cost_spent=step / 4)
+    elif choice == 3:
+        request = ApprovalRequest(TASK, state.plan_digest, f"s{step % 3}", "sha256:" + "2" * 64, "write", 1.0, 2.0 + step)
+        state.approval_requests[request.step_id] = request
+    elif choice == 4 and state.approval_requests:
+        step_id = next(iter(state.approval_requests))
+        del state.approval_requests[step_id]
+        state.consumed_approvals.append(f"ap-{step}")
+    elif choice == 5:
+        state.unknowns = [Evidence("target:write", f"unknown {step}", float(step))]
+        state.status = rng.choice([Status.RUNNING, Status.AWAITING_APPROVAL])
+    for _ in range(rng.randrange(3)):
+        step_id = rng.choice(list(state.effects))
+        record = state.effects[step_id]
+        state.effects[step_id] = dataclasses.replace(
+            record,
+            attempts=record.attempts + 1,
+            state=rng.choice(list(EffectState)),
+            result={"r": step} if rng.random() < 0.5 else None,
+            evidence=f"seen {step}",
+            not_before=None if rng.random() < 0.5 else 100.0 + step,
+            updated_at=20.0 + step,
+        )
+        changed.add(step_id)
+    return changed
+
+
+class JournalCase(support.TempDirTest):
+    def setUp(self) -> None:
+        super().setUp()
+        self.root = self.path("root")
+        self.committed: dict[int, dict[str, Any]] = {}
+
+    def task_file(self, name: str, root: str | None = None) -> str:
+        return os.path.join(root or self.root, TASK, name)
+
+    def read(self, name: str, root: str | None = None) -> bytes:
+        with open(self.task_file(name, root), "rb") as handle:
+            return handle.read()
+
+    def write(self, name: str, data: bytes, root: str | None = None) -> None:
+        with open(self.task_file(name, root), "wb") as handle:
+            handle.write(data)
+
+    def journals(self, root: str | None = None) -> list[str]:
+        names = [name for name in os.listdir(os.path.join(root or self.root, TASK)) if name.startswith("journal.")]
+        return sorted(names, key=lambda name: int(name.split(".")[1]))
+
+    def build(self, commits: int, *, seed: int = 7) -> tuple[JsonFileStore, Any, RunState]:
+        """A task with a snapshot, its backup and ``commits`` commits after it, each remembered."""
+        store = JsonFileStore(self.root)
+        self.addCleanup(store.close)
+        lease = store.acquire_lease(TASK, "me", 3600.0, 0.0)
+        store.load(TASK, lease=lease)
+        state = base_state()
+        rng = random.Random(seed)
+        store.commit(lease, state, set(state.effects))
+        self.committed[state.revision] = state.to_json()
+        for step in range(commits + 1):
+            changed = mutate(state, step, rng)
+            store.commit(lease, state, changed)
+            self.committed[state.revision] = state.to_json()
+        return store, lease, state
+
+    def copy_of(self, name: str) -> str:
+        target = self.path(name)
+        shutil.rmtree(target, ignore_errors=True)
+        copy_keeping_links(self.root, target)
+        return target
+
+    @staticmethod
+    def content(document: dict[str, Any]) -> dict[str, Any]:
+        document = dict(document)
+        document.pop("revision")
+        document.pop("reconcile_all")
+        return document
+
+    def assert_committed_or_typed_error(self, load: Callable[[], Any], where: str) -> Any:
+        """The load gives a version that was committed (whole), a recovery of one, or a typed error."""
+        try:
+            result = load()
+        except CorruptStateError:
+            return None
+        except Exception as exc:  # noqa: BLE001 - the point is that nothing else may escape
+            self.fail(f"{where}: {type(exc).__name__} leaked: {exc}")
+        state = result.state
+        self.assertIsNotNone(state, f"{where}: a silent reset to no state")
+        seen = state.to_json()
+        if result.source == "primary" and not state.reconcile_all:
+            self.assertIn(state.revision, self.committed, f"{where}: revision {state.revision} was never committed")
+            self.assertEqual(seen, self.committed[state.revision], f"{where}: not the committed version")
+        else:
+            # A recovery, now (source "backup") or made durable earlier (a recovery snapshot).
+            self.assertIn(result.source, ("backup", "primary"), where)
+            self.assertTrue(state.reconcile_all, f"{where}: a recovery must observe every unverified step first")
+            matches = [rev for rev, document in self.committed.items() if self.content(document) == self.content(seen)]
+            self.assertTrue(matches, f"{where}: the recovered state is no committed version")
+            self.assertGreaterEqual(result.revision_floor, max(matches), where)
+        return result
+
+
+class TornTailTests(JournalCase):
+    def test_a_torn_last_record_is_dropped_then_cut_off_by_a_repairing_load(self) -> None:
+        store, lease, state = self.build(6)
+        name = self.journals()[-1]
+        data = bytearray(self.read(name))
+        end = data.index(0)
+        last = data.rindex(b"\n", 0, end - 1) + 1
+        data[last + (end - last) // 2 : end] = bytes(end - (last + (end - last) // 2))  # its second half never landed
+        self.write(name, bytes(data))
+        result = JsonFileStore(self.root).load(TASK)
+        self.assertEqual(result.source, "primary", "a torn write is not damage")
+        self.assertEqual(result.state.to_json(), self.committed[state.revision - 1])
+        self.assertEqual(result.revision_floor, state.revision - 1, "the torn record was never acknowledged")
+        self.assertTrue(any("dropped an incomplete last record" in item.detail for item in result.observations))
+        fresh = JsonFileStore(self.root)
+        loaded = fresh.load(TASK, lease=lease)
+        self.assertEqual(os.listdir(self.task_file("quarantine")), [])
+        self.assertEqual(self.read(name).rstrip(b"\0")[-1:], b"\n", "the torn bytes were cut")
+        loaded.state.next_action = "after the torn write"
+        self.assertEqual(fresh.commit(lease, loaded.state), state.revision)
+        again = JsonFileStore(self.root).load(TASK)
+        self.assertEqual((again.source, again.state.next_action), ("primary", "after the torn write"))
+
+    def test_a_whole_last_record_with_a_bad_checksum_is_damage_not_a_torn_write(self) -> None:
+        store, lease, state = self.build(4)
+        name = self.journals()[-1]
+        data = bytearray(self.read(name))
+        end = data.index(0)
+        data[end - 5] ^= 0x20  # inside the last record, whose newline did land
+        self.write(name, bytes(data))
+        result = JsonFileStore(self.root).load(TASK)
+        self.assertEqual(result.source, "backup")
+        self.assertTrue(result.state.reconcile_all, "it may have been acknowledged: observe before applying")
+        self.assertGreaterEqual(result.revision_floor, state.revision)
+
+    def test_a_last_record_whose_newline_was_damaged_is_not_taken_for_torn(self) -> None:
+        store, lease, state = self.build(4)
+        name = self.journals()[-1]
+        data = bytearray(self.read(name))
+        data[data.index(0) - 1] = ord("x")
+        self.write(name, bytes(data))
+        self.assertEqual(JsonFileStore(self.root).load(TASK).source, "backup")
+
+
+class TruncationTests(JournalCase):
+    def test_truncating_the_journal_at_every_byte_gives_a_committed_version(self) -> None:
+        self.build(12)
+        name = self.journals()[-1]
+        original = self.read(name)
+        content_end = original.index(0)
+        target = self.copy_of("cut")
+        for offset in list(range(content_end + 1)) + [content_end + 100, len(original)]:
+            self.write(name, original[:offset], target)
+            result = self.assert_committed_or_typed_error(lambda: JsonFileStore(target).load(TASK), f"cut at {offset}")
+            if result is not None:
+                self.assertEqual(result.source, "primary", f"cut at {offset}: a shorter journal is a committed prefix")
+
+    def test_after_a_cut_journal_a_repairing_load_and_commit_leave_a_clean_task(self) -> None:
+        self.build(8)
+        name = self.journals()[-1]
+        original = self.read(name)
+        for offset in range(0, original.index(0) + 1, 23):
+            target = self.copy_of("cut")
+            self.write(name, original[:offset], target)
+            store = JsonFileStore(target)
+            lease = store.acquire_lease(TASK, "next", 3600.0, 10_000.0)
+            loaded = store.load(TASK, lease=lease)
+            loaded.state.next_action = f"resumed after a cut at {offset}"
+            store.commit(lease, loaded.state)
+            store.close()
+            again = JsonFileStore(target).load(TASK)
+            self.assertEqual((again.source, again.state.next_action), ("primary", f"resumed after a cut at {offset}"))
+
+    def test_truncating_the_snapshot_at_every_byte_recovers_from_the_backup_or_refuses(self) -> None:
+        self.build(5)
+        original = self.read("state.json")
+        target = self.copy_of("cut")
+        for offset in range(len(original)):
+            self.write("state.json", original[:offset], target)
+            result = self.assert_committed_or_typed_error(lambda: JsonFileStore(target).load(TASK), f"cut at {offset}")
+            self.assertIsNotNone(result, f"cut at {offset}: the backup and its journals still hold the state")
+            self.assertEqual(result.source, "backup", f"cut at {offset}")
+
+    def test_truncating_both_snapshots_is_refused_never_reset(self) -> None:
+        self.build(3)
+        target = self.copy_of("cut")
+        for offset in (0, 1, 40, 200):
+            for name in ("state.json", "state.json.bak"):
+                self.write(name, self.read(name)[:offset], target)
+            with self.assertRaises(CorruptStateError):
+                JsonFileStore(target).load(TASK)
+
+
+class BitFlipTests(JournalCase):
+    def flips(self, name: str, offsets: range) -> None:
+        original = self.read(name)
+        clean = JsonFileStore(self.root).load(TASK).state.to_json()
+        target = self.copy_of("flip")
+        for offset in offsets:
+            damaged = bytearray(original)
+            damaged[offset] ^= 1 << (offset % 8)
+            self.write(name, bytes(damaged), target)
+            where = f"{name} byte {offset}"
+            result = self.assert_committed_or_typed_error(lambda: JsonFileStore(target).load(TASK), where)
+            if result is None:
+                continue
+            if result.source == "primary":
+                # Only one flip may leave a valid-looking file: the first padding byte turned into
+                # a one-byte "torn write". Nothing was lost, and the load says what it dropped.
+                self.assertEqual(result.state.to_json(), clean, where)
+                self.assertTrue(any("dropped" in item.detail for item in result.observations), where)
+        self.write(name, original, target)
+
+    def test_a_flipped_bit_in_any_byte_of_the_snapshot_is_detected(self) -> None:
+        self.build(4)
+        self.flips("state.json", range(len(self.read("state.json"))))
+
+    def test_a_flipped_bit_in_any_byte_of_the_journal_is_detected(self) -> None:
+        self.build(6)
+        name = self.journals()[-1]
+        end = self.read(name).index(0)
+        self.flips(name, range(end + 40))
+
+    def test_a_damaged_backup_is_found_when_it_is_needed(self) -> None:
+        self.build(3)
+        data = bytearray(self.read("state.json.bak"))
+        data[len(data) // 2] ^= 0x04
+        self.write("state.json.bak", bytes(data))
+        self.assertEqual(JsonFileStore(self.root).load(TASK).source, "primary", "the backup is only read when needed")
+        self.write("state.json", b"")
+        with self.assertRaises(CorruptStateError):
+            JsonFileStore(self.root).load(TASK)
+
+
+def copy_keeping_links(source: str, target: str) -> None:
+    """Copy a tree as a crash leaves it: two names of one file stay one file (``shutil.copytree``
+    would make a backup hard link look like a separate, rolled-back copy)."""
+    copied: dict[tuple[int, int], str] = {}
+    for directory, _, names in os.walk(source):
+        destination = os.path.join(target, os.path.relpath(directory, source))
+        os.makedirs(destination, exist_ok=True)
+        for name in names:
+            path = os.path.join(directory, name)
+            info = os.lstat(path)
+            key = (info.st_dev, info.st_ino)
+            if key in copied:
+                os.link(copied[key], os.path.join(destination, name))
+            else:
+                shutil.copy2(path, os.path.join(destination, name))
+                copied[key] = os.path.join(destination, name)
+
+
+class Crash(BaseException):
+    """The process dies here (raised by the I/O layer; copies the files as the crash leaves them)."""
+
+
+class CrashingIO(FileIO):
+    """Counts every I/O call; at call ``at`` copies the store's files aside and raises ``Crash``."""
+
+    def __init__(self, at: int, on_crash: Callable[[], None]):
+        self.at, self.count, self.on_crash = at, 0, on_crash
+
+    def _tick(self) -> None:
+        self.count += 1
+        if self.count == self.at:
+            self.on_crash()
+            raise Crash()
+
+    def open(self, path: str, flags: int, mode: int = 0o600) -> int:
+        self._tick()
+        return super().open(path, flags, mode)
+
+    def write(self, fd: int, data: bytes) -> int:
+        self._tick()
+        return super().write(fd, data)
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        self._tick()
+        return super().pwrite(fd, data, offset)
+
+    def fsync(self, fd: int) -> None:
+        self._tick()
+        super().fsync(fd)
+
+    def fdatasync(self, fd: int) -> None:
+        self._tick()
+        super().fdatasync(fd)
+
+    def truncate(self, fd: int, length: int) -> None:
+        self._tick()
+        super().truncate(fd, length)
+
+    def replace(self, source: str, destination: str) -> None:
+        self._tick()
+        super().replace(source, destination)
+
+    def link(self, source: str, destination: str) -> None:
+        self._tick()
+        super().link(source, destination)
+
+    def unlink(self, path: str) -> None:
+        self._tick()
+        super().unlink(path)
+
+    def fsync_dir(self, path: str) -> None:
+        self._tick()
+        super().fsync_dir(path)
+
+
+class CrashWindowTests(JournalCase):
+    def crash_everywhere(self, action: Callable[[JsonFileStore], None], check: Callable[[str, int], None]) -> int:
+        """Run ``action`` on a copy of the task once per I/O call, dying at that call; ``check`` the copy."""
+        template = self.copy_of("template")
+        at = 0
+        while True:
+            at += 1
+            self.assertLess(at, 500, "the action never completed")
+            work = self.path("work")
+            shutil.rmtree(work, ignore_errors=True)
+            copy_keeping_links(template, work)
+            crashed = self.path("crashed")
+            shutil.rmtree(crashed, ignore_errors=True)
+            store = JsonFileStore(work, io=CrashingIO(at, lambda: copy_keeping_links(work, crashed)))
+            try:
+                action(store)
+            except Crash:
+                check(crashed, at)
+                continue
+            finally:
+                store.close()
+            check(work, at)
+            return at
+
+    def test_a_crash_at_any_point_of_a_compaction_loses_nothing_and_flags_no_damage(self) -> None:
+        store, lease, state = self.build(3)
+        original = jsonfile.COMPACT_MIN_BYTES
+        jsonfile.COMPACT_MIN_BYTES = 0
+        self.addCleanup(setattr, jsonfile, "COMPACT_MIN_BYTES", original)
+        rng = random.Random(99)
+        while True:  # commit until the next commit compacts, without committing it
+            journal_end, snapshot_bytes = store._writers[TASK].journal_end, store._writers[TASK].snapshot_bytes
+            if journal_end > 0.25 * snapshot_bytes:
+                break
+            store.commit(lease, state, mutate(state, state.revision, rng))
+            self.committed[state.revision] = state.to_json()
+        store.close()
+        before = state.revision
+        changed = mutate(state, 1000, rng)
+        after = state.to_json()
+        after["revision"] = before + 1
+        after["lease"]["epoch"] = 2
+        after["lease"]["owner"] = "next"
+        after["lease"]["expires_at"] = 10_000.0 + 3600.0
+
+        def action(crashing: JsonFileStore) -> None:
+            next_lease = crashing.acquire_lease(TASK, "next", 3600.0, 10_000.0)
+            loaded = crashing.load(TASK, lease=next_lease).state
+            for step_id in changed:
+                loaded.effects[step_id] = state.effects[step_id]
+            for field in dataclasses.fields(RunState):
+                if field.name not in ("effects", "revision", "lease_owner", "lease_epoch", "lease_expires_at"):
+                    setattr(loaded, field.name, getattr(state, field.name))
+            crashing.commit(next_lease, loaded, changed)
+            self.assertNotEqual(crashing._writers[TASK].snapshot_revision, before, "this commit compacted")
+
+        def check(root: str, at: int) -> None:
+            result = JsonFileStore(root).load(TASK)
+            self.assertEqual(result.source, "primary", f"crash at I/O call {at}: {[e.detail for e in result.observations]}")
+            self.assertFalse(result.state.reconcile_all)
+            seen = result.state.to_json()
+            if seen["revision"] == before + 1:
+                self.assertEqual(self.content(seen), self.content(after), f"crash at I/O call {at}")
+            else:
+                self.assertEqual(seen, self.committed[before], f"crash at I/O call {at}")
+            follow = JsonFileStore(root)
+            lease = follow.acquire_lease(TASK, "after", 3600.0, 20_000.0)
+            resumed = follow.load(TASK, lease=lease).state
+            resumed.next_action = "after the crash"
+            follow.commit(lease, resumed)
+            follow.close()
+            final = JsonFileStore(root).load(TASK)
+            self.assertEqual((final.source, final.state.next_action), ("primary", "after the crash"), f"crash at I/O call {at}")
+
+        calls = self.crash_everywhere(action, check)
+        self.assertGreater(calls, 15, "the compaction's every step was a crash point")
+
+    def test_a_crash_at_any_point_of_the_first_commit_leaves_no_state_or_the_first(self) -> None:
+        os.makedirs(self.root)
+        JsonFileStore(self.root).acquire_lease(TASK, "me", 1.0, 0.0)
+
+        def action(store: JsonFileStore) -> None:
+            lease = store.acquire_lease(TASK, "next", 3600.0, 100.0)
+            store.load(TASK, lease=lease)
+            store.commit(lease, base_state(), {"s0", "s1", "s2"})
+
+        def check(root: str, at: int) -> None:
+            result = JsonFileStore(root).load(TASK)
+            self.assertIn(result.source, ("none", "primary"), f"crash at I/O call {at}")
+            if result.state is not None:
+                self.assertEqual(self.content(result.state.to_json())["effects"], self.content(base_state().to_json())["effects"])
+
+        self.crash_everywhere(action, check)
+
+    def test_a_crash_at_any_point_of_a_repair_keeps_the_recovery_observed(self) -> None:
+        store, lease, state = self.build(6)
+        name = self.journals()[-1]
+        data = bytearray(self.read(name))
+        lines_end = data.index(0)
+        data[lines_end - 40] ^= 0x01  # the last record is damaged
+        self.write(name, bytes(data))
+        floors: list[int] = []
+
+        def action(crashing: JsonFileStore) -> None:
+            next_lease = crashing.acquire_lease(TASK, "next", 3600.0, 10_000.0)
+            crashing.load(TASK, lease=next_lease)
+
+        def check(root: str, at: int) -> None:
+            result = self.assert_committed_or_typed_error(lambda: JsonFileStore(root).load(TASK), f"crash at I/O call {at}")
+            self.assertIsNotNone(result, f"crash at I/O call {at}")
+            self.assertTrue(result.state.reconcile_all, f"crash at I/O call {at}: the recovery was forgotten")
+            self.assertGreaterEqual(result.revision_floor, state.revision, f"crash at I/O call {at}")
+            floors.append(result.revision_floor)
+
+        self.crash_everywhere(action, check)
+        self.assertGreater(floors[-1], state.revision, "the repaired state is a revision no commit used")
+
+
+class LinearLoadTests(JournalCase):
+    """Load is linear in what it reads: counted, not timed."""
+
+    def count_load(self, effects: int, commits: int) -> dict[str, int]:
+        root = self.path(f"root-{effects}-{commits}")
+        store = JsonFileStore(root)
+        lease = store.acquire_lease(TASK, "me", 3600.0, 0.0)
+        store.load(TASK, lease=lease)
+        state = base_state()
+        state.effects.clear()
+        for index in range(effects):
+            step_id = f"s{index}"
+            state.effects[step_id] = EffectRecord(f"{TASK}/{step_id}", step_id, "write", {"n": index}, "sha256:" + "0" * 64)
+        store.commit(lease, state, set(state.effects))
+        store.commit(lease, state, ())
+        for index in range(commits):
+            step_id = f"s{index % effects}"
+            state.effects[step_id] = dataclasses.replace(state.effects[step_id], attempts=index, updated_at=float(index))
+            store.commit(lease, state, {step_id})
+        store.close()
+        counts = {"applied": 0, "records_built": 0, "bytes_read": 0}
+        real_apply, real_row = _journal.Replay.apply_record, _journal.record_from_row
+
+        def apply(replay: _journal.Replay, record: Any) -> None:
+            counts["applied"] += 1
+            real_apply(replay, record)
+
+        def record_from_row(row: object) -> EffectRecord:
+            counts["records_built"] += 1
+            return real_row(row)
+
+        class ReadCounter(FileIO):
+            def read(self, fd: int, size: int) -> bytes:
+                data = super().read(fd, size)
+                counts["bytes_read"] += len(data)
+                return data
+
+        _journal.Replay.apply_record = apply  # type: ignore[method-assign]
+        _journal.record_from_row = record_from_row  # type: ignore[assignment]
+        try:
+            JsonFileStore(root, io=ReadCounter()).load(TASK)
+        finally:
+            _journal.Replay.apply_record = real_apply  # type: ignore[method-assign]
+            _journal.record_from_row = real_row  # type: ignore[assignment]
+        directory = os.path.join(root, TASK)
+        counts["files"] = sum(os.path.getsize(os.path.join(directory, name)) for name in ("state.json", self.journals(root)[-1]))
+        return counts
+
+    def test_each_record_is_applied_once_and_each_effect_built_once(self) -> None:
+        small = self.count_load(effects=50, commits=400)
+        large = self.count_load(effects=100, commits=800)
+        for counts, (effects, commits) in ((small, (50, 400)), (large, (100, 800))):
+            self.assertEqual(counts["applied"], commits, "every journal record is applied exactly once")
+            self.assertEqual(counts["records_built"], effects, "every effect record is built once, not once per change")
+            self.assertLessEqual(counts["bytes_read"], counts["files"] + 64 * 1024 + 1024, "each file is read once")
+
+
+class RoundTripTests(JournalCase):
+    def test_random_commits_through_compactions_always_load_as_committed(self) -> None:
+        original = jsonfile.COMPACT_MIN_BYTES
+        jsonfile.COMPACT_MIN_BYTES = 1500
+        self.addCleanup(setattr, jsonfile, "COMPACT_MIN_BYTES", original)
+        for seed in range(4):
+            root = self.path(f"root-{seed}")
+            store = JsonFileStore(root)
+            lease = store.acquire_lease(TASK, "me", 3600.0, 0.0)
+            store.load(TASK, lease=lease)
+            state = base_state()
+            rng = random.Random(seed)
+            store.commit(lease, state, set(state.effects))
+            for step in range(120):
+                store.commit(lease, state, mutate(state, step, rng))
+                if step % 7 == 0 or step == 119:
+                    loaded = JsonFileStore(root).load(TASK)
+                    self.assertEqual(loaded.source, "primary")
+                    self.assertEqual(loaded.state.to_json(), state.to_json(), f"seed {seed} step {step}")
+                    self.assertEqual(list(loaded.state.effects), list(state.effects), "plan order")
+                if step == 60:  # a new owner picks the task up half way, from what it loads
+                    store.close()
+                    store = JsonFileStore(root)
+                    lease = store.acquire_lease(TASK, "second", 3600.0, 10_000.0)
+                    state = store.load(TASK, lease=lease).state
+            store.close()
+
+    def test_the_bounded_observation_list_is_extended_not_rewritten(self) -> None:
+        store, lease, state = self.build(1)
+        for index in range(60):
+            state.note_control(Evidence("control", f"record {index}", float(index)))
+            store.commit(lease, state)
+        last = self.read(self.journals()[-1]).rstrip(b"\0").split(b"\n")[-2]
+        self.assertIn(b'"extend"', last)
+        self.assertLess(len(last), 300, "one observation added, one dropped: not fifty rewritten")
+        self.assertEqual(JsonFileStore(self.root).load(TASK).state.to_json(), state.to_json())
+
+
+if __name__ == "__main__":
+    unittest.main()
