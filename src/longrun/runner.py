@@ -189,6 +189,7 @@ class Runner:
         self._state: RunState | None = None
         self._dirty = False
         self._changed = set()
+        self._cursor = 0
         self._cancellation_checked = False
         self._evidence = _Evidence(self.clock)
 
@@ -204,6 +205,7 @@ class Runner:
         self._state = None
         self._dirty = False
         self._changed: set[str] = set()
+        self._cursor = 0
         self._cancellation_checked = False
         if self.refusals:
             for reason in self.refusals:
@@ -461,11 +463,15 @@ class Runner:
         )
 
     def _next_step(self) -> Step | None:
+        """The first step not yet verified. A verified effect never changes again, so the cursor
+        only moves forward: finding the next step costs O(1) amortized, not O(plan)."""
         assert self._state is not None
-        for step in self.steps:
-            record = self._state.effects.get(step.step_id)
+        effects = self._state.effects
+        while self._cursor < len(self.steps):
+            record = effects.get(self.steps[self._cursor].step_id)
             if record is None or record.state is not EffectState.VERIFIED:
-                return step
+                return self.steps[self._cursor]
+            self._cursor += 1
         return None
 
     def _advance(self) -> None:
@@ -508,7 +514,7 @@ class Runner:
     def _plan(self, step: Step, now: float) -> EffectRecord:
         assert self._state is not None
         try:
-            payload = step.evaluate_payload(self._results())
+            payload = step.evaluate_payload(self._results() if step.dynamic else {})
         except InvalidInputError:
             raise
         except Exception as exc:  # the factory is user code (an LLM call, say): name it and keep the cause
