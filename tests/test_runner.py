@@ -37,7 +37,7 @@ class SpyStore(JsonFileStore):
         super().__init__(root)
         self.commits: list[dict] = []
 
-    def commit(self, lease: Lease, state: RunState, changed: Collection[str] = ()) -> int:
+    def commit(self, lease: Lease, state: RunState, changed: Collection[str] | None = None) -> int:
         revision = super().commit(lease, state, changed)
         self.commits.append(json.loads(json.dumps(state.to_json())))
         return revision

@@ -88,7 +88,14 @@ class Store(Protocol):
 
     def load(self, task_id: str, *, lease: Lease | None = None) -> LoadResult: ...
 
-    def commit(self, lease: Lease, state: RunState, changed: Collection[str] = ()) -> int: ...
+    def commit(self, lease: Lease, state: RunState, changed: Collection[str] | None = None) -> int:
+        """Durably write ``state`` as the next revision, fenced by ``lease``; return the revision.
+
+        ``changed`` names the step ids whose effect records changed since the previous commit, so
+        a store may write only those (an empty collection: no record changed). ``None`` means
+        "not known": the store then compares or writes every record, O(ledger) but never lossy.
+        """
+        ...
 
     def read_cancellation(self, task_id: str) -> ControlRecord | None: ...
 

@@ -637,7 +637,7 @@ class Shadow:
         """Whether ``state`` is the very object (and effect mapping) this shadow follows."""
         return state is self.state and state.effects is self.effects
 
-    def record_for(self, state: RunState, changed: Collection[str]) -> dict[str, Any] | None:
+    def record_for(self, state: RunState, changed: Collection[str] | None) -> dict[str, Any] | None:
         """The journal record that turns the shadow into ``state``, updating the shadow; or None if
         the change cannot be told from ``changed`` (the caller then writes a snapshot)."""
         record: dict[str, Any] = {"rev": state.revision, "epoch": state.lease_epoch}
@@ -653,9 +653,9 @@ class Shadow:
             record["effects"] = effects
         return record
 
-    def _effect_changes(self, state: RunState, changed: Collection[str]) -> dict[str, Any] | None:
+    def _effect_changes(self, state: RunState, changed: Collection[str] | None) -> dict[str, Any] | None:
         current, known = state.effects, self.records
-        if type(changed) is tuple and not changed:
+        if changed is None:
             # Not told what changed: compare every record (by identity first, so unchanged ones are cheap).
             changed = [step_id for step_id, record in current.items() if known.get(step_id) is not record]
             changed += [step_id for step_id in known if step_id not in current]

@@ -586,7 +586,7 @@ class SqlStore(BaseStore):
             log.warning("task %s: moved damaged rows to the quarantine: %s", task_id, moved)
         return moved
 
-    def _put_state(self, state: RunState, changed: Collection[str]) -> None:
+    def _put_state(self, state: RunState, changed: Collection[str] | None) -> None:
         task_id = state.task_id
         header = encode(dataclasses.replace(state, effects={}))
         # The database checks the fence and the revision itself, in this transaction.
@@ -617,8 +617,9 @@ class SqlStore(BaseStore):
             ),
         )
         stored = self._stored_steps.get(task_id)
-        if stored is None:
-            stored = {row[0] for row in self._all("SELECT step_id FROM longrun_effects WHERE task_id = ?", (task_id,))}
+        if stored is None or changed is None:  # not known what changed: write every record
+            if stored is None:
+                stored = {row[0] for row in self._all("SELECT step_id FROM longrun_effects WHERE task_id = ?", (task_id,))}
             to_write = list(state.effects)
         else:
             to_write = [step for step in state.effects if step not in stored]

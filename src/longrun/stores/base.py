@@ -75,7 +75,7 @@ class BaseStore:
     def _get_state(self, task_id: str, *, repair: bool) -> LoadResult:
         raise NotImplementedError
 
-    def _put_state(self, state: RunState, changed: Collection[str]) -> None:
+    def _put_state(self, state: RunState, changed: Collection[str] | None) -> None:
         raise NotImplementedError
 
     def read_cancellation(self, task_id: str) -> ControlRecord | None:
@@ -165,7 +165,7 @@ class BaseStore:
             self._poisoned.pop(task_id, None)
         return result
 
-    def commit(self, lease: Lease, state: RunState, changed: Collection[str] = ()) -> int:
+    def commit(self, lease: Lease, state: RunState, changed: Collection[str] | None = None) -> int:
         """Durably write ``state`` as the task's next revision, fenced by ``lease``. Returns the revision."""
         task_id = state.task_id
         if lease.task_id != task_id:

@@ -51,9 +51,8 @@ Invariants (``tests/test_store_jsonfile.py`` and ``tests/test_journal.py`` are b
    untouched; if another writer changed either, it refuses to commit until the task is loaded again.
 
 ``changed``: a caller names the step ids whose effect records it replaced since its last commit
-(the Runner does). Added and removed records are found even if not named; a record replaced but
-not named is written only if ``changed`` is the default empty tuple, which means "not known" and
-makes the store compare every record (correct, O(n)).
+(the Runner does). Added and removed records are found even if not named; ``changed=None`` (the
+default) means "not known" and makes the store compare every record (correct, O(n)).
 
 Not guaranteed: exclusion across machines (flock on a network file system is not trustworthy; use
 a database store), protection from a user who edits the files with the right permissions, or
@@ -800,7 +799,7 @@ class JsonFileStore(BaseStore):
 
     # -- commit -------------------------------------------------------------------------------
 
-    def _put_state(self, state: RunState, changed: Collection[str]) -> None:
+    def _put_state(self, state: RunState, changed: Collection[str] | None) -> None:
         task_id = state.task_id
         writer = self._writers.get(task_id)
         try:

@@ -37,6 +37,7 @@ exclusion across machines (the PostgreSQL store's own tests race processes with 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 import copy
 import dataclasses
 import logging
@@ -424,6 +425,20 @@ class StoreContract:
         reloaded = self.store().load("t").state
         case.assertEqual(reloaded.to_json(), state.to_json())
         case.assertEqual(list(reloaded.effects), [f"step-{i:03d}" for i in range(6)], "plan order is kept")
+
+    def test_contract_a_commit_that_does_not_say_what_changed_loses_nothing(self) -> None:
+        """``changed=None`` means "not known": every replaced record must still be persisted."""
+        case, store = self._case, self.store()
+        lease = self.leased(store)
+        state = sample_state("t", effects=3)
+        store.commit(lease, state)
+        first = next(iter(state.effects))
+        state.effects[first] = replace(state.effects[first], evidence="replaced without being named")
+        store.commit(lease, state)
+        case.assertEqual(self.store().load("t").state.to_json(), state.to_json())
+        state.next_action = "header only"
+        store.commit(lease, state, ())  # nothing changed among the records: the header still lands
+        case.assertEqual(self.store().load("t").state.next_action, "header only")
 
     def test_contract_a_commit_cut_short_at_any_io_leaves_the_previous_or_the_next_revision(self) -> None:
         case, store = self._case, self.store()
