@@ -46,6 +46,16 @@ class LifecycleTests(unittest.TestCase):
             with self.assertRaises(IllegalTransitionError):
                 record(S.VERIFIED).move(target, 1.0)
 
+    def test_with_changes_copies_every_field_and_refuses_unknown_ones(self) -> None:
+        from dataclasses import fields, replace
+
+        original = record(S.STARTED)
+        changes = dict(attempts=2, evidence="seen", result={"id": 1})
+        self.assertEqual(original.with_changes(**changes), replace(original, **changes))
+        self.assertEqual([f.name for f in fields(original)], [f.name for f in fields(original.with_changes())])
+        with self.assertRaises(TypeError):
+            original.with_changes(colour="red")
+
     def test_round_trip_and_validation(self) -> None:
         original = record(S.ACKNOWLEDGED).move(S.VERIFIED, 2.0, result={"id": 7}, evidence="seen")
         self.assertEqual(EffectRecord.from_json(original.to_json()), original)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from . import _fields as f
@@ -109,18 +109,16 @@ class BudgetCounters:
     cost_spent: float = 0.0
     last_progress_at: float = 0.0
 
+    # Built directly rather than with dataclasses.replace: these run on every effect's path.
     def started(self, now: float) -> "BudgetCounters":
-        return replace(
-            self,
-            first_started_at=self.first_started_at if self.first_started_at is not None else now,
-            attempts_total=self.attempts_total + 1,
-        )
+        first = self.first_started_at if self.first_started_at is not None else now
+        return BudgetCounters(self.created_at, first, self.attempts_total + 1, self.cost_spent, self.last_progress_at)
 
     def spent(self, cost: float) -> "BudgetCounters":
-        return replace(self, cost_spent=self.cost_spent + cost)
+        return BudgetCounters(self.created_at, self.first_started_at, self.attempts_total, self.cost_spent + cost, self.last_progress_at)
 
     def progressed(self, now: float) -> "BudgetCounters":
-        return replace(self, last_progress_at=now)
+        return BudgetCounters(self.created_at, self.first_started_at, self.attempts_total, self.cost_spent, now)
 
     def exhausted(self, limits: Limits, now: float) -> str | None:
         """The first limit this run has reached before starting one more attempt, or None."""

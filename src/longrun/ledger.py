@@ -18,7 +18,7 @@ each adapter call; this module only says which records are legal.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from . import _fields as f
@@ -85,7 +85,21 @@ class EffectRecord:
     def move(self, state: EffectState, at: float, **changes: Any) -> "EffectRecord":
         if state not in _MOVES[self.state]:
             raise IllegalTransitionError(f"effect {self.key!r}: {self.state.value} -> {state.value} is not allowed")
-        return replace(self, state=state, updated_at=at, **changes)
+        return self.with_changes(state=state, updated_at=at, **changes)
+
+    def with_changes(self, **changes: Any) -> "EffectRecord":
+        """``dataclasses.replace`` without its per-call introspection: this is on every effect's path.
+
+        Only field names are accepted; values are not re-validated (records are built from checked
+        parts, and ``from_json`` validates what is read back).
+        """
+        unknown = changes.keys() - _FIELD_NAMES
+        if unknown:
+            raise TypeError(f"EffectRecord has no field(s) {sorted(unknown)}")
+        copy = object.__new__(EffectRecord)
+        for name in _FIELD_ORDER:
+            object.__setattr__(copy, name, changes[name] if name in changes else getattr(self, name))
+        return copy
 
     @property
     def in_flight(self) -> bool:
@@ -136,3 +150,7 @@ class EffectRecord:
             approval_id=f.get_str(d, "approval_id", what, optional=True),
             updated_at=f.get_float(d, "updated_at", what),
         )
+
+
+_FIELD_ORDER = tuple(field.name for field in fields(EffectRecord))
+_FIELD_NAMES = frozenset(_FIELD_ORDER)
