@@ -334,6 +334,17 @@ class BudgetTests(RunnerCase):
         self.assertEqual(outcome.status, Status.LIMITS_EXHAUSTED)
         self.assertEqual(adapter.applied, ["task-1/s0", "task-1/s1"])
 
+    def test_an_invalid_receipt_cost_is_recorded_not_charged(self) -> None:
+        for bad in (float("nan"), -5.0, float("inf"), "3", True):
+            with self.subTest(cost=bad):
+                adapter = RecordingAdapter()
+                adapter.apply = lambda request, bad=bad: (adapter.applied.append(request.key), Receipt(cost=bad))[1]  # type: ignore[method-assign]
+                task = RunContract(f"cost-{len(adapter.applied)}-{abs(hash(repr(bad)))}", "g")
+                outcome = self.runner([Step("s0", "write", {})], contract=task, adapter=adapter).run()
+                self.assertEqual(outcome.status, Status.DONE)
+                self.assertTrue(any("invalid cost" in item.detail for item in outcome.unknowns))
+                self.assertEqual(self.store.load(task.task_id).state.budget.cost_spent, 0.0)
+
     def test_step_budget_counts_across_runs(self) -> None:
         adapter = RecordingAdapter()
         steps = [Step(f"s{i}", "write", {"n": i}, approval=(i == 1)) for i in range(3)]

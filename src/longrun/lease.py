@@ -11,8 +11,21 @@ renewal fails it records why, and the runner stops (``lease-lost``) before its n
 measures the lease's freshness on a monotonic clock from the grant, never by comparing the
 lease's expiry (which a database store stamps with its own clock) with the runner's wall clock.
 
+Whether a lease is still live is judged on a monotonic clock when one can be: a runner whose
+clock offers ``monotonic_id()`` (``SystemClock`` does: this boot of this machine) hands the store
+its ``(id, monotonic())`` reading, and a store that keeps it (the JSON-file store) records the
+lease's expiry on that timeline too. A contender on the same timeline then takes over only when
+*its own* monotonic reading is past that expiry: no sooner than the lease's TTL after the holder's
+last grant or renewal, measured on the one clock both share. A wall clock that jumps, freezes or
+runs at the wrong rate changes nothing. A lease recorded during another boot of the machine
+(``boot:`` ids that differ) has no live holder: the reboot ended it. Without a shared timeline (a
+clock with no ``monotonic_id``, a store that does not keep it, the database stores) expiry is
+judged by wall clock: the caller's, or the database server's.
+
 Not guaranteed: that the adapter call itself stops when the lease is lost. A thread cannot be
-killed; a target that must refuse stale work checks ``EffectRequest.epoch`` itself.
+killed; a target that must refuse stale work checks ``EffectRequest.epoch`` itself. Nor a right
+judgement if the kernel's monotonic clock is itself wrong (it is never stepped; NTP slews it by
+at most 0.05%).
 """
 
 from __future__ import annotations
@@ -25,9 +38,32 @@ from typing import Any, Callable, Mapping
 
 from . import _fields as f
 from .canonical import JSONValue
-__all__ = ["Lease", "LeaseKeeper"]
+__all__ = ["Lease", "LeaseKeeper", "MonotonicReading", "boot_clock_id"]
 
 log = logging.getLogger("longrun")
+
+
+_LEASE_FIELDS = frozenset(
+    {"schema_version", "task_id", "owner", "epoch", "acquired_at", "expires_at", "monotonic_clock", "monotonic_expires_at"}
+)
+
+MonotonicReading = tuple[str, float]
+"""``(timeline id, seconds)``: a monotonic clock reading and the timeline it is comparable on."""
+
+_BOOT_ID: list[str | None] = []
+
+
+def boot_clock_id() -> str | None:
+    """``"boot:<id>"`` for this boot of this machine (Linux): the timeline of ``time.monotonic()``,
+    shared by every process on it. None where the platform does not say."""
+    if not _BOOT_ID:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+                value = handle.read().strip()
+        except OSError:
+            value = ""
+        _BOOT_ID.append("boot:" + value if value else None)
+    return _BOOT_ID[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,32 +73,53 @@ class Lease:
     epoch: int
     acquired_at: float
     expires_at: float
+    monotonic_clock: str | None = None
+    """The timeline ``monotonic_expires_at`` is on (see the module docstring), if the grant had one."""
+    monotonic_expires_at: float | None = None
 
-    def expired(self, now: float) -> bool:
-        return now >= self.expires_at
+    def expired(self, now: float, monotonic: MonotonicReading | None = None) -> bool:
+        """Whether the lease has ended for a caller whose wall clock says ``now`` and whose monotonic
+        clock reads ``monotonic``: judged on the shared monotonic timeline if there is one."""
+        return self.remaining(now, monotonic) <= 0
 
-    def remaining(self, now: float) -> float:
+    def remaining(self, now: float, monotonic: MonotonicReading | None = None) -> float:
+        if monotonic is not None and self.monotonic_clock is not None and self.monotonic_expires_at is not None:
+            timeline, reading = monotonic
+            if timeline == self.monotonic_clock:
+                return self.monotonic_expires_at - reading
+            if timeline.startswith("boot:") and self.monotonic_clock.startswith("boot:"):
+                return 0.0  # granted during an earlier boot of this machine: its holder is gone
         return self.expires_at - now
 
     def to_json(self) -> dict[str, JSONValue]:
-        return {
+        data: dict[str, JSONValue] = {
+            "schema_version": f.RECORD_SCHEMA_VERSION,
             "task_id": self.task_id,
             "owner": self.owner,
             "epoch": self.epoch,
             "acquired_at": self.acquired_at,
             "expires_at": self.expires_at,
         }
+        if self.monotonic_clock is not None and self.monotonic_expires_at is not None:
+            data["monotonic_clock"] = self.monotonic_clock
+            data["monotonic_expires_at"] = self.monotonic_expires_at
+        return data
 
     @classmethod
     def from_json(cls, data: object) -> "Lease":
+        """Validate a lease record (see ``_fields`` for the rules; ``schema_version`` may be absent)."""
         what = "lease record"
         d: Mapping[str, Any] = f.require_mapping(data, what)
+        f.check_fields(d, _LEASE_FIELDS, what)
+        f.check_record_version(d, what)
         return cls(
-            task_id=f.get_str(d, "task_id", what),
+            task_id=f.get_id(d, "task_id", what),
             owner=f.get_str(d, "owner", what),
             epoch=f.get_int(d, "epoch", what),
             acquired_at=f.get_float(d, "acquired_at", what),
             expires_at=f.get_float(d, "expires_at", what),
+            monotonic_clock=f.get_str(d, "monotonic_clock", what, optional=True),
+            monotonic_expires_at=f.get_float(d, "monotonic_expires_at", what, optional=True),
         )
 
 

@@ -42,7 +42,10 @@ class Clock(Protocol):
     """Wall-clock seconds since the epoch, and a way to wait. Tests inject ``testing.FakeClock``.
 
     A clock may also offer ``monotonic() -> float``; the runner then measures the lease's
-    freshness with it (``SystemClock`` and ``FakeClock`` do). Without it, ``now()`` is used.
+    freshness with it (``SystemClock`` and ``FakeClock`` do). Without it, ``now()`` is used. A clock
+    that also offers ``monotonic_id() -> str | None``, naming the timeline its ``monotonic()`` readings
+    are comparable on (``SystemClock``: this boot of this machine), lets the store judge lease expiry
+    on that timeline instead of by wall clock (see ``longrun.lease``).
     """
 
     def now(self) -> float: ...
@@ -78,7 +81,13 @@ class Store(Protocol):
     a strictly greater epoch on every acquisition.
     """
 
-    def acquire_lease(self, task_id: str, owner: str, ttl_s: float, now: float) -> Lease: ...
+    def acquire_lease(self, task_id: str, owner: str, ttl_s: float, now: float) -> Lease:
+        """Take the lease with a strictly greater epoch unless another owner's is live.
+
+        The runner passes ``monotonic=(timeline, reading)`` as a keyword too when its clock has a
+        ``monotonic_id`` (and only then); a store that records it judges expiry on that timeline.
+        ``renew_lease`` and ``release_lease`` take the same keyword."""
+        ...
 
     def renew_lease(self, lease: Lease, ttl_s: float, now: float) -> Lease: ...
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
 import os
 import secrets
 import socket
@@ -37,6 +38,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
+from . import _crashpoints
 from .adapters import EffectRequest, Receipt
 from .approval import ApprovalRequest, GateVerdict, evaluate_gate
 from .authority import RefusedRecord, SignedApprovals, SignedCancellations
@@ -57,7 +59,7 @@ from .errors import (
     TransientError,
     UnknownActionError,
 )
-from .lease import Lease, LeaseKeeper
+from .lease import Lease, LeaseKeeper, boot_clock_id
 from .ledger import EffectRecord, EffectState
 from .outcome import TERMINAL, Evidence, RunOutcome, Status
 from .protocols import ApprovalSource, CancellationSource, Clock, EffectAdapter, Store
@@ -76,6 +78,10 @@ class SystemClock:
 
     def monotonic(self) -> float:
         return time.monotonic()
+
+    def monotonic_id(self) -> str | None:
+        """The timeline ``monotonic()`` is on: this boot of this machine (see ``longrun.lease``)."""
+        return boot_clock_id()
 
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
@@ -215,12 +221,17 @@ class Runner:
                 "change the plan so every step's action is allowed by the run contract; nothing was run",
             )
         try:
-            self._lease = self.store.acquire_lease(self.task_id, self.owner, self.lease_ttl_s, self.clock.now())
+            self._lease = self.store.acquire_lease(
+                self.task_id, self.owner, self.lease_ttl_s, self.clock.now(), **self._monotonic_reading()
+            )
         except LeaseHeldError as exc:
             holder = exc.holder if isinstance(exc.holder, Lease) else None
             self._evidence.observed("store", str(exc))
             self._evidence.unknown("lease", "whether the current lease holder is alive and making progress")
-            until = f" at {_utc(holder.expires_at)}" if holder else ""
+            until = ""
+            if holder is not None:
+                now = self.clock.now()
+                until = f" at {_utc(now + max(0.0, holder.remaining(now, self._monotonic_reading().get('monotonic'))))}"
             return self._outcome(
                 Status.ALREADY_RUNNING,
                 f"wait for the current owner to finish or for its lease to expire{until}, then run again",
@@ -244,7 +255,18 @@ class Runner:
     # -- lease --------------------------------------------------------------------------------
 
     def _renew(self, lease: Lease) -> Lease:
-        return self.store.renew_lease(lease, self.lease_ttl_s, self.clock.now())
+        return self.store.renew_lease(lease, self.lease_ttl_s, self.clock.now(), **self._monotonic_reading())
+
+    def _monotonic_reading(self) -> dict[str, tuple[str, float]]:
+        """``{"monotonic": (timeline, reading)}`` for the store's lease calls if the clock names the
+        timeline of its ``monotonic()`` (``SystemClock``: this boot), else nothing: the store then
+        judges expiry by wall clock, and a store written before this keyword still works."""
+        timeline = getattr(self.clock, "monotonic_id", None)
+        timeline = timeline() if callable(timeline) else None
+        monotonic = getattr(self.clock, "monotonic", None)
+        if not timeline or not callable(monotonic):
+            return {}
+        return {"monotonic": (timeline, monotonic())}
 
     def _current_lease(self) -> Lease:
         """The lease to write under; raises ``_Stop(lease-lost)`` if background renewal failed."""
@@ -268,7 +290,7 @@ class Runner:
         if lease is None:
             return
         try:
-            self.store.release_lease(lease, self.clock.now())
+            self.store.release_lease(lease, self.clock.now(), **self._monotonic_reading())
         except FencedError as exc:
             log.info("lease on %s was already taken over: %s", self.task_id, exc)
         except Exception:
@@ -293,6 +315,8 @@ class Runner:
         self.store.commit(lease, state, frozenset(self._changed))
         self._changed.clear()
         self._dirty = False
+        if _crashpoints.ARMED:
+            _crashpoints.hit("state.committed", state.revision)
 
     def _stop(self, status: Status, next_action: str) -> _Stop:
         """Record a stop in the state (committed) and return the exception that unwinds to ``run``."""
@@ -328,6 +352,8 @@ class Runner:
                 Status.STATE_UNRECOVERABLE,
                 "inspect the quarantined state files and the target before anything else; do not restart this task from scratch",
             ) from None
+        if _crashpoints.ARMED:
+            _crashpoints.hit("recovery.loaded", loaded.state.revision if loaded.state is not None else 0)
         for item in loaded.observations:
             self._evidence.observations.append(item)
         now = self.clock.now()
@@ -420,6 +446,8 @@ class Runner:
     def _check_cancellation(self) -> None:
         assert self._state is not None
         raw = self.cancellations.read_cancellation(self.task_id)
+        if _crashpoints.ARMED:
+            _crashpoints.hit("cancellation.read")
         if raw is None:
             if not self._cancellation_checked:
                 self._evidence.inferred("no cancellation record: new effects are allowed (read again before each one)")
@@ -580,6 +608,8 @@ class Runner:
             del state.approval_requests[step.step_id]
             record = replace(record, approval_id=approval.approval_id)
             self._put(record)
+            if _crashpoints.ARMED:
+                _crashpoints.hit("approval.consumed", step.step_id)
             return record
         for reason in decision.reasons:
             self._evidence.unknown("approval", reason)
@@ -604,10 +634,14 @@ class Runner:
         attempt = record.attempts + 1
         record = record.move(EffectState.STARTED, now, attempts=attempt, epoch=lease.epoch, not_before=None, last_error=None)
         self._put(record)
+        if _crashpoints.ARMED:
+            _crashpoints.hit("attempt.incremented", f"{step.step_id}#{attempt}")
         state.budget = state.budget.started(now)
         state.status = Status.RUNNING
         state.next_action = f"observe whether effect {record.key!r} took place"
         self._commit()  # the intent is durable before the adapter is called
+        if _crashpoints.ARMED:
+            _crashpoints.hit("effect.intent-persisted", f"{step.step_id}#{attempt}")
         adapter = self.adapters[step.action]
         request = self._request(step, record, attempt)
         try:
@@ -628,10 +662,17 @@ class Runner:
             self._put(record)
             self._settle(step, record)
             return
+        if _crashpoints.ARMED:
+            _crashpoints.hit("effect.applied", f"{step.step_id}#{attempt}")
         self._current_lease()
         if not isinstance(receipt, Receipt):
             receipt = Receipt(evidence=f"apply returned {type(receipt).__name__}, not a Receipt")
-        cost = float(receipt.cost) if isinstance(receipt.cost, (int, float)) and not isinstance(receipt.cost, bool) else 0.0
+        cost = receipt.cost
+        if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost < 0:
+            # An adapter bug: recorded, not charged (a NaN would also poison every later commit).
+            self._evidence.unknown(f"adapter:{step.action}", f"receipt for {record.key} reports an invalid cost {cost!r}; not charged")
+            cost = 0.0
+        cost = float(cost)
         self._evidence.observed(f"adapter:{step.action}", f"receipt for {record.key} attempt {attempt}: {receipt.evidence or 'no evidence'}")
         record = record.move(
             EffectState.ACKNOWLEDGED,

@@ -14,7 +14,10 @@ Invariants every store built on ``BaseStore`` keeps (the tests are built to brea
    write fails also when the transaction around it fails to commit (a database's COMMIT).
 6. Lease expiry is judged by ``_clock``, read inside the task's transaction: the caller's ``now``
    unless the store has a better clock (a database server's), so runners on machines whose clocks
-   disagree cannot both hold an unexpired lease.
+   disagree cannot both hold an unexpired lease. If the lease record carries an expiry on a
+   monotonic timeline (``Lease.monotonic_clock``) and the caller passes a ``monotonic`` reading on
+   the same timeline, that decides instead (see ``longrun.lease``): a wall clock that jumps cannot
+   hand a live lease to a contender.
 
 A subclass supplies the primitives: a per-task exclusive transaction, reading and writing the
 lease record, reading (and repairing) and writing the state, and the control records.
@@ -26,13 +29,14 @@ import contextlib
 import logging
 from typing import Collection
 
+from .. import _crashpoints
 from ..approval import Approval
 from ..cancellation import Cancellation
 from ..contract import check_task_id
 from ..control import ControlRecord
 from ..envelope import RunState
 from ..errors import FencedError, InvalidInputError, LeaseHeldError, StorageError
-from ..lease import Lease
+from ..lease import Lease, MonotonicReading
 from ..protocols import LoadResult
 
 __all__ = ["BaseStore"]
@@ -111,7 +115,21 @@ class BaseStore:
             )
         return current
 
-    def acquire_lease(self, task_id: str, owner: str, ttl_s: float, now: float) -> Lease:
+    @staticmethod
+    def _monotonic_expiry(monotonic: MonotonicReading | None, ttl_s: float) -> dict[str, object]:
+        """The lease fields that record its expiry on the caller's monotonic timeline, if it has one."""
+        if monotonic is None:
+            return {}
+        timeline, reading = monotonic
+        return {"monotonic_clock": timeline, "monotonic_expires_at": reading + ttl_s}
+
+    def acquire_lease(
+        self, task_id: str, owner: str, ttl_s: float, now: float, *, monotonic: MonotonicReading | None = None
+    ) -> Lease:
+        """Take the task's lease with the next epoch, unless another owner's lease is live.
+
+        Live means unexpired by the store's clock (``_clock(now)``), or, when the record and
+        ``monotonic`` are on the same monotonic timeline, by that timeline alone (``Lease.remaining``)."""
         check_task_id(task_id)
         self._check_ttl(ttl_s)
         if not isinstance(owner, str) or not owner:
@@ -119,34 +137,51 @@ class BaseStore:
         with self._transaction(task_id, create=True):
             now = self._clock(now)
             current = self._get_lease(task_id)
-            if current is not None and not current.expired(now) and current.owner != owner:
+            if current is not None and current.owner != owner and not current.expired(now, monotonic):
                 raise LeaseHeldError(
                     f"task {task_id!r} is leased to {current.owner!r} (epoch {current.epoch}) "
-                    f"for {current.remaining(now):.1f}s more",
+                    f"for {current.remaining(now, monotonic):.1f}s more",
                     holder=current,
                 )
             floor = current.epoch if current is not None else self._epoch_floor(task_id)
-            lease = Lease(task_id=task_id, owner=owner, epoch=floor + 1, acquired_at=now, expires_at=now + ttl_s)
+            lease = Lease(
+                task_id=task_id, owner=owner, epoch=floor + 1, acquired_at=now, expires_at=now + ttl_s,
+                **self._monotonic_expiry(monotonic, ttl_s),  # type: ignore[arg-type]
+            )  # fmt: skip
             self._put_lease(lease)
         log.debug("lease on %s acquired by %s at epoch %d", task_id, owner, lease.epoch)
+        if _crashpoints.ARMED:
+            _crashpoints.hit("lease.acquired", lease.epoch)
         return lease
 
-    def renew_lease(self, lease: Lease, ttl_s: float, now: float) -> Lease:
+    def renew_lease(self, lease: Lease, ttl_s: float, now: float, *, monotonic: MonotonicReading | None = None) -> Lease:
         self._check_ttl(ttl_s)
         with self._transaction(lease.task_id, create=False):
             now = self._clock(now)
             current = self._fence(lease, operation="lease renewal")
             if current.owner != lease.owner:
                 raise FencedError(f"lease on {lease.task_id!r} at epoch {lease.epoch} belongs to {current.owner!r}")
-            renewed = Lease(lease.task_id, lease.owner, lease.epoch, current.acquired_at, now + ttl_s)
+            renewed = Lease(
+                lease.task_id, lease.owner, lease.epoch, current.acquired_at, now + ttl_s,
+                **self._monotonic_expiry(monotonic, ttl_s),  # type: ignore[arg-type]
+            )  # fmt: skip
             self._put_lease(renewed)
+        if _crashpoints.ARMED:
+            _crashpoints.hit("lease.renewed", lease.epoch)
         return renewed
 
-    def release_lease(self, lease: Lease, now: float) -> None:
+    def release_lease(self, lease: Lease, now: float, *, monotonic: MonotonicReading | None = None) -> None:
         with self._transaction(lease.task_id, create=False):
             now = self._clock(now)
             current = self._fence(lease, operation="lease release")
-            self._put_lease(Lease(lease.task_id, current.owner, lease.epoch, current.acquired_at, min(now, current.expires_at)))
+            ended: dict[str, object] = {}
+            if monotonic is not None and current.monotonic_clock == monotonic[0] and current.monotonic_expires_at is not None:
+                ended = {"monotonic_clock": monotonic[0], "monotonic_expires_at": min(monotonic[1], current.monotonic_expires_at)}
+            # Without a reading on the record's timeline the record drops it: the wall-clock expiry
+            # (now, at the latest) then decides, so a release always ends the lease.
+            self._put_lease(
+                Lease(lease.task_id, current.owner, lease.epoch, current.acquired_at, min(now, current.expires_at), **ended)  # type: ignore[arg-type]
+            )
 
     def read_lease(self, task_id: str) -> Lease | None:
         check_task_id(task_id)

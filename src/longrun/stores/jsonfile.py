@@ -50,6 +50,17 @@ Invariants (``tests/test_store_jsonfile.py`` and ``tests/test_journal.py`` are b
    lock, that the snapshot is still the one it wrote and that the journal's padding at its end is
    untouched; if another writer changed either, it refuses to commit until the task is loaded again.
 
+Reading is hardened against planted and damaged files: every file is opened ``O_NOFOLLOW`` (and
+``O_NONBLOCK``, so a FIFO cannot hang a reader) and must be a regular file within its limit
+(``MAX_STATE_BYTES`` for snapshots and journals, ``MAX_RECORD_BYTES`` for the lease and control
+records, ``MAX_APPROVAL_FILES``); the task directory, ``control``, ``control/approvals`` and
+``quarantine`` must be plain directories (``lstat``), so nothing is read from, written to or
+quarantined into a place outside the task directory; names read from listings are used only
+if they match ``journal.<R>.log`` or end in ``.json``. JSON is parsed by
+``canonical.parse_json``. A read-only load changes no byte and no name; only a repairing load
+(with the lease) moves damaged files into ``quarantine``. The directory checks are ``lstat``
+calls before use: someone who can swap a directory in between can edit the state anyway.
+
 ``changed``: a caller names the step ids whose effect records it replaced since its last commit
 (the Runner does). Added and removed records are found even if not named; ``changed=None`` (the
 default) means "not known" and makes the store compare every record (correct, O(n)).
@@ -66,9 +77,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import hashlib
-import json
 import logging
 import os
 import re
@@ -78,7 +89,7 @@ from typing import Collection
 
 from ..approval import Approval
 from ..cancellation import Cancellation
-from ..canonical import canonical_bytes, sha256_hex
+from ..canonical import canonical_bytes, parse_json, sha256_hex
 from ..contract import check_task_id
 from ..control import ControlRecord
 from ..envelope import FORMAT as LEGACY_FORMAT
@@ -127,7 +138,27 @@ PREALLOCATE_MAX = 1 << 20
 blocks that are already allocated and written lets ``fdatasync`` skip the metadata flush that an
 append needs (the file size), which is most of its cost; the padding costs that once per extension."""
 
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _JOURNAL_NAME = re.compile(r"journal\.(0|[1-9][0-9]{0,17})\.log")
+
+
+def _checked_lease(document: object) -> object:
+    """A lease file's fields without its checksum, which must match them.
+
+    The checksum (SHA-256 over the canonical JSON of the other fields) makes a flipped digit in the
+    epoch or the expiry damage rather than a different lease; without it a bit flip could lower the
+    epoch and let the store issue one twice. A file written before the checksum existed has none
+    and is read as it is (damage to the key's name leaves an unknown field, which is refused)."""
+    if not isinstance(document, dict) or "checksum" not in document:
+        return document
+    body = {key: value for key, value in document.items() if key != "checksum"}
+    try:
+        expected = "sha256:" + sha256_hex(canonical_bytes(body))
+    except (TypeError, ValueError) as exc:
+        raise CorruptStateError(f"lease record cannot be re-encoded: {exc}") from exc
+    if document["checksum"] != expected:
+        raise CorruptStateError("lease record checksum does not match its content")
+    return body
 
 
 def journal_name(base: int) -> str:
@@ -308,7 +339,8 @@ class JsonFileStore(BaseStore):
             try:
                 # Readers take a shared lock through a read-only descriptor, so an operator's
                 # `status` works on a store it cannot write and never creates files.
-                return self.io.open(lock_path, os.O_RDWR | os.O_CREAT if write else os.O_RDONLY, 0o600)
+                # O_NONBLOCK: a FIFO planted as the lock file must not hang a reader.
+                return self.io.open(lock_path, os.O_RDWR | os.O_CREAT if write else os.O_RDONLY | _NONBLOCK, 0o600)
             except FileNotFoundError:
                 return -1  # a reader of a task whose lock file is gone: there is no writer to exclude
         except LongrunError:
@@ -328,8 +360,11 @@ class JsonFileStore(BaseStore):
         if cached is not None and cached[0] == data:
             return cached[1]
         try:
-            lease = Lease.from_json(json.loads(data))
-        except (ValueError, RecursionError) as exc:
+            document = parse_json(data, what="lease record", max_bytes=MAX_RECORD_BYTES, unique_keys=True)
+            lease = Lease.from_json(_checked_lease(document))
+        except SchemaVersionError:
+            raise
+        except CorruptStateError as exc:
             raise CorruptStateError(f"lease record of {task_id!r} is damaged: {exc}") from exc
         if lease.task_id != task_id:
             raise ForeignStateError(f"lease record in {task_id!r} names task {lease.task_id!r}")
@@ -337,7 +372,8 @@ class JsonFileStore(BaseStore):
         return lease
 
     def _put_lease(self, lease: Lease) -> None:
-        data = canonical_bytes(lease.to_json())
+        body = lease.to_json()
+        data = canonical_bytes({**body, "checksum": "sha256:" + sha256_hex(canonical_bytes(body))})
         write_atomic(self.io, self.task_dir(lease.task_id), LEASE, data)
         self._leases[lease.task_id] = (data, lease)
 
@@ -473,6 +509,7 @@ class JsonFileStore(BaseStore):
 
     def _quarantine(self, task_id: str, name: str, reason: str) -> str:
         directory = self.task_dir(task_id)
+        ensure_dir(self.io, os.path.join(directory, QUARANTINE))  # never a link out of the task directory
         target_name = f"{name}.{time.time_ns()}.{reason}"
         self.io.replace(os.path.join(directory, name), os.path.join(directory, QUARANTINE, target_name))
         self.io.fsync_dir(os.path.join(directory, QUARANTINE))
@@ -934,14 +971,36 @@ class JsonFileStore(BaseStore):
             return None
         digest = "sha256:" + sha256_hex(data)
         try:
-            return ControlRecord(name=name, body=json.loads(data), digest=digest)
-        except (ValueError, RecursionError) as exc:
-            return ControlRecord(name=name, error=f"not valid JSON: {exc}", digest=digest)
+            body = parse_json(data, what="the record", max_bytes=MAX_RECORD_BYTES, unique_keys=True)
+        except CorruptStateError as exc:
+            return ControlRecord(name=name, error=str(exc), digest=digest)
+        return ControlRecord(name=name, body=body, digest=digest)
+
+    def _control_dir(self, task_id: str, *parts: str) -> str | None:
+        """``control`` (and below) of a task if every part is a plain directory; None if one is
+        missing. A symbolic link (or anything else) in place of one raises ``OSError``: records are
+        read only from inside the task directory."""
+        directory = self.task_dir(task_id)
+        for part in parts:
+            directory = os.path.join(directory, part)
+            try:
+                info = os.lstat(directory)
+            except FileNotFoundError:
+                return None
+            if not stat.S_ISDIR(info.st_mode):
+                raise OSError(errno.ENOTDIR, "is not a plain directory (symbolic links are refused)", directory)
+        return directory
 
     def read_cancellation(self, task_id: str) -> ControlRecord | None:
         if not self._exists(task_id):
             raise UnknownTaskError(f"no task {task_id!r} in {self.root}")
-        return self._read_control(os.path.join(self.task_dir(task_id), CONTROL, CANCEL), CANCEL)
+        try:
+            directory = self._control_dir(task_id, CONTROL)
+        except OSError as exc:
+            return ControlRecord(name=CANCEL, error=f"unreadable: {exc}")  # damaged intent to stop: the runner stops
+        if directory is None:
+            return None
+        return self._read_control(os.path.join(directory, CANCEL), CANCEL)
 
     def write_cancellation(self, record: Cancellation) -> None:
         self._write_control(record.task_id, os.path.join(CONTROL), CANCEL, record.to_json())
@@ -949,7 +1008,12 @@ class JsonFileStore(BaseStore):
     def read_approvals(self, task_id: str) -> tuple[ControlRecord, ...]:
         if not self._exists(task_id):
             raise UnknownTaskError(f"no task {task_id!r} in {self.root}")
-        directory = os.path.join(self.task_dir(task_id), CONTROL, APPROVALS)
+        try:
+            directory = self._control_dir(task_id, CONTROL, APPROVALS)
+        except OSError as exc:
+            return (ControlRecord(name=f"{APPROVALS}/", error=f"unreadable: {exc}; no approval in it counts"),)
+        if directory is None:
+            return ()
         try:
             names = sorted(name for name in os.listdir(directory) if name.endswith(".json") and TEMP_MARK not in name)
         except FileNotFoundError:
@@ -972,9 +1036,11 @@ class JsonFileStore(BaseStore):
     def _write_control(self, task_id: str, subdir: str, name: str, body: object) -> None:
         if not self._exists(task_id):
             raise UnknownTaskError(f"no task {task_id!r} in {self.root}")
-        directory = os.path.join(self.task_dir(task_id), subdir)
+        directory = self.task_dir(task_id)
         try:
-            ensure_dir(self.io, directory)
+            for part in subdir.split(os.sep):  # each level checked: a linked ``control`` must not lead out
+                directory = os.path.join(directory, part)
+                ensure_dir(self.io, directory)
             write_atomic(self.io, directory, name, canonical_bytes(body))
         except OSError as exc:
             if isinstance(exc, LongrunError):

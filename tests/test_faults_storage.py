@@ -1,0 +1,44 @@
+"""Fault groups 3, 4 and 5 on the JSON-file store: power loss (a model replayed from a recorded
+trace, with a mutation check that removes each flush of the write protocol in turn), truncation
+and bit flips at every byte, and I/O errors at every I/O call.
+
+``LONGRUN_FAULTS_FULL=1`` runs the full counts (every byte, every mode)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import unittest
+
+import support
+from longrun import JsonFileStore, StorageError
+from longrun.testing import faults
+from test_faults_processes import FaultGroupCase
+
+
+class StorageFaultTests(FaultGroupCase):
+    def test_group3_power_loss_gives_the_before_or_the_after_state_and_every_flush_is_needed(self) -> None:
+        result = self.run_group(3)
+        sites = [note for note in result.notes if note.startswith("without the flush at")]
+        self.assertGreaterEqual(len(sites), 4, "journal fdatasync, temp-file fsync, directory fsyncs: each one matters")
+
+    def test_group4_truncation_and_bit_flips_are_refused_or_recovered_never_reset(self) -> None:
+        self.run_group(4)
+
+    def test_group5_io_errors_at_every_call_leave_the_before_or_the_after_state(self) -> None:
+        self.run_group(5)
+
+
+class FaultyIOTests(support.TempDirTest):
+    def test_the_nth_call_fails_with_the_chosen_errno_and_the_store_says_so_with_the_cause(self) -> None:
+        store = JsonFileStore(self.path("root"), io=faults.FaultyIO(1, errno.ENOSPC))
+        with self.assertRaises(StorageError) as caught:
+            store.acquire_lease("t", "me", 30.0, 0.0)
+        self.assertIsInstance(caught.exception.__cause__, OSError)
+        self.assertEqual(caught.exception.__cause__.errno, errno.ENOSPC)
+        self.assertEqual(store.io.injected, 1)
+        self.assertFalse(os.path.exists(self.path("root")))
+
+
+if __name__ == "__main__":
+    unittest.main()
