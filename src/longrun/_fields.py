@@ -10,9 +10,15 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, TypeVar
 
-from .errors import CorruptStateError
+from .contract import check_task_id
+from .errors import CorruptStateError, InvalidInputError, SchemaVersionError
 
 E = TypeVar("E")
+
+MAX_INT = 2**63 - 1
+"""The largest integer a record field may hold: what a database's BIGINT column stores."""
+RECORD_SCHEMA_VERSION = 1
+"""The schema version of control records (lease, approval, cancellation)."""
 
 _MISSING = object()
 
@@ -41,6 +47,17 @@ def get_str(data: Mapping[str, Any], name: str, what: str, *, optional: bool = F
     return value
 
 
+def get_id(data: Mapping[str, Any], name: str, what: str, *, optional: bool = False) -> Any:
+    """A string that must be a safe name (see ``contract.check_task_id``)."""
+    value = get_str(data, name, what, optional=optional)
+    if value is None:
+        return None
+    try:
+        return check_task_id(value, what=f"{what}: field {name!r}")
+    except InvalidInputError as exc:
+        raise CorruptStateError(str(exc)) from None
+
+
 def get_int(data: Mapping[str, Any], name: str, what: str, *, optional: bool = False, minimum: int = 0) -> Any:
     value = _get(data, name, what, optional)
     if value is None and optional:
@@ -49,16 +66,46 @@ def get_int(data: Mapping[str, Any], name: str, what: str, *, optional: bool = F
         raise CorruptStateError(f"{what}: field {name!r} must be an integer, got {type(value).__name__}")
     if value < minimum:
         raise CorruptStateError(f"{what}: field {name!r} must be >= {minimum}, got {value}")
+    if value > MAX_INT:
+        raise CorruptStateError(f"{what}: field {name!r} must be <= {MAX_INT}")
     return value
+
+
+def finite_float(value: object) -> float | None:
+    """``value`` as a finite float if it is a finite number (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)  # an int too large for a float raises OverflowError
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def get_float(data: Mapping[str, Any], name: str, what: str, *, optional: bool = False) -> Any:
     value = _get(data, name, what, optional)
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise CorruptStateError(f"{what}: field {name!r} must be a finite number, got {value!r:.40}")
-    return float(value)
+    number = finite_float(value)
+    if number is None:
+        raise CorruptStateError(f"{what}: field {name!r} must be a finite number, got {type(value).__name__}")
+    return number
+
+
+def check_fields(data: Mapping[str, Any], known: frozenset[str], what: str) -> None:
+    """Refuse a field that ``known`` does not name (see the module docstring for why)."""
+    if not known.issuperset(data):
+        unknown = sorted(str(key) for key in data if key not in known)
+        raise CorruptStateError(f"{what}: unknown field{'s' if len(unknown) > 1 else ''} {', '.join(repr(k[:40]) for k in unknown[:5])}")
+
+
+def check_record_version(data: Mapping[str, Any], what: str) -> None:
+    """A control record's optional ``schema_version``: absent (an older record) or the known one."""
+    version = data.get("schema_version", RECORD_SCHEMA_VERSION)
+    if type(version) is not int or version != RECORD_SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"{what}: schema version {version!r:.20} is not supported (this code reads version {RECORD_SCHEMA_VERSION})"
+        )
 
 
 def get_bool(data: Mapping[str, Any], name: str, what: str) -> bool:

@@ -37,6 +37,8 @@ from .errors import CorruptStateError
 __all__ = ["Approval", "ApprovalRequest", "GateDecision", "GateVerdict", "SCOPE_FIELDS", "evaluate_gate"]
 
 SCOPE_FIELDS = ("task_id", "plan_digest", "step_id", "payload_digest", "action")
+_REQUEST_FIELDS = frozenset({*SCOPE_FIELDS, "requested_at", "expires_at"})
+_APPROVAL_FIELDS = frozenset({*SCOPE_FIELDS, "schema_version", "approval_id", "expires_at", "approver", "granted_at", "signature"})
 WILDCARDS = frozenset({"*", "any", "all", ""})
 
 
@@ -63,10 +65,11 @@ class ApprovalRequest:
     def from_json(cls, data: object) -> "ApprovalRequest":
         what = "approval request"
         d: Mapping[str, Any] = f.require_mapping(data, what)
+        f.check_fields(d, _REQUEST_FIELDS, what)
         return cls(
-            task_id=f.get_str(d, "task_id", what),
+            task_id=f.get_id(d, "task_id", what),
             plan_digest=f.get_str(d, "plan_digest", what),
-            step_id=f.get_str(d, "step_id", what),
+            step_id=f.get_id(d, "step_id", what),
             payload_digest=f.get_str(d, "payload_digest", what),
             action=f.get_str(d, "action", what),
             requested_at=f.get_float(d, "requested_at", what),
@@ -105,20 +108,26 @@ class Approval:
         }
 
     def to_json(self) -> dict[str, JSONValue]:
+        """The record as written: ``signed_fields()``, the signature if any, and ``schema_version``
+        (not signed: it only says which readers may read the record, and they refuse any other)."""
         body = self.signed_fields()
+        body["schema_version"] = f.RECORD_SCHEMA_VERSION
         if self.signature is not None:
             body["signature"] = self.signature
         return body
 
     @classmethod
     def from_json(cls, data: object) -> "Approval":
+        """Validate an approval record (see ``_fields`` for the rules; ``schema_version`` may be absent)."""
         what = "approval record"
         d: Mapping[str, Any] = f.require_mapping(data, what)
+        f.check_fields(d, _APPROVAL_FIELDS, what)
+        f.check_record_version(d, what)
         return cls(
-            approval_id=f.get_str(d, "approval_id", what),
-            task_id=f.get_str(d, "task_id", what),
+            approval_id=f.get_id(d, "approval_id", what),
+            task_id=f.get_id(d, "task_id", what),
             plan_digest=f.get_str(d, "plan_digest", what),
-            step_id=f.get_str(d, "step_id", what),
+            step_id=f.get_id(d, "step_id", what),
             payload_digest=f.get_str(d, "payload_digest", what),
             action=f.get_str(d, "action", what),
             expires_at=f.get_float(d, "expires_at", what),

@@ -42,7 +42,6 @@ import contextlib
 import errno
 import hashlib
 import hmac
-import json
 import os
 import re
 import secrets
@@ -52,7 +51,7 @@ from typing import Iterator
 
 from .approval import Approval
 from .cancellation import Cancellation
-from .canonical import JSONValue, canonical_bytes, ensure_json, sha256_hex
+from .canonical import JSONValue, canonical_bytes, ensure_json, parse_json, sha256_hex
 from .contract import check_task_id
 from .control import ControlRecord
 from .errors import CorruptStateError, InvalidInputError, LongrunError, StorageError
@@ -123,6 +122,8 @@ def load_key(path: str | os.PathLike[str]) -> bytes:
     (it must be mode 0600 or 0400), and a key shorter than ``KEY_MIN_BYTES``.
     """
     where = os.fspath(path)
+    if not isinstance(where, str) or "\0" in where:
+        raise InvalidInputError(f"key file path {where!r:.80} is not a usable path")
     try:
         fd = os.open(where, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK)
     except OSError as exc:
@@ -335,7 +336,14 @@ class FileControlSource:
     ``control_root`` may be a ``JsonFileStore`` root, but for strict mode to mean anything it is
     usually a separate directory that the approver account owns, because the runner's account
     owns every task directory of its store. ``longrun approve|cancel --control-root DIR`` writes
-    there (directories 0755, files 0644: the runner reads, only the approver writes).
+    there (directories 0755, files 0644: the runner reads, only the approver writes). This is the
+    one place longrun creates anything but owner-only (0700/0600): the control area belongs to
+    another account than the runner's, which must be able to read it, and strict mode's checks are
+    about who can *write* (group and others never can), not who can read; a record holds no secret.
+
+    Reads follow the same limits as the stores: a record over ``MAX_RECORD_BYTES``, more than
+    ``MAX_APPROVAL_FILES`` approval files, and a record ``canonical.parse_json`` refuses (deep
+    nesting, NaN, duplicate keys, bad UTF-8) come back with ``error`` set, never as an exception.
 
     Strict mode (the default) refuses a record unless the file, ``control/approvals``,
     ``control``, the task directory and the control root are each owned by ``approver_uid`` or
@@ -359,7 +367,10 @@ class FileControlSource:
     def __init__(self, control_root: str | os.PathLike[str], *, strict: bool = True, approver_uid: int | None = None):
         if approver_uid is not None and (isinstance(approver_uid, bool) or not isinstance(approver_uid, int) or approver_uid < 0):
             raise InvalidInputError(f"approver_uid must be a non-negative integer uid, got {approver_uid!r}")
-        self.control_root = os.path.abspath(os.fspath(control_root))
+        root = os.fspath(control_root)
+        if not isinstance(root, str) or not root or "\0" in root:
+            raise InvalidInputError(f"control root {root!r:.80} is not a usable path")
+        self.control_root = os.path.abspath(root)
         self.strict = bool(strict)
         self.approver_uid = approver_uid
 
@@ -492,9 +503,10 @@ class FileControlSource:
         if len(data) > MAX_RECORD_BYTES:
             return ControlRecord(name=record_name, error=f"file grew over the {MAX_RECORD_BYTES}-byte limit while read", digest=digest)
         try:
-            return ControlRecord(name=record_name, body=json.loads(data), digest=digest)
-        except (ValueError, RecursionError) as exc:
-            return ControlRecord(name=record_name, error=f"not valid JSON: {exc}", digest=digest)
+            body = parse_json(data, what="the record", max_bytes=MAX_RECORD_BYTES, unique_keys=True)
+        except CorruptStateError as exc:
+            return ControlRecord(name=record_name, error=str(exc), digest=digest)
+        return ControlRecord(name=record_name, body=body, digest=digest)
 
     # -- writing (the operator's side) ---------------------------------------------------------
 

@@ -99,6 +99,9 @@ class RetryPolicy:
         return ceiling * (1.0 - self.jitter * unit)
 
 
+_COUNTER_FIELDS = frozenset({"created_at", "first_started_at", "attempts_total", "cost_spent", "last_progress_at"})
+
+
 @dataclass(frozen=True, slots=True)
 class BudgetCounters:
     """What the run has spent. Persisted in every revision; never reset by a restart."""
@@ -149,6 +152,7 @@ class BudgetCounters:
     def from_json(cls, data: object) -> "BudgetCounters":
         what = "budget counters"
         d: Mapping[str, Any] = f.require_mapping(data, what)
+        f.check_fields(d, _COUNTER_FIELDS, what)
         return cls(
             created_at=f.get_float(d, "created_at", what),
             first_started_at=f.get_float(d, "first_started_at", what, optional=True),

@@ -10,6 +10,10 @@ run for good. A record may carry a ``signature`` over ``signed_fields()``; when 
 configured to authenticate cancellations (``longrun.authority``), a record that does not verify is
 treated the same way: the run stops ``unsafe-to-continue`` instead of ending on a forger's word.
 
+A record carries ``schema_version`` (not signed); one without it (written before it existed) is
+read as version 1, one with any other version is refused (``SchemaVersionError``), like a field
+the record does not know (see ``longrun._fields``).
+
 Not guaranteed: that an adapter call already running is interrupted.
 """
 
@@ -22,6 +26,9 @@ from . import _fields as f
 from .canonical import JSONValue
 
 __all__ = ["Cancellation"]
+
+
+_FIELDS = frozenset({"schema_version", "task_id", "requested_at", "requested_by", "reason", "signature"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +51,7 @@ class Cancellation:
 
     def to_json(self) -> dict[str, JSONValue]:
         body: dict[str, JSONValue] = {
+            "schema_version": f.RECORD_SCHEMA_VERSION,
             "task_id": self.task_id,
             "requested_at": self.requested_at,
             "requested_by": self.requested_by,
@@ -57,8 +65,10 @@ class Cancellation:
     def from_json(cls, data: object) -> "Cancellation":
         what = "cancellation record"
         d: Mapping[str, Any] = f.require_mapping(data, what)
+        f.check_fields(d, _FIELDS, what)
+        f.check_record_version(d, what)
         return cls(
-            task_id=f.get_str(d, "task_id", what),
+            task_id=f.get_id(d, "task_id", what),
             requested_at=f.get_float(d, "requested_at", what),
             requested_by=f.get_str(d, "requested_by", what),
             reason=f.get_str(d, "reason", what),

@@ -8,7 +8,8 @@ The checksum is SHA-256 over the canonical JSON of ``state``, so any damage (a t
 flipped bit, a hand edit) is detected on load rather than silently believed. ``decode`` either
 returns a fully validated ``RunState`` or raises ``CorruptStateError`` (or its subclasses
 ``SchemaVersionError`` and ``ForeignStateError``); no ``JSONDecodeError``, ``KeyError`` or
-``TypeError`` leaks out.
+``TypeError`` leaks out. It parses with ``canonical.parse_json`` (size limit ``MAX_STATE_BYTES``,
+depth, strict UTF-8, no NaN), and refuses a field no record knows (see ``longrun._fields``).
 
 ``RunState`` is the runner's working copy: a mutable aggregate of frozen records. Stores persist
 it whole (the JSON-file store) or by the records that changed. Atomic replacement and the backup
@@ -17,14 +18,13 @@ are the store's job, not this module's.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from . import _fields as f
 from .approval import ApprovalRequest
 from .budget import BudgetCounters
-from .canonical import JSONValue, canonical_bytes, sha256_hex
+from .canonical import JSONValue, canonical_bytes, parse_json, sha256_hex
 from .errors import CorruptStateError, ForeignStateError, SchemaVersionError
 from .ledger import EffectRecord, EffectState
 from .outcome import Evidence, Status
@@ -35,6 +35,13 @@ FORMAT = "longrun.state"
 SCHEMA_VERSION = 1
 MAX_STATE_BYTES = 256 * 1024 * 1024
 MAX_CONTROL_OBSERVATIONS = 50
+_STATE_FIELDS = frozenset(
+    ("task_id", "plan_digest", "revision", "created_at", "updated_at", "status", "current_step", "next_action",
+     "completed_steps", "effects", "budget", "approval_requests", "consumed_approvals", "control_observations",
+     "unknowns", "lease", "reconcile_all")
+)  # fmt: skip
+_LEASE_FIELDS = frozenset({"owner", "epoch", "expires_at"})
+_ENVELOPE_FIELDS = frozenset({"format", "schema_version", "checksum", "state"})
 
 
 @dataclass
@@ -93,6 +100,7 @@ class RunState:
     def from_json(cls, data: object) -> "RunState":
         what = "state"
         d: Mapping[str, Any] = f.require_mapping(data, what)
+        f.check_fields(d, _STATE_FIELDS, what)
         effects: dict[str, EffectRecord] = {}
         for raw in f.get_list(d, "effects", what):
             record = EffectRecord.from_json(raw)
@@ -104,8 +112,9 @@ class RunState:
             request = ApprovalRequest.from_json(raw)
             requests[request.step_id] = request
         lease = f.require_mapping(d.get("lease"), "state lease")
+        f.check_fields(lease, _LEASE_FIELDS, "state lease")
         state = cls(
-            task_id=f.get_str(d, "task_id", what),
+            task_id=f.get_id(d, "task_id", what),
             plan_digest=f.get_str(d, "plan_digest", what),
             budget=BudgetCounters.from_json(d.get("budget")),
             revision=f.get_int(d, "revision", what, minimum=1),
@@ -143,25 +152,21 @@ def encode(state: RunState) -> bytes:
 
 def decode(data: bytes, *, expected_task: str | None = None) -> RunState:
     """Validate and parse envelope bytes; raise ``CorruptStateError`` (or a subclass) on any defect."""
-    if len(data) > MAX_STATE_BYTES:
-        raise CorruptStateError(f"state is {len(data)} bytes, over the {MAX_STATE_BYTES}-byte limit")
-    try:
-        document = json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError) as exc:
-        raise CorruptStateError(f"state is not valid JSON: {exc}") from exc
+    document = parse_json(data, what="state", max_bytes=MAX_STATE_BYTES)
     envelope = f.require_mapping(document, "state envelope")
     if envelope.get("format") != FORMAT:
         raise CorruptStateError(f"not a longrun state envelope (format {envelope.get('format')!r:.40})")
     version = envelope.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if type(version) is not int or version != SCHEMA_VERSION:
         raise SchemaVersionError(
             f"state schema version {version!r:.20} is not supported (this code reads version {SCHEMA_VERSION})"
         )
+    f.check_fields(envelope, _ENVELOPE_FIELDS, "state envelope")
     body = envelope.get("state")
     checksum = envelope.get("checksum")
     try:
         actual = "sha256:" + sha256_hex(canonical_bytes(body))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise CorruptStateError(f"state body cannot be re-encoded: {exc}") from exc
     if checksum != actual:
         raise CorruptStateError("state checksum does not match its content")

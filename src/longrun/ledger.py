@@ -56,6 +56,12 @@ IN_FLIGHT = frozenset({EffectState.STARTED, EffectState.ACKNOWLEDGED, EffectStat
 """States whose outcome at the target is not yet known to the ledger: reconcile before anything else."""
 
 
+_FIELDS = frozenset(
+    ("key", "step_id", "action", "payload", "payload_digest", "state", "attempts", "epoch", "result", "cost", "receipt",
+     "evidence", "last_error", "not_before", "approval_id", "updated_at")
+)  # fmt: skip
+
+
 class IllegalTransitionError(LongrunError):
     """A ledger move that the lifecycle does not allow; a bug in the caller, never retried."""
 
@@ -129,12 +135,13 @@ class EffectRecord:
     def from_json(cls, data: object) -> "EffectRecord":
         what = "effect record"
         d: Mapping[str, Any] = f.require_mapping(data, what)
+        f.check_fields(d, _FIELDS, what)
         payload = d.get("payload")
         if not isinstance(payload, dict):
             raise CorruptStateError(f"{what}: field 'payload' must be a JSON object")
         return cls(
             key=f.get_str(d, "key", what),
-            step_id=f.get_str(d, "step_id", what),
+            step_id=f.get_id(d, "step_id", what),
             action=f.get_str(d, "action", what),
             payload=payload,
             payload_digest=f.get_str(d, "payload_digest", what),

@@ -40,6 +40,9 @@ TERMINAL = frozenset({Status.DONE, Status.CANCELLED, Status.LIMITS_EXHAUSTED, St
 """Statuses recorded as final: running the task again changes nothing."""
 
 
+_EVIDENCE_FIELDS = frozenset({"source", "detail", "at"})
+
+
 @dataclass(frozen=True, slots=True)
 class Evidence:
     source: str
@@ -53,6 +56,7 @@ class Evidence:
     def from_json(cls, data: object) -> "Evidence":
         what = "evidence record"
         d: Mapping[str, Any] = f.require_mapping(data, what)
+        f.check_fields(d, _EVIDENCE_FIELDS, what)
         return cls(source=f.get_str(d, "source", what), detail=f.get_str(d, "detail", what), at=f.get_float(d, "at", what))
 
     def __str__(self) -> str:

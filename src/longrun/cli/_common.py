@@ -218,7 +218,10 @@ def format_time(at: float | None, *, precise: bool = False) -> str:
     """UTC, to the second (``precise``: to the millisecond); ``-`` for no time."""
     if at is None:
         return "-"
-    text = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at))
+    try:
+        text = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at))
+    except (OverflowError, OSError, ValueError):  # a time no calendar can show (a damaged record)
+        return f"{at!r:.30} (not a date)"
     if precise:
         text += f".{int((at % 1) * 1000):03d}"
     return text + "Z"

@@ -10,6 +10,12 @@ longrun, or, under ``resume``, the task's own code raising inside ``run()``.
 
 The store of every command that takes one is named once: as the ``STORE`` argument before
 ``TASK``, or with ``--store SPEC``. Both at once are accepted only when they agree.
+
+Every argument is checked before anything is opened (a usage error, exit 2): paths must be free
+of NUL bytes and at most ``MAX_PATH_BYTES``; ``TASK`` and ``--step`` must be safe
+names; ``--ttl`` a finite number of seconds in (0, ``MAX_TTL_S``]; ``--approver``, ``--by`` and
+``--reason`` non-empty text without control characters, at most ``MAX_NAME_CHARS`` and
+``MAX_REASON_CHARS`` characters, so that a record the CLI writes is one every reader accepts.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ import sys
 import traceback
 from typing import Sequence, TextIO
 
-from ..errors import CorruptStateError, LongrunError, StorageError
+from ..contract import check_task_id
+from ..errors import CorruptStateError, InvalidInputError, LongrunError, StorageError
 from ..protocols import Store
 from ._common import (
     EXIT_CODES_HELP,
@@ -89,32 +96,84 @@ _STORE_COMMANDS = ("status", "history", "verify", "approve", "cancel", "ls")
 _TASK_COMMANDS = ("status", "history", "verify", "approve", "cancel")
 
 
+MAX_TTL_S = 10 * 366 * 86_400.0
+"""The longest ``--ttl``: ten years. Longer is a typo, and a time far enough out cannot be shown."""
+MAX_NAME_CHARS = 256
+"""``--approver`` and ``--by``."""
+MAX_REASON_CHARS = 4096
+"""``--reason``: with the other fields, a record stays far below the readers' 64 KiB limit."""
+MAX_PATH_BYTES = 4096
+"""A path argument (PATH_MAX on Linux)."""
+_CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
 def _positive_seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds") from None
     if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} must be a positive number of seconds")
+    if value > MAX_TTL_S:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is more than ten years ({MAX_TTL_S:.0f} seconds)")
     return value
 
 
-def _non_empty(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must not be empty")
+def _text_argument(limit: int, what: str):  # type: ignore[no-untyped-def]
+    """An argparse type for free text that goes into a record: non-empty, bounded, printable."""
+
+    def check(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError("must not be empty")
+        if len(text) > limit:
+            raise argparse.ArgumentTypeError(f"{what} is {len(text)} characters, over the limit of {limit}")
+        if _CONTROL_CHARACTERS.search(text) or not _encodable(text):
+            raise argparse.ArgumentTypeError(f"{what} holds a control character or bytes that are not text")
+        return text
+
+    return check
+
+
+_non_empty = _text_argument(MAX_NAME_CHARS, "the name")
+_reason = _text_argument(MAX_REASON_CHARS, "the reason")
+
+
+def _encodable(text: str) -> bool:
+    """False for text holding a lone surrogate (how Python passes on argument bytes that are not UTF-8)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _path(text: str) -> str:
+    """An argparse type for a path: no NUL byte (which no system call takes), bounded. An empty one
+    passes, so that the command says what it needed there."""
+    if "\0" in text or len(os.fsencode(text)) > MAX_PATH_BYTES:
+        raise argparse.ArgumentTypeError(f"{text[:80]!r} is not a usable path")
     return text
+
+
+def _step_id(text: str) -> str:
+    try:
+        return check_task_id(text, what="step id")
+    except InvalidInputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _add_authority_options(command: argparse.ArgumentParser, record: str) -> None:
     command.add_argument(
         "--sign-key",
         metavar="FILE",
+        type=_path,
         help=f"sign the {record} with HMAC-SHA256 under the key in FILE (mode 0600, at least 32 bytes), "
         "for a runner that accepts only signed records",
     )
     command.add_argument(
         "--control-root",
         metavar="DIR",
+        type=_path,
         help=f"write the {record} under DIR (an existing control area read by a strict FileControlSource) "
         "instead of into the store",
     )
@@ -122,11 +181,13 @@ def _add_authority_options(command: argparse.ArgumentParser, record: str) -> Non
 
 def _add_store(command: argparse.ArgumentParser, *, task: bool) -> None:
     command.add_argument(
-        "store", metavar="STORE", nargs="?", help="the store: a directory, sqlite:PATH or postgresql://... (or use --store)"
+        "store", metavar="STORE", nargs="?", type=_path, help="the store: a directory, sqlite:PATH or postgresql://... (or use --store)"
     )
     if task:
         command.add_argument("task", metavar="TASK", help="the task id")
-    command.add_argument("--store", dest="store_option", metavar="SPEC", help="the store, instead of the STORE argument")
+    command.add_argument(
+        "--store", dest="store_option", metavar="SPEC", type=_path, help="the store, instead of the STORE argument"
+    )
 
 
 def _add_json(command: argparse.ArgumentParser, what: str) -> None:
@@ -193,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
         "task, plan digest, step, payload digest and action. It authorizes that one effect, once.",
     )
     _add_store(approve, task=True)
-    approve.add_argument("--step", metavar="STEP", help="which pending request, when there are several")
+    approve.add_argument("--step", metavar="STEP", type=_step_id, help="which pending request, when there are several")
     approve.add_argument("--approver", metavar="NAME", type=_non_empty, help="who approves (default: the login name)")
     approve.add_argument(
         "--ttl", metavar="SECONDS", type=_positive_seconds, default=3600.0, help="how long the approval is valid (default 3600)"
@@ -209,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
         "effect; an effect already in flight is still reconciled, then the run ends cancelled.",
     )
     _add_store(cancel, task=True)
-    cancel.add_argument("--reason", metavar="TEXT", type=_non_empty, default="cancelled by an operator from the command line")
+    cancel.add_argument("--reason", metavar="TEXT", type=_reason, default="cancelled by an operator from the command line")
     cancel.add_argument("--by", metavar="NAME", type=_non_empty, help="who cancels (default: the login name)")
     _add_authority_options(cancel, "cancellation")
     _add_json(cancel, "{cancellation, replaced_earlier_record, signed_with_key, written_to, run_already_ended}")
@@ -224,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     resume.add_argument("target", metavar="MODULE:FUNCTION", help="for example mytasks.nightly:build_runner")
     resume.add_argument(
-        "--path", metavar="DIR", action="append", default=[], help="search DIR for MODULE first (repeatable)"
+        "--path", metavar="DIR", type=_path, action="append", default=[], help="search DIR for MODULE first (repeatable)"
     )
     _add_json(resume, "the outcome (RunOutcome.to_json())")
 
@@ -234,8 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Run a fictional newsletter task in a worker process that is SIGKILLed right after "
         "its third effect, resume it here, and check that every effect happened exactly once.",
     )
-    demo.add_argument("--keep", metavar="DIR", help="run in DIR (new or empty) and keep it, instead of a temporary directory")
-    demo.add_argument("--worker", metavar="ROOT", help=argparse.SUPPRESS)
+    demo.add_argument("--keep", metavar="DIR", type=_path, help="run in DIR (new or empty) and keep it, instead of a temporary directory")
+    demo.add_argument("--worker", metavar="ROOT", type=_path, help=argparse.SUPPRESS)
     _add_json(demo, "a summary {passed, checks, outcome} (the narrative goes to stderr)")
     return parser
 
@@ -249,7 +310,10 @@ def _store_spec(args: argparse.Namespace) -> str:
     if spec is None:
         where = "as STORE before TASK" if args.command in _TASK_COMMANDS else "as STORE"
         args.command_parser.error(f"the store is missing: give it {where}, or with --store SPEC")
-    return spec
+    try:
+        return _path(spec)  # again: a STORE moved over from TASK did not pass argparse's check
+    except argparse.ArgumentTypeError as exc:
+        args.command_parser.error(f"argument STORE: {exc}")
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -32,6 +32,9 @@ __all__ = ["FileIO", "ensure_dir", "read_file", "read_prefix", "read_small", "wr
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+"""Reads open with O_NONBLOCK: a FIFO planted in place of a file must not hang the reader (it then
+fails the regular-file check). It changes nothing for regular files."""
 TEMP_MARK = ".tmp-"
 # Where the platform has no fdatasync (macOS), fsync flushes at least as much.
 _fdatasync = getattr(os, "fdatasync", os.fsync)
@@ -107,7 +110,7 @@ def ensure_dir(io: FileIO, path: str) -> None:
 def read_file(io: FileIO, path: str, limit: int) -> bytes | None:
     """The file's bytes, or None if it does not exist. Refuses symlinks and files over ``limit``."""
     try:
-        fd = io.open(path, os.O_RDONLY)
+        fd = io.open(path, os.O_RDONLY | _NONBLOCK)
     except FileNotFoundError:
         return None
     try:
@@ -136,11 +139,13 @@ def read_small(io: FileIO, path: str, limit: int) -> bytes | None:
     """A small file's bytes in one read, or None if it does not exist; refuses symlinks and files
     over ``limit``. For files read on every commit (the lease): three system calls, not five."""
     try:
-        fd = io.open(path, os.O_RDONLY)
+        fd = io.open(path, os.O_RDONLY | _NONBLOCK)
     except FileNotFoundError:
         return None
     try:
-        data = io.read(fd, limit + 1)  # a directory raises IsADirectoryError here
+        # No fstat (the point is fewer calls): a directory raises IsADirectoryError here, and a FIFO
+        # (opened non-blocking) reads as empty, which the caller's parser refuses.
+        data = io.read(fd, limit + 1)
     finally:
         io.close(fd)
     if len(data) > limit:
@@ -151,7 +156,7 @@ def read_small(io: FileIO, path: str, limit: int) -> bytes | None:
 def read_prefix(io: FileIO, path: str, size: int) -> bytes | None:
     """Up to ``size`` bytes from the start of the file, or None if it does not exist (no symlinks)."""
     try:
-        fd = io.open(path, os.O_RDONLY)
+        fd = io.open(path, os.O_RDONLY | _NONBLOCK)
     except FileNotFoundError:
         return None
     try:

@@ -34,8 +34,11 @@ Invariants (the tests in ``tests/test_journal.py`` are built to break them):
 3. ``scan`` calls the last line *torn* only if it is incomplete (no newline yet) and not a whole,
    valid frame that lost only its newline to damage. Anything else that fails is *damaged*.
 4. Decoding validates every field through the records' own rules (``RunState.from_json``, typed
-   field checks for rows); no ``JSONDecodeError``, ``KeyError`` or ``TypeError`` escapes, only
-   ``CorruptStateError`` and its subclasses.
+   field checks for rows) after parsing with ``canonical.parse_json`` (no NaN, no nesting deeper
+   than ``MAX_JSON_DEPTH``, strict UTF-8; a meta line is at most ``MAX_META_BYTES`` and has no
+   duplicate keys); no ``JSONDecodeError``, ``KeyError``, ``TypeError``, ``RecursionError`` or
+   ``OverflowError`` escapes, only ``CorruptStateError`` and its subclasses. A header or row field
+   the format does not know is refused.
 
 Not guaranteed here: anything about files, order of writes or recovery. ``jsonfile`` does that.
 """
@@ -51,10 +54,12 @@ import math
 import operator
 from typing import Any, Collection, Iterator, Mapping
 
+from .._fields import MAX_INT, finite_float
 from ..budget import BudgetCounters
-from ..canonical import canonical_bytes, sha256_hex
-from ..envelope import RunState
-from ..errors import CorruptStateError, ForeignStateError, SchemaVersionError
+from ..canonical import canonical_bytes, parse_json, sha256_hex
+from ..contract import _SAFE_NAME, check_task_id
+from ..envelope import MAX_STATE_BYTES, RunState
+from ..errors import CorruptStateError, ForeignStateError, InvalidInputError, SchemaVersionError
 from ..ledger import EffectRecord, EffectState
 from ..outcome import Status
 
@@ -86,6 +91,9 @@ SCHEMA_VERSION = 1
 ROWS_PER_LINE = 1000
 CHECKSUM_HEX = 16
 MIN_RECORD_BYTES = 32
+_is_safe_name = _SAFE_NAME.fullmatch
+MAX_META_BYTES = 64 * 1024
+"""A meta line is a few hundred bytes; one longer than this is damage."""
 """No journal line is shorter than this; bounds how many revisions a damaged journal may hold."""
 
 EFFECT_FIELDS: tuple[str, ...] = (
@@ -162,14 +170,11 @@ def parse_meta(line: bytes, *, expected_format: str, task_id: str) -> dict[str, 
     Order matters: a well-formed meta of a schema this code does not know raises
     ``SchemaVersionError`` even though its checksum (over the newer fields) cannot match here.
     """
-    try:
-        document = json.loads(line.decode("utf-8"))
-    except (ValueError, RecursionError) as exc:
-        raise CorruptStateError(f"{expected_format} meta line is not valid JSON: {exc}") from exc
+    document = parse_json(line, what=f"{expected_format} meta line", max_bytes=MAX_META_BYTES, unique_keys=True)
     if not isinstance(document, dict) or document.get("format") != expected_format:
         raise CorruptStateError(f"not a {expected_format} file (its first line is not a {expected_format} meta)")
     version = document.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if type(version) is not int or version != SCHEMA_VERSION:
         raise SchemaVersionError(
             f"{expected_format} schema version {version!r:.20} is not supported (this code reads version {SCHEMA_VERSION})"
         )
@@ -196,10 +201,7 @@ def _body(line: bytes) -> bytes | None:
 
 
 def _loads(body: bytes, what: str) -> Any:
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise CorruptStateError(f"{what} is not valid JSON: {exc}") from exc
+    return parse_json(body, what=what, max_bytes=MAX_STATE_BYTES)
 
 
 @dataclasses.dataclass
@@ -295,15 +297,12 @@ def _bad(field: str, value: object) -> CorruptStateError:
 
 def _number(field: str, value: object, optional: bool = False) -> float | None:
     """A finite number as a float (ints accepted, bools not), as ``_fields.get_float`` reads it."""
-    kind = type(value)
-    if kind is float:
-        if math.isfinite(value):  # type: ignore[arg-type]
-            return value  # type: ignore[return-value]
-    elif kind is int:
-        return float(value)  # type: ignore[arg-type]
-    elif value is None and optional:
+    if value is None and optional:
         return None
-    raise _bad(field, value)
+    number = finite_float(value)
+    if number is None:
+        raise _bad(field, value)
+    return number
 
 
 _isfinite = math.isfinite
@@ -326,9 +325,9 @@ def record_from_row(row: object) -> EffectRecord:
     lifecycle = _STATES.get(state) if type(state) is str else None
     if lifecycle is None:
         raise _bad("state", state)
-    if type(attempts) is not int or attempts < 0:
+    if type(attempts) is not int or not 0 <= attempts <= MAX_INT:
         raise _bad("attempts", attempts)
-    if type(epoch) is not int or epoch < 0:
+    if type(epoch) is not int or not 0 <= epoch <= MAX_INT:
         raise _bad("epoch", epoch)
     # The common case inline (floats as written); anything else goes through _number's full rules.
     if type(cost) is not float or not _isfinite(cost):
@@ -406,6 +405,11 @@ def build_state(header: Mapping[str, Any], revision: int, rows: Mapping[str, lis
     effects: dict[str, EffectRecord] = {}
     for step_id, row in rows.items():
         record = record_from_row(row)
+        if _is_safe_name(step_id) is None:  # check_task_id's rule, without a call per record
+            try:
+                check_task_id(step_id, what="effect record: step id")
+            except InvalidInputError as exc:
+                raise CorruptStateError(str(exc)) from None
         if record.step_id != step_id:
             raise CorruptStateError(f"effect record filed under {step_id!r} names step {record.step_id!r}")
         effects[step_id] = record
@@ -470,6 +474,8 @@ def decode_snapshot(data: bytes, *, task_id: str) -> RawSnapshot:
     header = _loads(found.bodies[0], "snapshot header")
     if type(header) is not dict:
         raise CorruptStateError("snapshot header must be a JSON object")
+    if header.get("task_id") != task_id:
+        raise CorruptStateError(f"snapshot header names task {header.get('task_id')!r:.80}, its meta names {task_id!r}")
     rows: dict[str, list[Any]] = {}
     for body in found.bodies[1:]:
         chunk = _loads(body, "snapshot row line")
@@ -527,8 +533,8 @@ class Replay:
         C-level parse instead of one per record. If that fails or miscounts (a body that is not a
         single JSON value), they are parsed one by one, which finds the first bad one."""
         try:
-            records = json.loads(b"[" + b",".join(bodies) + b"]") if bodies else []
-        except (ValueError, RecursionError):
+            records = _loads(b"[" + b",".join(bodies) + b"]", "journal records") if bodies else []
+        except CorruptStateError:
             records = None
         if records is None or len(records) != len(bodies):
             records = []
@@ -568,6 +574,8 @@ class Replay:
         # Check everything first, so that a malformed record changes nothing.
         if not HEADER_KEYS.issuperset(assignments) or not _LIST_KEYS.issuperset(extensions):
             raise CorruptStateError(f"journal record revision {revision} names an unknown header field")
+        if "task_id" in assignments and assignments["task_id"] != self.header.get("task_id"):
+            raise CorruptStateError(f"journal record revision {revision} changes the task id")
         header = self.header
         extended: dict[str, list[Any]] = {}
         for key, change in extensions.items():

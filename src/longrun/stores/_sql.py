@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import threading
 import time
@@ -57,10 +56,10 @@ from typing import Any, Collection, Iterator, Sequence
 
 from ..approval import Approval
 from ..cancellation import Cancellation
-from ..canonical import canonical_bytes, sha256_hex
+from ..canonical import canonical_bytes, parse_json, sha256_hex
 from ..contract import check_task_id
 from ..control import ControlRecord
-from ..envelope import RunState, decode, encode
+from ..envelope import MAX_STATE_BYTES, RunState, decode, encode
 from ..errors import (
     CorruptStateError,
     FencedError,
@@ -83,6 +82,8 @@ log = logging.getLogger("longrun")
 
 SCHEMA_VERSION = 1
 MAX_APPROVALS = 1000
+MAX_RECORD_BYTES = 64 * 1024
+"""A control record (approval, cancellation) longer than this is refused, as by the file stores."""
 
 
 def _migrations(types: dict[str, str]) -> list[tuple[int, str, list[str]]]:
@@ -149,8 +150,11 @@ def _migrations(types: dict[str, str]) -> list[tuple[int, str, list[str]]]:
 
 def _raw(value: object) -> str | None:
     """A damaged column's content, kept for the quarantine: text as is, bytes as hex."""
-    if value is None or isinstance(value, str):
+    if value is None:
         return value
+    if isinstance(value, str):
+        # Text with a lone surrogate cannot be stored as text again: keep it escaped.
+        return value if _utf8(value) is not None else "escaped:" + value.encode("ascii", "backslashreplace").decode("ascii")
     if isinstance(value, (bytes, bytearray, memoryview)):
         return "hex:" + bytes(value).hex()
     return repr(value)
@@ -166,6 +170,16 @@ def _text(value: object) -> str | None:
         except UnicodeDecodeError:
             return None
     return None
+
+
+def _utf8(text: str | None) -> bytes | None:
+    """``text`` as UTF-8 bytes; None for None or for text with a lone surrogate (not UTF-8 at all)."""
+    if text is None:
+        return None
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
 
 
 def _checksum(data: bytes) -> str:
@@ -509,10 +523,10 @@ class SqlStore(BaseStore):
     def _decode_header(self, task_id: str, row: Sequence[Any], damage: list[_Damage]) -> RunState | None:
         revision, _, header, checksum = row
         text = _text(header)
-        if text is None:
+        data = _utf8(text)
+        if data is None:
             damage.append(_Damage("state", "longrun_states", "the header is not UTF-8 text", (), _raw(header)))
             return None
-        data = text.encode("utf-8")
         if checksum != _checksum(data):
             damage.append(_Damage("state", "longrun_states", "the header's row checksum does not match", (), text))
             return None
@@ -536,11 +550,12 @@ class SqlStore(BaseStore):
         step_id, position, revision, body, checksum = row
         name = f"longrun_effects/{step_id}"
         text = _text(body)
-        if text is None or checksum != _checksum(text.encode("utf-8")):
+        data = _utf8(text)
+        if data is None or checksum != _checksum(data):
             damage.append(_Damage("effect", name, "the effect row's checksum does not match", (str(step_id),), _raw(body)))
             return None
         try:
-            document = json.loads(text)
+            document = parse_json(data, what="the effect row", max_bytes=MAX_STATE_BYTES)
             if not isinstance(document, dict) or set(document) != {"task_id", "record"}:
                 raise CorruptStateError("an effect row holds {task_id, record}")
             if document["task_id"] != task_id:
@@ -548,7 +563,7 @@ class SqlStore(BaseStore):
             record = EffectRecord.from_json(document["record"])
         except ForeignStateError:
             raise
-        except (ValueError, RecursionError) as exc:  # CorruptStateError is a ValueError too
+        except CorruptStateError as exc:
             damage.append(_Damage("effect", name, f"the effect row does not validate: {exc}", (str(step_id),), text))
             return None
         if record.step_id != step_id or not isinstance(position, int) or not isinstance(revision, int):
@@ -647,16 +662,17 @@ class SqlStore(BaseStore):
 
     @staticmethod
     def _control(name: str, body: object) -> ControlRecord:
-        text = _text(body)
-        if text is None:
-            raw = bytes(body) if isinstance(body, (bytes, bytearray, memoryview)) else repr(body).encode()
+        data = _utf8(_text(body))
+        if data is None:
+            raw = bytes(body) if isinstance(body, (bytes, bytearray, memoryview)) else repr(body).encode("utf-8", "replace")
             return ControlRecord(name=name, error="not UTF-8 text", digest=_checksum(raw))
-        data = text.encode("utf-8")
         digest = _checksum(data)
         try:
-            return ControlRecord(name=name, body=json.loads(text), digest=digest)
-        except (ValueError, RecursionError) as exc:
-            return ControlRecord(name=name, error=f"not valid JSON: {exc}", digest=digest)
+            return ControlRecord(
+                name=name, body=parse_json(data, what="the record", max_bytes=MAX_RECORD_BYTES, unique_keys=True), digest=digest
+            )
+        except CorruptStateError as exc:
+            return ControlRecord(name=name, error=str(exc), digest=digest)
 
     def read_cancellation(self, task_id: str) -> ControlRecord | None:
         with self._transaction(task_id, create=False, write=False):
