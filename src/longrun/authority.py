@@ -56,6 +56,7 @@ from .contract import check_task_id
 from .control import ControlRecord
 from .errors import CorruptStateError, InvalidInputError, LongrunError, StorageError
 from .protocols import ApprovalSource, CancellationSource
+from .stores._fileio import FileIO, read_upto, write_all
 
 __all__ = [
     "FileControlSource",
@@ -306,25 +307,16 @@ def _is_symlink(name: str, dir_fd: int | None) -> bool:
         return False
 
 
+_PLAIN_IO = FileIO()
+
+
 def _read_all(fd: int, limit: int) -> bytes:
-    chunks = []
-    remaining = limit + 1
-    while remaining > 0:
-        chunk = os.read(fd, min(remaining, 1 << 16))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
+    """Up to ``limit + 1`` bytes, so the caller can tell a file over its limit."""
+    return read_upto(_PLAIN_IO, fd, limit + 1)
 
 
 def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        if written <= 0:
-            raise OSError(errno.EIO, "write made no progress")
-        view = view[written:]
+    write_all(_PLAIN_IO, fd, data)
 
 
 class FileControlSource:

@@ -119,15 +119,7 @@ def read_file(io: FileIO, path: str, limit: int) -> bytes | None:
             raise OSError(errno.EINVAL, "not a regular file", path)
         if info.st_size > limit:
             raise OSError(errno.EFBIG, f"file is {info.st_size} bytes, over the {limit}-byte limit", path)
-        chunks = []
-        remaining = limit + 1
-        while remaining > 0:
-            chunk = io.read(fd, min(remaining, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            remaining -= len(chunk)
-        data = b"".join(chunks)
+        data = read_upto(io, fd, limit + 1)
         if len(data) > limit:
             raise OSError(errno.EFBIG, f"file grew over the {limit}-byte limit while read", path)
         return data
@@ -162,17 +154,22 @@ def read_prefix(io: FileIO, path: str, size: int) -> bytes | None:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", path)
-        chunks = []
-        remaining = size
-        while remaining > 0:
-            chunk = io.read(fd, remaining)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            remaining -= len(chunk)
-        return b"".join(chunks)
+        return read_upto(io, fd, size)
     finally:
         io.close(fd)
+
+
+def read_upto(io: FileIO, fd: int, size: int) -> bytes:
+    """Read from ``fd`` until ``size`` bytes or the end of the file, whichever comes first."""
+    chunks = []
+    remaining = size
+    while remaining > 0:
+        chunk = io.read(fd, min(remaining, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
 
 
 def write_all(io: FileIO, fd: int, data: bytes) -> None:
