@@ -521,5 +521,35 @@ class PathTests(StoreCase):
         self.assertEqual(JsonFileStore(self.path("missing")).list_tasks(), [])
 
 
+class HistoryTests(support.TempDirTest):
+    def test_history_lists_the_commits_the_journal_holds_with_what_changed(self) -> None:
+        from longrun import Approval, Runner, RunContract, Step
+        from longrun.testing import FakeClock, OutboxAdapter
+
+        store = JsonFileStore(self.path("root"))
+        clock = FakeClock()
+        steps = [Step("a", "write", {}), Step("b", "write", {}, approval=True)]
+
+        def run():
+            clock.advance(1)
+            return Runner(RunContract("t", "g"), steps, store=store, adapters={"write": OutboxAdapter(self.path("o"))}, clock=clock).run()
+
+        run()
+        request = store.load("t").state.approval_requests["b"]
+        store.write_approval(Approval.for_request(request, approval_id="ap-1", approver="ops", granted_at=clock.now(), expires_at=clock.now() + 60))
+        run()
+        history = store.history("t")
+        revisions = [entry["revision"] for entry in history]
+        self.assertEqual(revisions, list(range(revisions[0], revisions[0] + len(revisions))), "contiguous")
+        self.assertEqual(revisions[-1], store.load("t").state.revision)
+        text = " | ".join(entry["description"] for entry in history)
+        for phrase in ("a: started", "a: state -> verified", "b: planned", "status -> awaiting-approval",
+                       "approval consumed: ap-1", "b: state -> started", "status -> done"):
+            self.assertIn(phrase, text)
+        self.assertEqual(history[-1]["at"], clock.now(), "the time of the commit (carried forward when unchanged)")
+        with self.assertRaises(UnknownTaskError):
+            store.history("nope")
+
+
 if __name__ == "__main__":
     unittest.main()

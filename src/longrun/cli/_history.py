@@ -7,8 +7,9 @@ the control records the runner read (with the SHA-256 of their bytes), the unkno
 the last stop, and the budget's timestamps; the lease record adds when the current owner took the
 task and when its lease ends. If the store also keeps a history of revisions (a duck-typed
 ``store.history(task_id)`` method returning mappings with at least ``revision``, ``at``, ``epoch``
-and a description), those entries are the timeline of commits and replace the two that the state
-alone can give (created, last commit).
+and a description; ``JsonFileStore`` has one, reading the journals it still holds), those
+entries are the timeline of commits and replace the state's "last commit" entry; "created"
+(revision 1, which lives in a snapshot) always comes from the state.
 
 Entry fields (``--json`` prints a list of them): ``at`` (seconds since the epoch, or null when
 the state does not say), ``kind``, ``detail``, ``revision``, ``epoch``, ``step`` and ``digest``
@@ -93,10 +94,10 @@ def _effect_detail(record: EffectRecord) -> str:
 
 
 def _state_entries(state: RunState, *, with_commits: bool) -> list[dict[str, Any]]:
-    entries = []
+    # Revision 1 lives in a snapshot, not in any journal: the "created" entry is always the state's.
+    entries = [_entry(state.created_at, "created", "first revision committed: the plan is pinned", revision=1,
+                      digest=state.plan_digest)]
     if with_commits:
-        entries.append(_entry(state.created_at, "created", "first revision committed: the plan is pinned", revision=1,
-                              digest=state.plan_digest))
         entries.append(
             _entry(
                 state.updated_at,

@@ -80,6 +80,7 @@ __all__ = [
     "row_of",
     "scan",
     "snapshot_revision",
+    "describe_record",
     "journal_base",
     "build_state",
     "RawSnapshot",
@@ -502,6 +503,52 @@ def snapshot_revision(first_line: bytes, *, task_id: str) -> int:
 
 
 # -- journal ----------------------------------------------------------------------------------
+
+
+def describe_record(body: bytes) -> dict[str, Any]:
+    """One journal line as a timeline entry: revision, epoch, time, and what changed, in words.
+
+    For reading only (``JsonFileStore.history``); it validates the framing's JSON and the shape it
+    reads, not every field (``Replay`` does that when state is loaded)."""
+    record = _loads(body, "journal record")
+    if not isinstance(record, dict) or not isinstance(record.get("rev"), int) or not isinstance(record.get("epoch"), int):
+        raise CorruptStateError("journal record: not an object with an integer rev and epoch")
+    assignments = record.get("set") or {}
+    effects = record.get("effects") or {}
+    if not isinstance(assignments, dict) or not isinstance(effects, dict):
+        raise CorruptStateError("journal record: 'set' and 'effects' must be objects")
+    changes: list[str] = []
+    for step_id, change in effects.items():
+        if change is None:
+            changes.append(f"{step_id}: record removed")
+        elif isinstance(change, list) and len(change) == len(EFFECT_FIELDS):
+            row = dict(zip(EFFECT_FIELDS, change))
+            changes.append(f"{step_id}: {row['state']} (attempt {row['attempts']}, payload {row['payload_digest']})")
+        elif isinstance(change, dict):
+            parts = [f"{name} -> {change[name]}" for name in ("state", "attempts", "approval_id") if name in change]
+            parts += [f"{name} updated" for name in ("receipt", "evidence", "last_error", "result") if name in change]
+            changes.append(f"{step_id}: " + (", ".join(parts) if parts else "fields updated"))
+        else:
+            raise CorruptStateError(f"journal record: effect change for {step_id!r} has an unknown shape")
+    for key in ("status", "current_step", "lease_owner", "lease_epoch", "reconcile_all"):
+        if key in assignments:
+            changes.append(f"{key} -> {assignments[key]}")
+    extensions = record.get("extend") or {}
+    if isinstance(extensions, dict):
+        for key, change in extensions.items():
+            added = change.get("add") if isinstance(change, dict) else None
+            if key == "consumed_approvals" and isinstance(added, list):
+                changes.append("approval consumed: " + ", ".join(str(item) for item in added))
+            elif key == "control_observations" and isinstance(added, list):
+                changes += [f"control record read: {item.get('detail')}" for item in added if isinstance(item, dict)]
+    at = assignments.get("updated_at")
+    return {
+        "revision": record["rev"],
+        "epoch": record["epoch"],
+        "at": at if isinstance(at, (int, float)) and not isinstance(at, bool) else None,
+        "changes": changes,
+        "description": "; ".join(changes) if changes else "header fields updated",
+    }
 
 
 def encode_journal_meta(task_id: str, base: int) -> bytes:

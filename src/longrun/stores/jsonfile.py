@@ -1049,6 +1049,35 @@ class JsonFileStore(BaseStore):
 
     # -- listing ------------------------------------------------------------------------------
 
+    def history(self, task_id: str) -> list[dict[str, object]]:
+        """The commits the store still holds for a task, oldest first, read-only.
+
+        Each entry: ``revision``, ``epoch``, ``at`` (the commit's ``updated_at``), ``changes`` (one
+        phrase per changed effect or header field) and ``description``. Compaction deletes journals
+        older than the previous generation, so this is the recent timeline, not the task's whole
+        life; the state itself still says where every effect ended. A damaged line ends its
+        journal's part of the timeline (``load`` says why).
+        """
+        entries: dict[int, dict[str, object]] = {}
+        with self._transaction(task_id, create=False, write=False):
+            for base, name in sorted(self._journals(task_id).items()):
+                found = self._read_journal(task_id, name, base)
+                if found is None:
+                    continue
+                for body in found.found.bodies:
+                    try:
+                        entry = journal.describe_record(body)
+                    except CorruptStateError:
+                        break
+                    entries[entry["revision"]] = entry  # type: ignore[index]
+        timeline = [entries[revision] for revision in sorted(entries)]
+        last_at = None
+        for entry in timeline:  # a commit names updated_at only when it changed: carry it forward
+            if entry["at"] is None:
+                entry["at"] = last_at
+            last_at = entry["at"]
+        return timeline
+
     def list_tasks(self) -> list[str]:
         try:
             names = os.listdir(self.root)
