@@ -23,6 +23,7 @@ from longrun.ledger import EffectRecord, EffectState
 from longrun.outcome import Evidence, Status
 from longrun.stores import _journal, jsonfile
 from longrun.stores._fileio import FileIO
+from longrun.testing import copy_keeping_links
 
 TASK = "t"
 
@@ -283,24 +284,6 @@ class BitFlipTests(JournalCase):
         self.write("state.json", b"")
         with self.assertRaises(CorruptStateError):
             JsonFileStore(self.root).load(TASK)
-
-
-def copy_keeping_links(source: str, target: str) -> None:
-    """Copy a tree as a crash leaves it: two names of one file stay one file (``shutil.copytree``
-    would make a backup hard link look like a separate, rolled-back copy)."""
-    copied: dict[tuple[int, int], str] = {}
-    for directory, _, names in os.walk(source):
-        destination = os.path.join(target, os.path.relpath(directory, source))
-        os.makedirs(destination, exist_ok=True)
-        for name in names:
-            path = os.path.join(directory, name)
-            info = os.lstat(path)
-            key = (info.st_dev, info.st_ino)
-            if key in copied:
-                os.link(copied[key], os.path.join(destination, name))
-            else:
-                shutil.copy2(path, os.path.join(destination, name))
-                copied[key] = os.path.join(destination, name)
 
 
 class Crash(BaseException):

@@ -24,6 +24,7 @@ from ..errors import CorruptStateError, FencedError, LeaseHeldError, StorageErro
 from ..ledger import EffectState
 from ..outcome import Evidence, Status
 from ..protocols import LoadResult
+from ._fixtures import copy_keeping_links
 from ..stores import jsonfile
 from ..stores.jsonfile import JsonFileStore
 from ._powerloss import RecordingIO, crash_states, materialize
@@ -216,21 +217,8 @@ def _build_history(root: str, commits: int = 17) -> tuple[dict[int, str], str]:
 
 
 def _copy_tree(source: str, target: str) -> None:
-    """Copy a task tree keeping hard links (the backup is a link of an older snapshot)."""
     shutil.rmtree(target, ignore_errors=True)
-    copied: dict[tuple[int, int], str] = {}
-    for directory, _, names in os.walk(source):
-        destination = os.path.join(target, os.path.relpath(directory, source))
-        os.makedirs(destination, exist_ok=True)
-        for name in names:
-            path = os.path.join(directory, name)
-            info = os.lstat(path)
-            key = (info.st_dev, info.st_ino)
-            if key in copied:
-                os.link(copied[key], os.path.join(destination, name))
-            else:
-                shutil.copy2(path, os.path.join(destination, name))
-                copied[key] = os.path.join(destination, name)
+    copy_keeping_links(source, target)
 
 
 def group4(base: str, *, full: bool) -> GroupResult:

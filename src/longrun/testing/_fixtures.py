@@ -17,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import signal
 import threading
 from collections import Counter
@@ -25,7 +26,7 @@ from typing import Collection
 from ..adapters import EffectRequest, Observation, Receipt
 from ..errors import PermanentError, TransientError
 
-__all__ = ["FakeClock", "OutboxAdapter", "read_outbox"]
+__all__ = ["FakeClock", "OutboxAdapter", "copy_keeping_links", "read_outbox"]
 
 
 class FakeClock:
@@ -182,3 +183,24 @@ class OutboxAdapter:
     def counts(self) -> Counter[str]:
         """Outbox lines per effect key: a duplicate shows as a count above 1."""
         return Counter(line["key"] for line in self._lines())
+
+
+def copy_keeping_links(source: str, target: str) -> None:
+    """Copy a task directory as a crash leaves it: two names of one file stay one file.
+
+    ``shutil.copytree`` would turn the JSON store's hard-linked backup into a separate copy, which
+    a load rightly takes for a rolled-back file. Tests that snapshot a task tree use this instead.
+    """
+    copied: dict[tuple[int, int], str] = {}
+    for directory, _, names in os.walk(source):
+        destination = os.path.join(target, os.path.relpath(directory, source))
+        os.makedirs(destination, exist_ok=True)
+        for name in names:
+            path = os.path.join(directory, name)
+            info = os.lstat(path)
+            key = (info.st_dev, info.st_ino)
+            if key in copied:
+                os.link(copied[key], os.path.join(destination, name))
+            else:
+                shutil.copy2(path, os.path.join(destination, name))
+                copied[key] = os.path.join(destination, name)
