@@ -206,7 +206,8 @@ def cmd_cancel(
         err.write(f"longrun: note: the run already ended {state.status.value}; the cancellation changes nothing\n")
     try:
         earlier = (control or store).read_cancellation(task_id)
-    except LongrunError:
+    except LongrunError as exc:  # only used to say whether a record is replaced: report, go on
+        err.write(f"longrun: note: the earlier cancellation record could not be read ({exc}); it is replaced\n")
         earlier = None
     now = time.time()
     record = Cancellation(task_id=task_id, requested_at=now, requested_by=requested_by, reason=reason)
