@@ -293,5 +293,31 @@ class RunnerOnSqliteTests(SqliteCase):
         self.assertEqual(len(OutboxAdapter(outbox).counts()), 5)
 
 
+class MonotonicLeaseTests(SqliteCase):
+    def test_a_contender_whose_wall_clock_jumped_ahead_does_not_take_a_live_lease(self) -> None:
+        from longrun import LeaseHeldError
+
+        holder = self.store.acquire_lease("t", "holder", 30.0, 1000.0, monotonic=("boot:x", 50.0))
+        contender = self.open()
+        with self.assertRaises(LeaseHeldError):  # wall clock an hour ahead, monotonic 10 s later
+            contender.acquire_lease("t", "contender", 30.0, 1000.0 + 3600, monotonic=("boot:x", 60.0))
+        taken = contender.acquire_lease("t", "contender", 30.0, 1000.0 + 3600, monotonic=("boot:x", 80.0))
+        self.assertEqual(taken.epoch, holder.epoch + 1)
+        stored = self.open().read_lease("t")
+        self.assertEqual((stored.monotonic_clock, stored.monotonic_expires_at), ("boot:x", 110.0))
+
+    def test_a_version_1_database_is_migrated_and_its_leases_still_load(self) -> None:
+        self.store.acquire_lease("t", "holder", 30.0, 1000.0)
+        self.store.close()
+        self.sql("ALTER TABLE longrun_leases DROP COLUMN monotonic_clock")
+        self.sql("ALTER TABLE longrun_leases DROP COLUMN monotonic_expires_at")
+        self.sql("DELETE FROM longrun_schema WHERE version = 2")
+        migrated = self.open()
+        lease = migrated.read_lease("t")
+        self.assertEqual((lease.owner, lease.monotonic_clock), ("holder", None))
+        self.assertEqual(self.sql("SELECT MAX(version) FROM longrun_schema"), [(SCHEMA_VERSION,)])
+        self.assertEqual(migrated.acquire_lease("t", "next", 30.0, 2000.0, monotonic=("boot:y", 1.0)).epoch, 2)
+
+
 if __name__ == "__main__":
     unittest.main()
