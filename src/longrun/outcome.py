@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from . import _fields as f
 from .canonical import JSONValue
 
-__all__ = ["Evidence", "RunOutcome", "Status", "TERMINAL"]
+__all__ = ["ENDED_UNFINISHED", "Evidence", "RunOutcome", "Status", "TERMINAL"]
 
 
 class Status(str, enum.Enum):
@@ -38,6 +38,9 @@ class Status(str, enum.Enum):
 
 TERMINAL = frozenset({Status.DONE, Status.CANCELLED, Status.LIMITS_EXHAUSTED, Status.BLOCKED})
 """Statuses recorded as final: running the task again changes nothing."""
+
+ENDED_UNFINISHED = TERMINAL - {Status.DONE}
+"""Final statuses other than ``done``: the run is over without its work finished."""
 
 
 _EVIDENCE_FIELDS = frozenset({"source", "detail", "at"})

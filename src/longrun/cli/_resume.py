@@ -40,17 +40,12 @@ import traceback
 from typing import Callable, Sequence, TextIO
 
 from ..errors import LongrunError, PayloadError
-from ..outcome import RunOutcome, Status
+from ..outcome import ENDED_UNFINISHED, RunOutcome, Status
 from ._common import CliError, ExitCode, TaskCodeError, evidence_line, write_json
 
 __all__ = ["STATUS_EXIT", "cmd_resume", "load_target"]
 
-STATUS_EXIT: dict[Status, ExitCode] = {
-    Status.DONE: ExitCode.OK,
-    Status.CANCELLED: ExitCode.ENDED,
-    Status.LIMITS_EXHAUSTED: ExitCode.ENDED,
-    Status.BLOCKED: ExitCode.ENDED,
-}
+STATUS_EXIT: dict[Status, ExitCode] = {Status.DONE: ExitCode.OK, **dict.fromkeys(ENDED_UNFINISHED, ExitCode.ENDED)}
 """Every status not listed exits ``ExitCode.NOT_AS_ASKED`` (1): a later run continues it."""
 
 _TARGET = re.compile(r"(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):(?P<function>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")

@@ -46,7 +46,7 @@ from ..cancellation import Cancellation
 from ..envelope import RunState
 from ..errors import CorruptStateError, LongrunError
 from ..ledger import EffectState
-from ..outcome import Status
+from ..outcome import ENDED_UNFINISHED, Status
 from ..protocols import LoadResult, Store
 from ._common import ExitCode, checked_task, format_time, lease_summary, relative, short_digest, write_json
 from ._control import unconsumed_matches
@@ -61,7 +61,6 @@ _VERDICT = {
     ExitCode.ENDED: "ended",
     ExitCode.STORAGE: "damaged",
 }
-_ENDED = (Status.CANCELLED, Status.LIMITS_EXHAUSTED, Status.BLOCKED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +158,7 @@ def _check_status(checks: _Checks, store: Store, state: RunState, task_id: str, 
         else:
             checks.add("status", "ok", f"finished cleanly: all {len(state.effects)} effects verified; a resume changes nothing")
         return
-    if status in _ENDED:
+    if status in ENDED_UNFINISHED:
         checks.add("status", "ended", f"the run ended {status.value} and will not continue: {state.next_action}")
         return
     if status is Status.RUNNING:
