@@ -94,3 +94,20 @@ class Schema:
 
     def drop(self) -> None:
         self.execute(f"DROP SCHEMA IF EXISTS {self.name} CASCADE", schema=False)
+
+
+class SchemaPerTest:
+    """A test-case mixin: skip (or fail, when required) without PostgreSQL, and give each test a
+    throwaway schema in ``self.schema``, dropped afterwards. Set ``driver`` on the class."""
+
+    driver: str | None = None
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()  # type: ignore[misc]
+        check(cls.driver)
+
+    def setUp(self) -> None:
+        super().setUp()  # type: ignore[misc]
+        self.schema = Schema(self.driver)
+        self.addCleanup(self.schema.drop)  # type: ignore[attr-defined]

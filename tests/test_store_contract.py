@@ -242,19 +242,9 @@ class SqliteStoreContract(_SqlHooks, StoreContract, support.TempDirTest):
             connection.close()
 
 
-class _PostgresContract(_SqlHooks, StoreContract):
+class _PostgresContract(pg_support.SchemaPerTest, _SqlHooks, StoreContract):
     driver = ""
     placeholder = "%s"
-
-    @classmethod
-    def setUpClass(cls) -> None:
-        super().setUpClass()
-        pg_support.check(cls.driver)
-
-    def setUp(self) -> None:
-        super().setUp()
-        self.schema = pg_support.Schema(self.driver)
-        self.addCleanup(self.schema.drop)
 
     def make_store(self) -> PostgresStore:
         return PostgresStore(self.schema.factory())

@@ -39,18 +39,11 @@ from longrun.testing.store_contract import sample_state
 HOUR = 3600.0
 
 
-class PostgresCase(support.TempDirTest):
+class PostgresCase(pg_support.SchemaPerTest, support.TempDirTest):
     driver: str | None = None
-
-    @classmethod
-    def setUpClass(cls) -> None:
-        super().setUpClass()
-        pg_support.check(cls.driver)
 
     def setUp(self) -> None:
         super().setUp()
-        self.schema = pg_support.Schema(self.driver)
-        self.addCleanup(self.schema.drop)
         self.store = self.open()
 
     def open(self, **options: Any) -> PostgresStore:
