@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, TypeVar
 
-from .contract import check_task_id
+from .contract import check_step_id, check_task_id
 from .errors import CorruptStateError, InvalidInputError, SchemaVersionError
 
 E = TypeVar("E")
@@ -56,6 +56,15 @@ def get_id(data: Mapping[str, Any], name: str, what: str, *, optional: bool = Fa
         return check_task_id(value, what=f"{what}: field {name!r}")
     except InvalidInputError as exc:
         raise CorruptStateError(str(exc)) from None
+
+
+def get_step_id(data: Mapping[str, Any], name: str, what: str) -> Any:
+    """A string that must be a valid step id (see ``contract.check_step_id``)."""
+    value = get_str(data, name, what)
+    try:
+        return check_step_id(value)
+    except InvalidInputError as exc:
+        raise CorruptStateError(f"{what}: field {name!r}: {exc}") from None
 
 
 def get_int(data: Mapping[str, Any], name: str, what: str, *, optional: bool = False, minimum: int = 0) -> Any:

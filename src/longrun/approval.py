@@ -69,7 +69,7 @@ class ApprovalRequest:
         return cls(
             task_id=f.get_id(d, "task_id", what),
             plan_digest=f.get_str(d, "plan_digest", what),
-            step_id=f.get_id(d, "step_id", what),
+            step_id=f.get_step_id(d, "step_id", what),
             payload_digest=f.get_str(d, "payload_digest", what),
             action=f.get_str(d, "action", what),
             requested_at=f.get_float(d, "requested_at", what),
@@ -127,7 +127,7 @@ class Approval:
             approval_id=f.get_id(d, "approval_id", what),
             task_id=f.get_id(d, "task_id", what),
             plan_digest=f.get_str(d, "plan_digest", what),
-            step_id=f.get_id(d, "step_id", what),
+            step_id=f.get_step_id(d, "step_id", what),
             payload_digest=f.get_str(d, "payload_digest", what),
             action=f.get_str(d, "action", what),
             expires_at=f.get_float(d, "expires_at", what),

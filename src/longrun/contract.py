@@ -12,19 +12,40 @@ once, when its effect is planned, and the value is persisted; resumes use the pe
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from .canonical import JSONValue, digest_of, ensure_json
+from .canonical import JSONValue, canonical_bytes, digest_of, ensure_json
 from .errors import InvalidInputError
 
-__all__ = ["PayloadFactory", "RunContract", "Step", "check_task_id", "plan_digest", "validate_plan"]
+__all__ = [
+    "INTERNAL_PREFIX",
+    "PayloadFactory",
+    "RunContract",
+    "STEP_ID_PATTERN",
+    "Step",
+    "check_step_id",
+    "check_task_id",
+    "is_internal",
+    "plan_digest",
+    "plan_prefix_digests",
+    "validate_plan",
+]
 
 PayloadFactory = Callable[[Mapping[str, JSONValue]], Mapping[str, Any]]
 """Receives the results of completed steps (step id -> result) and returns the payload."""
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+STEP_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+=-]{0,255}")
+
+INTERNAL_PREFIX = "longrun."
+"""Actions and step ids the engine records for itself (calls, timers, a durable function's own record)."""
+
+
+def is_internal(name: str) -> bool:
+    return name.startswith(INTERNAL_PREFIX)
 
 
 def check_task_id(task_id: object, *, what: str = "task id") -> str:
@@ -38,6 +59,20 @@ def check_task_id(task_id: object, *, what: str = "task id") -> str:
             f"{what} {task_id!r} is not a safe name: use 1-128 of [A-Za-z0-9._-], starting with a letter or digit"
         )
     return task_id
+
+
+def check_step_id(step_id: object) -> str:
+    """Return ``step_id`` if it is a valid step id, else raise ``InvalidInputError``.
+
+    1-256 characters of ASCII letters, digits and ``. _ : / @ + = -``, starting with a letter or
+    digit: room for semantic ids such as ``label/42`` or ``post:inbox@2026-11-30``. A step id is
+    never used as a file name.
+    """
+    if not isinstance(step_id, str) or not STEP_ID_PATTERN.fullmatch(step_id):
+        raise InvalidInputError(
+            f"step id {step_id!r} is not valid: use 1-256 of [A-Za-z0-9._:/@+=-], starting with a letter or digit"
+        )
+    return step_id
 
 
 def _names(values: Sequence[str], what: str) -> tuple[str, ...]:
@@ -102,7 +137,7 @@ class Step:
     """The stable semantic key of the effect; defaults to ``"<task id>/<step id>"``."""
 
     def __post_init__(self) -> None:
-        check_task_id(self.step_id, what="step id")
+        check_step_id(self.step_id)
         if not isinstance(self.action, str) or not self.action:
             raise InvalidInputError(f"step {self.step_id!r} needs a non-empty action name")
         if not isinstance(self.approval, bool):
@@ -173,3 +208,23 @@ def plan_digest(contract: RunContract, steps: Sequence[Step]) -> str:
         },
         what="plan",
     )
+
+
+def plan_prefix_digests(contract: RunContract, steps: Sequence[Step]) -> dict[str, int]:
+    """``plan_digest`` of every non-empty prefix of ``steps``, mapped to the prefix's length.
+
+    One pass: the canonical JSON of ``{"contract": C, "steps": [S1, ..., Sk]}`` is a running hash
+    of the steps followed by ``]}``, so every prefix costs one hash copy rather than a re-encoding.
+    A task whose recorded digest is among these was started with a shorter plan that this one
+    extends by appending steps.
+    """
+    running = hashlib.sha256(b'{"contract":' + canonical_bytes(contract.to_json()) + b',"steps":[')
+    digests: dict[str, int] = {}
+    for index, step in enumerate(steps):
+        if index:
+            running.update(b",")
+        running.update(canonical_bytes(step.static_json(contract.task_id)))
+        prefix = running.copy()
+        prefix.update(b"]}")
+        digests["sha256:" + prefix.hexdigest()] = index + 1
+    return digests

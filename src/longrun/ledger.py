@@ -141,7 +141,7 @@ class EffectRecord:
             raise CorruptStateError(f"{what}: field 'payload' must be a JSON object")
         return cls(
             key=f.get_str(d, "key", what),
-            step_id=f.get_id(d, "step_id", what),
+            step_id=f.get_step_id(d, "step_id", what),
             action=f.get_str(d, "action", what),
             payload=payload,
             payload_digest=f.get_str(d, "payload_digest", what),

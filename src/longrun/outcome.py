@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from . import _fields as f
 from .canonical import JSONValue
 
-__all__ = ["ENDED_UNFINISHED", "Evidence", "RunOutcome", "Status", "TERMINAL"]
+__all__ = ["ENDED_UNFINISHED", "WAITING", "Evidence", "RunOutcome", "Status", "TERMINAL"]
 
 
 class Status(str, enum.Enum):
@@ -31,6 +31,9 @@ class Status(str, enum.Enum):
     STATE_UNRECOVERABLE = "state-unrecoverable"
     PLAN_MISMATCH = "plan-mismatch"
     LEASE_LOST = "lease-lost"
+    SLEEPING = "sleeping"
+    AWAITING_INPUT = "awaiting-input"
+    WAITING_ON_CHILD = "waiting-on-child"
 
     def __str__(self) -> str:
         return self.value
@@ -40,6 +43,11 @@ TERMINAL = frozenset({Status.DONE, Status.CANCELLED, Status.LIMITS_EXHAUSTED, St
 """Statuses recorded as final: running the task again changes nothing."""
 
 ENDED_UNFINISHED = TERMINAL - {Status.DONE}
+
+WAITING = frozenset(
+    {Status.AWAITING_APPROVAL, Status.AWAITING_INPUT, Status.RETRY_SCHEDULED, Status.SLEEPING, Status.WAITING_ON_CHILD}
+)
+"""Statuses of a run that waits for something outside it: a person, a time, another task."""
 """Final statuses other than ``done``: the run is over without its work finished."""
 
 
@@ -77,6 +85,10 @@ class RunOutcome:
     unknowns: tuple[Evidence, ...] = ()
     revision: int = 0
     epoch: int = 0
+    result: JSONValue = None
+    """A durable function's return value once it is ``done`` (None for a declared plan)."""
+    wake_at: float | None = None
+    """When a waiting run (backoff, timer) may continue, if a time is known."""
 
     def to_json(self) -> dict[str, JSONValue]:
         return {
@@ -89,4 +101,6 @@ class RunOutcome:
             "unknowns": [item.to_json() for item in self.unknowns],
             "revision": self.revision,
             "epoch": self.epoch,
+            "result": self.result,
+            "wake_at": self.wake_at,
         }

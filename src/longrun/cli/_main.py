@@ -29,7 +29,7 @@ import sys
 import traceback
 from typing import Sequence, TextIO
 
-from ..contract import check_task_id
+from ..contract import check_step_id, check_task_id
 from ..errors import CorruptStateError, InvalidInputError, LongrunError, StorageError
 from ..protocols import Store
 from ._common import (
@@ -157,7 +157,7 @@ def _path(text: str) -> str:
 
 def _step_id(text: str) -> str:
     try:
-        return check_task_id(text, what="step id")
+        return check_step_id(text)
     except InvalidInputError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

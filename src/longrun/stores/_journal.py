@@ -57,7 +57,7 @@ from typing import Any, Collection, Iterator, Mapping
 from .._fields import MAX_INT, finite_float
 from ..budget import BudgetCounters
 from ..canonical import canonical_bytes, parse_json, sha256_hex
-from ..contract import _SAFE_NAME, check_task_id
+from ..contract import STEP_ID_PATTERN, check_step_id
 from ..envelope import MAX_STATE_BYTES, RunState
 from ..errors import CorruptStateError, ForeignStateError, InvalidInputError, SchemaVersionError
 from ..ledger import EffectRecord, EffectState
@@ -92,7 +92,7 @@ SCHEMA_VERSION = 1
 ROWS_PER_LINE = 1000
 CHECKSUM_HEX = 16
 MIN_RECORD_BYTES = 32
-_is_safe_name = _SAFE_NAME.fullmatch
+_is_step_id = STEP_ID_PATTERN.fullmatch
 MAX_META_BYTES = 64 * 1024
 """A meta line is a few hundred bytes; one longer than this is damage."""
 """No journal line is shorter than this; bounds how many revisions a damaged journal may hold."""
@@ -406,9 +406,9 @@ def build_state(header: Mapping[str, Any], revision: int, rows: Mapping[str, lis
     effects: dict[str, EffectRecord] = {}
     for step_id, row in rows.items():
         record = record_from_row(row)
-        if _is_safe_name(step_id) is None:  # check_task_id's rule, without a call per record
+        if _is_step_id(step_id) is None:  # check_step_id's rule, without a call per record
             try:
-                check_task_id(step_id, what="effect record: step id")
+                check_step_id(step_id)
             except InvalidInputError as exc:
                 raise CorruptStateError(str(exc)) from None
         if record.step_id != step_id:
