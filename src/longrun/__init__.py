@@ -14,6 +14,7 @@ from .contract import RunContract, Step, plan_digest
 from .envelope import RunState
 from .errors import (
     AdapterError,
+    CallFailed,
     CorruptStateError,
     FencedError,
     ForeignStateError,
@@ -43,6 +44,10 @@ def __getattr__(name: str) -> object:
         from . import runner
 
         return getattr(runner, name)
+    if name in ("durable", "DurableFunction", "Run"):
+        from . import functions
+
+        return getattr(functions, name)
     raise AttributeError(f"module 'longrun' has no attribute {name!r}")
 
 
@@ -52,9 +57,11 @@ __all__ = [
     "ApprovalRequest",
     "BaseStore",
     "BudgetCounters",
+    "CallFailed",
     "Cancellation",
     "Clock",
     "CorruptStateError",
+    "DurableFunction",
     "EffectAdapter",
     "EffectRecord",
     "EffectRequest",
@@ -76,6 +83,7 @@ __all__ = [
     "PostgresStore",
     "Receipt",
     "RetryPolicy",
+    "Run",
     "RunContract",
     "RunOutcome",
     "RunState",
@@ -91,5 +99,6 @@ __all__ = [
     "TransientError",
     "UnknownActionError",
     "UnknownTaskError",
+    "durable",
     "plan_digest",
 ]

@@ -431,10 +431,32 @@ class Engine:
         if self._dirty:
             self._commit()
 
+    def refused_action(self, step_id: str, reason: str) -> _Stop:
+        """Stop ``unsafe-to-continue`` before a step whose action the contract does not allow."""
+        self._evidence.unknown("contract", f"step {step_id!r}: {reason}")
+        return self._stop(Status.UNSAFE_TO_CONTINUE, f"change the code or the contract: step {step_id!r} asks for an action it may not take ({reason}); nothing was applied")
+
     def mismatch(self, detail: str, next_action: str) -> _Stop:
         """A ``plan-mismatch`` stop: the code or plan asks for something other than what was recorded."""
         self._evidence.observed("plan", detail)
         return _Stop(Status.PLAN_MISMATCH, next_action)
+
+    def plan(self, step: Step) -> EffectRecord:
+        """The step's record, planned now (it goes out with the next commit) unless it exists."""
+        record = self.state.effects.get(step.step_id)
+        return record if record is not None else self._plan(step, self.clock.now())
+
+    def complete(self, step_id: str, result: JSONValue, *, failed: bool = False) -> EffectRecord:
+        """Settle a planned internal step (a child task's result, a function's return value)."""
+        now = self.clock.now()
+        record = self.state.effects[step_id].move(EffectState.STARTED, now)
+        if failed:
+            record = record.move(EffectState.FAILED, now, result=result, last_error=str(result))
+        else:
+            record = record.move(EffectState.VERIFIED, now, result=result)
+            self.state.budget = self.state.budget.progressed(now)
+        self._put(record)
+        return record
 
     def record_plan_growth(self, state: RunState, recorded_steps: int, steps: int) -> None:
         """Adopt a plan that appends steps to the recorded one: its digest is recorded now, and
@@ -556,7 +578,7 @@ class Engine:
 
     # -- the steps a plan drives ---------------------------------------------------------------
 
-    def effect(self, step: Step, *, retry: RetryPolicy | None = None) -> EffectRecord:
+    def effect(self, step: Step, *, retry: RetryPolicy | None = None, observe_first: bool = False) -> EffectRecord:
         """Make one step's effect verified, or stop; return its verified record.
 
         A verified step returns at once (that is replay). Otherwise, in order: cancellation read
@@ -581,6 +603,11 @@ class Engine:
                 continue  # read cancellation afresh after waiting
             if state.reconcile_all:
                 record = self._reconcile_before_start(step, record)
+                if record.state is EffectState.VERIFIED:
+                    continue
+            if observe_first and record.attempts == 0 and record.evidence is None:
+                # An earlier system or task may have made this effect: observe before the first apply.
+                record = self._observe_first(record)
                 if record.state is EffectState.VERIFIED:
                     continue
             if step.approval and record.approval_id is None:
@@ -759,6 +786,13 @@ class Engine:
             self._state.reconcile_all = False
             self._evidence.inferred("recovery from the backup is reconciled: later steps cannot have started")
         return self._state.effects[step.step_id]
+
+    def _observe_first(self, record: EffectRecord) -> EffectRecord:
+        record = record.move(EffectState.UNCERTAIN, self.clock.now(), last_error="observed before its first apply")
+        settled = self._reconcile(record)
+        if settled.verdict is Verdict.UNSAFE:
+            raise self._unsafe(settled)
+        return self.state.effects[record.step_id]
 
     def _authorize(self, step: Step, record: EffectRecord) -> EffectRecord:
         state = self._state

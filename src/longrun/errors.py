@@ -14,6 +14,7 @@
     |   +-- SchemaVersionError        a schema version this code does not know
     |   +-- StateUnrecoverableError   neither the state nor its backup validates
     +-- PayloadError                  a step's payload factory raised; its exception is the cause
+    +-- CallFailed                    a durable function's recorded call raised: replayed as recorded
     +-- AdapterError                  base of the two classified adapter failures
         +-- TransientError            the effect did not take place; retry within budget
         +-- PermanentError            the effect did not take place and never will; stop `blocked`
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 __all__ = [
     "AdapterError",
+    "CallFailed",
     "CorruptStateError",
     "FencedError",
     "ForeignStateError",
@@ -101,6 +103,22 @@ class StateUnrecoverableError(CorruptStateError):
 
 class PayloadError(LongrunError):
     """A step's payload callable raised. Nothing was planned for the step; the cause is chained."""
+
+
+class CallFailed(LongrunError):
+    """A durable function's ``run.call`` (or child task) raised; raised into the function.
+
+    The exception's type name and message were recorded when it first happened, and the same
+    ``CallFailed`` is raised again on every replay without calling anything, so a function that
+    handles it behaves the same way each time. To call again after fixing the cause, give the
+    call a new step id.
+    """
+
+    def __init__(self, step_id: str, type_name: str, message: str):
+        super().__init__(f"step {step_id!r} raised {type_name}: {message}")
+        self.step_id = step_id
+        self.type_name = type_name
+        self.message = message
 
 
 class AdapterError(LongrunError):

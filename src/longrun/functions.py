@@ -1,0 +1,352 @@
+"""The durable-function face: agent code whose steps are decided as it runs, replayed by step id.
+
+::
+
+    @longrun.durable(store=store, adapters={"mail.send": Mailer()}, allowed_actions=("mail.send",))
+    def agent(run: longrun.Run, goal: str) -> dict:
+        plan = run.call("plan", ask_model, goal)              # recorded once, replayed after a crash
+        for i, tool in enumerate(plan["tools"]):
+            run.effect(f"tool/{i}", "mail.send", tool)         # the effect ledger, observed before retry
+        return {"tools": len(plan["tools"])}
+
+    outcome = agent.run("agent-1", "tidy the inbox")          # starts, or resumes with the recorded arguments
+
+Every ``run()`` executes the function from the top. Each ``run.*`` step whose id is recorded returns
+its recorded outcome without doing anything; the first step whose id is not recorded proceeds, so a
+loop or a newly inserted step extends the run. Replay is by step id, not by position: the order of
+steps may change between versions of the code, their ids may not be reused within one run.
+
+Divergence: a recorded effect whose action or payload digest differs from what the code now asks
+for, or a recorded call whose function or argument digest differs (unless the call says
+``replay="by-id"``), stops the run ``plan-mismatch`` naming the step and both digests; nothing is
+applied. The arguments and the function's name are recorded with the task when it first starts; its
+plan digest (what approvals bind to) is the digest of the contract, the function name and those
+arguments. Running the task with other arguments stops ``plan-mismatch``.
+
+What the function must keep deterministic between ``run.*`` steps: which step ids it asks for and
+with which payloads, given the values the steps returned. Anything nondeterministic (a model's
+answer, the time, a random choice, a read) belongs inside ``run.call`` so that it is recorded once.
+
+An exception the function raises (other than a stop, which the engine handles) is committed with
+what was settled before it, and re-raised to the caller of ``run()``; the task stays resumable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import math
+from typing import Any, Callable, Generic, Mapping, ParamSpec, TypeVar
+
+from .budget import Limits, RetryPolicy
+from .canonical import JSONValue, digest_of, ensure_json
+from .contract import INTERNAL_PREFIX, RunContract, Step, check_step_id, check_task_id
+from .engine import Engine
+from .envelope import RunState
+from .errors import CallFailed, InvalidInputError
+from .ledger import EffectState
+from .outcome import ENDED_UNFINISHED, RunOutcome, Status
+from .protocols import ApprovalSource, CancellationSource, Clock, EffectAdapter, Store
+
+__all__ = ["CALL_ACTION", "CHILD_ACTION", "FUNCTION_STEP", "SLEEP_ACTION", "DurableFunction", "Run", "durable"]
+
+FUNCTION_STEP = INTERNAL_PREFIX + "function"
+"""The step id (and action) of a durable task's own record: function name, arguments, return value."""
+CALL_ACTION = INTERNAL_PREFIX + "call"
+SLEEP_ACTION = INTERNAL_PREFIX + "sleep"
+CHILD_ACTION = INTERNAL_PREFIX + "child"
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def qualified_name(fn: Callable[..., Any]) -> str:
+    """``module:qualname`` of a function: how a task record names the code that runs it."""
+    target = getattr(fn, "__wrapped__", fn)
+    module = getattr(target, "__module__", None) or "?"
+    qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or type(target).__name__
+    return f"{module}:{qualname}"
+
+
+class Run:
+    """What a durable function receives as its first argument: the steps it may take.
+
+    ``effect`` makes a side effect through the ledger; ``call`` records a read, a computation or a
+    model's answer; ``sleep`` waits durably; ``child`` runs another durable task to completion.
+    Each takes a step id first: unique within one run of the function, stable across runs.
+    """
+
+    def __init__(self, engine: Engine, function: "DurableFunction[Any, Any]"):
+        self._engine = engine
+        self._function = function
+        self._used: set[str] = set()
+
+    @property
+    def task_id(self) -> str:
+        return self._engine.task_id
+
+    def _claim(self, step_id: str) -> str:
+        check_step_id(step_id)
+        if step_id.startswith(INTERNAL_PREFIX):
+            raise InvalidInputError(f"step id {step_id!r}: ids starting with {INTERNAL_PREFIX!r} are reserved")
+        if step_id in self._used:
+            raise InvalidInputError(f"step id {step_id!r} is used twice in one run of {self._function.name}")
+        self._used.add(step_id)
+        return step_id
+
+    def _diverged(self, step_id: str, what: str, recorded: str, now: str) -> BaseException:
+        return self._engine.mismatch(
+            f"step {step_id!r}: recorded {what} {recorded}, the code now asks for {now}",
+            f"restore the code that recorded step {step_id!r} ({what} {recorded}), or give the changed step a new id; "
+            "nothing was applied",
+        )
+
+    def effect(
+        self,
+        step_id: str,
+        action: str,
+        payload: Mapping[str, Any],
+        *,
+        approval: bool = False,
+        observe_first: bool = False,
+        retry: RetryPolicy | None = None,
+    ) -> JSONValue:
+        """Make a side effect through the ledger, exactly as a declared step; return its result.
+
+        ``started`` is durable before the adapter is called; an interrupted effect is observed
+        before any retry; ``approval=True`` gates it on a scoped approval; ``observe_first=True``
+        observes before the first apply (for effects an earlier system or task may have made).
+        """
+        self._claim(step_id)
+        engine = self._engine
+        if not isinstance(action, str) or action.startswith(INTERNAL_PREFIX):
+            raise InvalidInputError(f"step {step_id!r}: action {action!r} is not a user action")
+        engine.adapter_for(action, step_id=step_id)
+        refusal = engine.contract.action_refusal(action)
+        if refusal is not None:
+            raise engine.refused_action(step_id, refusal)
+        step = Step(step_id, action, payload, approval=approval)
+        recorded = engine.state.effects.get(step_id)
+        if recorded is not None:
+            if recorded.action != action:
+                raise self._diverged(step_id, "action", repr(recorded.action), repr(action))
+            digest = digest_of(step.evaluate_payload({}), what=f"payload of step {step_id!r}")
+            if recorded.payload_digest != digest:
+                raise self._diverged(step_id, "payload digest", recorded.payload_digest, digest)
+        return engine.effect(step, retry=retry, observe_first=observe_first).result
+
+    def call(
+        self,
+        step_id: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retry: RetryPolicy | None = None,
+        replay: str = "strict",
+        **kwargs: Any,
+    ) -> Any:
+        """Call ``fn(*args, **kwargs)`` once and record its JSON result; replay it afterwards.
+
+        ``TransientError`` is retried with backoff under the persistent attempt counter;
+        ``PermanentError`` stops the run ``blocked``; any other exception is recorded and raised
+        into the function as ``CallFailed``, identically on every replay. ``replay="by-id"``
+        accepts a recorded result even if the arguments changed (say, a timestamp among them).
+        """
+        self._claim(step_id)
+        if replay not in ("strict", "by-id"):
+            raise InvalidInputError(f"step {step_id!r}: replay must be 'strict' or 'by-id', got {replay!r}")
+        if not callable(fn):
+            raise InvalidInputError(f"step {step_id!r}: {fn!r} is not callable")
+        if inspect.iscoroutinefunction(fn):
+            raise InvalidInputError(f"step {step_id!r}: {qualified_name(fn)} is async; call it from an async durable function")
+        arguments = ensure_json({"args": list(args), "kwargs": dict(kwargs)}, what=f"arguments of step {step_id!r}")
+        payload = {"function": qualified_name(fn), "arguments": digest_of(arguments)}
+        step = Step(step_id, CALL_ACTION, payload)
+        recorded = self._engine.state.effects.get(step_id)
+        if recorded is not None:
+            if recorded.action != CALL_ACTION:
+                raise self._diverged(step_id, "action", repr(recorded.action), "a call")
+            if replay == "strict" and recorded.payload_digest != digest_of(payload):
+                raise self._diverged(step_id, "call digest", recorded.payload_digest, digest_of(payload))
+        record = self._engine.call(step, lambda: fn(*args, **kwargs), retry=retry)
+        if record.state is EffectState.FAILED:
+            failure = record.result if isinstance(record.result, dict) else {}
+            raise CallFailed(step_id, str(failure.get("type", "Exception")), str(failure.get("message", record.last_error)))
+        return record.result
+
+    def sleep(self, step_id: str, seconds: float) -> None:
+        """Wait ``seconds`` durably: the wake time is recorded when the step is first reached.
+
+        A wait longer than ``Limits.max_block_s`` stops the run ``sleeping`` with ``wake_at``; run
+        the task again at or after that time (a worker does it by itself)."""
+        self._claim(step_id)
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
+            raise InvalidInputError(f"step {step_id!r}: seconds must be a finite number >= 0, got {seconds!r}")
+        recorded = self._engine.state.effects.get(step_id)
+        if recorded is not None and recorded.action != SLEEP_ACTION:
+            raise self._diverged(step_id, "action", repr(recorded.action), "a sleep")
+        self._engine.timer(Step(step_id, SLEEP_ACTION, {"seconds": seconds}), float(seconds))
+
+    def child(self, task_id: str, function: "DurableFunction[..., Any]", *args: Any, **kwargs: Any) -> Any:
+        """Start or resume another durable task (its own lease and ledger) and return its result.
+
+        While the child is not done, this run stops ``waiting-on-child`` with the child's next
+        action; run it again once the child has moved on. A child that ended without finishing is
+        raised into the function as ``CallFailed``. The parent's record names the child task."""
+        check_task_id(task_id)
+        if not isinstance(function, DurableFunction):
+            raise InvalidInputError(f"child {task_id!r}: {function!r} is not a durable function")
+        step_id = f"{CHILD_ACTION}:{task_id}"
+        if step_id in self._used:
+            raise InvalidInputError(f"child task {task_id!r} is used twice in one run of {self._function.name}")
+        self._used.add(step_id)
+        arguments = ensure_json({"args": list(args), "kwargs": dict(kwargs)}, what=f"arguments of child {task_id!r}")
+        payload = {"task": task_id, "function": function.name, "arguments": digest_of(arguments)}
+        engine = self._engine
+        recorded = engine.state.effects.get(step_id)
+        if recorded is not None and recorded.payload_digest != digest_of(payload):
+            raise self._diverged(step_id, "child digest", recorded.payload_digest, digest_of(payload))
+        record = engine.plan(Step(step_id, CHILD_ACTION, payload))
+        if record.state is EffectState.PLANNED:
+            outcome = function.run(task_id, *args, **kwargs)
+            if outcome.status is Status.DONE:
+                record = engine.complete(step_id, outcome.result)
+            elif outcome.status in ENDED_UNFINISHED:
+                failure: JSONValue = {"type": "ChildEnded", "message": f"child task {task_id!r} ended {outcome.status.value}"}
+                record = engine.complete(step_id, failure, failed=True)
+            else:
+                raise engine.wait(
+                    Status.WAITING_ON_CHILD,
+                    f"child task {task_id!r} is {outcome.status.value} ({outcome.next_action}); run this task again after it",
+                    wake_at=outcome.wake_at,
+                )
+        if record.state is EffectState.FAILED:
+            failure_record = record.result if isinstance(record.result, dict) else {}
+            raise CallFailed(step_id, str(failure_record.get("type", "ChildEnded")), str(failure_record.get("message", "")))
+        return record.result
+
+
+class _FunctionPlan:
+    """The ``Plan`` of a durable function: its code is the plan, its arguments pin it."""
+
+    def __init__(self, function: "DurableFunction[Any, Any]", arguments: dict[str, JSONValue], contract: RunContract):
+        self._function = function
+        self._arguments = arguments
+        self._payload: dict[str, JSONValue] = {"function": function.name, **arguments}
+        self.digest = digest_of({"contract": contract.to_json(), "function": function.name, "arguments": arguments})
+
+    def initial(self, engine: Engine, state: RunState) -> None:
+        engine.plan(Step(FUNCTION_STEP, FUNCTION_STEP, self._payload))
+
+    def accept(self, engine: Engine, state: RunState) -> None:
+        if state.plan_digest == self.digest:
+            return
+        recorded = state.effects.get(FUNCTION_STEP)
+        what = f"function {recorded.payload.get('function')!r}" if recorded is not None and isinstance(recorded.payload, dict) else "a declared plan"
+        raise engine.mismatch(
+            f"recorded plan digest {state.plan_digest} ({what}); this run's digest is {self.digest}",
+            f"run the task with the function and arguments it was started with (plan digest {state.plan_digest}), "
+            "or use `longrun resume <store> <task>`, which reads them from the task",
+        )
+
+    def drive(self, engine: Engine) -> None:
+        run = Run(engine, self._function)
+        args = self._arguments["args"]
+        kwargs = self._arguments["kwargs"]
+        assert isinstance(args, list) and isinstance(kwargs, dict)
+        value = self._function.fn(run, *args, **kwargs)
+        if inspect.isawaitable(value):
+            raise InvalidInputError(f"{self._function.name} returned an awaitable: async functions need the async face")
+        result = ensure_json(value, what=f"the return value of {self._function.name}")
+        if engine.state.effects[FUNCTION_STEP].state is not EffectState.VERIFIED:
+            engine.complete(FUNCTION_STEP, result)
+        raise engine.finish([FUNCTION_STEP])
+
+    def result(self, state: RunState) -> JSONValue:
+        record = state.effects.get(FUNCTION_STEP)
+        return record.result if record is not None and record.state is EffectState.VERIFIED else None
+
+
+class DurableFunction(Generic[P, R]):
+    """A function made durable by ``@durable(...)``: ``fn.run(task_id, *args)`` starts or resumes it.
+
+    Calling ``run`` on a finished task returns ``done`` with the same ``result`` and calls
+    nothing. The engine's keyword arguments (store, adapters, limits, retry, lease, clock,
+    authority sources) are fixed at decoration; the contract's task id is the one ``run`` gets.
+    """
+
+    def __init__(self, fn: Callable[..., Any], contract: RunContract, engine_options: dict[str, Any]):
+        self.fn = fn
+        self.name = qualified_name(fn)
+        self._contract = contract
+        self._options = engine_options
+        functools.update_wrapper(self, fn)
+
+    def contract_for(self, task_id: str) -> RunContract:
+        return dataclasses.replace(self._contract, task_id=check_task_id(task_id))
+
+    def _plan(self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Engine, _FunctionPlan]:
+        contract = self.contract_for(task_id)
+        arguments = ensure_json({"args": list(args), "kwargs": dict(kwargs)}, what=f"arguments of {self.name}")
+        assert isinstance(arguments, dict)
+        return Engine(contract, **self._options), _FunctionPlan(self, arguments, contract)
+
+    def run(self, task_id: str, *args: Any, **kwargs: Any) -> RunOutcome:
+        """Start the task with these arguments, or resume it; return why it stopped."""
+        engine, plan = self._plan(task_id, args, kwargs)
+        return engine.run(plan)
+
+    def __repr__(self) -> str:
+        return f"<durable function {self.name}>"
+
+
+def durable(
+    *,
+    store: Store,
+    adapters: Mapping[str, EffectAdapter] | None = None,
+    contract: RunContract | None = None,
+    allowed_actions: tuple[str, ...] = (),
+    forbidden_actions: tuple[str, ...] = (),
+    goal: str | None = None,
+    owner: str | None = None,
+    clock: Clock | None = None,
+    limits: Limits | None = None,
+    retry: RetryPolicy | None = None,
+    lease_ttl_s: float = 30.0,
+    approvals: ApprovalSource | None = None,
+    cancellations: CancellationSource | None = None,
+) -> Callable[[Callable[..., R]], DurableFunction[..., R]]:
+    """Make ``fn(run, *args, **kwargs)`` a durable function (see the module docstring).
+
+    ``contract`` is a ``RunContract`` whose task id is replaced by each run's; without one, a
+    contract is built from ``goal``, ``allowed_actions`` and ``forbidden_actions``.
+    """
+    if contract is not None and (allowed_actions or forbidden_actions or goal is not None):
+        raise InvalidInputError("give either contract= or goal/allowed_actions/forbidden_actions, not both")
+
+    def decorate(fn: Callable[..., R]) -> DurableFunction[..., R]:
+        if not callable(fn):
+            raise InvalidInputError(f"@durable needs a function, got {fn!r}")
+        if inspect.iscoroutinefunction(fn):
+            raise InvalidInputError(f"{qualified_name(fn)} is async: the synchronous durable face cannot run it")
+        base = contract or RunContract(
+            "durable-function",
+            goal or f"run {qualified_name(fn)} to completion",
+            allowed_actions=tuple(allowed_actions),
+            forbidden_actions=tuple(forbidden_actions),
+        )
+        options: dict[str, Any] = dict(
+            store=store,
+            adapters=dict(adapters or {}),
+            owner=owner,
+            clock=clock,
+            limits=limits,
+            retry=retry,
+            lease_ttl_s=lease_ttl_s,
+            approvals=approvals,
+            cancellations=cancellations,
+        )
+        Engine(base, **options)  # validates the options now, not at the first run
+        return DurableFunction(fn, base, options)
+
+    return decorate
