@@ -283,11 +283,36 @@ def build_parser() -> argparse.ArgumentParser:
         "are the same call; an overlapping call returns already-running and changes nothing.",
         RESUME_EPILOG,
     )
-    resume.add_argument("target", metavar="MODULE:FUNCTION", help="for example mytasks.nightly:build_runner")
+    resume.add_argument(
+        "target",
+        metavar="MODULE:FUNCTION | STORE",
+        help="for example mytasks.nightly:build_runner; or the STORE of a durable-function task, with TASK",
+    )
+    resume.add_argument(
+        "task", metavar="TASK", nargs="?",
+        help="with STORE: resume the durable function the task records, with the arguments it records",
+    )  # fmt: skip
     resume.add_argument(
         "--path", metavar="DIR", type=_path, action="append", default=[], help="search DIR for MODULE first (repeatable)"
     )
     _add_json(resume, "the outcome (RunOutcome.to_json())")
+
+    start = add(
+        "start",
+        "start (or resume) a durable function's task with JSON arguments, and run it once",
+        "Import MODULE, whose FUNCTION must be a @longrun.durable function, and run TASK with the "
+        "arguments given as JSON. The same task id with the same arguments resumes it; with other "
+        "arguments it stops plan-mismatch and changes nothing.",
+        RESUME_EPILOG,
+    )
+    start.add_argument("target", metavar="MODULE:FUNCTION", help="for example mytasks.agents:triage")
+    start.add_argument("task", metavar="TASK")
+    start.add_argument("--args", metavar="JSON", default="[]", help="positional arguments, a JSON array (default [])")
+    start.add_argument("--kwargs", metavar="JSON", default="{}", help="keyword arguments, a JSON object (default {})")
+    start.add_argument(
+        "--path", metavar="DIR", type=_path, action="append", default=[], help="search DIR for MODULE first (repeatable)"
+    )
+    _add_json(start, "the outcome (RunOutcome.to_json())")
 
     demo = add(
         "demo",
@@ -324,10 +349,18 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.worker is not None:
             return run_worker(args.worker, out)
         return run_demo(args.keep, out, as_json=args.json, err=err)
-    if args.command == "resume":
+    if args.command == "resume" and args.task is None:
         from ._resume import cmd_resume
 
         return cmd_resume(args.target, args.path, args.json, out, err, verbose=args.verbose > 0)
+    if args.command == "resume":
+        from ._resume import cmd_resume_task
+
+        return cmd_resume_task(_path(args.target), args.task, args.path, args.json, out, err, verbose=args.verbose > 0)
+    if args.command == "start":
+        from ._resume import cmd_start
+
+        return cmd_start(args.target, args.task, args.args, args.kwargs, args.path, args.json, out, err, verbose=args.verbose > 0)
     spec = args.store_spec
     if args.command in _TASK_COMMANDS:
         checked_task(args.task)  # an unsafe id is refused before the store is opened

@@ -1,4 +1,8 @@
-"""``longrun resume MODULE:FUNCTION``: the recovery trigger a cron job or systemd timer calls.
+"""``longrun resume``: the recovery trigger a cron job or systemd timer calls; ``longrun start``.
+
+``longrun resume STORE TASK`` resumes a durable-function task: the task records the function
+(``module:qualname``) and its arguments, so nothing else needs saying. ``longrun start
+MODULE:FUNCTION TASK --args JSON`` starts one (or resumes it, given the same arguments).
 
 Imports ``MODULE`` (with the ``--path`` directories, then the current directory, put in front of
 ``sys.path``), calls ``FUNCTION()`` with no arguments, which must return a ``longrun.runner.Runner``
@@ -33,17 +37,20 @@ privileges; ``resume`` is as trustworthy as the module it is pointed at.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import re
 import sys
 import traceback
-from typing import Callable, Sequence, TextIO
+from typing import Any, Callable, Sequence, TextIO
 
-from ..errors import LongrunError, PayloadError
+from ..canonical import parse_json
+from ..engine import utc
+from ..errors import CorruptStateError, LongrunError, PayloadError
 from ..outcome import ENDED_UNFINISHED, RunOutcome, Status
-from ._common import CliError, ExitCode, TaskCodeError, evidence_line, write_json
+from ._common import CliError, ExitCode, TaskCodeError, checked_task, evidence_line, open_store, write_json
 
-__all__ = ["STATUS_EXIT", "cmd_resume", "load_target"]
+__all__ = ["STATUS_EXIT", "cmd_resume", "cmd_resume_task", "cmd_start", "load_target"]
 
 STATUS_EXIT: dict[Status, ExitCode] = {Status.DONE: ExitCode.OK, **dict.fromkeys(ENDED_UNFINISHED, ExitCode.ENDED)}
 """Every status not listed exits ``ExitCode.NOT_AS_ASKED`` (1): a later run continues it."""
@@ -59,7 +66,7 @@ def _explain(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def load_target(target: str, paths: Sequence[str], err: TextIO, verbose: bool) -> Callable[[], object]:
+def load_target(target: str, paths: Sequence[str], err: TextIO, verbose: bool, *, runner_factory: bool = True) -> Any:
     """The function ``target`` names, imported with ``paths`` and the current directory searched first."""
     match = _TARGET.fullmatch(target)
     if match is None:
@@ -92,7 +99,7 @@ def load_target(target: str, paths: Sequence[str], err: TextIO, verbose: bool) -
             value = getattr(value, part)
         except AttributeError:
             raise _usage(f"module {module_name!r} has no attribute {match.group('function')!r}") from None
-    if not callable(value):
+    if runner_factory and not callable(value):
         raise _usage(f"{target} is a {type(value).__name__}, not a function that returns a Runner")
     return value
 
@@ -129,6 +136,10 @@ def _render(outcome: RunOutcome, code: ExitCode) -> str:
         lines.append(f"  results       {len(outcome.results)} verified effects: {', '.join(outcome.results)}")
     else:
         lines.append("  results       no verified effects yet")
+    if outcome.result is not None:
+        lines.append(f"  result        {json.dumps(outcome.result, sort_keys=True)[:2000]}")
+    if outcome.wake_at is not None:
+        lines.append(f"  wake at       {utc(outcome.wake_at)}")
     lines.append(
         f"  evidence      {len(outcome.observations)} observations, {len(outcome.inferences)} inferences, "
         f"{len(outcome.unknowns)} unknowns"
@@ -156,3 +167,77 @@ def cmd_resume(target: str, paths: Sequence[str], as_json: bool, out: TextIO, er
     else:
         out.write(_render(outcome, code))
     return code
+
+
+def _durable_target(target: str, paths: Sequence[str], err: TextIO, verbose: bool) -> Any:
+    from ..functions import DurableFunction  # imports the engine: only for commands that run tasks
+
+    function = load_target(target, paths, err, verbose, runner_factory=False)
+    if not isinstance(function, DurableFunction):
+        raise _usage(f"{target} is a {type(function).__name__}, not a @longrun.durable function")
+    return function
+
+
+def _run_durable(function: Any, task_id: str, args: list[Any], kwargs: dict[str, Any], as_json: bool, out: TextIO) -> int:
+    name = function.name
+    try:
+        outcome = function.run(task_id, *args, **kwargs)
+    except (LongrunError, OSError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        raise TaskCodeError(f"{name}: the function raised {_explain(exc)}") from exc
+    code = STATUS_EXIT.get(outcome.status, ExitCode.NOT_AS_ASKED)
+    if as_json:
+        write_json(out, outcome.to_json())
+    else:
+        out.write(_render(outcome, code))
+    return code
+
+
+def _json_argument(text: str, option: str, kind: type) -> Any:
+    try:
+        value = parse_json(text.encode("utf-8"), what=option, max_bytes=1024 * 1024)
+    except (CorruptStateError, UnicodeEncodeError) as exc:
+        raise _usage(f"{option} is not valid JSON: {exc}") from None
+    if not isinstance(value, kind):
+        raise _usage(f"{option} must be a JSON {'array' if kind is list else 'object'}, got {type(value).__name__}")
+    return value
+
+
+def cmd_start(
+    target: str, task_id: str, args_json: str, kwargs_json: str, paths: Sequence[str], as_json: bool,
+    out: TextIO, err: TextIO, verbose: bool = False,
+) -> int:  # fmt: skip
+    """``longrun start MODULE:FUNCTION TASK --args JSON``: run a durable function's task once."""
+    checked_task(task_id)
+    args = _json_argument(args_json, "--args", list)
+    kwargs = _json_argument(kwargs_json, "--kwargs", dict)
+    return _run_durable(_durable_target(target, paths, err, verbose), task_id, args, kwargs, as_json, out)
+
+
+def cmd_resume_task(
+    spec: str, task_id: str, paths: Sequence[str], as_json: bool, out: TextIO, err: TextIO, verbose: bool = False
+) -> int:
+    """``longrun resume STORE TASK``: run the durable function the task records, with its arguments."""
+    from ..functions import FUNCTION_STEP
+
+    checked_task(task_id)
+    store = open_store(spec)
+    try:
+        loaded = store.load(task_id)
+    finally:
+        close = getattr(store, "close", None)
+        if callable(close):
+            close()
+    record = loaded.state.effects.get(FUNCTION_STEP) if loaded.state is not None else None
+    if loaded.state is None or record is None or not isinstance(record.payload, dict):
+        raise CliError(
+            f"task {task_id!r} records no durable function (it has no state yet, or runs a declared plan: "
+            "resume it with `longrun resume MODULE:FUNCTION`)",
+            ExitCode.USAGE,
+        )
+    name, args, kwargs = record.payload.get("function"), record.payload.get("args"), record.payload.get("kwargs")
+    if not isinstance(name, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise CliError(f"task {task_id!r}: its function record is malformed", ExitCode.STORAGE)
+    function = _durable_target(name, paths, err, verbose)
+    return _run_durable(function, task_id, args, kwargs, as_json, out)

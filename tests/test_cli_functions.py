@@ -1,0 +1,91 @@
+"""``longrun start`` and ``longrun resume STORE TASK`` for durable functions, as subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+
+import support  # noqa: F401  (puts src on sys.path)
+from longrun.testing import read_outbox
+
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+
+MODULE = textwrap.dedent(
+    """
+    import os, longrun
+    from longrun.testing import OutboxAdapter
+    ROOT = os.environ["TASKS_DIR"]
+    store = longrun.JsonFileStore(ROOT)
+
+    @longrun.durable(store=store, adapters={"mail.send": OutboxAdapter(os.path.join(ROOT, "outbox.jsonl"))})
+    def greet(run, names, greeting="hi"):
+        for name in names:
+            run.effect(f"mail/{name}", "mail.send", {"to": name, "text": greeting})
+        return {"sent": len(names)}
+
+    def not_durable():
+        return None
+    """
+)
+
+
+class StartAndResumeTests(unittest.TestCase):
+    def setUp(self) -> None:
+        self.dir = tempfile.TemporaryDirectory()
+        self.addCleanup(self.dir.cleanup)
+        self.code = os.path.join(self.dir.name, "code")
+        self.tasks = os.path.join(self.dir.name, "tasks")
+        os.makedirs(self.code)
+        os.makedirs(self.tasks)
+        with open(os.path.join(self.code, "agents.py"), "w") as handle:
+            handle.write(MODULE)
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "PYTHONPATH": SRC, "TASKS_DIR": self.tasks}
+        return subprocess.run(
+            [sys.executable, "-m", "longrun", *args], capture_output=True, text=True, env=env, timeout=60, check=False
+        )
+
+    def test_start_runs_the_task_and_resume_reads_function_and_arguments_from_the_store(self) -> None:
+        started = self.cli("start", "agents:greet", "g1", "--args", '[["ann", "bob"]]', "--kwargs", '{"greeting": "yo"}',
+                           "--path", self.code, "--json")  # fmt: skip
+        self.assertEqual(started.returncode, 0, started.stderr)
+        self.assertEqual(json.loads(started.stdout)["result"], {"sent": 2})
+        resumed = self.cli("resume", self.tasks, "g1", "--path", self.code, "--json")
+        self.assertEqual(resumed.returncode, 0, resumed.stderr)
+        self.assertEqual(json.loads(resumed.stdout)["status"], "done")
+        self.assertEqual(json.loads(resumed.stdout)["result"], {"sent": 2})
+        sent = read_outbox(os.path.join(self.tasks, "outbox.jsonl"))
+        self.assertEqual(sorted(item["payload"]["to"] for item in sent), ["ann", "bob"], "each effect applied once")
+
+    def test_start_with_other_arguments_stops_plan_mismatch_and_applies_nothing(self) -> None:
+        self.assertEqual(self.cli("start", "agents:greet", "g1", "--args", '[["ann"]]', "--path", self.code).returncode, 0)
+        other = self.cli("start", "agents:greet", "g1", "--args", '[["zed"]]', "--path", self.code, "--json")
+        self.assertEqual(other.returncode, 1, other.stderr)
+        self.assertEqual(json.loads(other.stdout)["status"], "plan-mismatch")
+        self.assertEqual(len(read_outbox(os.path.join(self.tasks, "outbox.jsonl"))), 1)
+
+    def test_bad_inputs_are_usage_errors_that_create_nothing(self) -> None:
+        cases = [
+            ("start", "agents:greet", "g1", "--args", "{", "--path", self.code),
+            ("start", "agents:greet", "g1", "--args", '{"a": 1}', "--path", self.code),
+            ("start", "agents:not_durable", "g1", "--path", self.code),
+            ("start", "agents:greet", "../escape", "--path", self.code),
+            ("resume", self.tasks, "no-such-task", "--path", self.code),
+        ]
+        for args in cases:
+            with self.subTest(args=args):
+                result = self.cli(*args)
+                self.assertEqual(result.returncode, 2, result.stdout + result.stderr)
+                self.assertIn("error", result.stderr)
+                self.assertNotIn("Traceback", result.stderr)
+        self.assertEqual(sorted(os.listdir(self.tasks)), [])
+
+
+if __name__ == "__main__":
+    unittest.main()
