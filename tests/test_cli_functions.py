@@ -28,6 +28,13 @@ MODULE = textwrap.dedent(
             run.effect(f"mail/{name}", "mail.send", {"to": name, "text": greeting})
         return {"sent": len(names)}
 
+    @longrun.durable(store=store, adapters={"mail.send": OutboxAdapter(os.path.join(ROOT, "outbox.jsonl"))})
+    def pick(run):
+        colour = run.ask("colour", "which colour?", choices=["red", "blue"])
+        count = run.ask("count", "how many?")
+        run.effect("send", "mail.send", {"colour": colour, "count": count})
+        return {"colour": colour, "count": count}
+
     def not_durable():
         return None
     """
@@ -68,6 +75,31 @@ class StartAndResumeTests(unittest.TestCase):
         other = self.cli("start", "agents:greet", "g1", "--args", '[["zed"]]', "--path", self.code, "--json")
         self.assertEqual(other.returncode, 1, other.stderr)
         self.assertEqual(json.loads(other.stdout)["status"], "plan-mismatch")
+        self.assertEqual(len(read_outbox(os.path.join(self.tasks, "outbox.jsonl"))), 1)
+
+    def test_questions_wait_for_answers_bound_to_their_step_and_refuse_answers_outside_the_choices(self) -> None:
+        def status(result: subprocess.CompletedProcess[str]) -> str:
+            self.assertEqual(result.stderr, "")
+            return str(json.loads(result.stdout)["status"])
+
+        self.assertEqual(status(self.cli("start", "agents:pick", "p1", "--path", self.code, "--json")), "awaiting-input")
+        approve = self.cli("approve", self.tasks, "p1", "--step", "colour", "--yes")
+        self.assertEqual(approve.returncode, 2, "a question is answered, not approved")
+        self.assertEqual(self.cli("answer", self.tasks, "p1", "colour", "green").returncode, 0)
+        resumed = self.cli("resume", self.tasks, "p1", "--path", self.code, "--json")
+        self.assertEqual(status(resumed), "awaiting-input")
+        self.assertIn("colour", json.loads(resumed.stdout)["next_action"], "green is not a choice: asked again")
+        self.assertEqual(self.cli("answer", self.tasks, "p1", "colour", "red").returncode, 0)
+        resumed = self.cli("resume", self.tasks, "p1", "--path", self.code, "--json")
+        self.assertIn("'count'", json.loads(resumed.stdout)["next_action"])
+        wrong_step = self.cli("answer", self.tasks, "p1", "colour", "blue")
+        self.assertNotEqual(wrong_step.returncode, 0, "no question is pending for that step")
+        self.assertEqual(self.cli("answer", self.tasks, "p1", "count", "3").returncode, 0)
+        done = self.cli("resume", self.tasks, "p1", "--path", self.code, "--json")
+        self.assertEqual(status(done), "done")
+        self.assertEqual(json.loads(done.stdout)["result"], {"colour": "red", "count": 3}, "3 is read as JSON")
+        again = self.cli("resume", self.tasks, "p1", "--path", self.code, "--json")
+        self.assertEqual(json.loads(again.stdout)["result"], {"colour": "red", "count": 3})
         self.assertEqual(len(read_outbox(os.path.join(self.tasks, "outbox.jsonl"))), 1)
 
     def test_bad_inputs_are_usage_errors_that_create_nothing(self) -> None:

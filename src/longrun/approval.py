@@ -38,7 +38,9 @@ __all__ = ["Approval", "ApprovalRequest", "GateDecision", "GateVerdict", "SCOPE_
 
 SCOPE_FIELDS = ("task_id", "plan_digest", "step_id", "payload_digest", "action")
 _REQUEST_FIELDS = frozenset({*SCOPE_FIELDS, "requested_at", "expires_at"})
-_APPROVAL_FIELDS = frozenset({*SCOPE_FIELDS, "schema_version", "approval_id", "expires_at", "approver", "granted_at", "signature"})
+_APPROVAL_FIELDS = frozenset(
+    {*SCOPE_FIELDS, "schema_version", "approval_id", "expires_at", "approver", "granted_at", "signature", "answer"}
+)
 WILDCARDS = frozenset({"*", "any", "all", ""})
 
 
@@ -92,10 +94,14 @@ class Approval:
     granted_at: float
     signature: str | None = None
     """``hmac-sha256:<key id>:<mac>`` over ``signed_fields()``, or None (see ``longrun.authority``)."""
+    answer: JSONValue = None
+    """A person's answer to a question (``run.ask``); None for a plain approval of an effect."""
 
     def signed_fields(self) -> dict[str, JSONValue]:
-        """Every field but the signature, as a signature covers them (times always as floats)."""
-        return {
+        """Every field but the signature, as a signature covers them (times always as floats).
+
+        ``answer`` is included only when there is one, so a plain approval signs what it always did."""
+        fields: dict[str, JSONValue] = {
             "approval_id": self.approval_id,
             "task_id": self.task_id,
             "plan_digest": self.plan_digest,
@@ -106,6 +112,9 @@ class Approval:
             "approver": self.approver,
             "granted_at": float(self.granted_at),
         }
+        if self.answer is not None:
+            fields["answer"] = self.answer
+        return fields
 
     def to_json(self) -> dict[str, JSONValue]:
         """The record as written: ``signed_fields()``, the signature if any, and ``schema_version``
@@ -134,13 +143,24 @@ class Approval:
             approver=f.get_str(d, "approver", what),
             granted_at=f.get_float(d, "granted_at", what),
             signature=f.get_str(d, "signature", what, optional=True),
+            answer=d.get("answer"),
         )
 
     @classmethod
     def for_request(
-        cls, request: ApprovalRequest, *, approval_id: str, approver: str, granted_at: float, expires_at: float
+        cls,
+        request: ApprovalRequest,
+        *,
+        approval_id: str,
+        approver: str,
+        granted_at: float,
+        expires_at: float,
+        answer: JSONValue = None,
     ) -> "Approval":
-        return cls(approval_id=approval_id, approver=approver, granted_at=granted_at, expires_at=expires_at, **request.scope())
+        return cls(
+            approval_id=approval_id, approver=approver, granted_at=granted_at, expires_at=expires_at, answer=answer,
+            **request.scope(),
+        )  # fmt: skip
 
 
 class GateVerdict(str, enum.Enum):

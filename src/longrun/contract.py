@@ -21,6 +21,7 @@ from .canonical import JSONValue, canonical_bytes, digest_of, ensure_json
 from .errors import InvalidInputError
 
 __all__ = [
+    "ASK_ACTION",
     "INTERNAL_PREFIX",
     "PayloadFactory",
     "RunContract",
@@ -42,6 +43,10 @@ STEP_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+=-]{0,255}")
 
 INTERNAL_PREFIX = "longrun."
 """Actions and step ids the engine records for itself (calls, timers, a durable function's own record)."""
+
+
+ASK_ACTION = INTERNAL_PREFIX + "ask"
+"""The action of a durable function's question (``run.ask``): answered with ``longrun answer``, not approved."""
 
 
 def is_internal(name: str) -> bool:

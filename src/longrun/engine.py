@@ -42,7 +42,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 from . import _crashpoints
 from .adapters import EffectRequest, Observation, Receipt
-from .approval import ApprovalRequest, GateVerdict, evaluate_gate
+from .approval import Approval, ApprovalRequest, GateVerdict, evaluate_gate
 from .authority import RefusedRecord, SignedApprovals, SignedCancellations
 from .budget import BudgetCounters, Limits, RetryPolicy
 from .cancellation import Cancellation
@@ -103,6 +103,12 @@ class _Evidence:
         item = Evidence(source, detail, self._clock.now())
         self.unknowns.append(item)
         return item
+
+
+def _question(record: EffectRecord) -> str:
+    question = record.payload.get("question") if isinstance(record.payload, dict) else None
+    text = str(question) if question is not None else "?"
+    return repr(text if len(text) <= 120 else text[:117] + "...")
 
 
 def _describe(kind: str, raw: ControlRecord) -> str:
@@ -702,6 +708,33 @@ class Engine:
         self._put(record)
         return record
 
+    def ask(self, step: Step, choices: Sequence[JSONValue] | None) -> EffectRecord:
+        """A person's answer as a value: an approval of the question (bound to task, plan, step and
+        the question's digest, single use, through the approval sources) that carries the answer.
+
+        Without an answer the run stops ``awaiting-input``. An answer that is not among
+        ``choices`` is consumed, recorded as refused, and asked again."""
+        state = self.state
+        while True:
+            record = state.effects.get(step.step_id)
+            if record is not None and record.state is EffectState.VERIFIED:
+                return record
+            self._check_cancellation()
+            state.current_step = step.step_id
+            if record is None:
+                record = self._plan(step, self.clock.now())
+            record, approval = self._gate(step, record, Status.AWAITING_INPUT)
+            if choices is not None and approval.answer not in list(choices):
+                self._evidence.unknown("answer", f"answer {approval.answer!r} by {approval.approver} is not one of {list(choices)!r}")
+                self._put(record.with_changes(approval_id=None, last_error=f"answer {approval.answer!r} is not a choice"))
+                continue
+            now = self.clock.now()
+            self._evidence.observed("answer", f"step {step.step_id!r} answered by {approval.approver}")
+            record = record.move(EffectState.STARTED, now).move(EffectState.VERIFIED, now, result=approval.answer)
+            state.budget = state.budget.progressed(now)
+            self._put(record)
+            return record
+
     def wait(self, status: Status, next_action: str, *, wake_at: float | None = None) -> _Stop:
         """A stop that waits for something outside the run (a person, a child task): committed."""
         return self._stop(status, next_action, wake_at=wake_at)
@@ -795,6 +828,11 @@ class Engine:
         return self.state.effects[record.step_id]
 
     def _authorize(self, step: Step, record: EffectRecord) -> EffectRecord:
+        return self._gate(step, record, Status.AWAITING_APPROVAL)[0]
+
+    def _gate(self, step: Step, record: EffectRecord, waiting: Status) -> tuple[EffectRecord, Approval]:
+        """Read the approval sources fresh and consume the one approval that matches the step
+        exactly, or stop ``waiting`` (``awaiting-approval`` or ``awaiting-input``)."""
         state = self._state
         assert state is not None
         now = self.clock.now()
@@ -836,7 +874,7 @@ class Engine:
             self._put(record)
             if _crashpoints.ARMED:
                 _crashpoints.hit("approval.consumed", step.step_id)
-            return record
+            return record, approval
         for reason in decision.reasons:
             self._evidence.unknown("approval", reason)
         if decision.verdict is GateVerdict.REFUSED:
@@ -846,6 +884,12 @@ class Engine:
             )
         signed = " --sign-key <key file>" if isinstance(self.approvals, SignedApprovals) else ""
         note = f" ({refused} approval record{'s' if refused != 1 else ''} refused: see the unknowns)" if refused else ""
+        if waiting is Status.AWAITING_INPUT:
+            raise self._stop(
+                Status.AWAITING_INPUT,
+                f"answer the question of step {step.step_id!r} ({_question(record)}) with "
+                f"`longrun answer <store> {self.task_id} {step.step_id} VALUE{signed}`, then run again{note}",
+            )
         raise self._stop(
             Status.AWAITING_APPROVAL,
             f"approve step {step.step_id!r} (action {step.action!r}, payload {record.payload_digest}) "

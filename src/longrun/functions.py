@@ -37,11 +37,11 @@ import dataclasses
 import functools
 import inspect
 import math
-from typing import Any, Callable, Generic, Mapping, ParamSpec, TypeVar
+from typing import Any, Callable, Generic, Mapping, ParamSpec, Sequence, TypeVar
 
 from .budget import Limits, RetryPolicy
 from .canonical import JSONValue, digest_of, ensure_json
-from .contract import INTERNAL_PREFIX, RunContract, Step, check_step_id, check_task_id
+from .contract import ASK_ACTION, INTERNAL_PREFIX, RunContract, Step, check_step_id, check_task_id
 from .engine import Engine
 from .envelope import RunState
 from .errors import CallFailed, InvalidInputError
@@ -49,7 +49,7 @@ from .ledger import EffectState
 from .outcome import ENDED_UNFINISHED, RunOutcome, Status
 from .protocols import ApprovalSource, CancellationSource, Clock, EffectAdapter, Store
 
-__all__ = ["CALL_ACTION", "CHILD_ACTION", "FUNCTION_STEP", "SLEEP_ACTION", "DurableFunction", "Run", "durable"]
+__all__ = ["ASK_ACTION", "CALL_ACTION", "CHILD_ACTION", "FUNCTION_STEP", "SLEEP_ACTION", "DurableFunction", "Run", "durable"]
 
 FUNCTION_STEP = INTERNAL_PREFIX + "function"
 """The step id (and action) of a durable task's own record: function name, arguments, return value."""
@@ -73,7 +73,8 @@ class Run:
     """What a durable function receives as its first argument: the steps it may take.
 
     ``effect`` makes a side effect through the ledger; ``call`` records a read, a computation or a
-    model's answer; ``sleep`` waits durably; ``child`` runs another durable task to completion.
+    model's answer; ``sleep`` waits durably; ``ask`` waits for a person's answer; ``child`` runs
+    another durable task to completion.
     Each takes a step id first: unique within one run of the function, stable across runs.
     """
 
@@ -186,6 +187,26 @@ class Run:
         if recorded is not None and recorded.action != SLEEP_ACTION:
             raise self._diverged(step_id, "action", repr(recorded.action), "a sleep")
         self._engine.timer(Step(step_id, SLEEP_ACTION, {"seconds": seconds}), float(seconds))
+
+    def ask(self, step_id: str, question: str, *, choices: Sequence[JSONValue] | None = None) -> JSONValue:
+        """A person's answer, as a value. Until it is given the run stops ``awaiting-input``.
+
+        ``longrun answer STORE TASK STEP VALUE`` records it, bound to the task, the plan, the step and
+        the question's digest, single use, through the same sources as approvals (the store, strict
+        files, signed records). With ``choices``, an answer outside them is refused and asked again."""
+        self._claim(step_id)
+        if not isinstance(question, str) or not question.strip():
+            raise InvalidInputError(f"step {step_id!r}: the question must be a non-empty string")
+        listed = None if choices is None else ensure_json(list(choices), what=f"choices of step {step_id!r}")
+        payload: dict[str, JSONValue] = {"question": question, "choices": listed}
+        recorded = self._engine.state.effects.get(step_id)
+        if recorded is not None:
+            if recorded.action != ASK_ACTION:
+                raise self._diverged(step_id, "action", repr(recorded.action), "a question")
+            if recorded.payload_digest != digest_of(payload):
+                raise self._diverged(step_id, "question digest", recorded.payload_digest, digest_of(payload))
+        choice_list = listed if isinstance(listed, list) else None
+        return self._engine.ask(Step(step_id, ASK_ACTION, payload), choice_list).result
 
     def child(self, task_id: str, function: "DurableFunction[..., Any]", *args: Any, **kwargs: Any) -> Any:
         """Start or resume another durable task (its own lease and ledger) and return its result.

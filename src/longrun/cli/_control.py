@@ -26,6 +26,7 @@ shows only that the signer held the key).
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import sys
@@ -35,12 +36,29 @@ from typing import TextIO
 from ..approval import Approval, ApprovalRequest
 from ..authority import FileControlSource, key_id, load_key, sign_approval, sign_cancellation
 from ..cancellation import Cancellation
-from ..errors import CorruptStateError, LongrunError
+from ..canonical import JSONValue, ensure_json, parse_json
+from ..contract import ASK_ACTION
+from ..errors import CorruptStateError, InvalidInputError, LongrunError
 from ..outcome import TERMINAL
 from ..protocols import ApprovalSource, Store
 from ._common import CliError, ExitCode, checked_task, format_time, relative, write_json
 
-__all__ = ["cmd_approve", "cmd_cancel", "unconsumed_matches"]
+__all__ = ["cmd_approve", "cmd_cancel", "parse_answer", "unconsumed_matches"]
+
+def parse_answer(text: str) -> JSONValue:
+    """An answer as the operator typed it: JSON if it parses as JSON, else the plain string."""
+    try:
+        return parse_json(text.encode("utf-8"), what="answer", max_bytes=MAX_ANSWER_BYTES)
+    except (CorruptStateError, UnicodeEncodeError):
+        if len(text.encode("utf-8", "surrogatepass")) > MAX_ANSWER_BYTES:
+            raise CliError(f"the answer is longer than {MAX_ANSWER_BYTES} bytes", ExitCode.USAGE) from None
+        try:
+            return ensure_json(text, what="answer")
+        except InvalidInputError as exc:
+            raise CliError(str(exc), ExitCode.USAGE) from None
+
+
+MAX_ANSWER_BYTES = 64 * 1024
 
 
 def _pick_request(requests: dict[str, ApprovalRequest], step: str | None, task_id: str) -> ApprovalRequest:
@@ -122,8 +140,9 @@ def cmd_approve(
     sign_key: str | None = None,
     control_root: str | None = None,
     as_json: bool = False,
+    answer: JSONValue = None,
 ) -> int:
-    """Approve the task's pending request. With ``as_json`` the request and the approval are one
+    """Approve the task's pending request (with ``answer``: answer the pending question). With ``as_json`` the request and the approval are one
     JSON object on ``out`` at the end; the request is shown on ``err`` only if confirmation is asked."""
     task_id = checked_task(task_id)
     key = load_key(sign_key) if sign_key is not None else None  # a bad key file fails before any question
@@ -134,6 +153,10 @@ def cmd_approve(
     if state.status in TERMINAL:
         raise CliError(f"the run of {task_id!r} already ended {state.status.value}; nothing to approve", ExitCode.NOT_AS_ASKED)
     request = _pick_request(state.approval_requests, step, task_id)
+    if (answer is not None) != (request.action == ASK_ACTION):
+        if answer is None:
+            raise CliError(f"step {request.step_id!r} asks a question: answer it with `longrun answer`", ExitCode.USAGE)
+        raise CliError(f"step {request.step_id!r} is an effect, not a question: approve it with `longrun approve`", ExitCode.USAGE)
     now = time.time()
     existing = unconsumed_matches(control or store, request, state.consumed_approvals, now)
     shown = _request_text(task_id, request, now) + "".join(
@@ -148,7 +171,7 @@ def cmd_approve(
     if not assume_yes and not _confirm(stdin if stdin is not None else sys.stdin, err):
         raise CliError("not approved; nothing was written", ExitCode.NOT_AS_ASKED)
     approval = Approval.for_request(
-        request, approval_id=secrets.token_hex(16), approver=approver, granted_at=now, expires_at=now + ttl_s
+        request, approval_id=secrets.token_hex(16), approver=approver, granted_at=now, expires_at=now + ttl_s, answer=answer
     )
     if key is not None:
         approval = sign_approval(approval, key)
@@ -169,15 +192,20 @@ def cmd_approve(
             },
         )
         return 0
+    verb = "approved" if answer is None else f"answered ({json.dumps(answer)[:200]})"
     out.write(
-        f"approved step {approval.step_id} of task {task_id}\n"
+        f"{verb} step {approval.step_id} of task {task_id}\n"
         f"  approval id  {approval.approval_id}\n"
         f"  approver     {approval.approver}\n"
         f"  scope        action {approval.action}, payload {approval.payload_digest}, plan {approval.plan_digest}\n"
         f"  expires      {format_time(approval.expires_at)} ({relative(approval.expires_at, now)})\n"
         + (f"  signed       hmac-sha256 with key {key_id(key)}\n" if key is not None else "")
         + (f"  written to   {written}\n" if written is not None else "")
-        + "next: run the task again; the approval authorizes this one effect, once\n"
+        + (
+            "next: run the task again; the approval authorizes this one effect, once\n"
+            if answer is None
+            else "next: run the task again; the answer is used once, for this question\n"
+        )
     )
     return 0
 

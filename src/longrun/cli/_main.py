@@ -92,8 +92,8 @@ exit codes (from the outcome's status):
   70  run() raised an exception that is not longrun's (the task's own code, or a bug); traceback printed
 """
 
-_STORE_COMMANDS = ("status", "history", "verify", "approve", "cancel", "ls")
-_TASK_COMMANDS = ("status", "history", "verify", "approve", "cancel")
+_STORE_COMMANDS = ("status", "history", "verify", "approve", "answer", "cancel", "ls")
+_TASK_COMMANDS = ("status", "history", "verify", "approve", "answer", "cancel")
 
 
 MAX_TTL_S = 10 * 366 * 86_400.0
@@ -263,6 +263,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_authority_options(approve, "approval")
     _add_json(approve, "{request, approval, signed_with_key, written_to, unused_matching_approvals} (the prompt goes to stderr)")
 
+    answer = add(
+        "answer",
+        "answer a durable function's pending question (run.ask) with a value, once",
+        "Write an answer bound to the task, plan digest, step and the question's digest, as an approval "
+        "of that question that carries the value. VALUE is read as JSON if it parses (42, true, "
+        '"text", [1, 2]), else as a plain string.',
+    )
+    _add_store(answer, task=True)
+    answer.add_argument("step", metavar="STEP", type=_step_id, help="the step id of the question")
+    answer.add_argument("value", metavar="VALUE", help="the answer: JSON, or else plain text")
+    answer.add_argument("--approver", metavar="NAME", type=_non_empty, help="who answers (default: the login name)")
+    answer.add_argument(
+        "--ttl", metavar="SECONDS", type=_positive_seconds, default=3600.0, help="how long the answer is valid (default 3600)"
+    )
+    _add_authority_options(answer, "answer")
+    _add_json(answer, "{request, approval, signed_with_key, written_to, unused_matching_approvals}")
+
     cancel = add(
         "cancel",
         "ask a task to start no new effect; its next run ends cancelled",
@@ -403,6 +420,23 @@ def _store_command(args: argparse.Namespace, store: Store, label: str, out: Text
             sign_key=args.sign_key,
             control_root=args.control_root,
             as_json=args.json,
+        )
+    if args.command == "answer":
+        from ._control import cmd_approve, parse_answer
+
+        return cmd_approve(
+            store,
+            args.task,
+            step=args.step,
+            approver=args.approver or login_name(),
+            ttl_s=args.ttl,
+            assume_yes=True,
+            out=out,
+            err=err,
+            sign_key=args.sign_key,
+            control_root=args.control_root,
+            as_json=args.json,
+            answer=parse_answer(args.value),
         )
     if args.command == "cancel":
         from ._control import cmd_cancel
