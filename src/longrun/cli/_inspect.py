@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from typing import TextIO
 
+from ..contract import INTERNAL_PREFIX, is_internal
 from ..envelope import RunState
 from ..errors import CorruptStateError, LongrunError
 from ..lease import Lease
@@ -62,13 +63,27 @@ def _table(rows: list[tuple[str, ...]], indent: str) -> list[str]:
     return [indent + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
 
 
+def step_kind(action: str) -> str:
+    """What a ledger record is, for people: an effect, or a durable function's call, timer,
+    question, child task or own record."""
+    if not is_internal(action):
+        return "effect"
+    return {"call": "call", "sleep": "timer", "ask": "question", "child": "child", "function": "function"}.get(
+        action[len(INTERNAL_PREFIX) :], "internal"
+    )
+
+
 def _effect_lines(state: RunState) -> list[str]:
     if not state.effects:
         return ["  effects      none planned yet"]
-    rows = [("STEP", "STATE", "ATTEMPTS", "PAYLOAD", "KEY")]
+    rows = [("STEP", "STATE", "ATTEMPTS", "PAYLOAD", "KEY", "KIND")]
+    kinds: dict[str, int] = {}
     for record in state.effects.values():
-        rows.append((record.step_id, record.state.value, str(record.attempts), short_digest(record.payload_digest), record.key))
-    lines = [f"  effects      {len(state.effects)}"]
+        kind = step_kind(record.action)
+        kinds[kind] = kinds.get(kind, 0) + 1
+        rows.append((record.step_id, record.state.value, str(record.attempts), short_digest(record.payload_digest), record.key, kind))
+    counts = ", ".join(f"{count} {kind}{'s' if count != 1 else ''}" for kind, count in kinds.items())
+    lines = [f"  effects      {len(state.effects)} in the order first recorded ({counts})"]
     lines += _table(rows, "    ")
     for record in state.effects.values():
         if record.last_error and record.state is not EffectState.VERIFIED:
