@@ -39,7 +39,7 @@ from types import MappingProxyType
 from typing import Mapping, Sequence
 
 from . import _crashpoints
-from .adapters import EffectRequest, Receipt
+from .adapters import EffectRequest, ObservedState, Receipt
 from .approval import ApprovalRequest, GateVerdict, evaluate_gate
 from .authority import RefusedRecord, SignedApprovals, SignedCancellations
 from .budget import BudgetCounters, Limits, RetryPolicy
@@ -197,6 +197,7 @@ class Runner:
         self._changed = set()
         self._cursor = 0
         self._cancellation_checked = False
+        self._observe_next = True
         self._evidence = _Evidence(self.clock)
 
     @property
@@ -213,6 +214,10 @@ class Runner:
         self._changed: set[str] = set()
         self._cursor = 0
         self._cancellation_checked = False
+        # The first apply of every call is preceded by an observe of that effect (and of each one
+        # after it, until one is observed absent): a state rolled back further than any check can
+        # see then finds its effects applied and verifies them instead of repeating them.
+        self._observe_next = True
         if self.refusals:
             for reason in self.refusals:
                 self._evidence.unknown("contract", reason)
@@ -389,6 +394,8 @@ class Runner:
                 settled = self._reconcile(step, record)
                 if settled.verdict is Verdict.UNSAFE:
                     unsafe.append(settled)
+                elif settled.verdict is Verdict.RETRY:
+                    self._observe_next = False  # the effect this call applies first has just been observed
         if unsafe:
             raise self._unsafe(unsafe[0])
         if self._dirty:
@@ -535,6 +542,10 @@ class Runner:
                 record = self._reconcile_before_start(step, record)
                 if record.state is EffectState.VERIFIED:
                     continue
+            elif record.state is EffectState.PLANNED and self._observe_next:
+                record = self._observe_before_apply(step, record)
+                if record.state is EffectState.VERIFIED:
+                    continue
             if step.approval and record.approval_id is None:
                 record = self._authorize(step, record)
             self._execute(step, record)
@@ -572,6 +583,33 @@ class Runner:
             self._state.reconcile_all = False
             self._evidence.inferred("recovery from the backup is reconciled: later steps cannot have started")
         return self._state.effects[step.step_id]
+
+    def _observe_before_apply(self, step: Step, record: EffectRecord) -> EffectRecord:
+        """Observe a planned effect before the first apply of this call. Applied: verified
+        (committed with the next start or the stop), never applied again. Absent: applied, and the
+        effects after it are not observed (steps run in order). Unknown: applied, since the ledger
+        says it never started."""
+        assert self._state is not None
+        # planned -> uncertain -> (verified | planned): the ledger's move for "a start may have been lost".
+        probe = record.move(EffectState.UNCERTAIN, self.clock.now())
+        settled = reconcile(probe, self.adapters[step.action], self._request(step, record, max(record.attempts, 1)), self.clock.now())
+        observation = settled.observation
+        self._evidence.observed(
+            f"target:{step.action}", f"{record.key}: {observation.state.value} ({observation.evidence}), observed before the first apply of this run"
+        )
+        if settled.verdict is Verdict.VERIFIED:
+            self._evidence.inferred(f"{record.key} was already applied; verified by observation, it will not be applied again")
+            self._state.budget = self._state.budget.progressed(self.clock.now())
+            self._put(settled.record)
+            return settled.record
+        self._observe_next = False
+        if observation.state is ObservedState.ABSENT:
+            return record
+        if settled.verdict is Verdict.RETRY:
+            self._evidence.inferred(f"{record.key} may be applied: {settled.reason}")
+        else:
+            self._evidence.inferred(f"{record.key}: the target cannot say whether it was applied; the ledger says it never started")
+        return record
 
     def _authorize(self, step: Step, record: EffectRecord) -> EffectRecord:
         state = self._state
@@ -631,6 +669,7 @@ class Runner:
         assert state is not None and self._keeper is not None
         now = self.clock.now()
         lease = self._current_lease()
+        self._observe_next = False
         attempt = record.attempts + 1
         record = record.move(EffectState.STARTED, now, attempts=attempt, epoch=lease.epoch, not_before=None, last_error=None)
         self._put(record)
