@@ -246,7 +246,8 @@ class ContractTests(RunnerCase):
 
 
 class ObserveBeforeApplyTests(RunnerCase):
-    """The first apply of every run is preceded by an observe."""
+    """The first apply of every run is preceded by an observe; ``Step.observe_first`` observes a
+    step before its first apply ever (effects an earlier system or task id may have made)."""
 
     def test_each_run_observes_once_before_its_first_apply_and_no_more(self) -> None:
         outcome = self.runner().run()
@@ -277,7 +278,39 @@ class ObserveBeforeApplyTests(RunnerCase):
         self.assertEqual(adapter.applied, [f"task-1/s{i}" for i in range(5)], "an effect was applied twice")
         self.assertEqual(set(outcome.results), {f"s{i}" for i in range(5)})
 
-    def test_an_unknown_before_the_first_apply_does_not_stop_the_run(self) -> None:
+    def test_a_new_task_id_with_observe_first_and_the_old_keys_repeats_nothing(self) -> None:
+        old = [Step(f"s{i}", "write", {"n": i}) for i in range(3)]
+        self.assertEqual(self.runner(old).run().status, Status.DONE)
+        # The plan changes (a step inserted before s1): the old task id refuses it, and says how to move.
+        changed = [old[0], Step("inserted", "write", {"n": 9}), old[1], old[2]]
+        refused = self.runner(changed).run()
+        self.assertEqual(refused.status, Status.PLAN_MISMATCH)
+        self.assertIn("observe_first=True", refused.next_action)
+        self.assertIn("key='task-1/<step id>'", refused.next_action)
+        moved = [
+            Step(step.step_id, step.action, step.payload, key=f"task-1/{step.step_id}", observe_first=True) for step in changed
+        ]
+        outcome = self.runner(moved, contract=RunContract("task-2", "write three lines")).run()
+        self.assertEqual(outcome.status, Status.DONE)
+        self.assertEqual(self.outbox.counts(), {"task-1/s0": 1, "task-1/s1": 1, "task-1/s2": 1, "task-1/inserted": 1})
+        self.assertEqual(self.outbox.calls["task-1/inserted"], 1)
+
+    def test_observe_first_stops_unsafe_when_the_target_cannot_say_and_applies_once_it_can(self) -> None:
+        adapter = RecordingAdapter()
+        adapter.observe_as["task-1/s1"] = Observation.unknown("target unreachable")
+        steps = [Step("s0", "write", {"n": 0}), Step("s1", "write", {"n": 1}, observe_first=True)]
+        outcome = self.runner(steps, adapter=adapter).run()
+        self.assertEqual(outcome.status, Status.UNSAFE_TO_CONTINUE)
+        self.assertEqual(adapter.applied, ["task-1/s0"])
+        self.assertTrue(any("observe_first" in item.detail for item in outcome.unknowns))
+        state = self.store.load("task-1").state
+        assert state is not None
+        self.assertEqual(state.effects["s1"].state.value, "uncertain")
+        del adapter.observe_as["task-1/s1"]
+        self.assertEqual(self.runner(steps, adapter=adapter).run().status, Status.DONE)
+        self.assertEqual(adapter.applied, ["task-1/s0", "task-1/s1"])
+
+    def test_without_observe_first_an_unknown_before_the_first_apply_does_not_stop_the_run(self) -> None:
         adapter = RecordingAdapter()
         adapter.observe_as["task-1/s0"] = Observation.unknown("target unreachable")
         outcome = self.runner([Step("s0", "write", {"n": 0})], adapter=adapter).run()

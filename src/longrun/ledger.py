@@ -42,7 +42,7 @@ class EffectState(str, enum.Enum):
 
 _MOVES: dict[EffectState, frozenset[EffectState]] = {
     # planned -> uncertain only to observe before an apply: the state came from a backup (a lost revision
-    # may have started it), or it is the first apply of a run.
+    # may have started it), or it is the first apply of a run or of an ``observe_first`` step.
     EffectState.PLANNED: frozenset({EffectState.STARTED, EffectState.FAILED, EffectState.UNCERTAIN}),
     EffectState.STARTED: frozenset(
         {EffectState.ACKNOWLEDGED, EffectState.UNCERTAIN, EffectState.VERIFIED, EffectState.PLANNED, EffectState.FAILED}

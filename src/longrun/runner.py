@@ -355,7 +355,9 @@ class Runner:
             self._evidence.unknown("store", "which effects took place after the last readable revision")
             raise _Stop(
                 Status.STATE_UNRECOVERABLE,
-                "inspect the quarantined state files and the target before anything else; do not restart this task from scratch",
+                "inspect the quarantined state files and the target before anything else; do not restart this task from "
+                "scratch: to go on under a new task id, mark every step observe_first=True and keep its effect key "
+                f"(Step(..., key='{self.task_id}/<step id>') unless it has one) so effects already made are observed, not repeated",
             ) from None
         if _crashpoints.ARMED:
             _crashpoints.hit("recovery.loaded", loaded.state.revision if loaded.state is not None else 0)
@@ -382,7 +384,9 @@ class Runner:
             self._evidence.observed("store", f"recorded plan digest {state.plan_digest}")
             raise _Stop(
                 Status.PLAN_MISMATCH,
-                f"run the task with the plan it was started with (digest {state.plan_digest}) or use a new task id",
+                f"run the task with the plan it was started with (digest {state.plan_digest}); or, to move to a new task "
+                "id, mark every step observe_first=True and keep its effect key "
+                f"(Step(..., key='{self.task_id}/<step id>') unless it has one) so effects already made are observed, not repeated",
             )
         if state.status in TERMINAL:
             self._evidence.inferred(f"the run already ended {state.status.value}; nothing more will be applied")
@@ -542,7 +546,7 @@ class Runner:
                 record = self._reconcile_before_start(step, record)
                 if record.state is EffectState.VERIFIED:
                     continue
-            elif record.state is EffectState.PLANNED and self._observe_next:
+            elif record.state is EffectState.PLANNED and (self._observe_next or (step.observe_first and record.attempts == 0)):
                 record = self._observe_before_apply(step, record)
                 if record.state is EffectState.VERIFIED:
                     continue
@@ -585,18 +589,20 @@ class Runner:
         return self._state.effects[step.step_id]
 
     def _observe_before_apply(self, step: Step, record: EffectRecord) -> EffectRecord:
-        """Observe a planned effect before the first apply of this call. Applied: verified
-        (committed with the next start or the stop), never applied again. Absent: applied, and the
-        effects after it are not observed (steps run in order). Unknown: applied, since the ledger
-        says it never started."""
+        """Observe a planned effect before applying it: the first apply of this call, or the first
+        apply ever of an ``observe_first`` step. Applied: verified (committed with the next start or
+        the stop), never applied again. Absent: applied, and the effects after it are not observed
+        (steps run in order). Unknown: applied, since the ledger says it never started, except
+        for an ``observe_first`` step at a target that does not deduplicate: the run stops
+        ``unsafe-to-continue`` rather than guess."""
         assert self._state is not None
+        strict = step.observe_first and record.attempts == 0
+        why = "observed before its first apply" if strict else "observed before the first apply of this run"
         # planned -> uncertain -> (verified | planned): the ledger's move for "a start may have been lost".
         probe = record.move(EffectState.UNCERTAIN, self.clock.now())
         settled = reconcile(probe, self.adapters[step.action], self._request(step, record, max(record.attempts, 1)), self.clock.now())
         observation = settled.observation
-        self._evidence.observed(
-            f"target:{step.action}", f"{record.key}: {observation.state.value} ({observation.evidence}), observed before the first apply of this run"
-        )
+        self._evidence.observed(f"target:{step.action}", f"{record.key}: {observation.state.value} ({observation.evidence}), {why}")
         if settled.verdict is Verdict.VERIFIED:
             self._evidence.inferred(f"{record.key} was already applied; verified by observation, it will not be applied again")
             self._state.budget = self._state.budget.progressed(self.clock.now())
@@ -605,6 +611,10 @@ class Runner:
         self._observe_next = False
         if observation.state is ObservedState.ABSENT:
             return record
+        if settled.verdict is Verdict.UNSAFE and strict:
+            self._evidence.unknown(f"target:{step.action}", f"{settled.reason}; the step is marked observe_first")
+            self._put(replace(settled.record, last_error="observe_first: the target cannot say whether it was already applied"))
+            raise self._unsafe(settled)
         if settled.verdict is Verdict.RETRY:
             self._evidence.inferred(f"{record.key} may be applied: {settled.reason}")
         else:
