@@ -9,6 +9,9 @@ Durability rules the loop keeps:
 
 - ``started`` (attempt, payload digest, epoch) is committed before ``apply`` is called, always in
   its own commit that precedes the call.
+- The first apply of every ``run()`` call is preceded by an observe of that effect, and of each
+  one after it until one is observed absent (an ``observe_first`` step: before its first apply
+  ever), so a state that lost revisions verifies their effects instead of repeating them.
 - The verification of effect i is committed together with the start of effect i+1 (or with the
   run's stop), so a sequential run costs one commit per effect. If the process dies in between,
   recovery observes effect i again, finds it applied, and verifies it without re-applying.
@@ -355,8 +358,9 @@ class Runner:
             self._evidence.unknown("store", "which effects took place after the last readable revision")
             raise _Stop(
                 Status.STATE_UNRECOVERABLE,
-                "inspect the quarantined state files and the target before anything else; do not restart this task from "
-                "scratch: to go on under a new task id, mark every step observe_first=True and keep its effect key "
+                "inspect the state (the observations say what is damaged, rolled back or missing; damaged files are "
+                "quarantined) and the target before anything else; do not restart this task from scratch: to go on "
+                "under a new task id, mark every step observe_first=True and keep its effect key "
                 f"(Step(..., key='{self.task_id}/<step id>') unless it has one) so effects already made are observed, not repeated",
             ) from None
         if _crashpoints.ARMED:
