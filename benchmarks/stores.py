@@ -30,15 +30,25 @@ __all__ = ["LedgerTask", "NoopAdapter", "runner_per_effect"]
 
 
 class NoopAdapter:
-    """The cheapest possible target: every effect applies at once and is observed applied."""
+    """The cheapest possible target: every effect applies at once, and is observed applied once it
+    was (a set lookup). An observation must not claim an effect never applied: the runner observes
+    before the first apply of every run and would verify it without applying."""
 
     deduplicates = False
 
+    def __init__(self) -> None:
+        self.applied: set[str] = set()
+        self.observed = 0
+
     def apply(self, request: Any) -> Receipt:
+        self.applied.add(request.key)
         return Receipt(result=None, evidence="ok")
 
     def observe(self, request: Any) -> Observation:
-        return Observation.applied("seen")
+        self.observed += 1
+        if request.key in self.applied:
+            return Observation.applied("seen")
+        return Observation.absent("not seen")
 
 
 def runner_per_effect(store: Any, steps: int) -> float:

@@ -52,6 +52,16 @@ class PlanDigestTests(unittest.TestCase):
             with self.subTest(contract=contract):
                 self.assertNotEqual(plan_digest(contract, base), digest)
 
+    def test_observe_first_is_pinned_only_when_set_so_existing_digests_stay(self) -> None:
+        plan = [Step("a", "write", {"x": 1}), Step("b", "write", lambda r: {}, approval=True, key="k")]
+        # The digest this plan had before steps could be marked observe_first (tasks on disk carry it).
+        known = "sha256:bb17c3358ca55b4a6acdee29b72838fc483c97750a5c5c52ad3862c7227b5b77"
+        self.assertEqual(plan_digest(self.contract, plan), known)
+        self.assertEqual(plan_digest(self.contract, [Step("a", "write", {"x": 1}, observe_first=False), plan[1]]), known)
+        self.assertNotEqual(plan_digest(self.contract, [Step("a", "write", {"x": 1}, observe_first=True), plan[1]]), known)
+        with self.assertRaises(InvalidInputError):
+            Step("a", "write", observe_first=1)  # type: ignore[arg-type]
+
     def test_key_order_in_payload_does_not_change_the_digest(self) -> None:
         one = plan_digest(self.contract, [Step("a", "write", {"x": 1, "y": 2})])
         two = plan_digest(self.contract, [Step("a", "write", {"y": 2, "x": 1})])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import unittest
 
 import support
 from longrun import JsonFileStore, Status
-from longrun.testing import read_outbox
+from longrun.testing import copy_keeping_links, read_outbox
 
 
 class ChildRunnerCase(support.TempDirTest):
@@ -32,7 +33,7 @@ class ChildRunnerCase(support.TempDirTest):
                 child.kill()
             child.communicate()
 
-    def spawn(self, *options: str, later: float | None = None) -> subprocess.Popen[str]:
+    def spawn(self, *options: str, later: float | None = None, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         """Start a child runner. Each child's clock runs 100 s past the previous one's (unless
         ``later`` is given), so a crashed child's 30 s lease has expired for the next, without a wait."""
         if later is None:
@@ -40,7 +41,7 @@ class ChildRunnerCase(support.TempDirTest):
             later = self.later
         child = subprocess.Popen(
             [sys.executable, support.CHILD, self.root, self.outbox, "--task", self.task, "--later", str(later), *options],
-            env=support.child_env(),
+            env={**support.child_env(), **(env or {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -48,8 +49,10 @@ class ChildRunnerCase(support.TempDirTest):
         self.children.append(child)
         return child
 
-    def run_child(self, *options: str, timeout: float = 60, later: float | None = None) -> tuple[int, dict | None]:
-        child = self.spawn(*options, later=later)
+    def run_child(
+        self, *options: str, timeout: float = 60, later: float | None = None, env: dict[str, str] | None = None
+    ) -> tuple[int, dict | None]:
+        child = self.spawn(*options, later=later, env=env)
         out, err = child.communicate(timeout=timeout)
         outcome = json.loads(out.strip().splitlines()[-1]) if out.strip() else None
         return child.returncode, outcome
@@ -212,6 +215,79 @@ class DamagedStateTests(ChildRunnerCase):
         code, outcome = self.run_child()
         self.assertEqual(outcome["status"], "state-unrecoverable", "never silently restarted as a fresh run")
         self.assertEqual(self.counts(), before)
+
+
+class RolledBackStateTests(ChildRunnerCase):
+    """State that lost more than the one record whose sync never returned: never a silent restart,
+    never an effect applied twice."""
+
+    steps = 6
+
+    def task_file(self, name: str) -> str:
+        return os.path.join(self.root, self.task, name)
+
+    def newest_journal(self) -> str:
+        names = [name for name in os.listdir(os.path.join(self.root, self.task)) if name.startswith("journal.")]
+        return self.task_file(max(names, key=lambda name: int(name.split(".")[1])))
+
+    def finished(self) -> str:
+        """Run the task to done in a child killed once on the way; return a pristine copy of the store."""
+        code, _ = self.run_child("--steps", str(self.steps), "--kill-after", "step-002")
+        self.assertEqual(code, -signal.SIGKILL)
+        _, outcome = self.run_child("--steps", str(self.steps))
+        self.assertEqual(outcome["status"], "done")
+        self.assert_exactly_once(self.steps)
+        pristine = self.path("pristine")
+        copy_keeping_links(self.root, pristine)
+        return pristine
+
+    def rerun_repeats_nothing(self, why: str) -> str:
+        statuses = []
+        for _ in range(2):  # and again: a refusal is not a one-off that a second run gets past
+            _, outcome = self.run_child("--steps", str(self.steps))
+            statuses.append(outcome["status"])
+            self.assertIn(outcome["status"], ("done", "state-unrecoverable"), why)
+            self.assert_exactly_once(self.steps)
+        self.assertEqual(statuses[0], statuses[1], why)
+        return statuses[0]
+
+    def test_a_finished_task_whose_newest_journal_is_cut_repeats_nothing(self) -> None:
+        pristine = self.finished()
+        with open(self.newest_journal(), "rb") as handle:
+            content = handle.read().split(b"\0")[0]
+        boundaries = [index + 1 for index, byte in enumerate(content) if byte == ord("\n")][:-1]
+        self.assertGreaterEqual(len(boundaries), 2, "the newest journal should hold records to lose")
+        for cut in [0, *boundaries]:
+            with self.subTest(cut=cut):
+                shutil.rmtree(self.root)
+                copy_keeping_links(pristine, self.root)
+                with open(self.newest_journal(), "r+b") as handle:
+                    handle.truncate(cut)
+                status = self.rerun_repeats_nothing(f"journal cut at byte {cut}")
+                # The release after the last commit recorded it in lease.json: the loss is seen.
+                self.assertEqual(status, "state-unrecoverable")
+
+    def test_state_and_journals_deleted_with_the_lease_left_is_state_unrecoverable(self) -> None:
+        self.finished()
+        for name in os.listdir(os.path.join(self.root, self.task)):
+            if name.startswith(("state.json", "journal.")):
+                os.unlink(self.task_file(name))
+        self.assertTrue(os.path.exists(self.task_file("lease.json")))
+        self.assertEqual(self.rerun_repeats_nothing("state deleted"), "state-unrecoverable")
+        _, outcome = self.run_child("--steps", str(self.steps))
+        self.assertIn("observe_first=True", outcome["next_action"])
+        self.assertTrue(any("lease record shows that revision" in item["detail"] for item in outcome["observations"]))
+
+    def test_a_crash_between_acquiring_the_lease_and_the_first_commit_is_not_taken_for_a_loss(self) -> None:
+        code, _ = self.run_child("--steps", str(self.steps), "--kill-after", "step-002")
+        self.assertEqual(code, -signal.SIGKILL)
+        _, outcome = self.run_child("--steps", str(self.steps), "--kill-after", "step-003")  # commits, then dies
+        for _ in range(2):  # the lease record is written at the next epoch, then the process dies
+            code, _ = self.run_child("--steps", str(self.steps), env={"LONGRUN_CRASH_AT": "lease.acquired:1"})
+            self.assertEqual(code, -signal.SIGKILL)
+        _, outcome = self.run_child("--steps", str(self.steps))
+        self.assertEqual(outcome["status"], "done")
+        self.assert_exactly_once(self.steps)
 
 
 if __name__ == "__main__":

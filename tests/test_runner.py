@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import unittest
 from typing import Collection
@@ -27,7 +28,7 @@ from longrun import (
     UnknownActionError,
 )
 from longrun.adapters import EffectRequest
-from longrun.testing import FakeClock, OutboxAdapter
+from longrun.testing import FakeClock, OutboxAdapter, copy_keeping_links
 
 
 class SpyStore(JsonFileStore):
@@ -242,6 +243,81 @@ class ContractTests(RunnerCase):
         self.assertNotIn("s1", state.effects, "nothing was planned for the failing step")
         with self.assertRaises(PayloadError):  # the lease was released: not already-running
             self.runner(steps).run()
+
+
+class ObserveBeforeApplyTests(RunnerCase):
+    """The first apply of every run is preceded by an observe; ``Step.observe_first`` observes a
+    step before its first apply ever (effects an earlier system or task id may have made)."""
+
+    def test_each_run_observes_once_before_its_first_apply_and_no_more(self) -> None:
+        outcome = self.runner().run()
+        self.assertEqual(outcome.status, Status.DONE)
+        # s0: once before its apply (the run's first), once after; s1 and s2 only after theirs.
+        self.assertEqual(dict(self.outbox.observe_calls), {"task-1/s0": 2, "task-1/s1": 1, "task-1/s2": 1})
+
+    def test_a_state_restored_from_an_older_copy_verifies_its_applied_effects_instead_of_repeating_them(self) -> None:
+        steps = [Step(f"s{i}", "write", {"n": i}) for i in range(5)]
+        task_dir = self.store.task_dir("task-1")
+        copies = []
+
+        def keep_a_copy(request: EffectRequest) -> None:
+            if request.step_id == "s1":  # the state as it was while s1 was in flight: s0 verified
+                copies.append(self.path("copy"))
+                copy_keeping_links(task_dir, copies[0])
+
+        adapter = RecordingAdapter()
+        adapter.on_apply = keep_a_copy
+        self.assertEqual(self.runner(steps, adapter=adapter).run().status, Status.DONE)
+        self.assertEqual(adapter.applied, [f"task-1/s{i}" for i in range(5)])
+        # Someone puts the older copy back, lease and all: nothing on disk says it was rolled back.
+        shutil.rmtree(task_dir)
+        copy_keeping_links(copies[0], task_dir)
+        self.clock.advance(60.0)  # the copied lease was live when it was taken
+        outcome = self.runner(steps, adapter=adapter, store=SpyStore(self.path("store"))).run()
+        self.assertEqual(outcome.status, Status.DONE)
+        self.assertEqual(adapter.applied, [f"task-1/s{i}" for i in range(5)], "an effect was applied twice")
+        self.assertEqual(set(outcome.results), {f"s{i}" for i in range(5)})
+
+    def test_a_new_task_id_with_observe_first_and_the_old_keys_repeats_nothing(self) -> None:
+        old = [Step(f"s{i}", "write", {"n": i}) for i in range(3)]
+        self.assertEqual(self.runner(old).run().status, Status.DONE)
+        # The plan changes (a step inserted before s1): the old task id refuses it, and says how to move.
+        changed = [old[0], Step("inserted", "write", {"n": 9}), old[1], old[2]]
+        refused = self.runner(changed).run()
+        self.assertEqual(refused.status, Status.PLAN_MISMATCH)
+        self.assertIn("observe_first=True", refused.next_action)
+        self.assertIn("key='task-1/<step id>'", refused.next_action)
+        moved = [
+            Step(step.step_id, step.action, step.payload, key=f"task-1/{step.step_id}", observe_first=True) for step in changed
+        ]
+        outcome = self.runner(moved, contract=RunContract("task-2", "write three lines")).run()
+        self.assertEqual(outcome.status, Status.DONE)
+        self.assertEqual(self.outbox.counts(), {"task-1/s0": 1, "task-1/s1": 1, "task-1/s2": 1, "task-1/inserted": 1})
+        self.assertEqual(self.outbox.calls["task-1/inserted"], 1)
+
+    def test_observe_first_stops_unsafe_when_the_target_cannot_say_and_applies_once_it_can(self) -> None:
+        adapter = RecordingAdapter()
+        adapter.observe_as["task-1/s1"] = Observation.unknown("target unreachable")
+        steps = [Step("s0", "write", {"n": 0}), Step("s1", "write", {"n": 1}, observe_first=True)]
+        outcome = self.runner(steps, adapter=adapter).run()
+        self.assertEqual(outcome.status, Status.UNSAFE_TO_CONTINUE)
+        self.assertEqual(adapter.applied, ["task-1/s0"])
+        self.assertTrue(any("observe_first" in item.detail for item in outcome.unknowns))
+        state = self.store.load("task-1").state
+        assert state is not None
+        self.assertEqual(state.effects["s1"].state.value, "uncertain")
+        del adapter.observe_as["task-1/s1"]
+        self.assertEqual(self.runner(steps, adapter=adapter).run().status, Status.DONE)
+        self.assertEqual(adapter.applied, ["task-1/s0", "task-1/s1"])
+
+    def test_without_observe_first_an_unknown_before_the_first_apply_does_not_stop_the_run(self) -> None:
+        adapter = RecordingAdapter()
+        adapter.observe_as["task-1/s0"] = Observation.unknown("target unreachable")
+        outcome = self.runner([Step("s0", "write", {"n": 0})], adapter=adapter).run()
+        # The ledger says s0 never started, and the target cannot be read: it is applied (then
+        # cannot be verified, which stops the run as before this observation existed).
+        self.assertEqual(adapter.applied, ["task-1/s0"])
+        self.assertEqual(outcome.status, Status.UNSAFE_TO_CONTINUE)
 
 
 class RetryTests(RunnerCase):

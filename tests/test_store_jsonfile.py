@@ -469,6 +469,89 @@ class DamageTests(StoreCase):
         self.assertFalse(os.path.exists(self.file("journal.9.log.tmp-deadbeef")))
 
 
+class WitnessTests(StoreCase):
+    """``lease.json`` witnesses the revision committed when it was written; a state below it is
+    refused (``stores.base``, invariant 7)."""
+
+    def test_the_lease_record_carries_only_revisions_whose_commit_returned(self) -> None:
+        lease, _ = self.committed(4)
+        self.assertEqual(json.loads(self.read("lease.json")).get("committed_revision"), None, "no lease write since")
+        lease = self.store.renew_lease(lease, 30.0, 1.0)
+        self.assertEqual(lease.committed_revision, 4)
+        self.assertEqual(json.loads(self.read("lease.json"))["committed_revision"], 4)
+        self.store.release_lease(lease, 2.0)
+        # Another store object that only reads (its revisions may not be durable) witnesses nothing new,
+        # and keeps what the record held.
+        reader = JsonFileStore(self.store.root)
+        taken = reader.acquire_lease("t", "other", 30.0, 100.0)
+        reader.load("t", lease=taken)
+        self.assertEqual(taken.committed_revision, 4)
+        loaded = reader.load("t", lease=taken).state
+        loaded.next_action = "more"
+        self.assertEqual(reader.commit(taken, loaded), 5)
+        reader.release_lease(taken, 101.0)
+        self.assertEqual(reader.read_lease("t").committed_revision, 5)
+
+    def test_a_journal_cut_below_the_witnessed_revision_is_unrecoverable_and_writes_nothing(self) -> None:
+        lease, state = self.committed(2, effects=2)
+        for index in range(4):
+            state.next_action = f"commit {index}"
+            self.store.commit(lease, state)
+        self.store.release_lease(lease, 1.0)
+        journal = self.journals()[-1]
+        content = self.read(journal).split(b"\0")[0]
+        with open(self.file(journal), "wb") as handle:
+            handle.write(content[: content.index(b"\n", content.index(b"\n") + 1) + 1])  # the meta and one record
+        before = self.files()
+        with self.assertRaises(StateUnrecoverableError) as caught:
+            JsonFileStore(self.store.root).load("t")
+        self.assertIn("revision 6 was committed", str(caught.exception))
+        store = JsonFileStore(self.store.root)
+        lease = store.acquire_lease("t", "me", 30.0, 100.0)
+        for _ in range(2):
+            with self.assertRaises(StateUnrecoverableError):
+                store.load("t", lease=lease)
+        with self.assertRaises(StorageError):
+            store.commit(lease, new_state())  # never written over
+        after = self.files()
+        self.assertEqual({name: data for name, data in after.items() if name != "lease.json"}, {
+            name: data for name, data in before.items() if name != "lease.json"
+        })
+        self.assertEqual(json.loads(after["lease.json"])["committed_revision"], 6, "the witness stays")
+
+    def test_state_files_deleted_under_a_lease_that_witnessed_a_commit_are_unrecoverable(self) -> None:
+        lease, _ = self.committed(3)
+        self.store.release_lease(lease, 1.0)
+        for name in os.listdir(self.file()):
+            if name.startswith(("state.json", "journal.")):
+                os.unlink(self.file(name))
+        with self.assertRaises(StateUnrecoverableError) as caught:
+            JsonFileStore(self.store.root).load("t")
+        self.assertIn("has no state", str(caught.exception))
+
+    def test_a_lease_taken_with_no_commit_after_it_is_no_witness_of_state(self) -> None:
+        # The crash a load must accept: a lease acquired, then nothing committed (every epoch).
+        for now in (0.0, 100.0, 200.0):
+            lease = JsonFileStore(self.store.root).acquire_lease("t", "me", 30.0, now)
+        self.assertEqual(JsonFileStore(self.store.root).load("t", lease=lease).state, None)
+
+    def test_damage_recovered_from_the_backup_chain_is_not_held_to_the_witness(self) -> None:
+        lease, state = self.committed(2, effects=2)
+        for index in range(4):
+            state.next_action = f"commit {index}"
+            self.store.commit(lease, state)
+        lease = self.store.renew_lease(lease, 30.0, 1.0)
+        journal = self.journals()[-1]
+        damaged = bytearray(self.read(journal))
+        damaged[damaged.index(b"\n", damaged.index(b"\n") + 1) + 30] ^= 0x01  # inside the second record
+        with open(self.file(journal), "wb") as handle:
+            handle.write(damaged)
+        with self.assertLogs("longrun", "WARNING"):
+            result = JsonFileStore(self.store.root).load("t")
+        self.assertEqual(result.source, "backup")
+        self.assertTrue(result.state.reconcile_all, "every unverified step is observed first instead")
+
+
 class PathTests(StoreCase):
     def test_unknown_task_is_a_typed_error(self) -> None:
         with self.assertRaises(UnknownTaskError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import sqlite3
 import stat
 import threading
@@ -13,6 +14,7 @@ from unittest import mock
 
 import support
 from longrun import (
+    CorruptStateError,
     FencedError,
     ForeignStateError,
     InvalidInputError,
@@ -27,6 +29,7 @@ from longrun import (
     StorageError,
 )
 from longrun.stores._sql import SCHEMA_VERSION
+from longrun.stores.base import Witness
 from longrun.testing import FakeClock, OutboxAdapter
 from longrun.testing.store_contract import sample_state
 
@@ -62,8 +65,12 @@ class FileTests(SqliteCase):
         self.committed()
         names = sorted(name for name in os.listdir(self.tmp) if name.startswith("longrun.db"))
         self.assertIn("longrun.db-wal", names)
+        self.assertIn("longrun.db-witness", names)
         for name in names:
-            self.assertEqual(stat.S_IMODE(os.stat(self.path(name)).st_mode), 0o600, name)
+            expected = 0o700 if name == "longrun.db-witness" else 0o600
+            self.assertEqual(stat.S_IMODE(os.stat(self.path(name)).st_mode), expected, name)
+        self.assertEqual(os.listdir(self.path("longrun.db-witness")), ["t.json"])
+        self.assertEqual(stat.S_IMODE(os.stat(self.path("longrun.db-witness", "t.json")).st_mode), 0o600)
 
     def test_wal_full_sync_and_a_busy_timeout_are_set(self) -> None:
         self.store.list_tasks()
@@ -188,10 +195,10 @@ class DatabaseFenceTests(SqliteCase):
         self.store.acquire_lease("t", "me", 30.0, 2000.0)
         self.store.acquire_lease("t", "me", 30.0, 3000.0)
         epoch = self.store.read_lease("t").epoch
-        # Pretend the code computed too low an epoch (it read no lease and no floor): the upsert refuses.
+        # Pretend the code computed too low an epoch (it read no lease, floor or witness): the upsert refuses.
         with mock.patch.object(self.store, "_get_lease", lambda task_id: None), mock.patch.object(
             self.store, "_epoch_floor", lambda task_id: 0
-        ), self.assertRaises(FencedError):
+        ), mock.patch.object(self.store, "_witness", lambda task_id: Witness(0, 0, "none")), self.assertRaises(FencedError):
             self.store.acquire_lease("t", "me", 30.0, 4000.0)
         self.assertEqual(self.store.read_lease("t").epoch, epoch)
 
@@ -291,6 +298,79 @@ class RunnerOnSqliteTests(SqliteCase):
         self.assertEqual(again.run().status, Status.DONE)
         self.assertEqual(set(OutboxAdapter(outbox).counts().values()), {1})
         self.assertEqual(len(OutboxAdapter(outbox).counts()), 5)
+
+
+class LostDatabaseTests(SqliteCase):
+    """A database emptied, or that lost its log, is an older consistent database; the witness file
+    beside it shows what was committed (``SqliteStore``'s module docstring)."""
+
+    steps = [Step(f"s{i}", "write", {"n": i}) for i in range(5)]
+
+    def run_task(self, store: SqliteStore, adapter: OutboxAdapter):
+        runner = Runner(RunContract("job", "write five lines"), self.steps, store=store, adapters={"write": adapter}, clock=FakeClock())
+        return runner.run()
+
+    def reopen(self) -> SqliteStore:
+        self.store.close()
+        return self.open()
+
+    def assert_refused_twice_and_nothing_repeated(self, outbox: str, epoch: int) -> None:
+        for _ in range(2):
+            adapter = OutboxAdapter(outbox)
+            outcome = self.run_task(self.reopen(), adapter)
+            self.assertEqual(outcome.status, Status.STATE_UNRECOVERABLE, outcome.next_action)
+            self.assertEqual(sum(adapter.calls.values()), 0)
+            self.assertEqual(OutboxAdapter(outbox).counts(), {f"job/s{i}": 1 for i in range(5)})
+            self.assertGreater(outcome.epoch, epoch, "an epoch is never issued twice")
+            self.assertIn("observe_first=True", outcome.next_action)
+
+    def test_a_database_emptied_after_a_finished_task_repeats_nothing(self) -> None:
+        outbox = self.path("outbox.jsonl")
+        done = self.run_task(self.store, OutboxAdapter(outbox))
+        self.assertEqual(done.status, Status.DONE)
+        self.store.close()
+        self.assertFalse(os.path.exists(self.db + "-wal"), "the last connection folded its log in")
+        with open(self.db, "r+b") as handle:
+            handle.truncate(0)
+        self.assert_refused_twice_and_nothing_repeated(outbox, done.epoch)
+
+    def test_a_database_that_lost_its_log_repeats_nothing(self) -> None:
+        outbox = self.path("outbox.jsonl")
+        adapter = OutboxAdapter(outbox)
+        apply = adapter.apply
+
+        def copy_main_file(request):  # the database file alone, as losing the -wal file leaves it
+            if request.step_id == "s3":
+                shutil.copyfile(self.db, self.path("without-log.db"))
+            return apply(request)
+
+        adapter.apply = copy_main_file  # type: ignore[method-assign]
+        done = self.run_task(self.store, adapter)
+        self.assertEqual(done.status, Status.DONE)
+        self.store.close()
+        os.replace(self.path("without-log.db"), self.db)
+        for suffix in ("-wal", "-shm"):
+            if os.path.exists(self.db + suffix):
+                os.unlink(self.db + suffix)
+        self.assert_refused_twice_and_nothing_repeated(outbox, done.epoch)
+
+    def test_leases_taken_with_no_commit_after_them_are_no_witness_of_state(self) -> None:
+        for now in (1000.0, 2000.0, 3000.0):  # each holder "crashes" before its first commit
+            lease = self.reopen().acquire_lease("t", "me", 30.0, now)
+        store = self.reopen()
+        self.assertIsNone(store.load("t", lease=lease).state)
+        self.assertEqual(store._witness("t")[:2], (3, 0))
+
+    def test_a_damaged_witness_is_refused_not_ignored(self) -> None:
+        lease, _ = self.committed()
+        self.store.release_lease(lease, 1001.0)
+        path = self.path("longrun.db-witness", "t.json")
+        with open(path, "rb") as handle:
+            data = handle.read()
+        with open(path, "wb") as handle:
+            handle.write(data.replace(b'"revision":1', b'"revision":0'))
+        with self.assertRaises(CorruptStateError):
+            self.reopen().load("t")
 
 
 class MonotonicLeaseTests(SqliteCase):

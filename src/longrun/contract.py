@@ -140,6 +140,12 @@ class Step:
     approval: bool = False
     key: str | None = None
     """The stable semantic key of the effect; defaults to ``"<task id>/<step id>"``."""
+    observe_first: bool = False
+    """Observe the target before this step's first apply: for an effect that an earlier system, or
+    this plan under another task id, may already have made. Applied: the step is verified and never
+    applied. Absent: it is applied. Unknown: the run stops ``unsafe-to-continue`` unless the adapter
+    deduplicates. The observation asks for the step's effect key, so a step moved to a new task id
+    keeps its old key (``key="<old task id>/<step id>"``) for the target to find it."""
 
     def __post_init__(self) -> None:
         check_step_id(self.step_id)
@@ -147,6 +153,8 @@ class Step:
             raise InvalidInputError(f"step {self.step_id!r} needs a non-empty action name")
         if not isinstance(self.approval, bool):
             raise InvalidInputError(f"step {self.step_id!r}: approval must be True or False")
+        if not isinstance(self.observe_first, bool):
+            raise InvalidInputError(f"step {self.step_id!r}: observe_first must be True or False")
         if self.key is not None and (not isinstance(self.key, str) or not self.key):
             raise InvalidInputError(f"step {self.step_id!r}: key must be a non-empty string")
         if not callable(self.payload):
@@ -162,15 +170,22 @@ class Step:
         return self.key if self.key is not None else f"{task_id}/{self.step_id}"
 
     def static_json(self, task_id: str) -> dict[str, JSONValue]:
-        """The parts of the step that the plan digest pins."""
+        """The parts of the step that the plan digest pins.
+
+        ``observe_first`` changes what a run does (an unknown observation stops it where it would
+        otherwise apply), so it is pinned like the rest; it appears only when set, so the digest of
+        every plan that does not use it is the one it always had."""
         payload: JSONValue = {"$dynamic": True} if self.dynamic else ensure_json(self.payload)
-        return {
+        pinned: dict[str, JSONValue] = {
             "step_id": self.step_id,
             "action": self.action,
             "approval": self.approval,
             "key": self.effect_key(task_id),
             "payload": payload,
         }
+        if self.observe_first:
+            pinned["observe_first"] = True
+        return pinned
 
     def evaluate_payload(self, results: Mapping[str, JSONValue]) -> dict[str, JSONValue]:
         """The payload as plain JSON: the mapping itself, or what the factory returns for ``results``."""

@@ -41,7 +41,7 @@ from types import MappingProxyType
 from typing import Callable, Mapping, Protocol, Sequence
 
 from . import _crashpoints
-from .adapters import EffectRequest, Observation, Receipt
+from .adapters import EffectRequest, Observation, ObservedState, Receipt
 from .approval import Approval, ApprovalRequest, GateVerdict, evaluate_gate
 from .authority import RefusedRecord, SignedApprovals, SignedCancellations
 from .budget import BudgetCounters, Limits, RetryPolicy
@@ -220,6 +220,7 @@ class Engine:
         self._changed: set[str] = set()
         self._cancellation_checked = False
         self._policies: dict[str, RetryPolicy] = {}
+        self._observe_next = True
         self._evidence = _Evidence(self.clock)
         self._wake_at: float | None = None
         self._result: JSONValue = None
@@ -252,6 +253,10 @@ class Engine:
         self._changed = set()
         self._cancellation_checked = False
         self._policies = {}
+        # The first apply of every call is preceded by an observe of that effect (and of each one
+        # after it, until one is observed absent): a state rolled back further than any check can
+        # see then finds its effects applied and verifies them instead of repeating them.
+        self._observe_next = True
         self._wake_at = None
         self._result = None
         self.plan_digest = plan.digest
@@ -394,7 +399,10 @@ class Engine:
             self._evidence.unknown("store", "which effects took place after the last readable revision")
             raise _Stop(
                 Status.STATE_UNRECOVERABLE,
-                "inspect the quarantined state files and the target before anything else; do not restart this task from scratch",
+                "inspect the state (the observations say what is damaged, rolled back or missing; damaged files are "
+                "quarantined) and the target before anything else; do not restart this task from scratch: to go on "
+                "under a new task id, mark every step observe_first=True and keep its effect key "
+                f"(Step(..., key='{self.task_id}/<step id>') unless it has one) so effects already made are observed, not repeated",
             ) from None
         if _crashpoints.ARMED:
             _crashpoints.hit("recovery.loaded", loaded.state.revision if loaded.state is not None else 0)
@@ -432,6 +440,8 @@ class Engine:
             settled = self._reconcile(record)
             if settled.verdict is Verdict.UNSAFE:
                 unsafe.append(settled)
+            elif settled.verdict is Verdict.RETRY:
+                self._observe_next = False  # the effect this call applies first has just been observed
         if unsafe:
             raise self._unsafe(unsafe[0])
         if self._dirty:
@@ -584,7 +594,7 @@ class Engine:
 
     # -- the steps a plan drives ---------------------------------------------------------------
 
-    def effect(self, step: Step, *, retry: RetryPolicy | None = None, observe_first: bool = False) -> EffectRecord:
+    def effect(self, step: Step, *, retry: RetryPolicy | None = None) -> EffectRecord:
         """Make one step's effect verified, or stop; return its verified record.
 
         A verified step returns at once (that is replay). Otherwise, in order: cancellation read
@@ -611,9 +621,8 @@ class Engine:
                 record = self._reconcile_before_start(step, record)
                 if record.state is EffectState.VERIFIED:
                     continue
-            if observe_first and record.attempts == 0 and record.evidence is None:
-                # An earlier system or task may have made this effect: observe before the first apply.
-                record = self._observe_first(record)
+            elif record.state is EffectState.PLANNED and (self._observe_next or (step.observe_first and record.attempts == 0)):
+                record = self._observe_before_apply(step, record)
                 if record.state is EffectState.VERIFIED:
                     continue
             if step.approval and record.approval_id is None:
@@ -820,12 +829,39 @@ class Engine:
             self._evidence.inferred("recovery from the backup is reconciled: later steps cannot have started")
         return self._state.effects[step.step_id]
 
-    def _observe_first(self, record: EffectRecord) -> EffectRecord:
-        record = record.move(EffectState.UNCERTAIN, self.clock.now(), last_error="observed before its first apply")
-        settled = self._reconcile(record)
-        if settled.verdict is Verdict.UNSAFE:
+    def _observe_before_apply(self, step: Step, record: EffectRecord) -> EffectRecord:
+        """Observe a planned effect before applying it: the first apply of this call, or the first
+        apply ever of an ``observe_first`` step. Applied: verified (committed with the next start or
+        the stop), never applied again. Absent: applied, and the effects after it are not observed
+        (steps run in order). Unknown: applied, since the ledger says it never started, except
+        for an ``observe_first`` step at a target that does not deduplicate: the run stops
+        ``unsafe-to-continue`` rather than guess."""
+        assert self._state is not None
+        strict = step.observe_first and record.attempts == 0
+        why = "observed before its first apply" if strict else "observed before the first apply of this run"
+        # planned -> uncertain -> (verified | planned): the ledger's move for "a start may have been lost".
+        probe = record.move(EffectState.UNCERTAIN, self.clock.now())
+        adapter = self.adapter_for(step.action, step_id=step.step_id)
+        settled = reconcile(probe, adapter, self._request(record, max(record.attempts, 1)), self.clock.now())
+        observation = settled.observation
+        self._evidence.observed(f"target:{step.action}", f"{record.key}: {observation.state.value} ({observation.evidence}), {why}")
+        if settled.verdict is Verdict.VERIFIED:
+            self._evidence.inferred(f"{record.key} was already applied; verified by observation, it will not be applied again")
+            self._state.budget = self._state.budget.progressed(self.clock.now())
+            self._put(settled.record)
+            return settled.record
+        self._observe_next = False
+        if observation.state is ObservedState.ABSENT:
+            return record
+        if settled.verdict is Verdict.UNSAFE and strict:
+            self._evidence.unknown(f"target:{step.action}", f"{settled.reason}; the step is marked observe_first")
+            self._put(replace(settled.record, last_error="observe_first: the target cannot say whether it was already applied"))
             raise self._unsafe(settled)
-        return self.state.effects[record.step_id]
+        if settled.verdict is Verdict.RETRY:
+            self._evidence.inferred(f"{record.key} may be applied: {settled.reason}")
+        else:
+            self._evidence.inferred(f"{record.key}: the target cannot say whether it was applied; the ledger says it never started")
+        return record
 
     def _authorize(self, step: Step, record: EffectRecord) -> EffectRecord:
         return self._gate(step, record, Status.AWAITING_APPROVAL)[0]
@@ -901,6 +937,7 @@ class Engine:
         assert state is not None and self._keeper is not None
         now = self.clock.now()
         lease = self._current_lease()
+        self._observe_next = False
         attempt = record.attempts + 1
         record = record.move(EffectState.STARTED, now, attempts=attempt, epoch=lease.epoch, not_before=None, last_error=None)
         self._put(record)

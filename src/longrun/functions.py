@@ -127,7 +127,7 @@ class Run:
         refusal = engine.contract.action_refusal(action)
         if refusal is not None:
             raise engine.refused_action(step_id, refusal)
-        step = Step(step_id, action, payload, approval=approval)
+        step = Step(step_id, action, payload, approval=approval, observe_first=observe_first)
         recorded = engine.state.effects.get(step_id)
         if recorded is not None:
             if recorded.action != action:
@@ -135,7 +135,7 @@ class Run:
             digest = digest_of(step.evaluate_payload({}), what=f"payload of step {step_id!r}")
             if recorded.payload_digest != digest:
                 raise self._diverged(step_id, "payload digest", recorded.payload_digest, digest)
-        return engine.effect(step, retry=retry, observe_first=observe_first).result
+        return engine.effect(step, retry=retry).result
 
     def call(
         self,

@@ -44,8 +44,9 @@ log = logging.getLogger("longrun")
 
 
 _LEASE_FIELDS = frozenset(
-    {"schema_version", "task_id", "owner", "epoch", "acquired_at", "expires_at", "monotonic_clock", "monotonic_expires_at"}
-)
+    {"schema_version", "task_id", "owner", "epoch", "acquired_at", "expires_at", "monotonic_clock", "monotonic_expires_at",
+     "committed_revision"}
+)  # fmt: skip
 
 MonotonicReading = tuple[str, float]
 """``(timeline id, seconds)``: a monotonic clock reading and the timeline it is comparable on."""
@@ -76,6 +77,10 @@ class Lease:
     monotonic_clock: str | None = None
     """The timeline ``monotonic_expires_at`` is on (see the module docstring), if the grant had one."""
     monotonic_expires_at: float | None = None
+    committed_revision: int = 0
+    """A revision of the task's state known committed (its write had returned) when the store wrote
+    this record. The record lives apart from the state, so a state that loads below it was rolled
+    back further than a crash can take it (see ``stores.base``). 0: none known."""
 
     def expired(self, now: float, monotonic: MonotonicReading | None = None) -> bool:
         """Whether the lease has ended for a caller whose wall clock says ``now`` and whose monotonic
@@ -103,6 +108,8 @@ class Lease:
         if self.monotonic_clock is not None and self.monotonic_expires_at is not None:
             data["monotonic_clock"] = self.monotonic_clock
             data["monotonic_expires_at"] = self.monotonic_expires_at
+        if self.committed_revision:
+            data["committed_revision"] = self.committed_revision
         return data
 
     @classmethod
@@ -120,6 +127,7 @@ class Lease:
             expires_at=f.get_float(d, "expires_at", what),
             monotonic_clock=f.get_str(d, "monotonic_clock", what, optional=True),
             monotonic_expires_at=f.get_float(d, "monotonic_expires_at", what, optional=True),
+            committed_revision=f.get_int(d, "committed_revision", what, optional=True) or 0,
         )
 
 

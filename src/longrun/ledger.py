@@ -6,7 +6,7 @@ Lifecycle::
                        -> uncertain    -> verified
     started/acknowledged/uncertain -> planned   (observed absent: a retry is allowed)
     planned/started -> failed                   (the adapter raised PermanentError)
-    planned -> uncertain                        (state recovered from a backup: a start may be lost)
+    planned -> uncertain                        (a start may be lost or made elsewhere: observe it)
 
 Guarantees this module enforces: a record changes only by ``EffectRecord.move``, which refuses any
 move not drawn above, so a verified effect can never go back to planned and be applied again.
@@ -41,7 +41,8 @@ class EffectState(str, enum.Enum):
 
 
 _MOVES: dict[EffectState, frozenset[EffectState]] = {
-    # planned -> uncertain only when the state came from a backup: the lost revision may have started it.
+    # planned -> uncertain only to observe before an apply: the state came from a backup (a lost revision
+    # may have started it), or it is the first apply of a run or of an ``observe_first`` step.
     EffectState.PLANNED: frozenset({EffectState.STARTED, EffectState.FAILED, EffectState.UNCERTAIN}),
     EffectState.STARTED: frozenset(
         {EffectState.ACKNOWLEDGED, EffectState.UNCERTAIN, EffectState.VERIFIED, EffectState.PLANNED, EffectState.FAILED}

@@ -6,7 +6,8 @@ Every ``Runner.run`` call is a recovery; a first run is just one with nothing to
 2. Load and validate the state: schema, task identity, checksum, plan digest, revision, backup.
    Damaged files are quarantined; a damaged primary is replaced by the validated backup with every
    unverified step observed before it may be applied (``RunState.reconcile_all``); if nothing
-   validates, stop ``state-unrecoverable``.
+   validates, or the state is older than the revision its lease record witnessed as committed,
+   stop ``state-unrecoverable``.
 3. Reconcile every started, acknowledged or uncertain effect by observation before anything else
    (``reconcile`` below): applied becomes verified and is never re-applied; absent allows a retry;
    unknown allows a retry only if the adapter deduplicates, else the run stops
@@ -14,7 +15,10 @@ Every ``Runner.run`` call is a recovery; a first run is just one with nothing to
 4. Read cancellation, authority and approvals fresh.
 5. Enforce the budgets (attempts, steps, elapsed, cost, no progress), counted across restarts.
 6. Pick the one next authorized action.
-7. Persist the intent (``started``, with attempt, payload digest and epoch), then execute it.
+7. Observe the effect first if it is the call's first apply (and each one after it until one is
+   absent: a state rolled back past every check then verifies instead of repeating), or the first
+   apply ever of an ``observe_first`` step. Persist the intent (``started``, with attempt, payload
+   digest and epoch), then execute it.
 8. Persist the acknowledgement or the uncertainty, observe, persist the verification; continue
    until done or a legal stop.
 

@@ -13,6 +13,9 @@ anything is written.
 
 Durability rules the engine keeps for each step:
 
+- The first apply of every ``run()`` call is preceded by an observe of that effect, and of each
+  one after it until one is observed absent (an ``observe_first`` step: before its first apply
+  ever), so a state that lost revisions verifies their effects instead of repeating them.
 - ``started`` (attempt, payload digest, epoch) is committed before ``apply`` is called, always in
   its own commit that precedes the call.
 - The verification of effect i is committed together with the start of effect i+1 (or with the
@@ -141,9 +144,9 @@ class _DeclaredPlan:
         if grown_from is None or grown_from == len(runner.steps):
             raise engine.mismatch(
                 f"recorded plan digest {state.plan_digest}",
-                f"run the task with the plan it was started with (digest {state.plan_digest}), or with that plan "
-                "followed by new steps; to start over under a new task id, mark the steps whose effects may already "
-                "exist observe_first=True so they are observed, not repeated",
+                f"run the task with the plan it was started with (digest {state.plan_digest}), or with that plan followed "
+                "by new steps; or, to move to a new task id, mark every step observe_first=True and keep its effect key "
+                f"(Step(..., key='{engine.task_id}/<step id>') unless it has one) so effects already made are observed, not repeated",
             )
         engine.record_plan_growth(state, grown_from, len(runner.steps))
 

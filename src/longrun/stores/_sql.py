@@ -75,7 +75,7 @@ from ..lease import Lease
 from ..ledger import EffectRecord
 from ..outcome import Evidence
 from ..protocols import LoadResult
-from .base import BaseStore
+from .base import BaseStore, Witness
 
 __all__ = ["SCHEMA_VERSION", "SqlStore"]
 
@@ -469,6 +469,11 @@ class SqlStore(BaseStore):
             "UPDATE longrun_tasks SET epoch_floor = ? WHERE task_id = ? AND epoch_floor < ?",
             (lease.epoch, lease.task_id, lease.epoch),
         )
+
+    def _witness(self, task_id: str) -> Witness:
+        """None here: the lease row lives in the database with the state, so whatever loses the one
+        loses the other. ``SqliteStore`` keeps one beside its file."""
+        return Witness(0, 0, "no witness")
 
     def _epoch_floor(self, task_id: str) -> int:
         """Used only if the lease row is gone: never reissue an epoch that was ever issued."""

@@ -18,6 +18,20 @@ Invariants every store built on ``BaseStore`` keeps (the tests are built to brea
    monotonic timeline (``Lease.monotonic_clock``) and the caller passes a ``monotonic`` reading on
    the same timeline, that decides instead (see ``longrun.lease``): a wall clock that jumps cannot
    hand a live lease to a contender.
+7. A state is never silently older than what a record kept apart from it shows was committed.
+   Every lease write (acquisition, renewal, release) carries ``Lease.committed_revision``: the
+   highest revision whose commit had returned, as far as the record and this store object know.
+   ``_witness`` reads that record back (the JSON-file store: ``lease.json``, a file apart from the
+   snapshot and journals; the SQLite store: a small file beside the database). A load whose state
+   is below the witnessed revision, or that finds no state where the witness shows one was
+   committed, raises ``StateUnrecoverableError``: a crash loses at most a write whose sync never
+   returned, which no witness ever names, so anything more is damage (a journal cut short, a copy
+   restored, a database emptied or that lost its log), never a fresh start. A state rebuilt from
+   damage (``LoadResult.source == "backup"``) is already observed step by step, so it is not held
+   to the witness. The witness's epoch also floors the next epoch, so a lost lease record cannot
+   make an epoch be issued twice. Not caught: a loss of commits made since the last lease write
+   (the runner observes before its first apply for that), or a witness lost together with the
+   state.
 
 A subclass supplies the primitives: a per-task exclusive transaction, reading and writing the
 lease record, reading (and repairing) and writing the state, and the control records.
@@ -27,7 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Collection
+from typing import Collection, NamedTuple
 
 from .. import _crashpoints
 from ..approval import Approval
@@ -35,13 +49,24 @@ from ..cancellation import Cancellation
 from ..contract import check_task_id
 from ..control import ControlRecord
 from ..envelope import RunState
-from ..errors import FencedError, InvalidInputError, LeaseHeldError, StorageError
+from ..errors import FencedError, InvalidInputError, LeaseHeldError, StateUnrecoverableError, StorageError
 from ..lease import Lease, MonotonicReading
 from ..protocols import LoadResult
 
-__all__ = ["BaseStore"]
+__all__ = ["BaseStore", "Witness"]
 
 log = logging.getLogger("longrun")
+
+
+class Witness(NamedTuple):
+    """What a record kept apart from the task's state shows (see invariant 7)."""
+
+    epoch: int
+    """The highest epoch the record names: the next acquisition issues one above it."""
+    revision: int
+    """A revision known committed: the state must never load below it (0: none known)."""
+    source: str
+    """Where it was read, for messages."""
 
 
 class BaseStore:
@@ -49,6 +74,9 @@ class BaseStore:
 
     def __init__(self) -> None:
         self._revisions: dict[str, int] = {}
+        self._committed: dict[str, int] = {}
+        """Per task, the highest revision whose commit returned through this store object: only
+        these (never a revision merely read, whose sync may not have returned) go into a witness."""
         self._poisoned: dict[str, BaseException] = {}
 
     # -- primitives a subclass provides -------------------------------------------------------
@@ -75,6 +103,15 @@ class BaseStore:
     def _epoch_floor(self, task_id: str) -> int:
         """The highest epoch recorded anywhere but the lease record (used if that record is lost)."""
         return 0
+
+    def _witness(self, task_id: str) -> Witness:
+        """The epoch and committed revision a record apart from the state shows, called inside the
+        task's transaction. The default reads the lease record; a store whose lease record lives
+        with its state (a database) keeps the witness elsewhere, or has none (revision 0)."""
+        lease = self._get_lease(task_id)
+        if lease is None:
+            return Witness(0, 0, "no lease record")
+        return Witness(lease.epoch, lease.committed_revision, "the lease record")
 
     def _get_state(self, task_id: str, *, repair: bool) -> LoadResult:
         raise NotImplementedError
@@ -143,10 +180,12 @@ class BaseStore:
                     f"for {current.remaining(now, monotonic):.1f}s more",
                     holder=current,
                 )
-            floor = current.epoch if current is not None else self._epoch_floor(task_id)
+            witness = self._witness(task_id)
+            floor = max(current.epoch if current is not None else self._epoch_floor(task_id), witness.epoch)
             lease = Lease(
                 task_id=task_id, owner=owner, epoch=floor + 1, acquired_at=now, expires_at=now + ttl_s,
                 **self._monotonic_expiry(monotonic, ttl_s),  # type: ignore[arg-type]
+                committed_revision=self._committed_revision(task_id, current),
             )  # fmt: skip
             self._put_lease(lease)
         log.debug("lease on %s acquired by %s at epoch %d", task_id, owner, lease.epoch)
@@ -164,6 +203,7 @@ class BaseStore:
             renewed = Lease(
                 lease.task_id, lease.owner, lease.epoch, current.acquired_at, now + ttl_s,
                 **self._monotonic_expiry(monotonic, ttl_s),  # type: ignore[arg-type]
+                committed_revision=self._committed_revision(lease.task_id, current),
             )  # fmt: skip
             self._put_lease(renewed)
         if _crashpoints.ARMED:
@@ -180,8 +220,16 @@ class BaseStore:
             # Without a reading on the record's timeline the record drops it: the wall-clock expiry
             # (now, at the latest) then decides, so a release always ends the lease.
             self._put_lease(
-                Lease(lease.task_id, current.owner, lease.epoch, current.acquired_at, min(now, current.expires_at), **ended)  # type: ignore[arg-type]
-            )
+                Lease(
+                    lease.task_id, current.owner, lease.epoch, current.acquired_at, min(now, current.expires_at),
+                    **ended,  # type: ignore[arg-type]
+                    committed_revision=self._committed_revision(lease.task_id, current),
+                )
+            )  # fmt: skip
+
+    def _committed_revision(self, task_id: str, current: Lease | None) -> int:
+        """What the next lease record witnesses: the most it or this store object knows committed."""
+        return max(current.committed_revision if current is not None else 0, self._committed.get(task_id, 0))
 
     def read_lease(self, task_id: str) -> Lease | None:
         check_task_id(task_id)
@@ -195,10 +243,35 @@ class BaseStore:
             if lease is not None:
                 self._fence(lease, operation="state repair")
             result = self._get_state(task_id, repair=lease is not None)
+            witness = self._witness(task_id)
+        try:
+            self._check_witness(task_id, result, witness)
+        except StateUnrecoverableError as exc:
+            self._poisoned[task_id] = exc  # nothing may be written over it, by this object either
+            raise
         if lease is not None:
             self._revisions[task_id] = max(result.revision_floor, result.state.revision if result.state else 0)
             self._poisoned.pop(task_id, None)
         return result
+
+    @staticmethod
+    def _check_witness(task_id: str, result: LoadResult, witness: Witness) -> None:
+        """Invariant 7: refuse a state older than its witness, and a missing one it says existed."""
+        if witness.revision <= 0 or result.source == "backup":
+            return
+        if result.state is None:
+            raise StateUnrecoverableError(
+                f"task {task_id!r} has no state, but {witness.source} shows that revision {witness.revision} was "
+                "committed: the state was lost (deleted, emptied, or a database that lost committed transactions), "
+                "which no crash can do; nothing was changed. Restore the state, or retire the task id"
+            )
+        if result.state.revision < witness.revision:
+            raise StateUnrecoverableError(
+                f"task {task_id!r}: the state loaded at revision {result.state.revision}, but {witness.source} shows "
+                f"that revision {witness.revision} was committed: the state was rolled back further than a crash can "
+                "take it (a journal cut short, an older copy restored, a database log lost); nothing was changed. "
+                "Restore the lost state, or retire the task id"
+            )
 
     def commit(self, lease: Lease, state: RunState, changed: Collection[str] | None = None) -> int:
         """Durably write ``state`` as the task's next revision, fenced by ``lease``. Returns the revision."""
@@ -233,4 +306,6 @@ class BaseStore:
                 self._poisoned[task_id] = exc
             raise
         self._revisions[task_id] = state.revision
+        if state.revision > self._committed.get(task_id, 0):
+            self._committed[task_id] = state.revision
         return state.revision

@@ -7,7 +7,8 @@ Layout under ``root`` (directories 0700, files 0600)::
         journal.<R>.log     the journal: one line per commit after revision R, then zero padding
         state.json.bak      the previous snapshot, a hard link made by each compaction
         journal.<B>.log     the previous snapshot's journal (B = its revision), kept beside it
-        lease.json          owner, epoch, expiry; never deleted, so epochs never restart
+        lease.json          owner, epoch, expiry, the revision last known committed (the state's
+                            witness, ``stores.base`` invariant 7); never deleted, so epochs never restart
         lock                flock(2) target: every read-modify-write of the task runs under it
         control/cancel.json
         control/approvals/<approval id>.json
@@ -69,7 +70,8 @@ Not guaranteed: exclusion across machines (flock on a network file system is not
 a database store), protection from a user who edits the files with the right permissions, or
 durability where ``fsync``/``fdatasync`` is ignored. A journal cut exactly at a line boundary, or
 damage that looks exactly like a torn last line, loses the commits past the cut, as in any
-write-ahead log. The backup generation is validated when it is needed, not on every load.
+write-ahead log, unless ``lease.json`` witnessed one of them (then the load refuses, see
+``stores.base``). The backup generation is validated when it is needed, not on every load.
 """
 
 from __future__ import annotations

@@ -12,6 +12,18 @@ owner-only. The schema, damage handling and the database's own fence are describ
 Lease expiry is judged by the caller's clock, as with the JSON-file store: every process on one
 machine reads the same clock.
 
+The witness. A database file that is emptied, replaced by an older copy, or loses its ``-wal`` file
+is a consistent, older database: nothing inside it can tell. So every lease write (acquisition,
+renewal, release) also records the task's epoch and committed revision in a small file outside the
+database, ``PATH-witness/<task id>.json`` (checksummed, written atomically, values only ever
+raised, written only when they change), inside the same transaction. It names only what the
+database had already committed (the task's ``revision_floor``) and an epoch, which serves only as a
+floor for the next one, so a crash at any point leaves it at or below the database. A load whose
+state is below it, or finds none where it names one, stops ``state-unrecoverable``
+(``stores.base``, invariant 7). Deleting the database to start afresh means deleting that directory
+too. Not caught: commits made since the task's last lease write, or the directory lost with the
+database.
+
 Not guaranteed: exclusion or durability on a network file system (SQLite's locks are not
 trustworthy there; use ``PostgresStore`` for several machines), or progress while another process
 is stopped inside a transaction (writers wait up to ``busy_timeout_s``, then get ``StorageError``).
@@ -25,13 +37,38 @@ import stat
 import time
 from typing import Any
 
-from ..errors import InvalidInputError, StorageError
+from ..canonical import canonical_bytes, parse_json, sha256_hex
+from ..errors import CorruptStateError, InvalidInputError, StorageError
+from ..lease import Lease
+from ._fileio import FileIO, ensure_dir, read_small, write_atomic
 from ._sql import SqlStore
+from .base import Witness
 
 __all__ = ["SqliteStore"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+WITNESS_SUFFIX = "-witness"
+WITNESS_FORMAT = "longrun.witness"
+MAX_WITNESS_BYTES = 4096
+_WITNESS_FIELDS = frozenset({"format", "task_id", "epoch", "revision", "checksum"})
+
+
+def _decode_witness(data: bytes, task_id: str) -> tuple[int, int]:
+    """A witness file's (epoch, revision); ``CorruptStateError`` unless it is whole and this task's."""
+    document = parse_json(data, what="witness file", max_bytes=MAX_WITNESS_BYTES, unique_keys=True)
+    if not isinstance(document, dict) or set(document) != _WITNESS_FIELDS or document["format"] != WITNESS_FORMAT:
+        raise CorruptStateError(f"not a {WITNESS_FORMAT} record")
+    body = {key: value for key, value in document.items() if key != "checksum"}
+    if document["checksum"] != "sha256:" + sha256_hex(canonical_bytes(body)):
+        raise CorruptStateError("witness checksum does not match its content")
+    epoch, revision = document["epoch"], document["revision"]
+    for value in (epoch, revision):
+        if type(value) is not int or not 0 <= value < 2**63:
+            raise CorruptStateError("witness epoch and revision must be integers >= 0")
+    if document["task_id"] != task_id:
+        raise CorruptStateError(f"witness names task {document['task_id']!r:.80}, not {task_id!r}")
+    return epoch, revision
 
 
 class SqliteStore(SqlStore):
@@ -47,6 +84,7 @@ class SqliteStore(SqlStore):
             raise InvalidInputError(f"busy_timeout_s must be a non-negative number, got {busy_timeout_s!r}")
         self.busy_timeout_s = float(busy_timeout_s)
         self._check_path()
+        self._io = FileIO()
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"
@@ -107,6 +145,37 @@ class SqliteStore(SqlStore):
                     raise
             time.sleep(delay)
             delay = min(delay * 2, 0.1)
+
+    # -- the witness beside the database (see the module docstring) ------------------------------
+
+    @property
+    def witness_dir(self) -> str:
+        return self.path + WITNESS_SUFFIX
+
+    def _witness(self, task_id: str) -> Witness:
+        path = os.path.join(self.witness_dir, task_id + ".json")
+        data = read_small(self._io, path, MAX_WITNESS_BYTES)
+        if data is None:
+            return Witness(0, 0, "no witness file")
+        try:
+            epoch, revision = _decode_witness(data, task_id)
+        except CorruptStateError as exc:
+            raise CorruptStateError(f"the witness file {path} is damaged: {exc}") from exc
+        return Witness(epoch, revision, f"the witness file {path}")
+
+    def _put_lease(self, lease: Lease) -> None:
+        super()._put_lease(lease)
+        task_id = lease.task_id
+        old = self._witness(task_id)
+        row = self._one("SELECT revision_floor FROM longrun_tasks WHERE task_id = ?", (task_id,))
+        committed = row[0] if row is not None and isinstance(row[0], int) else 0
+        epoch, revision = max(old.epoch, lease.epoch), max(old.revision, committed, lease.committed_revision)
+        if (epoch, revision) == (old.epoch, old.revision):
+            return  # most renewals: nothing new to witness, no write
+        body = {"format": WITNESS_FORMAT, "task_id": task_id, "epoch": epoch, "revision": revision}
+        data = canonical_bytes({**body, "checksum": "sha256:" + sha256_hex(canonical_bytes(body))})
+        ensure_dir(self._io, self.witness_dir)
+        write_atomic(self._io, self.witness_dir, task_id + ".json", data)
 
     def _driver_errors(self) -> tuple[type[BaseException], ...]:
         return (sqlite3.Error, OSError)
