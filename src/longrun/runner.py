@@ -42,7 +42,7 @@ from . import _crashpoints
 from .adapters import EffectRequest, Receipt
 from .approval import ApprovalRequest, GateVerdict, evaluate_gate
 from .authority import RefusedRecord, SignedApprovals, SignedCancellations
-from .budget import BudgetCounters, Limits, RetryPolicy
+from .budget import WORK_CHARGE_STEP_S, Backoff, BudgetCounters, Limits, RetryPolicy, describe_wall_gap
 from .cancellation import Cancellation
 from .canonical import JSONValue, digest_of
 from .contract import RunContract, Step, plan_digest, validate_plan
@@ -198,6 +198,8 @@ class Runner:
         self._cursor = 0
         self._cancellation_checked = False
         self._evidence = _Evidence(self.clock)
+        self._worked_mark = 0.0
+        """Monotonic reading up to which this run's work is charged to ``state.budget.worked_s``."""
 
     @property
     def task_id(self) -> str:
@@ -312,6 +314,7 @@ class Runner:
         assert state is not None
         lease = self._current_lease()
         state.updated_at = self.clock.now()
+        state.budget = state.budget.worked(self._take_work())
         self.store.commit(lease, state, frozenset(self._changed))
         self._changed.clear()
         self._dirty = False
@@ -328,6 +331,7 @@ class Runner:
             # An ended run asks nothing more of anyone: open approval requests are withdrawn.
             state.approval_requests.clear()
         state.unknowns = list(self._evidence.unknowns)
+        state.budget = state.budget.worked(self._take_work(least=0.0))  # a stop charges all of this run's work
         self._commit()
         return _Stop(status, next_action)
 
@@ -343,6 +347,7 @@ class Runner:
 
     def _recover(self) -> None:
         assert self._lease is not None
+        self._worked_mark = self._monotonic()  # this run's work is charged from here
         try:
             loaded = self.store.load(self.task_id, lease=self._lease)
         except StateUnrecoverableError as exc:
@@ -373,6 +378,7 @@ class Runner:
         self._evidence.observed(
             "store", f"state from {loaded.source}, revision {state.revision}, bytes {loaded.digest}, status {state.status.value}"
         )
+        self._evidence.observed("clock", describe_wall_gap(state.updated_at, now))
         if state.plan_digest != self.plan_digest:
             self._evidence.observed("store", f"recorded plan digest {state.plan_digest}")
             raise _Stop(
@@ -416,10 +422,10 @@ class Runner:
         record = settled.record
         if settled.verdict is Verdict.VERIFIED:
             self._evidence.inferred(f"{record.key} verified by observation; it will not be applied again")
-            self._state.budget = self._state.budget.progressed(self.clock.now())
+            self._state.budget = self._state.budget.progressed(self.clock.now(), self._take_work())
         elif settled.verdict is Verdict.RETRY:
             self._evidence.inferred(f"{record.key} may be applied again: {settled.reason}")
-            record = replace(record, not_before=self._backoff_until(record))
+            record = self._with_backoff(record)
         else:
             self._evidence.unknown(f"target:{step.action}", settled.reason)
         self._put(record)
@@ -432,10 +438,45 @@ class Runner:
             "(it will be observed again before anything is applied)",
         )
 
-    def _backoff_until(self, record: EffectRecord) -> float | None:
+    def _with_backoff(self, record: EffectRecord) -> EffectRecord:
+        """``record`` with the wait before its next attempt: a duration from now, anchored on this
+        run's clocks so that a later run can judge it whatever the wall clock does (``budget.Backoff``)."""
         if record.attempts == 0:
-            return None
-        return self.clock.now() + self.retry.delay(record.key, record.attempts)
+            return record.with_changes(not_before=None, backoff=None)
+        backoff = Backoff.begin(self.retry.delay(record.key, record.attempts), self.clock.now(), self._monotonic_reading().get("monotonic"))
+        return record.with_changes(not_before=backoff.until, backoff=backoff)
+
+    def _backoff_wait(self, record: EffectRecord, now: float) -> tuple[float, EffectRecord]:
+        """Seconds left of ``record``'s backoff, and the record to go on with.
+
+        On the monotonic timeline it was scheduled on, measured there; elsewhere by wall clock, but
+        never longer than its duration from now. When the wall clock judged it and is behind the
+        scheduled start (stepped back), or this run has a timeline the backoff lacks, the rest of the
+        wait is re-anchored on this run's clocks, so later runs measure from here."""
+        assert record.not_before is not None
+        reading = self._monotonic_reading().get("monotonic")
+        backoff = record.backoff
+        if backoff is None:  # recorded before backoffs kept their duration: the policy's delay bounds it
+            duration = self.retry.delay(record.key, max(1, record.attempts))
+            backoff = Backoff(duration, record.not_before - duration)
+        wait = backoff.remaining(now, reading)
+        if wait > 0 and not backoff.measured_on(reading) and (reading is not None or now < backoff.scheduled_at):
+            backoff = backoff.resumed(now, reading)
+            record = record.with_changes(not_before=backoff.until, backoff=backoff)
+            self._put(record)
+        return wait, record
+
+    def _take_work(self, least: float = WORK_CHARGE_STEP_S) -> float:
+        """Seconds of work since the last charge, on the monotonic clock, if at least ``least``;
+        otherwise 0 and they stay pending (so quick effects do not change the counters on every commit)."""
+        mark = self._monotonic()
+        worked = mark - self._worked_mark
+        if worked < least:
+            if worked < 0:  # a clock without monotonic() was stepped back: nothing to charge
+                self._worked_mark = mark
+            return 0.0
+        self._worked_mark = mark
+        return worked
 
     def _results(self) -> Mapping[str, JSONValue]:
         assert self._state is not None
@@ -514,7 +555,7 @@ class Runner:
             state.current_step = step.step_id
             record = state.effects.get(step.step_id)
             now = self.clock.now()
-            exhausted = state.budget.exhausted(self.limits, now)
+            exhausted = state.budget.exhausted(self.limits, pending_s=self._monotonic() - self._worked_mark)
             if exhausted is None and record is not None and record.attempts >= self.limits.max_attempts:
                 exhausted = f"effect {record.key!r} used all {self.limits.max_attempts} attempts (last error: {record.last_error})"
             if exhausted is not None:
@@ -522,14 +563,18 @@ class Runner:
                 raise self._stop(Status.LIMITS_EXHAUSTED, f"review why the budget ran out ({exhausted}); the run is over")
             if record is None:
                 record = self._plan(step, now)
-            if record.not_before is not None and now < record.not_before:
-                wait = record.not_before - now
+            wait = 0.0
+            if record.not_before is not None:
+                wait, record = self._backoff_wait(record, now)
+            if wait > 0:
                 if wait > self.limits.max_block_s:
                     raise self._stop(
                         Status.RETRY_SCHEDULED,
-                        f"run again at or after {_utc(record.not_before)} (effect {record.key!r} backs off after attempt {record.attempts})",
+                        f"run again at or after {_utc(now + wait)} (effect {record.key!r} backs off after attempt {record.attempts})",
                     )
+                slept_from = self._monotonic()
                 self.clock.sleep(wait)
+                self._worked_mark += self._monotonic() - slept_from  # waiting for a timer is not work
                 continue  # read cancellation afresh after waiting
             if state.reconcile_all:
                 record = self._reconcile_before_start(step, record)
@@ -632,7 +677,7 @@ class Runner:
         now = self.clock.now()
         lease = self._current_lease()
         attempt = record.attempts + 1
-        record = record.move(EffectState.STARTED, now, attempts=attempt, epoch=lease.epoch, not_before=None, last_error=None)
+        record = record.move(EffectState.STARTED, now, attempts=attempt, epoch=lease.epoch, not_before=None, backoff=None, last_error=None)
         self._put(record)
         if _crashpoints.ARMED:
             _crashpoints.hit("attempt.incremented", f"{step.step_id}#{attempt}")
@@ -699,7 +744,7 @@ class Runner:
         self._current_lease()
         self._evidence.observed(f"adapter:{step.action}", f"{record.key} attempt {record.attempts} failed transiently: {exc}")
         record = record.move(EffectState.PLANNED, self.clock.now(), last_error=f"transient: {exc}")
-        record = replace(record, not_before=self._backoff_until(record))
+        record = self._with_backoff(record)
         self._put(record)
         self._commit()
 
