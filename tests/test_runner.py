@@ -445,6 +445,27 @@ class WorkedTimeTests(RunnerCase):
         self.assertEqual(outcome.status, Status.DONE, outcome.next_action)
         self.assertEqual(self.clock.sleeps, [1.0, 2.0, 4.0])
 
+    def test_runs_that_only_find_they_must_wait_charge_nothing(self) -> None:
+        class SlowLoads(SpyStore):
+            """Every load takes a second of the runner's time."""
+
+            def load(inner, task_id, *, lease=None):  # type: ignore[no-untyped-def]
+                self.clock.advance(1.0)
+                return super().load(task_id, lease=lease)
+
+        self.store = SlowLoads(self.path("slow"))
+        limits = Limits(max_no_progress_s=50)
+        self.assertEqual(self.runner(self.steps, limits=limits).run().status, Status.AWAITING_APPROVAL)
+        worked = self.store.load("task-1").state.budget.worked_s
+        self.assertEqual(worked, 1.0, "the first run planned and applied: its load was part of that work")
+        for _ in range(100):  # a trigger polls the waiting task every minute for 100 minutes
+            self.assertEqual(self.runner(self.steps, limits=limits).run().status, Status.AWAITING_APPROVAL)
+            self.clock.advance(60)
+        state = self.store.load("task-1").state
+        self.assertEqual(state.budget.worked_s, worked, "a hundred polls, a second each, charged nothing")
+        self.store.write_approval(LifecycleTests.approve(self, state, "s1"))  # type: ignore[arg-type]
+        self.assertEqual(self.runner(self.steps, limits=limits).run().status, Status.DONE)
+
     def test_quick_work_is_charged_in_steps_and_in_full_when_the_run_stops(self) -> None:
         outcome = self.runner(adapter=self.working(0.03)).run()  # below WORK_CHARGE_STEP_S each
         self.assertEqual(outcome.status, Status.DONE)

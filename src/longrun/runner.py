@@ -61,7 +61,7 @@ from .errors import (
 )
 from .lease import Lease, LeaseKeeper, boot_clock_id
 from .ledger import EffectRecord, EffectState
-from .outcome import TERMINAL, Evidence, RunOutcome, Status
+from .outcome import TERMINAL, WAITING, Evidence, RunOutcome, Status
 from .protocols import ApprovalSource, CancellationSource, Clock, EffectAdapter, Store
 from .recovery import Reconciled, Verdict, reconcile
 
@@ -200,6 +200,8 @@ class Runner:
         self._evidence = _Evidence(self.clock)
         self._worked_mark = 0.0
         """Monotonic reading up to which this run's work is charged to ``state.budget.worked_s``."""
+        self._working = False
+        """Whether this run planned, applied or observed an effect (else it only read and waited)."""
 
     @property
     def task_id(self) -> str:
@@ -215,6 +217,7 @@ class Runner:
         self._changed: set[str] = set()
         self._cursor = 0
         self._cancellation_checked = False
+        self._working = False
         if self.refusals:
             for reason in self.refusals:
                 self._evidence.unknown("contract", reason)
@@ -331,7 +334,10 @@ class Runner:
             # An ended run asks nothing more of anyone: open approval requests are withdrawn.
             state.approval_requests.clear()
         state.unknowns = list(self._evidence.unknowns)
-        state.budget = state.budget.worked(self._take_work(least=0.0))  # a stop charges all of this run's work
+        if self._working or status not in WAITING:
+            state.budget = state.budget.worked(self._take_work(least=0.0))  # a stop charges all of this run's work
+        else:  # a run that only read the state and found it must wait: that was waiting, not work
+            self._worked_mark = self._monotonic()
         self._commit()
         return _Stop(status, next_action)
 
@@ -416,6 +422,7 @@ class Runner:
 
     def _reconcile(self, step: Step, record: EffectRecord) -> Reconciled:
         assert self._state is not None
+        self._working = True
         adapter = self.adapters[step.action]
         settled = reconcile(record, adapter, self._request(step, record, max(record.attempts, 1)), self.clock.now())
         self._evidence.observed(f"target:{step.action}", f"{record.key}: {settled.observation.state.value} ({settled.observation.evidence})")
@@ -586,6 +593,7 @@ class Runner:
 
     def _plan(self, step: Step, now: float) -> EffectRecord:
         assert self._state is not None
+        self._working = True
         try:
             payload = step.evaluate_payload(self._results() if step.dynamic else {})
         except InvalidInputError:
@@ -676,6 +684,7 @@ class Runner:
         assert state is not None and self._keeper is not None
         now = self.clock.now()
         lease = self._current_lease()
+        self._working = True
         attempt = record.attempts + 1
         record = record.move(EffectState.STARTED, now, attempts=attempt, epoch=lease.epoch, not_before=None, backoff=None, last_error=None)
         self._put(record)
