@@ -9,6 +9,7 @@ or ``KeyError``. Nothing here is timed: "linear" is checked by counting work.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import random
 import shutil
@@ -18,7 +19,7 @@ from typing import Any, Callable
 import support
 from longrun import CorruptStateError, JsonFileStore, RunState
 from longrun.approval import ApprovalRequest
-from longrun.budget import BudgetCounters
+from longrun.budget import Backoff, BudgetCounters
 from longrun.ledger import EffectRecord, EffectState
 from longrun.outcome import Evidence, Status
 from longrun.stores import _journal, jsonfile
@@ -51,7 +52,7 @@ def mutate(state: RunState, step: int, rng: random.Random) -> set[str]:
     elif choice == 1:
         state.note_control(Evidence("control", f"approval record {step}", float(step)))
     elif choice == 2:
-        state.budget = dataclasses.replace(state.budget, attempts_total=state.budget.attempts_total + 1, cost_spent=step / 4)
+        state.budget = dataclasses.replace(state.budget, attempts_total=state.budget.attempts_total + 1, cost_spent=step / 4).worked(step / 8)
     elif choice == 3:
         request = ApprovalRequest(TASK, state.plan_digest, f"s{step % 3}", "sha256:" + "2" * 64, "write", 1.0, 2.0 + step)
         state.approval_requests[request.step_id] = request
@@ -65,13 +66,15 @@ def mutate(state: RunState, step: int, rng: random.Random) -> set[str]:
     for _ in range(rng.randrange(3)):
         step_id = rng.choice(list(state.effects))
         record = state.effects[step_id]
+        backoff = None if rng.random() < 0.5 else Backoff.begin(step / 2, 100.0, ("boot:b", float(step)) if step % 2 else None)
         state.effects[step_id] = dataclasses.replace(
             record,
             attempts=record.attempts + 1,
             state=rng.choice(list(EffectState)),
             result={"r": step} if rng.random() < 0.5 else None,
             evidence=f"seen {step}",
-            not_before=None if rng.random() < 0.5 else 100.0 + step,
+            not_before=None if backoff is None else backoff.until,
+            backoff=backoff,
             updated_at=20.0 + step,
         )
         changed.add(step_id)
@@ -554,6 +557,66 @@ class RoundTripTests(JournalCase):
         self.assertIn(b'"extend"', last)
         self.assertLess(len(last), 300, "one observation added, one dropped: not fifty rewritten")
         self.assertEqual(JsonFileStore(self.root).load(TASK).state.to_json(), state.to_json())
+
+
+
+def first_format(data: bytes, *, snapshot: bool) -> bytes:
+    """A snapshot or journal as written before effect rows had a backoff and budgets worked time."""
+    later = ("budget.worked_s", "budget.worked_at_progress_s")
+    content = data.rstrip(b"\0")
+    lines = content.split(b"\n")
+    meta = json.loads(lines[0])
+    if snapshot:
+        del meta["checksum"]
+        meta["fields"] = meta["fields"][:-1]
+        lines[0] = _journal._meta_line(meta).rstrip(b"\n")
+    for index in range(1, len(lines) - 1):
+        value = json.loads(_journal._body(lines[index]))
+        if snapshot and index == 1:
+            value = {key: item for key, item in value.items() if key not in later}
+        elif snapshot:
+            value = [row[:-1] for row in value]
+        else:
+            value["set"] = {key: item for key, item in value.get("set", {}).items() if key not in later}
+            value["effects"] = {key: row[:-1] if isinstance(row, list) else row for key, row in value.get("effects", {}).items()}
+        lines[index] = _journal.frame(value).rstrip(b"\n")
+    rewritten = b"\n".join(lines)
+    if snapshot:
+        return rewritten
+    return rewritten + bytes(max(0, len(data) - len(rewritten)))  # a journal keeps its zero padding
+
+
+class FirstFormatTests(JournalCase):
+    def test_rows_and_headers_written_before_backoffs_and_worked_time_load_and_go_on(self) -> None:
+        store = JsonFileStore(self.root)
+        lease = store.acquire_lease(TASK, "me", 3600.0, 0.0)
+        store.load(TASK, lease=lease)
+        state = base_state()
+        store.commit(lease, state, set(state.effects))
+        state.effects["s3"] = EffectRecord(f"{TASK}/s3", "s3", "write", {"n": 3}, "sha256:" + "3" * 64, not_before=50.0)
+        state.effects["s0"] = state.effects["s0"].with_changes(attempts=2, last_error="transient: busy")
+        store.commit(lease, state, {"s3", "s0"})  # a journal line with a whole row and one with changed fields
+        store.close()
+        for name in os.listdir(os.path.join(self.root, TASK)):
+            if name.startswith("state.json") or name.startswith("journal."):
+                self.write(name, first_format(self.read(name), snapshot=name.startswith("state.json")))
+        self.assertNotIn(b"backoff", self.read("state.json"))
+        loaded = JsonFileStore(self.root).load(TASK)
+        self.assertEqual(loaded.source, "primary")
+        self.assertEqual(loaded.state.to_json(), state.to_json())
+        self.assertIsNone(loaded.state.effects["s3"].backoff)
+        # A writer of this version carries on from the old files, and what it writes loads back.
+        store = JsonFileStore(self.root)
+        lease = store.acquire_lease(TASK, "next", 3600.0, 10_000.0)
+        state = store.load(TASK, lease=lease).state
+        backoff = Backoff.begin(2.0, 60.0, ("boot:x", 5.0))
+        state.effects["s3"] = state.effects["s3"].with_changes(not_before=backoff.until, backoff=backoff)
+        state.budget = state.budget.worked(4.0)
+        store.commit(lease, state, {"s3"})
+        store.close()
+        again = JsonFileStore(self.root).load(TASK).state
+        self.assertEqual(again.to_json(), state.to_json())
+        self.assertEqual((again.effects["s3"].backoff, again.budget.worked_s), (backoff, 4.0))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ from longrun import (
     RunState,
     Status,
     Step,
+    TransientError,
     UnknownActionError,
 )
 from longrun.adapters import EffectRequest
@@ -433,23 +435,6 @@ class BudgetTests(RunnerCase):
         self.assertEqual(outcome.status, Status.LIMITS_EXHAUSTED)
         self.assertEqual(adapter.applied, ["task-1/s0", "task-1/s1"])
 
-    def test_elapsed_budget_is_measured_from_the_first_start_across_restarts(self) -> None:
-        adapter = RecordingAdapter()
-        steps = [Step("s0", "write", {}), Step("s1", "write", {}, approval=True)]
-        self.runner(steps, adapter=adapter, limits=Limits(max_elapsed_s=100)).run()
-        self.clock.advance(101)
-        outcome = self.runner(steps, adapter=adapter, limits=Limits(max_elapsed_s=100)).run()
-        self.assertEqual(outcome.status, Status.LIMITS_EXHAUSTED)
-        self.assertIn("elapsed", outcome.next_action)
-
-    def test_no_progress_budget_uses_the_age_of_the_last_verifying_revision(self) -> None:
-        outbox = OutboxAdapter(self.path("outbox.jsonl"), fail_transient=100)
-        limits = Limits(max_attempts=100, max_no_progress_s=5.0, max_block_s=100)
-        outcome = self.runner([Step("s0", "write", {})], adapter=outbox, limits=limits).run()
-        self.assertEqual(outcome.status, Status.LIMITS_EXHAUSTED)
-        self.assertIn("no progress", outcome.next_action)
-        self.assertLess(outbox.calls["task-1/s0"], 10)
-
     def test_negative_or_malformed_limits_are_typed_errors(self) -> None:
         for bad in (dict(max_attempts=0), dict(max_steps=-1), dict(max_cost=-0.5), dict(max_elapsed_s=float("nan")), dict(max_attempts=True)):
             with self.subTest(bad=bad), self.assertRaises(InvalidInputError):
@@ -457,6 +442,194 @@ class BudgetTests(RunnerCase):
         for bad in (dict(base_delay_s=-1), dict(jitter=1.5), dict(multiplier=0.5)):
             with self.subTest(bad=bad), self.assertRaises(InvalidInputError):
                 RetryPolicy(**bad)
+
+
+class WorkedTimeTests(RunnerCase):
+    """Elapsed and no-progress budgets charge the time the run was worked on, measured on the
+    monotonic clock; time between runs (waiting for a person, a timer, anything) is never charged."""
+
+    steps = [Step("s0", "write", {"n": 0}), Step("s1", "write", {"n": 1}, approval=True), Step("s2", "write", {"n": 2})]
+
+    def working(self, seconds: float) -> RecordingAdapter:
+        """An adapter whose every apply takes ``seconds`` of (fake) time."""
+        adapter = RecordingAdapter()
+        adapter.on_apply = lambda request: self.clock.advance(seconds)
+        return adapter
+
+    def pause_then_approve(self, adapter, limits: Limits, *, wall_step: float = 0.0, time_passing: float = 0.0) -> None:
+        """Run to the approval gate; then the wall clock is stepped, time passes, and a person approves."""
+        self.assertEqual(self.runner(self.steps, adapter=adapter, limits=limits).run().status, Status.AWAITING_APPROVAL)
+        self.clock.step(wall_step)
+        self.clock.advance(time_passing)
+        state = self.store.load("task-1").state
+        assert state is not None
+        self.store.write_approval(LifecycleTests.approve(self, state, "s1"))  # type: ignore[arg-type]
+
+    def test_a_wall_clock_stepped_two_hours_forward_between_runs_does_not_exhaust_the_elapsed_budget(self) -> None:
+        limits = Limits(max_elapsed_s=3600)
+        self.pause_then_approve(RecordingAdapter(), limits, wall_step=7200)
+        outcome = self.runner(self.steps, adapter=RecordingAdapter(), limits=limits).run()
+        self.assertEqual(outcome.status, Status.DONE, outcome.next_action)
+        self.assertTrue(any("7200.0s of wall time since the last commit" in item.detail for item in outcome.observations))
+
+    def test_hours_that_really_pass_between_runs_are_not_charged(self) -> None:
+        limits = Limits(max_elapsed_s=3600, max_no_progress_s=600)
+        self.pause_then_approve(RecordingAdapter(), limits, time_passing=7200)
+        self.assertEqual(self.runner(self.steps, adapter=RecordingAdapter(), limits=limits).run().status, Status.DONE)
+        final = self.store.load("task-1").state
+        assert final is not None
+        self.assertEqual(final.budget.worked_s, 0.0)
+
+    def test_an_approval_given_an_hour_later_does_not_exhaust_the_no_progress_budget(self) -> None:
+        limits = Limits(max_no_progress_s=600)
+        self.pause_then_approve(RecordingAdapter(), limits, time_passing=3600)
+        outcome = self.runner(self.steps, adapter=RecordingAdapter(), limits=limits).run()
+        self.assertEqual(outcome.status, Status.DONE, outcome.next_action)
+
+    def test_long_worked_time_still_exhausts_the_elapsed_budget_across_runs(self) -> None:
+        adapter = self.working(2000)
+        limits = Limits(max_elapsed_s=3600)
+        self.pause_then_approve(adapter, limits, time_passing=36_000)  # a night waiting for the approval: not charged
+        outcome = self.runner(self.steps, adapter=adapter, limits=limits).run()
+        self.assertEqual(outcome.status, Status.LIMITS_EXHAUSTED)
+        self.assertIn("elapsed budget spent: 4000.0s of work", outcome.next_action)
+        self.assertEqual(adapter.applied, ["task-1/s0", "task-1/s1"])
+        final = self.store.load("task-1").state
+        assert final is not None
+        self.assertEqual(final.budget.worked_s, 4000.0)
+
+    def test_worked_time_without_a_verified_effect_exhausts_the_no_progress_budget(self) -> None:
+        attempts = []
+
+        def slow_failure(request: EffectRequest) -> None:
+            attempts.append(request.attempt)
+            self.clock.advance(1000)
+            raise TransientError("the target timed out")
+
+        adapter = RecordingAdapter()
+        adapter.on_apply = slow_failure
+        limits = Limits(max_attempts=10, max_no_progress_s=2500, max_block_s=100)
+        outcome = self.runner([Step("s0", "write", {})], adapter=adapter, limits=limits).run()
+        self.assertEqual(outcome.status, Status.LIMITS_EXHAUSTED)
+        self.assertIn("no progress for 3000.0s of work", outcome.next_action)
+        self.assertEqual(attempts, [1, 2, 3])
+
+    def test_waiting_for_a_backoff_is_not_worked_time(self) -> None:
+        outbox = OutboxAdapter(self.path("outbox.jsonl"), fail_transient=3)
+        limits = Limits(max_attempts=10, max_elapsed_s=5.0, max_no_progress_s=5.0, max_block_s=100)
+        outcome = self.runner([Step("s0", "write", {})], adapter=outbox, limits=limits).run()
+        self.assertEqual(outcome.status, Status.DONE, outcome.next_action)
+        self.assertEqual(self.clock.sleeps, [1.0, 2.0, 4.0])
+
+    def test_runs_that_only_find_they_must_wait_charge_nothing(self) -> None:
+        class SlowLoads(SpyStore):
+            """Every load takes a second of the runner's time."""
+
+            def load(inner, task_id, *, lease=None):  # type: ignore[no-untyped-def]
+                self.clock.advance(1.0)
+                return super().load(task_id, lease=lease)
+
+        self.store = SlowLoads(self.path("slow"))
+        limits = Limits(max_no_progress_s=50)
+        self.assertEqual(self.runner(self.steps, limits=limits).run().status, Status.AWAITING_APPROVAL)
+        worked = self.store.load("task-1").state.budget.worked_s
+        self.assertEqual(worked, 1.0, "the first run planned and applied: its load was part of that work")
+        for _ in range(100):  # a trigger polls the waiting task every minute for 100 minutes
+            self.assertEqual(self.runner(self.steps, limits=limits).run().status, Status.AWAITING_APPROVAL)
+            self.clock.advance(60)
+        state = self.store.load("task-1").state
+        self.assertEqual(state.budget.worked_s, worked, "a hundred polls, a second each, charged nothing")
+        self.store.write_approval(LifecycleTests.approve(self, state, "s1"))  # type: ignore[arg-type]
+        self.assertEqual(self.runner(self.steps, limits=limits).run().status, Status.DONE)
+
+    def test_quick_work_is_charged_in_steps_and_in_full_when_the_run_stops(self) -> None:
+        outcome = self.runner(adapter=self.working(0.03)).run()  # below WORK_CHARGE_STEP_S each
+        self.assertEqual(outcome.status, Status.DONE)
+        charged = [snapshot["budget"]["worked_s"] for snapshot in self.store.commits]
+        self.assertEqual(charged[:-1], [0.0] * (len(charged) - 1), "commits of quick effects leave the counters alone")
+        self.assertAlmostEqual(charged[-1], 0.09, places=5)  # the fake clock reads ~1.7e9: float ulps
+
+    def test_a_wall_clock_stepped_during_an_apply_is_not_worked_time(self) -> None:
+        adapter = RecordingAdapter()
+        adapter.on_apply = lambda request: self.clock.step(7200)
+        outcome = self.runner(adapter=adapter, limits=Limits(max_elapsed_s=3600, max_no_progress_s=3600)).run()
+        self.assertEqual(outcome.status, Status.DONE, outcome.next_action)
+
+
+class BackoffClockTests(RunnerCase):
+    """A scheduled backoff is a duration: a wall clock stepped between runs neither lengthens it nor,
+    on the same boot, shortens it."""
+
+    one = [Step("s0", "write", {})]
+
+    def runner(self, steps=None, **options):  # type: ignore[override]
+        # One owner throughout: a lease released and then judged by a wall clock stepped back
+        # would look live to another owner, which is the lease's concern, not the backoff's.
+        return super().runner(steps, owner="one-runner", **options)
+
+    def schedule(self, name: str = "outbox") -> OutboxAdapter:
+        """Attempt 1 fails transiently; its 1 s backoff is longer than the runner may block."""
+        outbox = OutboxAdapter(self.path(f"{name}.jsonl"), fail_transient=1)
+        outcome = self.runner(self.one, adapter=outbox, limits=Limits(max_block_s=0.5)).run()
+        self.assertEqual(outcome.status, Status.RETRY_SCHEDULED)
+        return outbox
+
+    def test_a_wall_clock_stepped_an_hour_back_does_not_lengthen_a_scheduled_backoff(self) -> None:
+        for timeline in (None, "boot:test"):
+            with self.subTest(timeline=timeline):
+                self.clock = FakeClock(timeline=timeline)
+                self.store = SpyStore(self.path(f"store-{timeline}"))
+                outbox = self.schedule(f"outbox-{timeline}")  # a target per store: each run observes it first
+                self.clock.step(-3600)
+                again = self.runner(self.one, adapter=outbox, limits=Limits(max_block_s=0.5)).run()
+                self.assertEqual(again.status, Status.RETRY_SCHEDULED)
+                self.assertIn(datetime_of(self.clock.now() + 1.0), again.next_action)
+                self.clock.advance(1.0)
+                self.assertEqual(self.runner(self.one, adapter=outbox, limits=Limits(max_block_s=0.5)).run().status, Status.DONE)
+                self.assertEqual(outbox.calls["task-1/s0"], 2)
+
+    def test_a_runner_that_may_block_sleeps_the_backoff_not_the_step(self) -> None:
+        outbox = self.schedule()
+        self.clock.step(-3600)
+        outcome = self.runner(self.one, adapter=outbox).run()
+        self.assertEqual(outcome.status, Status.DONE, outcome.next_action)
+        self.assertEqual(self.clock.sleeps, [1.0])
+        self.assertTrue(any("stepped back" in item.detail for item in outcome.observations))
+
+    def test_on_the_same_boot_a_wall_clock_stepped_forward_does_not_end_a_backoff_early(self) -> None:
+        self.clock = FakeClock(timeline="boot:test")
+        outbox = self.schedule()
+        self.clock.step(7200)
+        again = self.runner(self.one, adapter=outbox, limits=Limits(max_block_s=0.5)).run()
+        self.assertEqual(again.status, Status.RETRY_SCHEDULED)
+        self.assertEqual(outbox.calls["task-1/s0"], 1)
+        self.clock.advance(1.0)
+        self.assertEqual(self.runner(self.one, adapter=outbox, limits=Limits(max_block_s=0.5)).run().status, Status.DONE)
+
+    def test_without_a_shared_timeline_a_wall_clock_stepped_forward_may_end_a_backoff_early(self) -> None:
+        outbox = self.schedule()  # not guaranteed (see the README): only the wall clock can tell
+        self.clock.step(7200)
+        self.assertEqual(self.runner(self.one, adapter=outbox, limits=Limits(max_block_s=0.5)).run().status, Status.DONE)
+
+    def test_a_backoff_recorded_without_its_duration_waits_no_longer_than_the_policy_delay(self) -> None:
+        self.schedule()
+        lease = self.store.acquire_lease("task-1", "editor", 30.0, self.clock.now())
+        state = self.store.load("task-1", lease=lease).state
+        assert state is not None
+        record = state.effects["s0"]
+        state.effects["s0"] = record.with_changes(not_before=self.clock.now() + 3600, backoff=None)  # as an older version wrote it
+        self.store.commit(lease, state, None)
+        self.store.release_lease(lease, self.clock.now())
+        outbox = OutboxAdapter(self.path("outbox.jsonl"))
+        again = self.runner(self.one, adapter=outbox, limits=Limits(max_block_s=0.5)).run()
+        self.assertEqual(again.status, Status.RETRY_SCHEDULED)
+        self.assertIn(datetime_of(self.clock.now() + 1.0), again.next_action)
+        self.clock.advance(1.0)
+        self.assertEqual(self.runner(self.one, adapter=outbox, limits=Limits(max_block_s=0.5)).run().status, Status.DONE)
+
+
+def datetime_of(timestamp: float) -> str:
+    return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).isoformat(timespec="milliseconds")
 
 
 class CancellationTests(RunnerCase):

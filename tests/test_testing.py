@@ -54,6 +54,16 @@ class FakeClockTests(unittest.TestCase):
         clock.advance(1.5)
         self.assertEqual((clock.now(), clock.monotonic(), clock.sleeps), (106.5, 106.5, [5]))
 
+    def test_step_moves_the_wall_clock_alone(self) -> None:
+        clock = FakeClock(100.0)
+        clock.step(7200)
+        self.assertEqual((clock.now(), clock.monotonic()), (7300.0, 100.0))
+        clock.step(-10_800)
+        clock.advance(2)
+        self.assertEqual((clock.now(), clock.monotonic()), (-3498.0, 102.0))
+        self.assertIsNone(clock.monotonic_id())
+        self.assertEqual(FakeClock(timeline="boot:test").monotonic_id(), "boot:test")
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -8,7 +8,7 @@ survive restarts; and one ``Runner`` that composes them over pluggable adapters 
 
 from .adapters import EffectRequest, Observation, ObservedState, Receipt
 from .approval import Approval, ApprovalRequest
-from .budget import BudgetCounters, Limits, RetryPolicy
+from .budget import Backoff, BudgetCounters, Limits, RetryPolicy
 from .cancellation import Cancellation
 from .contract import RunContract, Step, plan_digest
 from .envelope import RunState
@@ -55,6 +55,7 @@ __all__ = [
     "AdapterError",
     "Approval",
     "ApprovalRequest",
+    "Backoff",
     "BaseStore",
     "BudgetCounters",
     "CallFailed",

@@ -3,12 +3,25 @@
 ``Limits`` says how far a run may go; ``RetryPolicy`` how it waits between attempts;
 ``BudgetCounters`` is what has been spent so far. The counters live in the state envelope and are
 committed before the attempt they count, so a crash during an attempt can never grant an extra
-one. ``check`` returns the first exhausted limit (the run then stops ``limits-exhausted``, recorded
+one. ``exhausted`` returns the first exhausted limit (the run then stops ``limits-exhausted``, recorded
 as terminal), and ``RetryPolicy.delay`` gives capped exponential backoff with bounded jitter.
 
 The jitter is drawn from a hash of the effect key and attempt number: it spreads retries of
 different effects apart, yet the same attempt always waits the same time, which keeps runs and
-tests reproducible. Not guaranteed: wall-clock precision; times come from the injected clock.
+tests reproducible.
+
+Time budgets charge *worked* time: seconds a runner held the task and was working on it, measured
+on the clock's monotonic clock within one run and summed across runs (``worked_s``). Time between
+runs, and waiting within one (for an approval, input, a child, a backoff), is never charged, so a
+wall clock stepped between runs, or a person who answers an hour later, spends nothing.
+``Backoff`` is a wait scheduled as a duration anchored on the clocks it began by, so a stepped wall
+clock neither lengthens it nor, on the same monotonic timeline, shortens it.
+
+Not guaranteed: work since a run's last charge (its last commit, to within ``WORK_CHARGE_STEP_S``)
+is not charged if the process dies (the attempt counters, committed before each attempt, still
+bound such runs); a clock without ``monotonic()`` measures work by wall clock; a backoff judged
+away from its timeline (another boot, a clock with no ``monotonic_id``) ends early if the wall
+clock was stepped forward.
 """
 
 from __future__ import annotations
@@ -20,9 +33,15 @@ from typing import Any, Mapping
 
 from . import _fields as f
 from .canonical import JSONValue
-from .errors import InvalidInputError
+from .errors import CorruptStateError, InvalidInputError
 
-__all__ = ["BudgetCounters", "Limits", "RetryPolicy"]
+__all__ = ["Backoff", "BudgetCounters", "Limits", "RetryPolicy", "WORK_CHARGE_STEP_S", "describe_wall_gap"]
+
+WORK_CHARGE_STEP_S = 0.1
+"""Work is charged to the durable counters in steps of at least this (and in full when a run stops),
+so a run of quick effects does not rewrite them on every commit. Limits are judged on the exact
+figure; a crash may leave up to this much more uncharged, and no-progress may count up to this much
+of the work before a verification."""
 
 
 def _non_negative(owner: object, name: str, value: object, *, optional: bool, integer: bool = False) -> None:
@@ -42,11 +61,11 @@ class Limits:
     max_steps: int | None = None
     """Effect attempts started across the whole run, all restarts included."""
     max_elapsed_s: float | None = None
-    """Seconds since the run's first effect started."""
+    """Seconds of work on the run, all runs together (see the module docstring: waiting is not work)."""
     max_cost: float | None = None
     """Sum of ``Receipt.cost`` over every attempt."""
     max_no_progress_s: float | None = None
-    """Seconds since the last revision that verified an effect (or created the run)."""
+    """Seconds of work since the last verified effect (or the run's creation); waiting is not work."""
     max_block_s: float = 60.0
     """The longest a single ``run()`` call sleeps for a backoff before returning ``retry-scheduled``."""
     approval_ttl_s: float = 86_400.0
@@ -99,44 +118,74 @@ class RetryPolicy:
         return ceiling * (1.0 - self.jitter * unit)
 
 
-_COUNTER_FIELDS = frozenset({"created_at", "first_started_at", "attempts_total", "cost_spent", "last_progress_at"})
+_COUNTER_FIELDS = frozenset(
+    {"created_at", "first_started_at", "attempts_total", "cost_spent", "last_progress_at", "worked_s", "worked_at_progress_s"}
+)
 
 
 @dataclass(frozen=True, slots=True)
 class BudgetCounters:
-    """What the run has spent. Persisted in every revision; never reset by a restart."""
+    """What the run has spent. Persisted in every revision; never reset by a restart.
+
+    The timestamps (``created_at``, ``first_started_at``, ``last_progress_at``) are wall-clock
+    times for people to read; no limit is judged on them. ``worked_s`` and ``worked_at_progress_s``
+    are what the time limits compare (see the module docstring).
+    """
 
     created_at: float
     first_started_at: float | None = None
     attempts_total: int = 0
     cost_spent: float = 0.0
     last_progress_at: float = 0.0
+    worked_s: float = 0.0
+    """Seconds of work on the run so far, summed over every run (monotonic-clock deltas)."""
+    worked_at_progress_s: float = 0.0
+    """``worked_s`` when an effect was last verified: work since then is work without progress."""
 
     # Built directly rather than with dataclasses.replace: these run on every effect's path.
     def started(self, now: float) -> "BudgetCounters":
         first = self.first_started_at if self.first_started_at is not None else now
-        return BudgetCounters(self.created_at, first, self.attempts_total + 1, self.cost_spent, self.last_progress_at)
+        return BudgetCounters(
+            self.created_at, first, self.attempts_total + 1, self.cost_spent, self.last_progress_at, self.worked_s, self.worked_at_progress_s
+        )
 
     def spent(self, cost: float) -> "BudgetCounters":
-        return BudgetCounters(self.created_at, self.first_started_at, self.attempts_total, self.cost_spent + cost, self.last_progress_at)
+        return BudgetCounters(
+            self.created_at, self.first_started_at, self.attempts_total, self.cost_spent + cost, self.last_progress_at,
+            self.worked_s, self.worked_at_progress_s,
+        )  # fmt: skip
 
-    def progressed(self, now: float) -> "BudgetCounters":
-        return BudgetCounters(self.created_at, self.first_started_at, self.attempts_total, self.cost_spent, now)
+    def worked(self, seconds: float) -> "BudgetCounters":
+        """The counters after ``seconds`` more of work (``self`` if none)."""
+        if not seconds > 0:
+            return self
+        return BudgetCounters(
+            self.created_at, self.first_started_at, self.attempts_total, self.cost_spent, self.last_progress_at,
+            self.worked_s + seconds, self.worked_at_progress_s,
+        )  # fmt: skip
 
-    def exhausted(self, limits: Limits, now: float) -> str | None:
-        """The first limit this run has reached before starting one more attempt, or None."""
+    def progressed(self, now: float, pending_s: float = 0.0) -> "BudgetCounters":
+        """An effect was verified at wall time ``now``, after ``pending_s`` more seconds of work
+        (charged here): the no-progress count starts again."""
+        worked = self.worked_s + pending_s if pending_s > 0 else self.worked_s
+        return BudgetCounters(self.created_at, self.first_started_at, self.attempts_total, self.cost_spent, now, worked, worked)
+
+    def exhausted(self, limits: Limits, *, pending_s: float = 0.0) -> str | None:
+        """The first limit this run has reached before starting one more attempt, or None.
+
+        ``pending_s`` is work done since the counters were last charged (the runner charges at
+        each commit); it counts as if charged."""
         if limits.max_steps is not None and self.attempts_total >= limits.max_steps:
             return f"step budget spent: {self.attempts_total} attempts of {limits.max_steps}"
         if limits.max_cost is not None and self.cost_spent >= limits.max_cost:
             return f"cost budget spent: {self.cost_spent:g} of {limits.max_cost:g}"
-        if limits.max_elapsed_s is not None and self.first_started_at is not None:
-            elapsed = now - self.first_started_at
-            if elapsed >= limits.max_elapsed_s:
-                return f"elapsed budget spent: {elapsed:.1f}s of {limits.max_elapsed_s:g}s since the first effect"
+        worked = self.worked_s + pending_s if pending_s > 0 else self.worked_s
+        if limits.max_elapsed_s is not None and worked >= limits.max_elapsed_s:
+            return f"elapsed budget spent: {worked:.1f}s of work of {limits.max_elapsed_s:g}s"
         if limits.max_no_progress_s is not None:
-            idle = now - self.last_progress_at
+            idle = worked - self.worked_at_progress_s
             if idle >= limits.max_no_progress_s:
-                return f"no progress for {idle:.1f}s (limit {limits.max_no_progress_s:g}s)"
+                return f"no progress for {idle:.1f}s of work (limit {limits.max_no_progress_s:g}s)"
         return None
 
     def to_json(self) -> dict[str, JSONValue]:
@@ -146,17 +195,127 @@ class BudgetCounters:
             "attempts_total": self.attempts_total,
             "cost_spent": self.cost_spent,
             "last_progress_at": self.last_progress_at,
+            "worked_s": self.worked_s,
+            "worked_at_progress_s": self.worked_at_progress_s,
         }
 
     @classmethod
     def from_json(cls, data: object) -> "BudgetCounters":
+        """Validate counters. Counters written before worked time was kept have no ``worked_s``:
+        they load with none recorded. Their wall-clock spans include the waiting these counters
+        exclude, and a run that stops ``limits-exhausted`` is over for good, so a guess from them
+        must not end it; the attempt, step and cost counters carry over exactly."""
         what = "budget counters"
         d: Mapping[str, Any] = f.require_mapping(data, what)
         f.check_fields(d, _COUNTER_FIELDS, what)
+        worked = f.get_float(d, "worked_s", what, optional=True)
+        at_progress = f.get_float(d, "worked_at_progress_s", what, optional=True)
+        worked = 0.0 if worked is None else worked
+        at_progress = 0.0 if at_progress is None else at_progress
+        if not 0 <= at_progress <= worked:
+            raise CorruptStateError(f"{what}: worked_at_progress_s ({at_progress!r}) must lie in [0, worked_s ({worked!r})]")
         return cls(
             created_at=f.get_float(d, "created_at", what),
             first_started_at=f.get_float(d, "first_started_at", what, optional=True),
             attempts_total=f.get_int(d, "attempts_total", what),
             cost_spent=f.get_float(d, "cost_spent", what),
             last_progress_at=f.get_float(d, "last_progress_at", what),
+            worked_s=worked,
+            worked_at_progress_s=at_progress,
         )
+
+
+IMPLAUSIBLE_GAP_S = 366 * 86_400.0
+"""A wall-clock gap between runs longer than this (a year) is noted as implausible."""
+
+
+def describe_wall_gap(last_commit_at: float, now: float) -> str:
+    """The observation a resuming run records about the wall-clock time since the last commit.
+
+    The gap is evidence, never a charge: whatever it is (hours waiting for a person, a clock
+    stepped either way), no budget counts it. A negative or implausibly long gap is named as such."""
+    gap = now - last_commit_at
+    if gap < 0:
+        seen = f"the wall clock reads {-gap:.1f}s before the last commit: it was stepped back, or is behind the clock that wrote it"
+    elif gap > IMPLAUSIBLE_GAP_S:
+        seen = f"{gap:.0f}s ({gap / 86_400:.0f} days) of wall time since the last commit: implausible, the wall clock may be wrong"
+    else:
+        seen = f"{gap:.1f}s of wall time since the last commit"
+    return seen + "; time between runs is not charged to any budget"
+
+
+MonotonicReading = tuple[str, float]
+"""``(timeline id, seconds)``, as ``longrun.lease`` names it: a reading and the timeline it compares on."""
+
+_BACKOFF_FIELDS = frozenset({"duration_s", "scheduled_at", "monotonic_clock", "monotonic_at"})
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """A wait before an effect's next attempt: a duration, anchored on the clocks it began by.
+
+    Judged by a run whose monotonic clock is on the timeline it was scheduled on (``SystemClock``:
+    the same boot), the wait is measured there, so a wall clock stepped either way changes nothing.
+    Judged elsewhere, it is measured by wall clock from ``scheduled_at`` but never as more than
+    ``duration_s`` from now: a clock stepped back cannot lengthen it. Not guaranteed there: a
+    clock stepped forward is indistinguishable from time passing, so the retry may come early
+    (a retry follows only a failure that left the effect absent, so early costs a call, not safety).
+    """
+
+    duration_s: float
+    scheduled_at: float
+    """Wall-clock time the wait began."""
+    monotonic_clock: str | None = None
+    """The timeline of ``monotonic_at`` (``SystemClock``: this boot), if the scheduling clock named one."""
+    monotonic_at: float | None = None
+
+    @classmethod
+    def begin(cls, duration_s: float, now: float, monotonic: MonotonicReading | None = None) -> "Backoff":
+        if monotonic is None:
+            return cls(duration_s, now)
+        return cls(duration_s, now, monotonic[0], monotonic[1])
+
+    @property
+    def until(self) -> float:
+        """The wall-clock time it ends, as scheduled (for people; see ``remaining``)."""
+        return self.scheduled_at + self.duration_s
+
+    def measured_on(self, monotonic: MonotonicReading | None) -> bool:
+        """Whether a reading ``monotonic`` is on this wait's timeline, so measures it exactly."""
+        return monotonic is not None and self.monotonic_clock is not None and monotonic[0] == self.monotonic_clock
+
+    def remaining(self, now: float, monotonic: MonotonicReading | None = None) -> float:
+        """Seconds still to wait for a caller whose clocks read ``now`` and ``monotonic``; 0 when over."""
+        if self.measured_on(monotonic) and self.monotonic_at is not None:
+            assert monotonic is not None
+            waited = monotonic[1] - self.monotonic_at
+        else:
+            waited = now - self.scheduled_at
+        return min(self.duration_s, max(0.0, self.duration_s - waited))
+
+    def resumed(self, now: float, monotonic: MonotonicReading | None = None) -> "Backoff":
+        """What is left of this wait, anchored on the clocks of a run that resumes it at ``now``:
+        later runs measure from here, on this timeline when they share it."""
+        return Backoff.begin(self.remaining(now, monotonic), now, monotonic)
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "duration_s": self.duration_s,
+            "scheduled_at": self.scheduled_at,
+            "monotonic_clock": self.monotonic_clock,
+            "monotonic_at": self.monotonic_at,
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> "Backoff":
+        what = "backoff"
+        d: Mapping[str, Any] = f.require_mapping(data, what)
+        f.check_fields(d, _BACKOFF_FIELDS, what)
+        duration = f.get_float(d, "duration_s", what)
+        if duration < 0:
+            raise CorruptStateError(f"{what}: field 'duration_s' must be >= 0, got {duration!r}")
+        clock = f.get_str(d, "monotonic_clock", what, optional=True)
+        reading = f.get_float(d, "monotonic_at", what, optional=True)
+        if (clock is None) != (reading is None):
+            raise CorruptStateError(f"{what}: monotonic_clock and monotonic_at come together or not at all")
+        return cls(duration, f.get_float(d, "scheduled_at", what), clock, reading)

@@ -44,7 +44,7 @@ from . import _crashpoints
 from .adapters import EffectRequest, Observation, ObservedState, Receipt
 from .approval import Approval, ApprovalRequest, GateVerdict, evaluate_gate
 from .authority import RefusedRecord, SignedApprovals, SignedCancellations
-from .budget import BudgetCounters, Limits, RetryPolicy
+from .budget import WORK_CHARGE_STEP_S, Backoff, BudgetCounters, Limits, RetryPolicy, describe_wall_gap
 from .cancellation import Cancellation
 from .canonical import JSONValue, digest_of, ensure_json
 from .contract import INTERNAL_PREFIX, RunContract, Step, is_internal
@@ -64,7 +64,7 @@ from .errors import (
 from .clock import SystemClock
 from .lease import Lease, LeaseKeeper
 from .ledger import EffectRecord, EffectState
-from .outcome import TERMINAL, Evidence, RunOutcome, Status
+from .outcome import TERMINAL, WAITING, Evidence, RunOutcome, Status
 from .protocols import ApprovalSource, CancellationSource, Clock, EffectAdapter, Store
 from .recovery import Reconciled, Verdict, reconcile
 
@@ -222,6 +222,10 @@ class Engine:
         self._policies: dict[str, RetryPolicy] = {}
         self._observe_next = True
         self._evidence = _Evidence(self.clock)
+        self._worked_mark = 0.0
+        """Monotonic reading up to which this run's work is charged to ``state.budget.worked_s``."""
+        self._working = False
+        """Whether this run planned, applied or observed a step (else it only read and waited)."""
         self._wake_at: float | None = None
         self._result: JSONValue = None
 
@@ -252,6 +256,7 @@ class Engine:
         self._dirty = False
         self._changed = set()
         self._cancellation_checked = False
+        self._working = False
         self._policies = {}
         # The first apply of every call is preceded by an observe of that effect (and of each one
         # after it, until one is observed absent): a state rolled back further than any check can
@@ -354,6 +359,7 @@ class Engine:
         assert state is not None
         lease = self._current_lease()
         state.updated_at = self.clock.now()
+        state.budget = state.budget.worked(self._take_work())
         self.store.commit(lease, state, frozenset(self._changed))
         self._changed.clear()
         self._dirty = False
@@ -370,6 +376,10 @@ class Engine:
             # An ended run asks nothing more of anyone: open approval requests are withdrawn.
             state.approval_requests.clear()
         state.unknowns = list(self._evidence.unknowns)
+        if self._working or status not in WAITING:
+            state.budget = state.budget.worked(self._take_work(least=0.0))  # a stop charges all of this run's work
+        else:  # a run that only read the state and found it must wait: that was waiting, not work
+            self._worked_mark = self._monotonic()
         self._commit()
         return _Stop(status, next_action, wake_at=wake_at)
 
@@ -392,6 +402,7 @@ class Engine:
 
     def _recover(self, plan: Plan) -> None:
         assert self._lease is not None
+        self._worked_mark = self._monotonic()  # this run's work is charged from here
         try:
             loaded = self.store.load(self.task_id, lease=self._lease)
         except StateUnrecoverableError as exc:
@@ -426,6 +437,7 @@ class Engine:
         self._evidence.observed(
             "store", f"state from {loaded.source}, revision {state.revision}, bytes {loaded.digest}, status {state.status.value}"
         )
+        self._evidence.observed("clock", describe_wall_gap(state.updated_at, now))
         plan.accept(self, state)
         if state.status in TERMINAL:
             self._evidence.inferred(f"the run already ended {state.status.value}; nothing more will be applied")
@@ -470,7 +482,7 @@ class Engine:
             record = record.move(EffectState.FAILED, now, result=result, last_error=str(result))
         else:
             record = record.move(EffectState.VERIFIED, now, result=result)
-            self.state.budget = self.state.budget.progressed(now)
+            self.state.budget = self.state.budget.progressed(now, self._take_work())
         self._put(record)
         return record
 
@@ -505,6 +517,7 @@ class Engine:
 
     def _reconcile(self, record: EffectRecord) -> Reconciled:
         assert self._state is not None
+        self._working = True
         adapter = self.adapters.get(record.action)
         if adapter is None:
             # An effect this code no longer has an adapter for cannot be observed: never guessed.
@@ -517,10 +530,10 @@ class Engine:
         record = settled.record
         if settled.verdict is Verdict.VERIFIED:
             self._evidence.inferred(f"{record.key} verified by observation; it will not be applied again")
-            self._state.budget = self._state.budget.progressed(self.clock.now())
+            self._state.budget = self._state.budget.progressed(self.clock.now(), self._take_work())
         elif settled.verdict is Verdict.RETRY:
             self._evidence.inferred(f"{record.key} may be applied again: {settled.reason}")
-            record = replace(record, not_before=self._backoff_until(record))
+            record = self._with_backoff(record)
         else:
             self._evidence.unknown(f"target:{record.action}", settled.reason)
         self._put(record)
@@ -533,11 +546,55 @@ class Engine:
             "(it will be observed again before anything is applied)",
         )
 
-    def _backoff_until(self, record: EffectRecord) -> float | None:
+    def _policy(self, record: EffectRecord) -> RetryPolicy:
+        return self._policies.get(record.step_id, self.retry)
+
+    def _with_backoff(self, record: EffectRecord) -> EffectRecord:
+        """``record`` with the wait before its next attempt: a duration from now, anchored on this
+        run's clocks so that a later run can judge it whatever the wall clock does (``budget.Backoff``)."""
         if record.attempts == 0:
-            return None
-        policy = self._policies.get(record.step_id, self.retry)
-        return self.clock.now() + policy.delay(record.key, record.attempts)
+            return record.with_changes(not_before=None, backoff=None)
+        delay = self._policy(record).delay(record.key, record.attempts)
+        backoff = Backoff.begin(delay, self.clock.now(), self._monotonic_reading().get("monotonic"))
+        return record.with_changes(not_before=backoff.until, backoff=backoff)
+
+    def _backoff_wait(self, record: EffectRecord, now: float) -> tuple[float, EffectRecord]:
+        """Seconds left of ``record``'s backoff, and the record to go on with.
+
+        On the monotonic timeline it was scheduled on, measured there; elsewhere by wall clock, but
+        never longer than its duration from now. When the wall clock judged it and is behind the
+        scheduled start (stepped back), or this run has a timeline the backoff lacks, the rest of the
+        wait is re-anchored on this run's clocks, so later runs measure from here."""
+        assert record.not_before is not None
+        reading = self._monotonic_reading().get("monotonic")
+        backoff = record.backoff
+        if backoff is None:  # recorded before backoffs kept their duration: the policy's delay bounds it
+            duration = self._policy(record).delay(record.key, max(1, record.attempts))
+            backoff = Backoff(duration, record.not_before - duration)
+        wait = backoff.remaining(now, reading)
+        if wait > 0 and not backoff.measured_on(reading) and (reading is not None or now < backoff.scheduled_at):
+            backoff = backoff.resumed(now, reading)
+            record = record.with_changes(not_before=backoff.until, backoff=backoff)
+            self._put(record)
+        return wait, record
+
+    def _take_work(self, least: float = WORK_CHARGE_STEP_S) -> float:
+        """Seconds of work since the last charge, on the monotonic clock, if at least ``least``;
+        otherwise 0 and they stay pending (so quick effects do not change the counters on every commit)."""
+        mark = self._monotonic()
+        worked = mark - self._worked_mark
+        if worked < least:
+            if worked < 0:  # a clock without monotonic() was stepped back: nothing to charge
+                self._worked_mark = mark
+            return 0.0
+        self._worked_mark = mark
+        return worked
+
+    def _wait_without_charge(self, seconds: float) -> None:
+        """Sleep ``seconds``; waiting for a timer is not work."""
+        slept_from = self._monotonic()
+        self.clock.sleep(seconds)
+        self._worked_mark += self._monotonic() - slept_from
 
     def _results(self) -> Mapping[str, JSONValue]:
         assert self._state is not None
@@ -655,7 +712,10 @@ class Engine:
                 continue
             lease = self._current_lease()
             attempt = record.attempts + 1
-            record = record.move(EffectState.STARTED, now, attempts=attempt, epoch=lease.epoch, not_before=None, last_error=None)
+            self._working = True
+            record = record.move(
+                EffectState.STARTED, now, attempts=attempt, epoch=lease.epoch, not_before=None, backoff=None, last_error=None
+            )
             self._put(record)
             state.budget = state.budget.started(now)
             state.status = Status.RUNNING
@@ -686,7 +746,7 @@ class Engine:
             result = ensure_json(value, what=f"the value returned by step {step.step_id!r}")
             now = self.clock.now()
             record = record.move(EffectState.VERIFIED, now, result=result, receipt="returned")
-            state.budget = state.budget.progressed(now)
+            state.budget = state.budget.progressed(now, self._take_work())
             self._put(record)  # committed with the next step's start, or the stop
             return record
 
@@ -711,7 +771,7 @@ class Engine:
             wait = wake_at - now
             if wait > self.limits.max_block_s:
                 raise self._stop(Status.SLEEPING, f"run again at or after {utc(wake_at)} (step {step.step_id!r} sleeps until then)", wake_at=wake_at)
-            self.clock.sleep(wait)
+            self._wait_without_charge(wait)
             now = self.clock.now()
         record = record.move(EffectState.STARTED, now).move(EffectState.VERIFIED, now, not_before=None)
         self._put(record)
@@ -740,7 +800,7 @@ class Engine:
             now = self.clock.now()
             self._evidence.observed("answer", f"step {step.step_id!r} answered by {approval.approver}")
             record = record.move(EffectState.STARTED, now).move(EffectState.VERIFIED, now, result=approval.answer)
-            state.budget = state.budget.progressed(now)
+            state.budget = state.budget.progressed(now, self._take_work())
             self._put(record)
             return record
 
@@ -774,7 +834,7 @@ class Engine:
 
     def _check_budget(self, record: EffectRecord | None, now: float) -> None:
         state = self.state
-        exhausted = state.budget.exhausted(self.limits, now)
+        exhausted = state.budget.exhausted(self.limits, pending_s=self._monotonic() - self._worked_mark)
         if exhausted is None and record is not None and record.attempts >= self.limits.max_attempts:
             exhausted = f"effect {record.key!r} used all {self.limits.max_attempts} attempts (last error: {record.last_error})"
         if exhausted is not None:
@@ -783,20 +843,23 @@ class Engine:
 
     def _backing_off(self, record: EffectRecord, now: float) -> bool:
         """True after waiting out a short backoff (the caller starts over); stops for a long one."""
-        if record.not_before is None or now >= record.not_before:
+        if record.not_before is None:
             return False
-        wait = record.not_before - now
+        wait, record = self._backoff_wait(record, now)
+        if wait <= 0:
+            return False
         if wait > self.limits.max_block_s:
             raise self._stop(
                 Status.RETRY_SCHEDULED,
-                f"run again at or after {utc(record.not_before)} (effect {record.key!r} backs off after attempt {record.attempts})",
-                wake_at=record.not_before,
+                f"run again at or after {utc(now + wait)} (effect {record.key!r} backs off after attempt {record.attempts})",
+                wake_at=now + wait,
             )
-        self.clock.sleep(wait)
+        self._wait_without_charge(wait)
         return True
 
     def _plan(self, step: Step, now: float) -> EffectRecord:
         assert self._state is not None
+        self._working = True
         try:
             payload = step.evaluate_payload(self._results() if step.dynamic else {})
         except InvalidInputError:
@@ -847,7 +910,7 @@ class Engine:
         self._evidence.observed(f"target:{step.action}", f"{record.key}: {observation.state.value} ({observation.evidence}), {why}")
         if settled.verdict is Verdict.VERIFIED:
             self._evidence.inferred(f"{record.key} was already applied; verified by observation, it will not be applied again")
-            self._state.budget = self._state.budget.progressed(self.clock.now())
+            self._state.budget = self._state.budget.progressed(self.clock.now(), self._take_work())
             self._put(settled.record)
             return settled.record
         self._observe_next = False
@@ -938,8 +1001,9 @@ class Engine:
         now = self.clock.now()
         lease = self._current_lease()
         self._observe_next = False
+        self._working = True
         attempt = record.attempts + 1
-        record = record.move(EffectState.STARTED, now, attempts=attempt, epoch=lease.epoch, not_before=None, last_error=None)
+        record = record.move(EffectState.STARTED, now, attempts=attempt, epoch=lease.epoch, not_before=None, backoff=None, last_error=None)
         self._put(record)
         if _crashpoints.ARMED:
             _crashpoints.hit("attempt.incremented", f"{step.step_id}#{attempt}")
@@ -1006,7 +1070,7 @@ class Engine:
         self._current_lease()
         self._evidence.observed(f"adapter:{step.action}", f"{record.key} attempt {record.attempts} failed transiently: {exc}")
         record = record.move(EffectState.PLANNED, self.clock.now(), last_error=f"transient: {exc}")
-        record = replace(record, not_before=self._backoff_until(record))
+        record = self._with_backoff(record)
         self._put(record)
         self._commit()
 

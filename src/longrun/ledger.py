@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from . import _fields as f
+from .budget import Backoff
 from .canonical import JSONValue
 from .errors import CorruptStateError, LongrunError
 
@@ -59,7 +60,7 @@ IN_FLIGHT = frozenset({EffectState.STARTED, EffectState.ACKNOWLEDGED, EffectStat
 
 _FIELDS = frozenset(
     ("key", "step_id", "action", "payload", "payload_digest", "state", "attempts", "epoch", "result", "cost", "receipt",
-     "evidence", "last_error", "not_before", "approval_id", "updated_at")
+     "evidence", "last_error", "not_before", "approval_id", "updated_at", "backoff")
 )  # fmt: skip
 
 
@@ -86,8 +87,12 @@ class EffectRecord:
     """What observation said about the effect, latest first."""
     last_error: str | None = None
     not_before: float | None = None
+    """Wall-clock time before which the next attempt does not start, as scheduled (see ``backoff``)."""
     approval_id: str | None = None
     updated_at: float = 0.0
+    backoff: Backoff | None = None
+    """The wait ``not_before`` was scheduled as, anchored on the clocks it began by: how a later run
+    judges it (``Backoff.remaining``). None in records written before backoffs kept their duration."""
 
     def move(self, state: EffectState, at: float, **changes: Any) -> "EffectRecord":
         if state not in _MOVES[self.state]:
@@ -130,6 +135,7 @@ class EffectRecord:
             "not_before": self.not_before,
             "approval_id": self.approval_id,
             "updated_at": self.updated_at,
+            "backoff": self.backoff.to_json() if self.backoff is not None else None,
         }
 
     @classmethod
@@ -157,6 +163,7 @@ class EffectRecord:
             not_before=f.get_float(d, "not_before", what, optional=True),
             approval_id=f.get_str(d, "approval_id", what, optional=True),
             updated_at=f.get_float(d, "updated_at", what),
+            backoff=Backoff.from_json(backoff) if (backoff := d.get("backoff")) is not None else None,
         )
 
 

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from . import _fields as f
 from .canonical import JSONValue
 
-__all__ = ["ENDED_UNFINISHED", "WAITING", "Evidence", "RunOutcome", "Status", "TERMINAL"]
+__all__ = ["ENDED_UNFINISHED", "Evidence", "RunOutcome", "Status", "TERMINAL", "WAITING"]
 
 
 class Status(str, enum.Enum):
@@ -43,12 +43,13 @@ TERMINAL = frozenset({Status.DONE, Status.CANCELLED, Status.LIMITS_EXHAUSTED, St
 """Statuses recorded as final: running the task again changes nothing."""
 
 ENDED_UNFINISHED = TERMINAL - {Status.DONE}
+"""Final statuses other than ``done``: the run is over without its work finished."""
 
 WAITING = frozenset(
     {Status.AWAITING_APPROVAL, Status.AWAITING_INPUT, Status.RETRY_SCHEDULED, Status.SLEEPING, Status.WAITING_ON_CHILD}
 )
-"""Statuses of a run that waits for something outside it: a person, a time, another task."""
-"""Final statuses other than ``done``: the run is over without its work finished."""
+"""Statuses in which the run waits on something outside it (a person, a timer, another task). Waiting
+is not work: a run that only found it must go on waiting charges nothing to the time budgets."""
 
 
 _EVIDENCE_FIELDS = frozenset({"source", "detail", "at"})

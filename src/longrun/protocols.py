@@ -42,7 +42,8 @@ class Clock(Protocol):
     """Wall-clock seconds since the epoch, and a way to wait. Tests inject ``testing.FakeClock``.
 
     A clock may also offer ``monotonic() -> float``; the runner then measures the lease's
-    freshness with it (``SystemClock`` and ``FakeClock`` do). Without it, ``now()`` is used. A clock
+    freshness, the work charged to time budgets and the waits of backoffs with it (``SystemClock``
+    and ``FakeClock`` do). Without it, ``now()`` is used. A clock
     that also offers ``monotonic_id() -> str | None``, naming the timeline its ``monotonic()`` readings
     are comparable on (``SystemClock``: this boot of this machine), lets the store judge lease expiry
     on that timeline instead of by wall clock (see ``longrun.lease``).

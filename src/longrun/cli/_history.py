@@ -109,9 +109,10 @@ def _state_entries(state: RunState, *, with_commits: bool) -> list[dict[str, Any
         )
     budget = state.budget
     if budget.first_started_at is not None:
-        entries.append(_entry(budget.first_started_at, "first-start", "the run's first effect attempt started (elapsed budget counts from here)"))
+        entries.append(_entry(budget.first_started_at, "first-start", f"the run's first effect attempt started (worked on for {budget.worked_s:.1f}s in all, waits excluded)"))
     if budget.last_progress_at > budget.created_at:
-        entries.append(_entry(budget.last_progress_at, "progress", "latest verified effect (no-progress budget counts from here)"))
+        idle = budget.worked_s - budget.worked_at_progress_s
+        entries.append(_entry(budget.last_progress_at, "progress", f"latest verified effect ({idle:.1f}s of work since: what the no-progress budget counts)"))
     read_at: dict[str, float] = {}
     for item in state.control_observations:
         match = _DIGEST.search(item.detail)

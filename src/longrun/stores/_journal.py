@@ -13,6 +13,8 @@ A snapshot (format ``longrun.snapshot``) holds one whole ``RunState``. Its meta 
 and how many effect records and row lines follow; line 2 is the header (every field but the effect
 records, as a flat object: ``budget.attempts_total`` and so on); each further line is a list of up
 to ``ROWS_PER_LINE`` effect records, each a row of values in ``EFFECT_FIELDS`` order, in plan order.
+Files written before rows had a ``backoff`` (their meta's ``fields`` say so, a journal row is one
+value shorter) and before the header had the budget's worked time still load, those values absent.
 
 A journal (format ``longrun.journal``) continues a chain of revisions from its meta's ``base``.
 Each framed line is one commit and names only what changed since the previous one::
@@ -55,7 +57,7 @@ import operator
 from typing import Any, Collection, Iterator, Mapping
 
 from .._fields import MAX_INT, finite_float
-from ..budget import BudgetCounters
+from ..budget import Backoff, BudgetCounters
 from ..canonical import canonical_bytes, parse_json, sha256_hex
 from ..contract import STEP_ID_PATTERN, check_step_id
 from ..envelope import MAX_STATE_BYTES, RunState
@@ -99,8 +101,12 @@ MAX_META_BYTES = 64 * 1024
 
 EFFECT_FIELDS: tuple[str, ...] = (
     "key", "step_id", "action", "payload", "payload_digest", "state", "attempts", "epoch", "result",
-    "cost", "receipt", "evidence", "last_error", "not_before", "approval_id", "updated_at",
+    "cost", "receipt", "evidence", "last_error", "not_before", "approval_id", "updated_at", "backoff",
 )  # fmt: skip
+FIRST_EFFECT_FIELDS = EFFECT_FIELDS[:-1]
+"""The row as first written, before ``backoff``: still read, the missing value being null. A
+snapshot's meta names the fields its rows hold; a journal row's length tells."""
+_ROW_WIDTHS = (len(EFFECT_FIELDS), len(FIRST_EFFECT_FIELDS))
 _FIELD_INDEX = {name: index for index, name in enumerate(EFFECT_FIELDS)}
 _STATES = {state.value: state for state in EffectState}
 
@@ -113,6 +119,9 @@ _EVIDENCE_LISTS = ("control_observations", "unknowns")
 _LIST_KEYS = frozenset(("consumed_approvals", *_EVIDENCE_LISTS))
 _BUDGET_KEYS = tuple("budget." + field.name for field in dataclasses.fields(BudgetCounters))
 HEADER_KEYS = frozenset((*_SCALAR_KEYS, *_BUDGET_KEYS, "approval_requests", *_LIST_KEYS))
+_LATER_HEADER_KEYS = frozenset(("budget.worked_s", "budget.worked_at_progress_s"))
+"""Header fields that states written before them lack (``BudgetCounters.from_json`` fills them in)."""
+_FIRST_HEADER_KEYS = HEADER_KEYS - _LATER_HEADER_KEYS
 _RECORD_KEYS = frozenset(("rev", "epoch", "set", "extend", "effects"))
 
 # The codecs below name every field of RunState and EffectRecord; fail at import, not on a
@@ -289,6 +298,7 @@ def row_of(record: EffectRecord) -> list[Any]:
         record.key, record.step_id, record.action, record.payload, record.payload_digest, record.state.value,
         record.attempts, record.epoch, record.result, record.cost, record.receipt, record.evidence,
         record.last_error, record.not_before, record.approval_id, record.updated_at,
+        record.backoff.to_json() if record.backoff is not None else None,
     ]  # fmt: skip
 
 
@@ -311,10 +321,11 @@ _isfinite = math.isfinite
 
 def record_from_row(row: object) -> EffectRecord:
     """Validate a row with the rules of ``EffectRecord.from_json`` and build the record."""
-    if type(row) is not list or len(row) != len(EFFECT_FIELDS):
+    if type(row) is not list or len(row) not in _ROW_WIDTHS:
         raise CorruptStateError(f"effect record row must be a list of {len(EFFECT_FIELDS)} values")
+    values: list[Any] = row if len(row) == len(EFFECT_FIELDS) else [*row, None]  # a first-format row has no backoff
     (key, step_id, action, payload, payload_digest, state, attempts, epoch, result, cost, receipt, evidence,
-     last_error, not_before, approval_id, updated_at) = row  # fmt: skip
+     last_error, not_before, approval_id, updated_at, backoff) = values  # fmt: skip
     for name, value in (("key", key), ("step_id", step_id), ("action", action), ("payload_digest", payload_digest)):
         if type(value) is not str:
             raise _bad(name, value)
@@ -337,9 +348,13 @@ def record_from_row(row: object) -> EffectRecord:
         not_before = _number("not_before", not_before, True)
     if type(updated_at) is not float or not _isfinite(updated_at):
         updated_at = _number("updated_at", updated_at)
+    if backoff is not None:
+        if type(backoff) is not dict:
+            raise _bad("backoff", backoff)
+        backoff = Backoff.from_json(backoff)
     return EffectRecord(
         key, step_id, action, payload, payload_digest, lifecycle, attempts, epoch, result,
-        cost, receipt, evidence, last_error, not_before, approval_id, updated_at,
+        cost, receipt, evidence, last_error, not_before, approval_id, updated_at, backoff,
     )  # fmt: skip
 
 
@@ -363,6 +378,8 @@ def _record_changes(old: EffectRecord, new: EffectRecord) -> dict[str, Any]:
     }
     if "state" in changes:
         changes["state"] = changes["state"].value
+    if changes.get("backoff") is not None:
+        changes["backoff"] = changes["backoff"].to_json()
     return changes
 
 
@@ -386,14 +403,15 @@ def _header_of(state: RunState) -> dict[str, Any]:
 
 def build_state(header: Mapping[str, Any], revision: int, rows: Mapping[str, list[Any]]) -> RunState:
     """Validate a flat header and effect rows and build the ``RunState`` they describe."""
-    if set(header) != HEADER_KEYS:
-        missing = sorted(HEADER_KEYS - set(header))
-        extra = sorted(set(header) - HEADER_KEYS)
+    keys = header.keys()
+    if keys != HEADER_KEYS and not _FIRST_HEADER_KEYS <= keys <= HEADER_KEYS:
+        missing = sorted(_FIRST_HEADER_KEYS - keys)
+        extra = sorted(keys - HEADER_KEYS)
         raise CorruptStateError(f"state header: missing fields {missing}, unknown fields {extra[:5]}")
     document = {key: header[key] for key in _SCALAR_KEYS if not key.startswith("lease_")}
     document.update(
         revision=revision,
-        budget={key[len("budget.") :]: header[key] for key in _BUDGET_KEYS},
+        budget={key[len("budget.") :]: header[key] for key in _BUDGET_KEYS if key in header},
         lease={"owner": header["lease_owner"], "epoch": header["lease_epoch"], "expires_at": header["lease_expires_at"]},
         approval_requests=header["approval_requests"],
         consumed_approvals=header["consumed_approvals"],
@@ -468,8 +486,10 @@ def decode_snapshot(data: bytes, *, task_id: str) -> RawSnapshot:
     for name, value, minimum in (("revision", revision, 1), ("effects", count, 0), ("row_lines", chunks, 0)):
         if type(value) is not int or value < minimum:
             raise CorruptStateError(f"snapshot meta: {name} must be an integer >= {minimum}")
-    if meta.get("fields") != list(EFFECT_FIELDS):
-        raise CorruptStateError("snapshot meta: the effect record fields are not the ones this code writes")
+    fields = meta.get("fields")
+    if fields != list(EFFECT_FIELDS) and fields != list(FIRST_EFFECT_FIELDS):
+        raise CorruptStateError("snapshot meta: the effect record fields are not ones this code reads")
+    width = len(EFFECT_FIELDS) if fields == list(EFFECT_FIELDS) else len(FIRST_EFFECT_FIELDS)
     if len(found.bodies) != 1 + chunks:
         raise CorruptStateError(f"snapshot has {len(found.bodies)} lines after its meta, its meta says {1 + chunks}")
     header = _loads(found.bodies[0], "snapshot header")
@@ -483,8 +503,10 @@ def decode_snapshot(data: bytes, *, task_id: str) -> RawSnapshot:
         if type(chunk) is not list:
             raise CorruptStateError("snapshot row line must be a JSON list")
         for row in chunk:
-            if type(row) is not list or len(row) != len(EFFECT_FIELDS) or type(row[1]) is not str:
+            if type(row) is not list or len(row) != width or type(row[1]) is not str:
                 raise CorruptStateError("snapshot effect row is malformed")
+            if width != len(EFFECT_FIELDS):
+                row.append(None)  # written before the row had a backoff
             if row[1] in rows:
                 raise CorruptStateError(f"snapshot has two effect records for step {row[1]!r:.80}")
             rows[row[1]] = row
@@ -521,7 +543,7 @@ def describe_record(body: bytes) -> dict[str, Any]:
     for step_id, change in effects.items():
         if change is None:
             changes.append(f"{step_id}: record removed")
-        elif isinstance(change, list) and len(change) == len(EFFECT_FIELDS):
+        elif isinstance(change, list) and len(change) in _ROW_WIDTHS:
             row = dict(zip(EFFECT_FIELDS, change))
             changes.append(f"{step_id}: {row['state']} (attempt {row['attempts']}, payload {row['payload_digest']})")
         elif isinstance(change, dict):
@@ -639,7 +661,7 @@ class Replay:
                     raise CorruptStateError(f"journal record revision {revision} changes unknown step {step_id!r:.80}")
                 if change is not None and not _FIELD_INDEX.keys() >= change.keys():
                     raise CorruptStateError(f"journal record revision {revision} names an unknown effect field")
-            elif type(change) is not list or len(change) != len(EFFECT_FIELDS):
+            elif type(change) is not list or len(change) not in _ROW_WIDTHS:
                 raise CorruptStateError(f"journal record revision {revision} has a malformed effect row")
         if assignments.get("lease_epoch", header.get("lease_epoch")) != epoch:
             raise CorruptStateError(f"journal record revision {revision}: epoch {epoch} is not the state's lease epoch")
@@ -649,7 +671,7 @@ class Replay:
             if change is None:
                 del rows[step_id]
             elif type(change) is list:
-                rows[step_id] = change
+                rows[step_id] = change if len(change) == len(EFFECT_FIELDS) else [*change, None]
             else:
                 row = rows[step_id]
                 for name, value in change.items():

@@ -30,24 +30,42 @@ __all__ = ["FakeClock", "OutboxAdapter", "copy_keeping_links", "read_outbox"]
 
 
 class FakeClock:
-    """A clock that moves only when told. Thread-safe."""
+    """A clock that moves only when told. Thread-safe.
 
-    def __init__(self, start: float = 1_700_000_000.0):
-        self._now = float(start)
+    ``advance`` and ``sleep`` move the wall clock and the monotonic clock together (time passes);
+    ``step`` moves the wall clock alone, as an operator or NTP stepping it does. ``timeline`` names
+    the monotonic clock's timeline (``monotonic_id()``), as ``SystemClock`` names this boot; None
+    (the default) says readings are comparable with no other clock's, so stores and the runner
+    judge leases and backoffs by wall clock.
+    """
+
+    def __init__(self, start: float = 1_700_000_000.0, *, timeline: str | None = None):
+        self._monotonic = float(start)
+        self._wall_offset = 0.0
         self._lock = threading.Lock()
+        self._timeline = timeline
         self.sleeps: list[float] = []
 
     def now(self) -> float:
         with self._lock:
-            return self._now
+            return self._monotonic + self._wall_offset
 
     def monotonic(self) -> float:
-        """The fake time again: durations on this clock are what ``advance`` and ``sleep`` made."""
-        return self.now()
+        """Durations on this clock are what ``advance`` and ``sleep`` made; ``step`` leaves it alone."""
+        with self._lock:
+            return self._monotonic
+
+    def monotonic_id(self) -> str | None:
+        return self._timeline
 
     def advance(self, seconds: float) -> None:
         with self._lock:
-            self._now += seconds
+            self._monotonic += seconds
+
+    def step(self, seconds: float) -> None:
+        """Step the wall clock by ``seconds`` (either sign) without any time passing."""
+        with self._lock:
+            self._wall_offset += seconds
 
     def sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)

@@ -47,7 +47,7 @@ import unittest
 from typing import Any, Iterator
 
 from ..approval import Approval, ApprovalRequest
-from ..budget import BudgetCounters
+from ..budget import Backoff, BudgetCounters
 from ..cancellation import Cancellation
 from ..envelope import RunState
 from ..errors import (
@@ -96,13 +96,14 @@ def sample_state(task_id: str, *, effects: int = 3) -> RunState:
             not_before=1_700_000_100.5 if index == 2 else None,
             approval_id="ap-1" if index == 1 else None,
             updated_at=1_700_000_000.0 + index,
+            backoff=Backoff(0.5, 1_700_000_100.0, "boot:contract", 12.25) if index == 2 else None,
         )
     return RunState(
         task_id=task_id,
         plan_digest="sha256:" + "ab" * 32,
         budget=BudgetCounters(
             created_at=1_700_000_000.0, first_started_at=1_700_000_001.0, attempts_total=effects, cost_spent=1.5,
-            last_progress_at=1_700_000_002.0,
+            last_progress_at=1_700_000_002.0, worked_s=2.5, worked_at_progress_s=1.25,
         ),
         created_at=1_700_000_000.0,
         updated_at=1_700_000_003.0,
