@@ -66,14 +66,14 @@ class RecordingIO(FileIO):
         self._positions.pop(fd, None)
         super().close(fd)
 
-    def write(self, fd: int, data: bytes) -> int:
+    def write(self, fd: int, data: bytes | memoryview) -> int:
         written = super().write(fd, data)
         offset = self._positions.get(fd, 0)
         self.ops.append(("write", self._paths[fd], offset, bytes(data[:written])))
         self._positions[fd] = offset + written
         return written
 
-    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
         written = super().pwrite(fd, data, offset)
         self.ops.append(("write", self._paths[fd], offset, bytes(data[:written])))
         return written

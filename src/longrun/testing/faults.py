@@ -188,11 +188,11 @@ class FaultyIO(FileIO):
         self._tick("pread", self.paths.get(fd, ""))
         return super().pread(fd, size, offset)
 
-    def write(self, fd: int, data: bytes) -> int:
+    def write(self, fd: int, data: bytes | memoryview) -> int:
         self._tick("write", self.paths.get(fd, ""))
         return super().write(fd, data)
 
-    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
         self._tick("pwrite", self.paths.get(fd, ""))
         return super().pwrite(fd, data, offset)
 
@@ -279,7 +279,7 @@ class CrashPointIO(FileIO):
         self._kinds.pop(fd, None)
         super().close(fd)
 
-    def write(self, fd: int, data: bytes) -> int:
+    def write(self, fd: int, data: bytes | memoryview) -> int:
         kind = self._kinds.get(fd)
         if kind is None or len(data) < 2:
             return super().write(fd, data)
@@ -292,7 +292,7 @@ class CrashPointIO(FileIO):
         self._hit(f"{kind}.temp-written")
         return written
 
-    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
         if self._kinds.get(fd) != "journal" or len(data) < 2:
             return super().pwrite(fd, data, offset)
         half = len(data) // 2
@@ -480,7 +480,7 @@ class RaceLogIO(FileIO):
         self._journals.discard(fd)
         super().close(fd)
 
-    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
         if fd in self._journals and data[:1] not in (b"", b"\0"):
             line = bytes(data).split(b"\n", 1)[0]
             try:
