@@ -697,7 +697,7 @@ GROUP1_STEPS = 20
 GROUP1_APPROVALS = (5, 12)
 
 
-def _spawn(work: _Workdir, *options: str, crash_at: str = "", timeout: float = 120.0) -> tuple[int, dict | None, str]:
+def _spawn(work: _Workdir, *options: str, crash_at: str = "", timeout: float = 120.0) -> tuple[int, dict[str, Any] | None, str]:
     index = work.children
     work.children += 1
     env = _child_env(LONGRUN_CRASH_TRACE=work.trace(index), **({"LONGRUN_CRASH_AT": crash_at} if crash_at else {}))
@@ -801,7 +801,7 @@ def group1(base: str, *, full: bool, workers: int = 2) -> GroupResult:
     counts: dict[str, int] = {}
     for name, occurrence, _ in read_trace(calibration.trace(0)):
         counts[name] = max(counts.get(name, 0), occurrence)
-    cases = []
+    cases: list[tuple[str, int]] = []
     for point in POINTS:
         last = counts.get(point, 0)
         if not last:
@@ -1033,7 +1033,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return child_main(argv[1:])
     if argv and argv[0] == "race":
         return race_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m longrun.testing.faults", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m longrun.testing.faults", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--report", action="store_true", help="run the groups and print one line per group")
     parser.add_argument("--quick", action="store_true", help="the smaller counts the unit tests use")
     parser.add_argument("--group", type=int, action="append", help="run only this group (repeatable)")
