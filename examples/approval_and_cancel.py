@@ -20,7 +20,7 @@ import sys
 import tempfile
 
 try:
-    import longrun  # noqa: F401
+    import longrun  # noqa: F401  # pyright: ignore[reportUnusedImport]  # a probe: is it importable?
 except ImportError:  # running from a checkout without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 

@@ -52,7 +52,7 @@ import hashlib
 import json
 import math
 import operator
-from typing import Any, Callable, Collection, Iterator, Mapping
+from typing import Any, Callable, Collection, Generator, Mapping
 
 from .._fields import MAX_INT, finite_float
 from ..budget import BudgetCounters
@@ -130,7 +130,7 @@ _sha256 = hashlib.sha256
 
 
 @contextlib.contextmanager
-def no_gc() -> Iterator[None]:
+def no_gc() -> Generator[None, None, None]:
     """Pause the cyclic garbage collector while decoding.
 
     Decoding a large state allocates hundreds of thousands of small containers, none of them in a

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator
 
 from ..approval import ApprovalRequest
 from ..cancellation import Cancellation
@@ -36,7 +36,7 @@ TASK = "t"
 
 
 @contextlib.contextmanager
-def _compact_early() -> Iterator[None]:
+def _compact_early() -> Generator[None, None, None]:
     """Compaction within a handful of commits, so every write protocol runs in a short history."""
     original = jsonfile.COMPACT_MIN_BYTES
     jsonfile.COMPACT_MIN_BYTES = 0
@@ -169,7 +169,7 @@ def group3(base: str, *, full: bool) -> GroupResult:
     torn or garbled, unsynced names kept or lost; then the mutation check."""
     result = GroupResult(3, "power loss (model)")
     source_root = os.path.join(base, "recorded")
-    io, committed = _record_history(source_root)
+    io, _ = _record_history(source_root)
     scratch = _scratch_base(base)
     try:
         cases, problems, figures = _check_power_loss(io.ops, source_root, scratch)

@@ -850,7 +850,7 @@ def _group2_seed(base: str, seed: int, kills: int) -> GroupResult:
     verified_before: dict[str, int] = {}
     killed = 0
     done = False
-    for attempt in range(kills + 20):
+    for _ in range(kills + 20):
         index = work.children
         work.children += 1
         env = _child_env(LONGRUN_CRASH_TRACE=work.trace(index))
@@ -937,7 +937,7 @@ def group9(base: str, *, full: bool) -> GroupResult:
                 while child.poll() is None and _line_count(signal_path) == started and time.monotonic() < deadline:
                     time.sleep(0.01)
                 child.kill()
-                out, err = child.communicate()
+                _, err = child.communicate()
                 code, outcome = child.returncode, None
             else:
                 code, outcome, err = _spawn(work, *options, crash_at=f"{point}:1" if point else "")

@@ -44,7 +44,7 @@ import logging
 import threading
 import time
 import unittest
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator
 
 from ..approval import Approval, ApprovalRequest
 from ..budget import BudgetCounters
@@ -163,7 +163,7 @@ class StoreContract:
 
     @staticmethod
     @contextlib.contextmanager
-    def quiet() -> Iterator[None]:
+    def quiet() -> Generator[None, None, None]:
         """Silence longrun's log while a test provokes what a store rightly warns about."""
         logger = logging.getLogger("longrun")
         disabled, logger.disabled = logger.disabled, True
@@ -188,7 +188,7 @@ class StoreContract:
         return lease, state
 
     @contextlib.contextmanager
-    def reader(self) -> Iterator[Any]:
+    def reader(self) -> Generator[Any, None, None]:
         """A new instance for one look, closed right after (if it can be)."""
         store = self.make_store()
         try:
