@@ -8,6 +8,9 @@ survive restarts; and one ``Runner`` that composes them over pluggable adapters 
 
 from typing import TYPE_CHECKING
 
+__version__ = "0.1.0"
+"""The release: the one place it is written (pyproject.toml reads it from here)."""
+
 from .adapters import EffectRequest, Observation, ObservedState, Receipt
 from .approval import Approval, ApprovalRequest
 from .budget import BudgetCounters, Limits, RetryPolicy

@@ -29,6 +29,7 @@ import sys
 import traceback
 from typing import Sequence, TextIO
 
+from .. import __version__
 from ..contract import check_task_id
 from ..errors import CorruptStateError, InvalidInputError, LongrunError, StorageError
 from ..protocols import Store
@@ -198,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     common = {"epilog": EPILOG, "formatter_class": argparse.RawDescriptionHelpFormatter}
     parser = argparse.ArgumentParser(prog="longrun", description=DESCRIPTION, **common)  # type: ignore[arg-type]
     parser.add_argument("-v", "--verbose", action="count", default=0, help="show the library's log: -v info, -vv debug")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def add(name: str, help: str, description: str | None = None, epilog: str = EPILOG) -> argparse.ArgumentParser:
