@@ -20,7 +20,7 @@ import sys
 import tempfile
 
 try:
-    import longrun  # noqa: F401
+    import longrun  # noqa: F401  # pyright: ignore[reportUnusedImport]  # a probe: is it importable?
 except ImportError:  # running from a checkout without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
@@ -77,7 +77,7 @@ class CancelWhileSending:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--dir", help="where to keep the store (default: a temporary directory)")
     directory = parser.parse_args().dir or tempfile.mkdtemp(prefix="longrun-example-")
     store = JsonFileStore(os.path.join(directory, "store"))

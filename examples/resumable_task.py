@@ -91,7 +91,7 @@ def build(directory: str, crash_after: str | None) -> Runner:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--dir", help="where to keep the store and the reports (default: a temporary directory)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--crash-after", help=argparse.SUPPRESS)

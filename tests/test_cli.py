@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from support import TempDirTest, run_python
 
+import longrun
 from longrun import JsonFileStore, Limits, RunContract, Runner, Status, Step
 from longrun.cli import main
 from longrun.testing import FakeClock, OutboxAdapter, read_outbox
@@ -69,6 +70,14 @@ class HelpTest(unittest.TestCase):
         self.assertIn("exit codes:", result.stdout)
         for line in ("0  ok", "1  the run is not done", "2  usage or bad input", "3  storage error"):
             self.assertIn(line, result.stdout)
+
+    def test_version_names_the_package_version(self) -> None:
+        result = cli("--version")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout.strip(), f"longrun {longrun.__version__}")
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            self.assertEqual(main(["--version"]), 0)
+        self.assertEqual(out.getvalue().strip(), f"longrun {longrun.__version__}")
 
     def test_main_returns_codes_instead_of_raising(self) -> None:
         with contextlib.redirect_stderr(io.StringIO()) as err:

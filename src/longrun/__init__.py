@@ -6,6 +6,11 @@ epoch that the store checks; fresh cancellation and scoped approval; bounded ret
 survive restarts; and one ``Runner`` that composes them over pluggable adapters and stores.
 """
 
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+"""The release: the one place it is written (pyproject.toml reads it from here)."""
+
 from .adapters import EffectRequest, Observation, ObservedState, Receipt
 from .approval import Approval, ApprovalRequest
 from .budget import Backoff, BudgetCounters, Limits, RetryPolicy
@@ -35,6 +40,12 @@ from .ledger import EffectRecord, EffectState
 from .outcome import Evidence, RunOutcome, Status
 from .protocols import Clock, EffectAdapter, LoadResult, Store
 from .stores import BaseStore, JsonFileStore, PostgresStore, SqliteStore
+
+if TYPE_CHECKING:
+    # Type checkers see the real classes (so ``from longrun import Runner`` types as the class);
+    # at run time they come from __getattr__ below.
+    from .functions import DurableFunction, Run, durable
+    from .runner import Runner, SystemClock
 
 
 def __getattr__(name: str) -> object:

@@ -47,7 +47,7 @@ import re
 import secrets
 import stat
 from dataclasses import dataclass, replace
-from typing import Iterator
+from typing import Generator
 
 from .approval import Approval
 from .cancellation import Cancellation
@@ -432,7 +432,7 @@ class FileControlSource:
             raise StorageError(f"cannot open {label}: {exc}") from exc
 
     @contextlib.contextmanager
-    def _walk(self, task_id: str, below: tuple[str, ...]) -> Iterator[tuple[int | None, int]]:
+    def _walk(self, task_id: str, below: tuple[str, ...]) -> Generator[tuple[int | None, int], None, None]:
         """Open (and in strict mode check) the control root, the task directory and ``below``."""
         opened: list[int] = []
         try:

@@ -48,7 +48,7 @@ def _non_negative(owner: object, name: str, value: object, *, optional: bool, in
     if value is None and optional:
         return
     kind = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value) or value < 0:  # type: ignore[arg-type]
+    if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value) or value < 0:
         raise InvalidInputError(f"{type(owner).__name__}.{name} must be a non-negative number, got {value!r}")
 
 

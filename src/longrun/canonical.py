@@ -23,7 +23,7 @@ import hashlib
 import json
 import math
 import re
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, TypeAlias, overload
 
 from .errors import CorruptStateError, InvalidInputError
 
@@ -38,7 +38,7 @@ __all__ = [
     "sha256_hex",
 ]
 
-JSONValue = Any
+JSONValue: TypeAlias = None | bool | int | float | str | list["JSONValue"] | dict[str, "JSONValue"]
 """A value made of dict (str keys), list, str, int, float (finite), bool and None."""
 
 _MAX_DEPTH = 64
@@ -46,6 +46,14 @@ MAX_JSON_DEPTH = 100
 """The deepest nesting of arrays and objects a stored document may have. A value passed through
 ``ensure_json`` nests at most 65 levels; the records around it (envelope, state, effect record;
 a snapshot's row line and row; the array a journal replay parses) add fewer than 35."""
+
+
+@overload
+def ensure_json(value: Mapping[str, object], *, what: str = "value", _depth: int = 0) -> dict[str, JSONValue]: ...
+
+
+@overload
+def ensure_json(value: object, *, what: str = "value", _depth: int = 0) -> JSONValue: ...
 
 
 def ensure_json(value: object, *, what: str = "value", _depth: int = 0) -> JSONValue:
@@ -121,7 +129,9 @@ def json_too_deep(data: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
-def _finite_float(text: str, _float: type = float, _infinite: tuple = (math.inf, -math.inf)) -> float:
+def _finite_float(
+    text: str, _float: Callable[[str], float] = float, _infinite: tuple[float, float] = (math.inf, -math.inf)
+) -> float:
     value = _float(text)  # JSON number syntax never gives NaN, only an overflow to +-inf
     if value in _infinite:
         raise ValueError(f"number {text:.40} is out of range for a float")
@@ -167,7 +177,7 @@ def parse_json(data: bytes | str, *, what: str, max_bytes: int, unique_keys: boo
     if json_too_deep(data):
         raise CorruptStateError(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
     try:
-        value = (_UNIQUE_DECODER if unique_keys else _DECODER).decode(text)
+        value: JSONValue = (_UNIQUE_DECODER if unique_keys else _DECODER).decode(text)
     except (ValueError, RecursionError, OverflowError) as exc:  # RecursionError: belt and braces
         raise CorruptStateError(f"{what} is not valid JSON: {exc}") from None
     if "\\u" in text and _SURROGATE_ESCAPE.search(text):

@@ -35,8 +35,10 @@ __all__ = [
     "validate_plan",
 ]
 
-PayloadFactory = Callable[[Mapping[str, JSONValue]], Mapping[str, Any]]
-"""Receives the results of completed steps (step id -> result) and returns the payload."""
+PayloadFactory = Callable[[Mapping[str, Any]], Mapping[str, Any]]
+"""Receives the results of completed steps (step id -> result) and returns the payload. The results
+are typed ``Any``: their shape is what the step's own adapter returned, which the caller knows and
+a type checker cannot, so ``results["render"]["html"]`` type-checks as written."""
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 STEP_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+=-]{0,255}")

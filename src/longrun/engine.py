@@ -308,9 +308,9 @@ class Engine:
         """``{"monotonic": (timeline, reading)}`` for the store's lease calls if the clock names the
         timeline of its ``monotonic()`` (``SystemClock``: this boot), else nothing: the store then
         judges expiry by wall clock, and a store written before this keyword still works."""
-        timeline = getattr(self.clock, "monotonic_id", None)
-        timeline = timeline() if callable(timeline) else None
-        monotonic = getattr(self.clock, "monotonic", None)
+        monotonic_id: Callable[[], str | None] | None = getattr(self.clock, "monotonic_id", None)
+        timeline = monotonic_id() if callable(monotonic_id) else None
+        monotonic: Callable[[], float] | None = getattr(self.clock, "monotonic", None)
         if not timeline or not callable(monotonic):
             return {}
         return {"monotonic": (timeline, monotonic())}
@@ -329,7 +329,7 @@ class Engine:
 
     def _monotonic(self) -> float:
         """The clock's ``monotonic()`` if it has one (``FakeClock`` does), else its ``now()``."""
-        monotonic = getattr(self.clock, "monotonic", None)
+        monotonic: Callable[[], float] | None = getattr(self.clock, "monotonic", None)
         return monotonic() if callable(monotonic) else self.clock.now()
 
     def _release(self, *, quiet: bool) -> None:
@@ -626,6 +626,7 @@ class Engine:
                 f"inspect the control area: cancellation record {raw.name} was refused ({raw.error}); remove it, "
                 f"or cancel{signed} if the run should stop, then run again",
             )
+        record: Cancellation | None = None
         problem = None
         if raw.error is not None:
             problem = f"cancellation record {raw.name} is damaged ({raw.error})"
@@ -645,6 +646,7 @@ class Engine:
                 Status.UNSAFE_TO_CONTINUE,
                 f"inspect the control area: {problem}; remove it, or write a valid cancellation if the run should stop, then run again",
             )
+        assert record is not None  # no problem: the record was read and names this task
         raise self._stop(
             Status.CANCELLED, f"nothing: the run was cancelled by {record.requested_by}: {record.reason}; no new effect will start"
         )

@@ -85,7 +85,7 @@ class RunState:
             "status": self.status.value,
             "current_step": self.current_step,
             "next_action": self.next_action,
-            "completed_steps": self.completed_steps,
+            "completed_steps": list(self.completed_steps),
             "effects": [record.to_json() for record in self.effects.values()],
             "budget": self.budget.to_json(),
             "approval_requests": [request.to_json() for request in self.approval_requests.values()],

@@ -34,10 +34,9 @@ what was settled before it, and re-raised to the caller of ``run()``; the task s
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import math
-from typing import Any, Callable, Generic, Mapping, ParamSpec, Sequence, TypeVar
+from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
 from .budget import Limits, RetryPolicy
 from .canonical import JSONValue, digest_of, ensure_json
@@ -57,7 +56,6 @@ CALL_ACTION = INTERNAL_PREFIX + "call"
 SLEEP_ACTION = INTERNAL_PREFIX + "sleep"
 CHILD_ACTION = INTERNAL_PREFIX + "child"
 
-P = ParamSpec("P")
 R = TypeVar("R")
 
 
@@ -78,7 +76,7 @@ class Run:
     Each takes a step id first: unique within one run of the function, stable across runs.
     """
 
-    def __init__(self, engine: Engine, function: "DurableFunction[Any, Any]"):
+    def __init__(self, engine: Engine, function: "DurableFunction[Any]"):
         self._engine = engine
         self._function = function
         self._used: set[str] = set()
@@ -208,7 +206,7 @@ class Run:
         choice_list = listed if isinstance(listed, list) else None
         return self._engine.ask(Step(step_id, ASK_ACTION, payload), choice_list).result
 
-    def child(self, task_id: str, function: "DurableFunction[..., Any]", *args: Any, **kwargs: Any) -> Any:
+    def child(self, task_id: str, function: "DurableFunction[Any]", *args: Any, **kwargs: Any) -> Any:
         """Start or resume another durable task (its own lease and ledger) and return its result.
 
         While the child is not done, this run stops ``waiting-on-child`` with the child's next
@@ -250,7 +248,7 @@ class Run:
 class _FunctionPlan:
     """The ``Plan`` of a durable function: its code is the plan, its arguments pin it."""
 
-    def __init__(self, function: "DurableFunction[Any, Any]", arguments: dict[str, JSONValue], contract: RunContract):
+    def __init__(self, function: "DurableFunction[Any]", arguments: dict[str, JSONValue], contract: RunContract):
         self._function = function
         self._arguments = arguments
         self._payload: dict[str, JSONValue] = {"function": function.name, **arguments}
@@ -288,7 +286,7 @@ class _FunctionPlan:
         return record.result if record is not None and record.state is EffectState.VERIFIED else None
 
 
-class DurableFunction(Generic[P, R]):
+class DurableFunction(Generic[R]):
     """A function made durable by ``@durable(...)``: ``fn.run(task_id, *args)`` starts or resumes it.
 
     Calling ``run`` on a finished task returns ``done`` with the same ``result`` and calls
@@ -301,7 +299,8 @@ class DurableFunction(Generic[P, R]):
         self.name = qualified_name(fn)
         self._contract = contract
         self._options = engine_options
-        functools.update_wrapper(self, fn)
+        self.__wrapped__ = fn
+        self.__doc__ = fn.__doc__
 
     def contract_for(self, task_id: str) -> RunContract:
         return dataclasses.replace(self._contract, task_id=check_task_id(task_id))
@@ -336,7 +335,7 @@ def durable(
     lease_ttl_s: float = 30.0,
     approvals: ApprovalSource | None = None,
     cancellations: CancellationSource | None = None,
-) -> Callable[[Callable[..., R]], DurableFunction[..., R]]:
+) -> Callable[[Callable[..., R]], DurableFunction[R]]:
     """Make ``fn(run, *args, **kwargs)`` a durable function (see the module docstring).
 
     ``contract`` is a ``RunContract`` whose task id is replaced by each run's; without one, a
@@ -345,7 +344,7 @@ def durable(
     if contract is not None and (allowed_actions or forbidden_actions or goal is not None):
         raise InvalidInputError("give either contract= or goal/allowed_actions/forbidden_actions, not both")
 
-    def decorate(fn: Callable[..., R]) -> DurableFunction[..., R]:
+    def decorate(fn: Callable[..., R]) -> DurableFunction[R]:
         if not callable(fn):
             raise InvalidInputError(f"@durable needs a function, got {fn!r}")
         if inspect.iscoroutinefunction(fn):

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Mapping, TextIO
+from typing import Any, Mapping, TextIO
 
 from ..canonical import JSONValue
 from ..contract import RunContract, Step, plan_digest
@@ -52,12 +52,12 @@ WORKER_TIMEOUT_S = 60.0
 ACTIONS = ("render", "upload", "send", "archive")
 
 
-def _archive_payload(results: Mapping[str, JSONValue]) -> dict[str, JSONValue]:
+def _archive_payload(results: Mapping[str, Any]) -> dict[str, JSONValue]:
     """The archive entry points at the outbox lines of both sends: known only once they are verified."""
     return {
         "issue": 42,
         "archive": "newsletters/2024/issue-42",
-        "send_receipts": [results["send-list-a"]["line"], results["send-list-b"]["line"]],  # type: ignore[index]
+        "send_receipts": [results["send-list-a"]["line"], results["send-list-b"]["line"]],
     }
 
 

@@ -13,7 +13,7 @@ state is still current when printed (a runner may commit right after).
 from __future__ import annotations
 
 import time
-from typing import TextIO
+from typing import Sequence, TextIO
 
 from ..contract import INTERNAL_PREFIX, is_internal
 from ..envelope import RunState
@@ -58,7 +58,7 @@ def status_json(task_id: str, loaded: LoadResult, lease: Lease | None, now: floa
     return body
 
 
-def _table(rows: list[tuple[str, ...]], indent: str) -> list[str]:
+def _table(rows: Sequence[tuple[str, ...]], indent: str) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [indent + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
 

@@ -29,7 +29,8 @@ import sys
 import traceback
 from typing import Sequence, TextIO
 
-from ..contract import check_step_id, check_task_id
+from .. import __version__
+from ..contract import check_step_id
 from ..errors import CorruptStateError, InvalidInputError, LongrunError, StorageError
 from ..protocols import Store
 from ._common import (
@@ -198,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     common = {"epilog": EPILOG, "formatter_class": argparse.RawDescriptionHelpFormatter}
     parser = argparse.ArgumentParser(prog="longrun", description=DESCRIPTION, **common)  # type: ignore[arg-type]
     parser.add_argument("-v", "--verbose", action="count", default=0, help="show the library's log: -v info, -vv debug")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def add(name: str, help: str, description: str | None = None, epilog: str = EPILOG) -> argparse.ArgumentParser:
@@ -346,16 +348,18 @@ def build_parser() -> argparse.ArgumentParser:
 def _store_spec(args: argparse.Namespace) -> str:
     """The one store the operator named, as the STORE argument or with --store (not both)."""
     positional, option = args.store, args.store_option
+    # Typed, so that checkers know error() does not return (it exits with status 2).
+    command_parser: argparse.ArgumentParser = args.command_parser
     if positional is not None and option is not None and positional != option:
-        args.command_parser.error(f"the store is given twice ({positional!r} and --store {option!r}); give it once")
+        command_parser.error(f"the store is given twice ({positional!r} and --store {option!r}); give it once")
     spec = positional if positional is not None else option
     if spec is None:
         where = "as STORE before TASK" if args.command in _TASK_COMMANDS else "as STORE"
-        args.command_parser.error(f"the store is missing: give it {where}, or with --store SPEC")
+        command_parser.error(f"the store is missing: give it {where}, or with --store SPEC")
     try:
         return _path(spec)  # again: a STORE moved over from TASK did not pass argparse's check
     except argparse.ArgumentTypeError as exc:
-        args.command_parser.error(f"argument STORE: {exc}")
+        command_parser.error(f"argument STORE: {exc}")
 
 
 def _dispatch(args: argparse.Namespace) -> int:

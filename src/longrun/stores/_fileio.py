@@ -46,13 +46,13 @@ class FileIO:
     def open(self, path: str, flags: int, mode: int = 0o600) -> int:
         return os.open(path, flags | _NOFOLLOW | _CLOEXEC, mode)
 
-    def write(self, fd: int, data: bytes) -> int:
+    def write(self, fd: int, data: bytes | memoryview) -> int:
         return os.write(fd, data)
 
     def read(self, fd: int, size: int) -> bytes:
         return os.read(fd, size)
 
-    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
         return os.pwrite(fd, data, offset)
 
     def pread(self, fd: int, size: int, offset: int) -> bytes:

@@ -54,7 +54,7 @@ import hashlib
 import json
 import math
 import operator
-from typing import Any, Collection, Iterator, Mapping
+from typing import Any, Callable, Collection, Generator, Mapping
 
 from .._fields import MAX_INT, finite_float
 from ..budget import Backoff, BudgetCounters
@@ -139,7 +139,7 @@ _sha256 = hashlib.sha256
 
 
 @contextlib.contextmanager
-def no_gc() -> Iterator[None]:
+def no_gc() -> Generator[None, None, None]:
     """Pause the cyclic garbage collector while decoding.
 
     Decoding a large state allocates hundreds of thousands of small containers, none of them in a
@@ -306,10 +306,8 @@ def _bad(field: str, value: object) -> CorruptStateError:
     return CorruptStateError(f"effect record: field {field!r} has a bad value {value!r:.60}")
 
 
-def _number(field: str, value: object, optional: bool = False) -> float | None:
+def _number(field: str, value: object) -> float:
     """A finite number as a float (ints accepted, bools not), as ``_fields.get_float`` reads it."""
-    if value is None and optional:
-        return None
     number = finite_float(value)
     if number is None:
         raise _bad(field, value)
@@ -345,7 +343,7 @@ def record_from_row(row: object) -> EffectRecord:
     if type(cost) is not float or not _isfinite(cost):
         cost = _number("cost", cost)
     if not_before is not None and (type(not_before) is not float or not _isfinite(not_before)):
-        not_before = _number("not_before", not_before, True)
+        not_before = _number("not_before", not_before)
     if type(updated_at) is not float or not _isfinite(updated_at):
         updated_at = _number("updated_at", updated_at)
     if backoff is not None:
@@ -474,6 +472,13 @@ class RawSnapshot:
     line_checksums: list[bytes]
 
 
+def _meta_int(meta: Mapping[str, Any], name: str, minimum: int) -> int:
+    value = meta.get(name)
+    if type(value) is not int or value < minimum:
+        raise CorruptStateError(f"snapshot meta: {name} must be an integer >= {minimum}")
+    return value
+
+
 def decode_snapshot(data: bytes, *, task_id: str) -> RawSnapshot:
     """Validate a whole snapshot file; raise ``CorruptStateError`` (or a subclass) on any defect."""
     found = scan(data)
@@ -482,10 +487,7 @@ def decode_snapshot(data: bytes, *, task_id: str) -> RawSnapshot:
     meta = parse_meta(found.meta, expected_format=SNAPSHOT_FORMAT, task_id=task_id)
     if found.problem is not None:
         raise CorruptStateError(f"snapshot line at byte {found.problem_at} is {found.problem} (checksum or framing)")
-    revision, count, chunks = meta.get("revision"), meta.get("effects"), meta.get("row_lines")
-    for name, value, minimum in (("revision", revision, 1), ("effects", count, 0), ("row_lines", chunks, 0)):
-        if type(value) is not int or value < minimum:
-            raise CorruptStateError(f"snapshot meta: {name} must be an integer >= {minimum}")
+    revision, count, chunks = _meta_int(meta, "revision", 1), _meta_int(meta, "effects", 0), _meta_int(meta, "row_lines", 0)
     fields = meta.get("fields")
     if fields != list(EFFECT_FIELDS) and fields != list(FIRST_EFFECT_FIELDS):
         raise CorruptStateError("snapshot meta: the effect record fields are not ones this code reads")
@@ -743,7 +745,7 @@ class Shadow:
             return None  # a record was added or removed without being named in ``changed``
         if len(added) > 1:
             # New steps must be replayed in plan order; they are the newest keys of the mapping.
-            position = {}
+            position: dict[str, int] = {}
             for step_id in reversed(current):
                 if step_id in added:
                     position[step_id] = len(position)
@@ -797,7 +799,7 @@ class Shadow:
             old_items = objects[key]
             if items == old_items:
                 continue
-            encode = (lambda item: item) if key == "consumed_approvals" else (lambda item: item.to_json())
+            encode: Callable[[Any], Any] = (lambda item: item) if key == "consumed_approvals" else (lambda item: item.to_json())
             drop = _dropped_prefix(old_items, items)
             if drop is None:
                 assignments[key] = header[key] = [encode(item) for item in items]

@@ -53,7 +53,7 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Any, Collection, Iterator, Sequence
+from typing import Any, Collection, Generator, Sequence
 
 from ..approval import Approval
 from ..cancellation import Cancellation
@@ -294,7 +294,7 @@ class SqlStore(BaseStore):
         return list(self._run(statement, params).fetchall())
 
     @contextlib.contextmanager
-    def _session(self, *, write: bool, what: str) -> Iterator[None]:
+    def _session(self, *, write: bool, what: str) -> Generator[None, None, None]:
         """One database transaction, with the driver's errors translated to ``StorageError``."""
         with self._lock:
             if self._connection is None:
@@ -414,7 +414,7 @@ class SqlStore(BaseStore):
             log.info("%r: schema migrated to version %d (%s)", self, version, description)
 
     @contextlib.contextmanager
-    def _transaction(self, task_id: str, *, create: bool, write: bool = True) -> Iterator[None]:
+    def _transaction(self, task_id: str, *, create: bool, write: bool = True) -> Generator[None, None, None]:
         check_task_id(task_id)
         with self._session(write=write, what=f"access task {task_id!r}"):
             if create:

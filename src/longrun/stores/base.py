@@ -290,8 +290,8 @@ class BaseStore:
                 self._fence(lease, operation="state write")
                 known = self._revisions.get(task_id)
                 if known is None:
-                    known = self._get_state(task_id, repair=False).state
-                    known = known.revision if known is not None else 0
+                    stored = self._get_state(task_id, repair=False).state
+                    known = stored.revision if stored is not None else 0
                 state.revision = known + 1
                 state.lease_epoch = lease.epoch
                 state.lease_owner = lease.owner

@@ -87,11 +87,11 @@ import os
 import re
 import stat
 import time
-from typing import Collection
+from typing import Callable, Collection
 
 from ..approval import Approval
 from ..cancellation import Cancellation
-from ..canonical import canonical_bytes, parse_json, sha256_hex
+from ..canonical import JSONValue, canonical_bytes, parse_json, sha256_hex
 from ..contract import check_task_id
 from ..control import ControlRecord
 from ..envelope import FORMAT as LEGACY_FORMAT
@@ -486,7 +486,8 @@ class JsonFileStore(BaseStore):
     def _stray_journals(self, task_id: str, journals: dict[int, str], chain: _Chain) -> tuple[list[str], list[str]]:
         """Journals above the chain's start that it did not reach: (with records, without any)."""
         visited = {item.name for item in chain.files}
-        loaded, empty = [], []
+        loaded: list[str] = []
+        empty: list[str] = []
         for base, name in sorted(journals.items()):
             if base <= chain.snapshot.raw.revision or name in visited:
                 continue
@@ -650,7 +651,17 @@ class JsonFileStore(BaseStore):
             revision_floor=chain.end,
         )
 
-    def _nothing_valid(self, task_id, journals, primary_error, backup_error, notes, set_aside, *, repair: bool) -> LoadResult:  # type: ignore[no-untyped-def]
+    def _nothing_valid(
+        self,
+        task_id: str,
+        journals: dict[int, str],
+        primary_error: CorruptStateError | None,
+        backup_error: CorruptStateError | None,
+        notes: list[Evidence],
+        set_aside: Callable[[str, str, str], None],
+        *,
+        repair: bool,
+    ) -> LoadResult:
         """Neither snapshot validates (or neither exists)."""
         if primary_error is None and backup_error is None:
             with_records = [
@@ -684,7 +695,7 @@ class JsonFileStore(BaseStore):
         journals: dict[int, str],
         notes: list[Evidence],
         moved: list[str],
-        set_aside,  # type: ignore[no-untyped-def]
+        set_aside: Callable[[str, str, str], None],
         *,
         primary: _Snapshot | None,
         primary_damaged: bool,
@@ -1035,7 +1046,7 @@ class JsonFileStore(BaseStore):
         name = check_task_id(approval.approval_id, what="approval id") + ".json"
         self._write_control(approval.task_id, os.path.join(CONTROL, APPROVALS), name, approval.to_json())
 
-    def _write_control(self, task_id: str, subdir: str, name: str, body: object) -> None:
+    def _write_control(self, task_id: str, subdir: str, name: str, body: JSONValue) -> None:
         if not self._exists(task_id):
             raise UnknownTaskError(f"no task {task_id!r} in {self.root}")
         directory = self.task_dir(task_id)
@@ -1071,7 +1082,7 @@ class JsonFileStore(BaseStore):
                         entry = journal.describe_record(body)
                     except CorruptStateError:
                         break
-                    entries[entry["revision"]] = entry  # type: ignore[index]
+                    entries[entry["revision"]] = entry
         timeline = [entries[revision] for revision in sorted(entries)]
         last_at = None
         for entry in timeline:  # a commit names updated_at only when it changed: carry it forward

@@ -37,7 +37,7 @@ import stat
 import time
 from typing import Any
 
-from ..canonical import canonical_bytes, parse_json, sha256_hex
+from ..canonical import JSONValue, canonical_bytes, parse_json, sha256_hex
 from ..errors import CorruptStateError, InvalidInputError, StorageError
 from ..lease import Lease
 from ._fileio import FileIO, ensure_dir, read_small, write_atomic
@@ -63,12 +63,16 @@ def _decode_witness(data: bytes, task_id: str) -> tuple[int, int]:
     if document["checksum"] != "sha256:" + sha256_hex(canonical_bytes(body)):
         raise CorruptStateError("witness checksum does not match its content")
     epoch, revision = document["epoch"], document["revision"]
-    for value in (epoch, revision):
-        if type(value) is not int or not 0 <= value < 2**63:
-            raise CorruptStateError("witness epoch and revision must be integers >= 0")
+    if not (_count(epoch) and _count(revision)):
+        raise CorruptStateError("witness epoch and revision must be integers >= 0")
+    assert isinstance(epoch, int) and isinstance(revision, int)
     if document["task_id"] != task_id:
         raise CorruptStateError(f"witness names task {document['task_id']!r:.80}, not {task_id!r}")
     return epoch, revision
+
+
+def _count(value: object) -> bool:
+    return type(value) is int and 0 <= value < 2**63
 
 
 class SqliteStore(SqlStore):
@@ -172,7 +176,7 @@ class SqliteStore(SqlStore):
         epoch, revision = max(old.epoch, lease.epoch), max(old.revision, committed, lease.committed_revision)
         if (epoch, revision) == (old.epoch, old.revision):
             return  # most renewals: nothing new to witness, no write
-        body = {"format": WITNESS_FORMAT, "task_id": task_id, "epoch": epoch, "revision": revision}
+        body: dict[str, JSONValue] = {"format": WITNESS_FORMAT, "task_id": task_id, "epoch": epoch, "revision": revision}
         data = canonical_bytes({**body, "checksum": "sha256:" + sha256_hex(canonical_bytes(body))})
         ensure_dir(self._io, self.witness_dir)
         write_atomic(self._io, self.witness_dir, task_id + ".json", data)

@@ -15,12 +15,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator
 
 from ..approval import ApprovalRequest
 from ..cancellation import Cancellation
 from ..envelope import RunState
 from ..errors import CorruptStateError, FencedError, LeaseHeldError, StorageError, UnknownTaskError
+from ..lease import Lease
 from ..ledger import EffectState
 from ..outcome import Evidence, Status
 from ..protocols import LoadResult
@@ -35,7 +36,7 @@ TASK = "t"
 
 
 @contextlib.contextmanager
-def _compact_early() -> Iterator[None]:
+def _compact_early() -> Generator[None, None, None]:
     """Compaction within a handful of commits, so every write protocol runs in a short history."""
     original = jsonfile.COMPACT_MIN_BYTES
     jsonfile.COMPACT_MIN_BYTES = 0
@@ -65,9 +66,7 @@ def _evolve(state: RunState, step: int, rng: random.Random) -> set[str]:
     return changed
 
 
-def _content(document: dict[str, Any] | None) -> str | None:
-    if document is None:
-        return None
+def _content(document: dict[str, Any]) -> str:
     document = dict(document)
     document.pop("revision", None)
     document.pop("reconcile_all", None)
@@ -103,7 +102,7 @@ def _record_history(root: str) -> tuple[RecordingIO, dict[int, str]]:
             before = committed.get(number - 1)
             io.mark("begin", number, before)
             store.commit(lease, state, changed)
-            committed[state.revision] = _content(state.to_json())  # type: ignore[assignment]
+            committed[state.revision] = _content(state.to_json())
             io.mark("end", number, committed[state.revision])
             if number % 7 == 0:
                 lease = store.renew_lease(lease, 3600.0, 1_700_000_000.0 + number)
@@ -113,7 +112,7 @@ def _record_history(root: str) -> tuple[RecordingIO, dict[int, str]]:
 
 
 def _check_power_loss(
-    ops: list[tuple], source_root: str, scratch: str, *, ignore: frozenset[str] = frozenset(), stop_at_first: bool = False
+    ops: list[tuple[Any, ...]], source_root: str, scratch: str, *, ignore: frozenset[str] = frozenset(), stop_at_first: bool = False
 ) -> tuple[int, list[str], dict[str, int]]:
     """Every crash state of every prefix: the load must give the before- or the after-state of the
     commit in flight, whole, and a crash that garbled nothing must not look like damage."""
@@ -170,7 +169,7 @@ def group3(base: str, *, full: bool) -> GroupResult:
     torn or garbled, unsynced names kept or lost; then the mutation check."""
     result = GroupResult(3, "power loss (model)")
     source_root = os.path.join(base, "recorded")
-    io, committed = _record_history(source_root)
+    io, _ = _record_history(source_root)
     scratch = _scratch_base(base)
     try:
         cases, problems, figures = _check_power_loss(io.ops, source_root, scratch)
@@ -210,10 +209,10 @@ def _build_history(root: str, commits: int = 17) -> tuple[dict[int, str], str]:
         for number in range(1, commits + 1):
             changed = _evolve(state, number, rng) if number > 1 else set(state.effects)
             store.commit(lease, state, changed)
-            committed[state.revision] = _content(state.to_json())  # type: ignore[assignment]
+            committed[state.revision] = _content(state.to_json())
         store.renew_lease(lease, 3600.0, 1_700_000_010.0)
         store.close()
-    return committed, committed[max(committed)]  # type: ignore[return-value]
+    return committed, committed[max(committed)]
 
 
 def _copy_tree(source: str, target: str) -> None:
@@ -359,6 +358,7 @@ def _io_case(work: str, io: Any, committed: dict[int, str], result: GroupResult)
     allowed = {before}
     failed_at = ""
     error: BaseException | None = None
+    lease: Lease | None = None
     rng = random.Random(5)
     expected = dict(committed)
     with _compact_early():
@@ -367,6 +367,7 @@ def _io_case(work: str, io: Any, committed: dict[int, str], result: GroupResult)
             lease = store.acquire_lease(TASK, "next", 3600.0, 1_800_000_000.0)
             failed_at = "load"
             state = store.load(TASK, lease=lease).state
+            assert state is not None, "the task committed above did not load"
             state_box["state"] = state
             for number in range(6):
                 changed = _evolve(state, 100 + number, rng)
@@ -395,7 +396,7 @@ def _io_case(work: str, io: Any, committed: dict[int, str], result: GroupResult)
             isinstance(item, OSError) and not isinstance(item, StorageError) for item in chain
         ):
             problem = f"{failed_at} raised {type(error).__name__} ({error}), not a StorageError caused by the OSError"
-        elif failed_at.startswith("commit") and "state" in state_box and io.injected_operations[-1] in _WRITES:
+        elif failed_at.startswith("commit") and lease is not None and "state" in state_box and io.injected_operations[-1] in _WRITES:
             # SQLite's pager rule: after a failed write, no more writes until a reload.
             io.fail_at = 0
             syncs_before = len(io.synced_after_failure)

@@ -21,7 +21,7 @@ import shutil
 import signal
 import threading
 from collections import Counter
-from typing import Collection
+from typing import Any, Collection
 
 from ..adapters import EffectRequest, Observation, Receipt
 from ..errors import PermanentError, TransientError
@@ -73,7 +73,7 @@ class FakeClock:
             self.advance(seconds)
 
 
-def read_outbox(path: str | os.PathLike[str]) -> list[dict]:
+def read_outbox(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Every line of an outbox, parsed; an empty list if it does not exist."""
     try:
         with open(path, "rb") as handle:
@@ -114,7 +114,7 @@ class OutboxAdapter:
         self.calls: Counter[str] = Counter()
         self.observe_calls: Counter[str] = Counter()
 
-    def _lines(self) -> list[dict]:
+    def _lines(self) -> list[dict[str, Any]]:
         return read_outbox(self.path)
 
     def apply(self, request: EffectRequest) -> Receipt:
@@ -176,7 +176,8 @@ class OutboxAdapter:
     def _fences(self) -> dict[str, int]:
         try:
             with open(self.fence_path) as handle:
-                return json.load(handle)
+                fences: dict[str, int] = json.load(handle)
+                return fences
         except FileNotFoundError:
             return {}
 

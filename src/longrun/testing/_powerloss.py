@@ -26,7 +26,7 @@ import dataclasses
 import os
 import random
 import sys
-from typing import Iterator
+from typing import Any, Iterator
 
 from ..stores._fileio import FileIO
 
@@ -39,7 +39,7 @@ class RecordingIO(FileIO):
     """A ``FileIO`` that records a trace of what reached the file system (see the module docstring)."""
 
     def __init__(self) -> None:
-        self.ops: list[tuple] = []
+        self.ops: list[tuple[Any, ...]] = []
         self._paths: dict[int, str] = {}
         self._positions: dict[int, int] = {}
 
@@ -66,14 +66,14 @@ class RecordingIO(FileIO):
         self._positions.pop(fd, None)
         super().close(fd)
 
-    def write(self, fd: int, data: bytes) -> int:
+    def write(self, fd: int, data: bytes | memoryview) -> int:
         written = super().write(fd, data)
         offset = self._positions.get(fd, 0)
         self.ops.append(("write", self._paths[fd], offset, bytes(data[:written])))
         self._positions[fd] = offset + written
         return written
 
-    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
         written = super().pwrite(fd, data, offset)
         self.ops.append(("write", self._paths[fd], offset, bytes(data[:written])))
         return written
@@ -129,16 +129,16 @@ class _Model:
         self.names: dict[str, int] = {}
         """Current names: path -> inode number (-1 for a directory)."""
         self.durable: dict[str, int] = {}
-        self.pending: list[tuple[str, tuple]] = []
+        self.pending: list[tuple[str, tuple[Any, ...]]] = []
         """Name changes not yet made durable: (directory, operation), in order."""
         self.last_write: tuple[int, int, int] | None = None
         """(inode, offset, length) of the latest write not yet flushed."""
 
-    def _name_op(self, directory: str, operation: tuple) -> None:
+    def _name_op(self, directory: str, operation: tuple[Any, ...]) -> None:
         _apply_name(self.names, operation)
         self.pending.append((directory, operation))
 
-    def apply(self, op: tuple) -> None:
+    def apply(self, op: tuple[Any, ...]) -> None:
         kind = op[0]
         if kind == "create":
             self.inodes.append(_Inode(bytearray(), bytearray(), []))
@@ -218,7 +218,7 @@ def _write(buffer: bytearray, offset: int, data: bytes) -> None:
     buffer[offset : offset + len(data)] = data
 
 
-def _apply_name(names: dict[str, int], operation: tuple) -> None:
+def _apply_name(names: dict[str, int], operation: tuple[Any, ...]) -> None:
     kind = operation[0]
     if kind == "set":
         names[operation[1]] = operation[2]
@@ -233,7 +233,7 @@ MODES = ("written", "dropped", "torn", "garbled")
 
 
 def crash_states(
-    ops: list[tuple], prefix: int, *, ignore_sites: frozenset[str] = frozenset(), seed: int = 0
+    ops: list[tuple[Any, ...]], prefix: int, *, ignore_sites: frozenset[str] = frozenset(), seed: int = 0
 ) -> Iterator[tuple[str, dict[str, int], dict[int, bytes]]]:
     """Every crash state the model allows after the first ``prefix`` operations: (label, names, contents)."""
     model = _Model(ignore_sites)

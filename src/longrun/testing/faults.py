@@ -188,11 +188,11 @@ class FaultyIO(FileIO):
         self._tick("pread", self.paths.get(fd, ""))
         return super().pread(fd, size, offset)
 
-    def write(self, fd: int, data: bytes) -> int:
+    def write(self, fd: int, data: bytes | memoryview) -> int:
         self._tick("write", self.paths.get(fd, ""))
         return super().write(fd, data)
 
-    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
         self._tick("pwrite", self.paths.get(fd, ""))
         return super().pwrite(fd, data, offset)
 
@@ -279,7 +279,7 @@ class CrashPointIO(FileIO):
         self._kinds.pop(fd, None)
         super().close(fd)
 
-    def write(self, fd: int, data: bytes) -> int:
+    def write(self, fd: int, data: bytes | memoryview) -> int:
         kind = self._kinds.get(fd)
         if kind is None or len(data) < 2:
             return super().write(fd, data)
@@ -292,7 +292,7 @@ class CrashPointIO(FileIO):
         self._hit(f"{kind}.temp-written")
         return written
 
-    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
         if self._kinds.get(fd) != "journal" or len(data) < 2:
             return super().pwrite(fd, data, offset)
         half = len(data) // 2
@@ -480,7 +480,7 @@ class RaceLogIO(FileIO):
         self._journals.discard(fd)
         super().close(fd)
 
-    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
         if fd in self._journals and data[:1] not in (b"", b"\0"):
             line = bytes(data).split(b"\n", 1)[0]
             try:
@@ -697,7 +697,7 @@ GROUP1_STEPS = 20
 GROUP1_APPROVALS = (5, 12)
 
 
-def _spawn(work: _Workdir, *options: str, crash_at: str = "", timeout: float = 120.0) -> tuple[int, dict | None, str]:
+def _spawn(work: _Workdir, *options: str, crash_at: str = "", timeout: float = 120.0) -> tuple[int, dict[str, Any] | None, str]:
     index = work.children
     work.children += 1
     env = _child_env(LONGRUN_CRASH_TRACE=work.trace(index), **({"LONGRUN_CRASH_AT": crash_at} if crash_at else {}))
@@ -801,7 +801,7 @@ def group1(base: str, *, full: bool, workers: int = 2) -> GroupResult:
     counts: dict[str, int] = {}
     for name, occurrence, _ in read_trace(calibration.trace(0)):
         counts[name] = max(counts.get(name, 0), occurrence)
-    cases = []
+    cases: list[tuple[str, int]] = []
     for point in POINTS:
         last = counts.get(point, 0)
         if not last:
@@ -850,7 +850,7 @@ def _group2_seed(base: str, seed: int, kills: int) -> GroupResult:
     verified_before: dict[str, int] = {}
     killed = 0
     done = False
-    for attempt in range(kills + 20):
+    for _ in range(kills + 20):
         index = work.children
         work.children += 1
         env = _child_env(LONGRUN_CRASH_TRACE=work.trace(index))
@@ -937,7 +937,7 @@ def group9(base: str, *, full: bool) -> GroupResult:
                 while child.poll() is None and _line_count(signal_path) == started and time.monotonic() < deadline:
                     time.sleep(0.01)
                 child.kill()
-                out, err = child.communicate()
+                _, err = child.communicate()
                 code, outcome = child.returncode, None
             else:
                 code, outcome, err = _spawn(work, *options, crash_at=f"{point}:1" if point else "")
@@ -1033,7 +1033,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return child_main(argv[1:])
     if argv and argv[0] == "race":
         return race_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m longrun.testing.faults", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m longrun.testing.faults", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--report", action="store_true", help="run the groups and print one line per group")
     parser.add_argument("--quick", action="store_true", help="the smaller counts the unit tests use")
     parser.add_argument("--group", type=int, action="append", help="run only this group (repeatable)")

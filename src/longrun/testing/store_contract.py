@@ -44,7 +44,7 @@ import logging
 import threading
 import time
 import unittest
-from typing import Any, Iterator
+from typing import Any, Callable, Generator
 
 from ..approval import Approval, ApprovalRequest
 from ..budget import Backoff, BudgetCounters
@@ -164,7 +164,7 @@ class StoreContract:
 
     @staticmethod
     @contextlib.contextmanager
-    def quiet() -> Iterator[None]:
+    def quiet() -> Generator[None, None, None]:
         """Silence longrun's log while a test provokes what a store rightly warns about."""
         logger = logging.getLogger("longrun")
         disabled, logger.disabled = logger.disabled, True
@@ -178,7 +178,7 @@ class StoreContract:
         return time.time()
 
     def leased(self, store: Any, task_id: str = "t", owner: str = "owner-a") -> Lease:
-        lease = store.acquire_lease(task_id, owner, TTL, self.now())
+        lease: Lease = store.acquire_lease(task_id, owner, TTL, self.now())
         store.load(task_id, lease=lease)
         return lease
 
@@ -189,7 +189,7 @@ class StoreContract:
         return lease, state
 
     @contextlib.contextmanager
-    def reader(self) -> Iterator[Any]:
+    def reader(self) -> Generator[Any, None, None]:
         """A new instance for one look, closed right after (if it can be)."""
         store = self.make_store()
         try:
@@ -323,7 +323,7 @@ class StoreContract:
         newer = self.store().acquire_lease("t", "owner-b", TTL, now)
         case.assertGreater(newer.epoch, stale.epoch)
         before = self.snapshot()
-        calls = {
+        calls: dict[str, Callable[[], object]] = {
             "commit": lambda: store.commit(stale, state, set(state.effects)),
             "commit of nothing changed": lambda: store.commit(stale, state),
             "renew": lambda: store.renew_lease(stale, TTL, self.now()),
@@ -351,6 +351,7 @@ class StoreContract:
             dataclasses.replace(real, epoch=real.epoch + 1000),
             dataclasses.replace(real, epoch=0),
         ]
+        call: Callable[[], object]
         for lease in forged:
             with case.subTest(epoch=lease.epoch):
                 for call in (
@@ -487,8 +488,9 @@ class StoreContract:
         lease, state = self.committed(store)
         before = self.snapshot()
         bad = copy.deepcopy(state)
-        # The second changed record cannot be encoded: the write fails part way through.
-        bad.effects["step-002"] = dataclasses.replace(bad.effects["step-002"], payload={"unencodable": object()})
+        # The second changed record cannot be encoded: the write fails part way through. (Ill-typed
+        # on purpose: a payload that is not JSON is what this test feeds the store.)
+        bad.effects["step-002"] = dataclasses.replace(bad.effects["step-002"], payload={"unencodable": object()})  # type: ignore[dict-item]
         with case.assertRaises(Exception):
             store.commit(lease, bad, {"step-001", "step-002"})
         case.assertEqual(bad.revision, state.revision, "a failed commit leaves the caller's revision alone")
@@ -613,7 +615,7 @@ class StoreContract:
         case, store = self._case, self.store()
         self.committed(store, "t")
         ghost = Lease("ghost", "owner-a", 1, self.now(), self.now() + TTL)
-        calls = {
+        calls: dict[str, Callable[[], object]] = {
             "read_lease": lambda: store.read_lease("ghost"),
             "load": lambda: store.load("ghost"),
             "repairing load": lambda: store.load("ghost", lease=ghost),
@@ -637,6 +639,7 @@ class StoreContract:
 
     def test_contract_unsafe_task_ids_are_refused_everywhere(self) -> None:
         case, store = self._case, self.store()
+        call: Callable[[], object]
         for bad in BAD_TASK_IDS:
             for name, call in {
                 "acquire_lease": lambda: store.acquire_lease(bad, "owner-a", TTL, self.now()),

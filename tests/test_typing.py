@@ -1,0 +1,84 @@
+"""The package, the examples and the README's code type-check: ``mypy --strict`` and ``pyright``.
+
+Both checkers read their settings from pyproject.toml (``[tool.mypy]``, ``[tool.pyright]``: strict;
+named explicitly, so that no configuration file elsewhere is picked up) and check ``src/longrun``, ``examples`` and ``tests/typing_public_api.py``, which holds the README's
+code as written. The tests skip when a checker is not installed, unless
+``LONGRUN_REQUIRE_TYPECHECK=1`` (CI sets it, and ``.ci/run`` installs the pinned versions), which
+makes them fail instead: CI must never pass by skipping them.
+
+pyright's PyPI package runs the pyright it bundles on the ``node`` found on ``PATH``; the test
+refuses to run it without one (the wrapper would otherwise download Node.js) and turns off the
+wrapper's check for a newer release, so nothing but the checkers runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+import unittest
+
+import support
+
+REQUIRE_VARIABLE = "LONGRUN_REQUIRE_TYPECHECK"
+TARGETS = ["src/longrun", "examples", "tests/typing_public_api.py"]
+TIMEOUT_S = 600.0
+
+
+def required() -> bool:
+    return os.environ.get(REQUIRE_VARIABLE, "") not in ("", "0")
+
+
+def skip_or_fail(reason: str) -> None:
+    if required():
+        raise AssertionError(f"{REQUIRE_VARIABLE}=1 but {reason}")
+    raise unittest.SkipTest(reason)
+
+
+def run_checker(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        cwd=support.ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+class TypeCheckTests(unittest.TestCase):
+    def test_mypy_strict_finds_no_error(self) -> None:
+        if importlib.util.find_spec("mypy") is None:
+            skip_or_fail("mypy is not installed (pip install mypy)")
+        with tempfile.TemporaryDirectory(prefix="longrun-mypy-") as cache:  # no cache left in the checkout
+            result = run_checker(["mypy", "--config-file", "pyproject.toml", "--strict", "--cache-dir", cache, *TARGETS])
+        self.assertEqual(result.returncode, 0, f"mypy --strict failed:\n{result.stdout}{result.stderr}")
+        self.assertIn("Success: no issues found", result.stdout)
+
+    def test_pyright_strict_finds_no_error(self) -> None:
+        if importlib.util.find_spec("pyright") is None:
+            skip_or_fail("pyright is not installed (pip install pyright)")
+        if shutil.which("node") is None:
+            skip_or_fail("pyright needs Node.js: no 'node' on PATH")
+        env = dict(os.environ, PYRIGHT_PYTHON_GLOBAL_NODE="1", PYRIGHT_PYTHON_IGNORE_WARNINGS="1")
+        env.pop("PYRIGHT_PYTHON_FORCE_VERSION", None)  # the bundled pyright: nothing to download
+        result = run_checker(["pyright", "--project", "pyproject.toml", *TARGETS], env)
+        self.assertEqual(result.returncode, 0, f"pyright failed:\n{result.stdout}{result.stderr}")
+        self.assertIn("0 errors", result.stdout)
+
+    def test_pyright_runs_strict(self) -> None:
+        with open(os.path.join(support.ROOT, "pyproject.toml"), "rb") as handle:
+            config = tomllib.load(handle)["tool"]
+        self.assertEqual(config["pyright"]["typeCheckingMode"], "strict")
+        self.assertIs(config["mypy"]["strict"], True)
+        self.assertEqual(config["pyright"]["include"], TARGETS)
+        self.assertEqual(config["mypy"]["files"], TARGETS)
+
+
+if __name__ == "__main__":
+    unittest.main()

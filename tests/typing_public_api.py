@@ -1,0 +1,128 @@
+"""The public API as README.md writes it, for the type checkers only (never imported or run).
+
+``tests/test_typing.py`` checks this file with ``mypy --strict`` and ``pyright`` (strict, as
+configured in pyproject.toml), so that a user's code written like the README's type-checks against
+the package as shipped. Its name does not match ``test*.py``, so unittest does not collect it. The
+README's code is copied unchanged into the functions below, with stand-ins for what it leaves to
+the reader ("your code"); the ``assert_type`` lines pin the types a user gets.
+"""
+
+from __future__ import annotations
+
+from typing import Any, assert_type
+
+import longrun
+from longrun import EffectAdapter, RunOutcome, Status, Store
+from longrun.canonical import JSONValue
+from longrun.runner import Runner as RunnerClass
+from longrun.runner import SystemClock as SystemClockClass
+from longrun.stores import PostgresStore, SqliteStore, open_store
+from longrun.testing import FakeClock, OutboxAdapter, read_outbox
+
+# -- stand-ins for the reader's own code --------------------------------------------------------
+
+
+def smtp_send(payload: JSONValue, *, idempotency_key: str) -> str:
+    return f"<{idempotency_key}@example.org>"
+
+
+def mailbox_search(key: str) -> str | None:
+    return None
+
+
+class Renderer:
+    deduplicates = True
+
+    def apply(self, request: longrun.EffectRequest) -> longrun.Receipt:
+        return longrun.Receipt(result={"html": "<p>week 48</p>"}, evidence="rendered")
+
+    def observe(self, request: longrun.EffectRequest) -> longrun.Observation:
+        return longrun.Observation.absent("renders are not kept")
+
+
+# -- README.md, "API tour" ----------------------------------------------------------------------
+
+
+def api_tour() -> longrun.Runner:
+    from longrun import (RunContract, Step, Runner, Limits, RetryPolicy, JsonFileStore,
+                         EffectRequest, Receipt, Observation, TransientError, PermanentError)
+
+    class Mailer:                       # an EffectAdapter: apply, observe, deduplicates
+        deduplicates = False            # True only if the target ignores a repeated key
+
+        def apply(self, request: EffectRequest) -> Receipt:
+            message_id = smtp_send(request.payload, idempotency_key=request.key)   # your code
+            return Receipt(result={"message_id": message_id}, evidence=f"queued {message_id}")
+
+        def observe(self, request: EffectRequest) -> Observation:
+            found = mailbox_search(request.key)                                       # your code
+            if found is None:
+                return Observation.absent("no message with that key")
+            return Observation.applied(f"message {found}", {"message_id": found})
+
+    contract = RunContract(
+        task_id="newsletter-48",                   # a safe single path component
+        goal="send the week 48 newsletter",
+        allowed_actions=("render", "mail"),
+        forbidden_actions=("delete",),
+    )
+    steps = [
+        Step("render", "render", {"week": 48}),
+        Step("mail", "mail", lambda results: {"body": results["render"]["html"]}, approval=True),
+    ]
+    runner = Runner(contract, steps, store=JsonFileStore("/var/lib/longrun"),
+                    adapters={"render": Renderer(), "mail": Mailer()},
+                    limits=Limits(max_attempts=3, max_elapsed_s=3600, max_cost=5.0),
+                    retry=RetryPolicy(base_delay_s=1.0, max_delay_s=60.0, jitter=0.2))
+    outcome = runner.run()
+    print(outcome.status, outcome.next_action)    # e.g. awaiting-approval, "approve step 'mail' ..."
+
+    # What the README's prose promises about these names.
+    assert_type(runner, RunnerClass)
+    assert_type(outcome, RunOutcome)
+    assert_type(outcome.status, Status)
+    assert_type(outcome.next_action, str)
+    mailer: EffectAdapter = Mailer()
+    print(mailer, TransientError("busy"), PermanentError("never"))
+    return runner
+
+
+# -- README.md, "Threat model: approvals and cancellation" ---------------------------------------
+
+
+def threat_model(contract: longrun.RunContract, steps: list[longrun.Step], store: Store,
+                 adapters: dict[str, EffectAdapter]) -> longrun.Runner:
+    from longrun import Runner
+    from longrun.authority import FileControlSource, SignedApprovals, SignedCancellations, load_key
+
+    control = FileControlSource("/srv/longrun-control", approver_uid=1001)     # strict mode (the default)
+    key = load_key("/etc/longrun/runner.key")                                  # 0600, at least 32 bytes
+    runner = Runner(contract, steps, store=store, adapters=adapters,
+                    approvals=SignedApprovals(control, key), cancellations=SignedCancellations(control, key))
+    return runner
+
+
+# -- README.md, "Choosing a store", and longrun.testing -----------------------------------------
+
+
+def stores_and_testing(connect: Any) -> None:
+    sqlite = SqliteStore("/var/lib/longrun/tasks.db")
+    postgres = PostgresStore(lambda: connect("postgresql://me@db/longrun"))
+    named: Store = open_store("sqlite:/var/lib/longrun/tasks.db")
+    tasks: list[str] = sqlite.list_tasks() + postgres.list_tasks()
+    clock = FakeClock()
+    clock.advance(5.0)
+    outbox = OutboxAdapter("/tmp/outbox.jsonl", fail_transient=1)
+    lines = read_outbox("/tmp/outbox.jsonl")
+    print(named, tasks, clock.now(), outbox.calls, lines[0]["key"] if lines else None)
+
+
+# -- the lazily loaded names and the version ---------------------------------------------------
+
+
+def module_attributes() -> None:
+    # longrun.Runner is loaded on first use (longrun.__getattr__) yet types as the class itself.
+    assert_type(longrun.Runner, type[RunnerClass])
+    assert_type(longrun.SystemClock, type[SystemClockClass])
+    assert_type(longrun.SystemClock().now(), float)
+    assert_type(longrun.__version__, str)
