@@ -278,6 +278,21 @@ class RolledBackStateTests(ChildRunnerCase):
         self.assertIn("observe_first=True", outcome["next_action"])
         self.assertTrue(any("lease record shows that revision" in item["detail"] for item in outcome["observations"]))
 
+    def test_an_older_copy_put_back_lease_and_all_verifies_the_lost_effects_instead_of_repeating_them(self) -> None:
+        code, _ = self.run_child("--steps", str(self.steps), "--kill-after", "step-001")
+        self.assertEqual(code, -signal.SIGKILL)
+        older = self.path("older")
+        copy_keeping_links(self.root, older)  # its lease record witnessed no commit: no check can see the loss
+        code, _ = self.run_child("--steps", str(self.steps), "--kill-after", "step-004")
+        self.assertEqual(code, -signal.SIGKILL)
+        shutil.rmtree(self.root)
+        copy_keeping_links(older, self.root)
+        _, outcome = self.run_child("--steps", str(self.steps))
+        self.assertEqual(outcome["status"], "done")
+        self.assert_exactly_once(self.steps)
+        verified = [item["detail"] for item in outcome["inferences"] if "was already applied" in item["detail"]]
+        self.assertEqual(len(verified), 3, "steps 2-4 are verified by observation, in order, until step 5 is absent")
+
     def test_a_crash_between_acquiring_the_lease_and_the_first_commit_is_not_taken_for_a_loss(self) -> None:
         code, _ = self.run_child("--steps", str(self.steps), "--kill-after", "step-002")
         self.assertEqual(code, -signal.SIGKILL)
