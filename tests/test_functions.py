@@ -425,6 +425,25 @@ class StoreCases(DurableCase):
         self.assertEqual(self.state("child-2").status, Status.CANCELLED)
         self.assertNotIn("child-2/report", self.outbox.calls)
 
+    def test_a_cancelled_parent_drives_its_child_no_further(self) -> None:
+        @self.durable()
+        def child(run: longrun.Run) -> int:
+            run.sleep("wait", 3600)
+            run.effect("report", "mail.send", {})
+            return 1
+
+        @self.durable()
+        def parent(run: longrun.Run) -> Any:
+            return run.child("child-1", child)
+
+        self.assertEqual(parent.run("parent-1").status, Status.WAITING_ON_CHILD)
+        self.store.write_cancellation(Cancellation("parent-1", self.clock.now(), "tester", "stop the whole job"))
+        self.clock.advance(4000)  # the child could go on now
+        outcome = parent.run("parent-1")
+        self.assertEqual(outcome.status, Status.CANCELLED)
+        self.assertEqual(self.outbox.calls, Counter(), "no effect was started for a cancelled run")
+        self.assertEqual(self.state("child-1").status, Status.SLEEPING, "the child was not driven")
+
     def test_the_function_record_names_the_function_and_its_arguments(self) -> None:
         @self.durable()
         def agent(run: longrun.Run, goal: str, *, budget: int) -> str:
