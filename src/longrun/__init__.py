@@ -6,6 +6,8 @@ epoch that the store checks; fresh cancellation and scoped approval; bounded ret
 survive restarts; and one ``Runner`` that composes them over pluggable adapters and stores.
 """
 
+from typing import TYPE_CHECKING
+
 from .adapters import EffectRequest, Observation, ObservedState, Receipt
 from .approval import Approval, ApprovalRequest
 from .budget import BudgetCounters, Limits, RetryPolicy
@@ -35,6 +37,10 @@ from .ledger import EffectRecord, EffectState
 from .outcome import Evidence, RunOutcome, Status
 from .protocols import Clock, EffectAdapter, LoadResult, Store
 from .stores import BaseStore, JsonFileStore, PostgresStore, SqliteStore
+
+if TYPE_CHECKING:  # what __getattr__ below imports lazily, spelled out for type checkers
+    from .functions import DurableFunction, Run, durable
+    from .runner import Runner, SystemClock
 
 
 def __getattr__(name: str) -> object:
