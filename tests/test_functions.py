@@ -306,6 +306,26 @@ class StoreCases(DurableCase):
         self.assertEqual(calls, [1])
         self.assertEqual(self.outbox.calls, Counter({"agent-1/before": 1}))
 
+    def test_a_call_returning_a_value_that_is_not_json_is_a_call_failed_recorded_once(self) -> None:
+        calls: list[int] = []
+
+        def tags() -> set[str]:
+            calls.append(1)
+            return {"a", "b"}  # a set cannot be recorded
+
+        @self.durable()
+        def agent(run: longrun.Run) -> str:
+            try:
+                return str(run.call("tags", tags))
+            except CallFailed as exc:
+                return exc.type_name
+
+        for _ in range(2):
+            outcome = agent.run("agent-1")
+            self.assertEqual((outcome.status, outcome.result), (Status.DONE, "InvalidInputError"), outcome.next_action)
+        self.assertEqual(calls, [1], "recorded as the call's failure, not called again")
+        self.assertEqual(self.state("agent-1").effects["tags"].state, EffectState.FAILED)
+
     def test_a_long_sleep_stops_sleeping_with_wake_at_and_completes_after_the_clock_advances(self) -> None:
         @self.durable()
         def agent(run: longrun.Run) -> float:

@@ -649,7 +649,8 @@ class Engine:
             if _crashpoints.ARMED:
                 _crashpoints.hit("call.started", f"{step.step_id}#{attempt}")
             try:
-                value = invoke()
+                # A value that cannot be recorded is the call's failure, like an exception it raised.
+                result = ensure_json(invoke(), what=f"the value returned by step {step.step_id!r}")
             except TransientError as exc:
                 self._transient(step, record, exc)
                 continue
@@ -668,7 +669,6 @@ class Engine:
             if _crashpoints.ARMED:
                 _crashpoints.hit("call.returned", f"{step.step_id}#{attempt}")
             self._current_lease()
-            result = ensure_json(value, what=f"the value returned by step {step.step_id!r}")
             now = self.clock.now()
             record = record.move(EffectState.VERIFIED, now, result=result, receipt="returned")
             state.budget = state.budget.progressed(now)
