@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import select
 import shutil
 import signal
 import subprocess
@@ -120,6 +121,9 @@ class DurableCrashCase(support.TempDirTest):
         assert server.stdin is not None and server.stdout is not None
         server.stdin.write(json.dumps(request) + "\n")
         server.stdin.flush()
+        if not select.select([server.stdout], [], [], 120)[0]:  # one line per request: nothing is left buffered
+            server.kill()
+            self.fail(f"run {label} did not finish in 120 s")
         reply = json.loads(server.stdout.readline())
         if reply["exit"] not in (0, KILLED):
             with open(self.path("server.err")) as handle:
