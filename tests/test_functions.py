@@ -626,6 +626,32 @@ class StepRuleTests(DurableCase):
         self.assertEqual(agent.run("agent-1").status, Status.AWAITING_APPROVAL)
         self.assertEqual(self.clock.sleeps, [5.0], "a verified sleep is not slept again")
 
+    def test_a_short_sleep_interrupted_keeps_the_wake_time_it_recorded_first(self) -> None:
+        class InterruptedClock(FakeClock):
+            interrupt = True
+
+            def sleep(self, seconds: float) -> None:
+                if self.interrupt:  # the process stops half way through the wait
+                    self.interrupt = False
+                    self.advance(seconds / 2)
+                    raise KeyboardInterrupt
+                super().sleep(seconds)
+
+        clock = InterruptedClock()
+        start = clock.now()
+
+        @self.durable(clock=clock)
+        def agent(run: longrun.Run) -> float:
+            run.sleep("nap", 30)
+            return clock.now()
+
+        with self.assertRaises(KeyboardInterrupt):
+            agent.run("agent-1")
+        outcome = agent.run("agent-1")
+        self.assertEqual(outcome.status, Status.DONE)
+        self.assertEqual(clock.sleeps, [15.0], "only what was left of the first wait")
+        self.assertEqual(outcome.result, start + 30)
+
     def test_observe_first_verifies_an_effect_already_at_the_target_without_applying(self) -> None:
         # An earlier system already sent this mail: the target holds its line.
         self.outbox.apply(

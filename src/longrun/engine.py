@@ -696,6 +696,8 @@ class Engine:
             wait = wake_at - now
             if wait > self.limits.max_block_s:
                 raise self._stop(Status.SLEEPING, f"run again at or after {utc(wake_at)} (step {step.step_id!r} sleeps until then)", wake_at=wake_at)
+            if self._dirty:
+                self._commit()  # the wake time outlives a process that stops during the wait
             self.clock.sleep(wait)
             now = self.clock.now()
         record = record.move(EffectState.STARTED, now).move(EffectState.VERIFIED, now, not_before=None)
