@@ -24,7 +24,7 @@ class EffectRequest:
     step_id: str
     action: str
     key: str
-    payload: JSONValue
+    payload: dict[str, JSONValue]
     payload_digest: str
     attempt: int
     epoch: int

@@ -726,7 +726,8 @@ class Engine:
             if _crashpoints.ARMED:
                 _crashpoints.hit("call.started", f"{step.step_id}#{attempt}")
             try:
-                value = invoke()
+                # A value that cannot be recorded is the call's failure, like an exception it raised.
+                result = ensure_json(invoke(), what=f"the value returned by step {step.step_id!r}")
             except TransientError as exc:
                 self._transient(step, record, exc)
                 continue
@@ -745,7 +746,6 @@ class Engine:
             if _crashpoints.ARMED:
                 _crashpoints.hit("call.returned", f"{step.step_id}#{attempt}")
             self._current_lease()
-            result = ensure_json(value, what=f"the value returned by step {step.step_id!r}")
             now = self.clock.now()
             record = record.move(EffectState.VERIFIED, now, result=result, receipt="returned")
             state.budget = state.budget.progressed(now, self._take_work())
@@ -773,6 +773,8 @@ class Engine:
             wait = wake_at - now
             if wait > self.limits.max_block_s:
                 raise self._stop(Status.SLEEPING, f"run again at or after {utc(wake_at)} (step {step.step_id!r} sleeps until then)", wake_at=wake_at)
+            if self._dirty:
+                self._commit()  # the wake time outlives a process that stops during the wait
             self._wait_without_charge(wait)
             now = self.clock.now()
         record = record.move(EffectState.STARTED, now).move(EffectState.VERIFIED, now, not_before=None)

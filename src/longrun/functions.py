@@ -227,6 +227,7 @@ class Run:
             raise self._diverged(step_id, "child digest", recorded.payload_digest, digest_of(payload))
         record = engine.plan(Step(step_id, CHILD_ACTION, payload))
         if record.state is EffectState.PLANNED:
+            engine._check_cancellation()  # a cancelled parent drives its child no further
             outcome = function.run(task_id, *args, **kwargs)
             if outcome.status is Status.DONE:
                 record = engine.complete(step_id, outcome.result)

@@ -73,7 +73,7 @@ class EffectRecord:
     key: str
     step_id: str
     action: str
-    payload: JSONValue
+    payload: dict[str, JSONValue]
     payload_digest: str
     state: EffectState = EffectState.PLANNED
     attempts: int = 0
