@@ -22,6 +22,14 @@ runs at the wrong rate changes nothing. A lease recorded during another boot of 
 clock with no ``monotonic_id``, a store that does not keep it, the database stores) expiry is
 judged by wall clock: the caller's, or the database server's.
 
+Who holds a lease is decided by a secret, not a name. ``acquire_lease`` issues a random ``token``
+with every grant; renewal, release, commits and a repairing load must present it with the epoch,
+and a live lease is re-entered only by the caller that presents its token. The ``owner`` is a
+label for people (``status``, logs): two runs that call themselves by the same name (the host
+name, say) are still two holders, and the second gets ``LeaseHeldError``. The token never appears
+in ``repr``, in ``read_lease`` or in a ``LeaseHeldError``; anyone who can read the store's files can
+read it there, so it tells holders apart, it does not keep out someone who can edit the store.
+
 Not guaranteed: that the adapter call itself stops when the lease is lost. A thread cannot be
 killed; a target that must refuse stale work checks ``EffectRequest.epoch`` itself. Nor a right
 judgement if the kernel's monotonic clock is itself wrong (it is never stepped; NTP slews it by
@@ -33,19 +41,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from . import _fields as f
 from .canonical import JSONValue
+from .errors import CorruptStateError
 __all__ = ["Lease", "LeaseKeeper", "MonotonicReading", "boot_clock_id"]
 
 log = logging.getLogger("longrun")
 
 
 _LEASE_FIELDS = frozenset(
-    {"schema_version", "task_id", "owner", "epoch", "acquired_at", "expires_at", "monotonic_clock", "monotonic_expires_at"}
-)
+    {
+        "schema_version", "task_id", "owner", "epoch", "acquired_at", "expires_at", "monotonic_clock",
+        "monotonic_expires_at", "token",
+    }
+)  # fmt: skip
+MAX_TOKEN_CHARS = 128
 
 MonotonicReading = tuple[str, float]
 """``(timeline id, seconds)``: a monotonic clock reading and the timeline it is comparable on."""
@@ -76,6 +89,9 @@ class Lease:
     monotonic_clock: str | None = None
     """The timeline ``monotonic_expires_at`` is on (see the module docstring), if the grant had one."""
     monotonic_expires_at: float | None = None
+    token: str | None = field(default=None, repr=False, compare=False)
+    """The grant's secret: only its holder has it (see the module docstring). None in a record read
+    by someone else, and in a record written before tokens existed (then the epoch alone fences)."""
 
     def expired(self, now: float, monotonic: MonotonicReading | None = None) -> bool:
         """Whether the lease has ended for a caller whose wall clock says ``now`` and whose monotonic
@@ -103,6 +119,8 @@ class Lease:
         if self.monotonic_clock is not None and self.monotonic_expires_at is not None:
             data["monotonic_clock"] = self.monotonic_clock
             data["monotonic_expires_at"] = self.monotonic_expires_at
+        if self.token is not None:
+            data["token"] = self.token
         return data
 
     @classmethod
@@ -120,7 +138,19 @@ class Lease:
             expires_at=f.get_float(d, "expires_at", what),
             monotonic_clock=f.get_str(d, "monotonic_clock", what, optional=True),
             monotonic_expires_at=f.get_float(d, "monotonic_expires_at", what, optional=True),
+            token=_token(d, what),
         )
+
+    def without_token(self) -> "Lease":
+        """The record as anyone but its holder may see it."""
+        return self if self.token is None else replace(self, token=None)
+
+
+def _token(d: Mapping[str, Any], what: str) -> str | None:
+    token: str | None = f.get_str(d, "token", what, optional=True)
+    if token is not None and not 0 < len(token) <= MAX_TOKEN_CHARS:
+        raise CorruptStateError(f"{what}: field 'token' must hold 1 to {MAX_TOKEN_CHARS} characters")
+    return token
 
 
 class LeaseKeeper:

@@ -3,10 +3,12 @@
 Invariants every store built on ``BaseStore`` keeps (the tests are built to break them):
 
 1. Epochs only grow: each successful ``acquire_lease`` issues ``previous epoch + 1``.
-2. A second owner cannot acquire while the current lease is unexpired.
+2. Nobody acquires while the current lease is unexpired, whatever owner name it gives, unless it
+   presents that lease's secret token (re-entry by its holder).
 3. Every mutating call that carries a lease (commit, renew, release, repairing load) runs inside
    the task's exclusive transaction and is refused with ``FencedError``, changing nothing, unless
-   the lease's epoch equals the stored epoch.
+   the lease's epoch equals the stored epoch and it carries the stored lease's token (a record
+   written before tokens existed has none: the epoch alone decides).
 4. Revisions only grow: each commit gets a revision above every revision that may have been
    committed before, including one lost to damage.
 5. After a failed write the store refuses further commits for that task until it is re-loaded,
@@ -26,7 +28,9 @@ lease record, reading (and repairing) and writing the state, and the control rec
 from __future__ import annotations
 
 import contextlib
+import hmac
 import logging
+import secrets
 from typing import Collection
 
 from .. import _crashpoints
@@ -113,7 +117,22 @@ class BaseStore:
                 current_epoch=current.epoch if current else None,
                 write_epoch=lease.epoch,
             )
+        if not self._holds(current, lease.token):
+            raise FencedError(
+                f"{operation} for task {lease.task_id!r} refused: it carries epoch {lease.epoch} but not "
+                "that lease's token (only the holder it was granted to may write under it)",
+                current_epoch=current.epoch,
+                write_epoch=lease.epoch,
+            )
         return current
+
+    @staticmethod
+    def _holds(current: Lease, token: str | None) -> bool:
+        """Whether ``token`` is ``current``'s secret. A record written before tokens has none: then
+        the epoch alone decides, as it did when that record was written."""
+        if current.token is None:
+            return True
+        return isinstance(token, str) and hmac.compare_digest(token.encode(), current.token.encode())
 
     @staticmethod
     def _monotonic_expiry(monotonic: MonotonicReading | None, ttl_s: float) -> dict[str, object]:
@@ -124,29 +143,41 @@ class BaseStore:
         return {"monotonic_clock": timeline, "monotonic_expires_at": reading + ttl_s}
 
     def acquire_lease(
-        self, task_id: str, owner: str, ttl_s: float, now: float, *, monotonic: MonotonicReading | None = None
+        self,
+        task_id: str,
+        owner: str,
+        ttl_s: float,
+        now: float,
+        *,
+        monotonic: MonotonicReading | None = None,
+        token: str | None = None,
     ) -> Lease:
-        """Take the task's lease with the next epoch, unless another owner's lease is live.
+        """Take the task's lease with the next epoch and a new secret token, unless it is live.
 
         Live means unexpired by the store's clock (``_clock(now)``), or, when the record and
-        ``monotonic`` are on the same monotonic timeline, by that timeline alone (``Lease.remaining``)."""
+        ``monotonic`` are on the same monotonic timeline, by that timeline alone (``Lease.remaining``).
+        A live lease is taken only by a caller that presents its ``token`` (its holder re-entering).
+        ``owner`` is only a label."""
         check_task_id(task_id)
         self._check_ttl(ttl_s)
         if not isinstance(owner, str) or not owner:
             raise InvalidInputError("lease owner must be a non-empty string")
+        if token is not None and not isinstance(token, str):
+            raise InvalidInputError("a lease token must be a string (the token of the lease to re-enter)")
         with self._transaction(task_id, create=True):
             now = self._clock(now)
             current = self._get_lease(task_id)
-            if current is not None and current.owner != owner and not current.expired(now, monotonic):
-                raise LeaseHeldError(
-                    f"task {task_id!r} is leased to {current.owner!r} (epoch {current.epoch}) "
-                    f"for {current.remaining(now, monotonic):.1f}s more",
-                    holder=current,
-                )
+            if current is not None and not current.expired(now, monotonic):
+                if not (token is not None and current.token is not None and self._holds(current, token)):
+                    raise LeaseHeldError(
+                        f"task {task_id!r} is leased to {current.owner!r} (epoch {current.epoch}) "
+                        f"for {current.remaining(now, monotonic):.1f}s more",
+                        holder=current.without_token(),
+                    )
             floor = current.epoch if current is not None else self._epoch_floor(task_id)
             lease = Lease(
                 task_id=task_id, owner=owner, epoch=floor + 1, acquired_at=now, expires_at=now + ttl_s,
-                **self._monotonic_expiry(monotonic, ttl_s),  # type: ignore[arg-type]
+                token=secrets.token_hex(16), **self._monotonic_expiry(monotonic, ttl_s),  # type: ignore[arg-type]
             )  # fmt: skip
             self._put_lease(lease)
         log.debug("lease on %s acquired by %s at epoch %d", task_id, owner, lease.epoch)
@@ -163,6 +194,7 @@ class BaseStore:
                 raise FencedError(f"lease on {lease.task_id!r} at epoch {lease.epoch} belongs to {current.owner!r}")
             renewed = Lease(
                 lease.task_id, lease.owner, lease.epoch, current.acquired_at, now + ttl_s,
+                token=current.token,
                 **self._monotonic_expiry(monotonic, ttl_s),  # type: ignore[arg-type]
             )  # fmt: skip
             self._put_lease(renewed)
@@ -180,13 +212,18 @@ class BaseStore:
             # Without a reading on the record's timeline the record drops it: the wall-clock expiry
             # (now, at the latest) then decides, so a release always ends the lease.
             self._put_lease(
-                Lease(lease.task_id, current.owner, lease.epoch, current.acquired_at, min(now, current.expires_at), **ended)  # type: ignore[arg-type]
+                Lease(
+                    lease.task_id, current.owner, lease.epoch, current.acquired_at, min(now, current.expires_at),
+                    token=current.token, **ended,  # type: ignore[arg-type]
+                )
             )
 
     def read_lease(self, task_id: str) -> Lease | None:
+        """The task's lease record as anyone may see it: without its holder's token."""
         check_task_id(task_id)
         with self._transaction(task_id, create=False, write=False):
-            return self._get_lease(task_id)
+            lease = self._get_lease(task_id)
+        return lease.without_token() if lease is not None else None
 
     def load(self, task_id: str, *, lease: Lease | None = None) -> LoadResult:
         """Read the task's state. With a lease (checked), damaged files are also quarantined."""

@@ -7,7 +7,8 @@ Layout under ``root`` (directories 0700, files 0600)::
         journal.<R>.log     the journal: one line per commit after revision R, then zero padding
         state.json.bak      the previous snapshot, a hard link made by each compaction
         journal.<B>.log     the previous snapshot's journal (B = its revision), kept beside it
-        lease.json          owner, epoch, expiry; never deleted, so epochs never restart
+        lease.json          owner, epoch, expiry, the holder's token; never deleted, so epochs never
+                            restart
         lock                flock(2) target: every read-modify-write of the task runs under it
         control/cancel.json
         control/approvals/<approval id>.json
