@@ -181,6 +181,20 @@ class LeaseProcessTests(ChildRunnerCase):
         self.assert_exactly_once(5)
         self.assertEqual({line["epoch"] for line in read_outbox(self.outbox)}, {1})
 
+    def test_a_holder_killed_mid_run_is_taken_over_at_once_and_nothing_is_applied_twice(self) -> None:
+        signal_path = self.path("in-apply")
+        holder = self.spawn("--slow", "step-001:60", "--signal", signal_path, later=0)
+        self.wait_for(signal_path)
+        holder.kill()  # SIGKILL inside the adapter, its 30 s lease unexpired on the shared clock
+        holder.communicate()
+        code, outcome = self.run_child(later=0)  # at once, on the same clock
+        self.assertEqual(outcome["status"], "done", outcome["next_action"])
+        self.assertEqual(outcome["epoch"], 2)
+        self.assert_exactly_once(5)
+        state = self.state()
+        self.assertEqual(state.effects["step-001"].attempts, 2, "observed absent, then applied under the newer epoch")
+        self.assertEqual({line["epoch"] for line in read_outbox(self.outbox)}, {1, 2})
+
 class SqliteLeaseProcessTests(LeaseProcessTests):
     sqlite = True
 

@@ -271,7 +271,7 @@ class DecoderFuzzTests(FuzzCase):
         approval = Approval.for_request(request, approval_id="ap-1", approver="op", granted_at=11.0, expires_at=9e9)
         cancellation = Cancellation(TASK, 12.0, "op", "stop")
         kinds: list[tuple[str, dict[str, Any], Callable[[Any], Any]]] = [
-            ("lease", Lease(TASK, "me", 3, 1.0, 2.0, token="ab" * 16).to_json(), Lease.from_json),
+            ("lease", Lease(TASK, "me", 3, 1.0, 2.0, token="ab" * 16, holder_lock="boot:x/1/2").to_json(), Lease.from_json),
             ("approval", approval.to_json(), Approval.from_json),
             ("approval request", request.to_json(), ApprovalRequest.from_json),
             ("cancellation", cancellation.to_json(), Cancellation.from_json),
@@ -812,6 +812,7 @@ class ControlRecordVersionTests(unittest.TestCase):
             ({"token": ""}, "token"),
             ({"token": 5}, "token"),
             ({"token": "t" * 129}, "token"),
+            ({"holder_lock": 7}, "holder_lock"),
         ]:
             with self.subTest(change=change), self.assertRaisesRegex(CorruptStateError, fragment):
                 Lease.from_json({**body, **change})

@@ -173,7 +173,7 @@ class LeaseTests(StoreCase):
         from longrun.canonical import canonical_bytes, sha256_hex
 
         holder = self.store.acquire_lease("t", "old-holder", 30.0, 0.0)
-        old = dataclasses.replace(holder, token=None)  # what older code held and wrote
+        old = dataclasses.replace(holder, token=None, holder_lock=None)  # what older code held and wrote
         body = old.to_json()
         for document in ({**body, "checksum": "sha256:" + sha256_hex(canonical_bytes(body))}, body):
             with self.subTest(checksum="checksum" in document):

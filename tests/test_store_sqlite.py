@@ -62,8 +62,13 @@ class FileTests(SqliteCase):
         self.committed()
         names = sorted(name for name in os.listdir(self.tmp) if name.startswith("longrun.db"))
         self.assertIn("longrun.db-wal", names)
+        self.assertIn("longrun.db-leases", names)  # the holders' lock files, one per task
         for name in names:
-            self.assertEqual(stat.S_IMODE(os.stat(self.path(name)).st_mode), 0o600, name)
+            path = self.path(name)
+            self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o700 if os.path.isdir(path) else 0o600, name)
+        locks = os.listdir(self.path("longrun.db-leases"))
+        self.assertEqual(locks, ["t.lock"])
+        self.assertEqual(stat.S_IMODE(os.stat(self.path("longrun.db-leases", "t.lock")).st_mode), 0o600)
 
     def test_wal_full_sync_and_a_busy_timeout_are_set(self) -> None:
         self.store.list_tasks()
@@ -308,7 +313,7 @@ class MonotonicLeaseTests(SqliteCase):
 
     def downgrade(self, version: int) -> None:
         """Make the database look as longrun schema ``version`` left it (its lease rows included)."""
-        dropped = {3: ("token",), 2: ("monotonic_clock", "monotonic_expires_at")}
+        dropped = {3: ("token", "holder_lock"), 2: ("monotonic_clock", "monotonic_expires_at")}
         for newer in sorted(dropped, reverse=True):
             if newer > version:
                 for column in dropped[newer]:
@@ -332,7 +337,7 @@ class MonotonicLeaseTests(SqliteCase):
         self.sql("UPDATE longrun_leases SET expires_at = 3000.0")  # live at 2000
         migrated = self.open()
         old = migrated.read_lease("t")
-        self.assertEqual((old.owner, old.token), ("holder", None))
+        self.assertEqual((old.owner, old.token, old.holder_lock), ("holder", None, None))
         self.assertEqual(self.sql("SELECT MAX(version) FROM longrun_schema"), [(SCHEMA_VERSION,)])
         from longrun import LeaseHeldError
 

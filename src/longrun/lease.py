@@ -30,6 +30,12 @@ name, say) are still two holders, and the second gets ``LeaseHeldError``. The to
 in ``repr``, in ``read_lease`` or in a ``LeaseHeldError``; anyone who can read the store's files can
 read it there, so it tells holders apart, it does not keep out someone who can edit the store.
 
+On one machine a store can also prove that a holder died (``holder_lock``, see
+``stores._holders``): the holder keeps a kernel lock for the lease's life, the kernel drops it when
+the process dies, and a contender on the same boot that finds the lock free takes the lease at
+once, with the next epoch, instead of waiting for the expiry. A holder that is only paused keeps
+its lock and is waited for; a holder on another machine is judged by expiry alone.
+
 Not guaranteed: that the adapter call itself stops when the lease is lost. A thread cannot be
 killed; a target that must refuse stale work checks ``EffectRequest.epoch`` itself. Nor a right
 judgement if the kernel's monotonic clock is itself wrong (it is never stepped; NTP slews it by
@@ -55,7 +61,7 @@ log = logging.getLogger("longrun")
 _LEASE_FIELDS = frozenset(
     {
         "schema_version", "task_id", "owner", "epoch", "acquired_at", "expires_at", "monotonic_clock",
-        "monotonic_expires_at", "token",
+        "monotonic_expires_at", "token", "holder_lock",
     }
 )  # fmt: skip
 MAX_TOKEN_CHARS = 128
@@ -92,6 +98,8 @@ class Lease:
     token: str | None = field(default=None, repr=False, compare=False)
     """The grant's secret: only its holder has it (see the module docstring). None in a record read
     by someone else, and in a record written before tokens existed (then the epoch alone fences)."""
+    holder_lock: str | None = None
+    """The kernel lock the holder keeps for the lease's life (``boot id/device/inode``), if it has one."""
 
     def expired(self, now: float, monotonic: MonotonicReading | None = None) -> bool:
         """Whether the lease has ended for a caller whose wall clock says ``now`` and whose monotonic
@@ -121,6 +129,8 @@ class Lease:
             data["monotonic_expires_at"] = self.monotonic_expires_at
         if self.token is not None:
             data["token"] = self.token
+        if self.holder_lock is not None:
+            data["holder_lock"] = self.holder_lock
         return data
 
     @classmethod
@@ -139,6 +149,7 @@ class Lease:
             monotonic_clock=f.get_str(d, "monotonic_clock", what, optional=True),
             monotonic_expires_at=f.get_float(d, "monotonic_expires_at", what, optional=True),
             token=_token(d, what),
+            holder_lock=f.get_str(d, "holder_lock", what, optional=True),
         )
 
     def without_token(self) -> "Lease":

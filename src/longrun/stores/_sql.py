@@ -21,7 +21,7 @@ database whose version is newer than this code knows is refused with ``SchemaVer
                            epoch_floor (highest epoch ever issued, should the lease row be lost)
     longrun_leases         task_id, owner, epoch, acquired_at, expires_at,
                            monotonic_clock, monotonic_expires_at (version 2),
-                           token (version 3: the holder's secret)
+                           token, holder_lock (version 3: the holder's secret, its kernel lock)
     longrun_states         task_id, revision, epoch, plan_digest, status, next_action,
                            effect_count, header (a state envelope with no effects), checksum
     longrun_effects        task_id, step_id, position, revision, record, checksum
@@ -157,8 +157,11 @@ def _migrations(types: dict[str, str]) -> list[tuple[int, str, list[str]]]:
         ),
         (
             3,
-            "the lease holder's secret token",
-            ["ALTER TABLE longrun_leases ADD COLUMN token TEXT"],
+            "the lease holder's secret token, and the kernel lock that shows it alive on this machine",
+            [
+                "ALTER TABLE longrun_leases ADD COLUMN token TEXT",
+                "ALTER TABLE longrun_leases ADD COLUMN holder_lock TEXT",
+            ],
         ),
     ]
 
@@ -435,19 +438,18 @@ class SqlStore(BaseStore):
 
     # -- lease --------------------------------------------------------------------------------
 
-    _LEASE_COLUMNS = "owner, epoch, acquired_at, expires_at, monotonic_clock, monotonic_expires_at, token"
+    _LEASE_COLUMNS = "owner, epoch, acquired_at, expires_at, monotonic_clock, monotonic_expires_at, token, holder_lock"
 
     def _get_lease(self, task_id: str) -> Lease | None:
         row = self._one(f"SELECT {self._LEASE_COLUMNS} FROM longrun_leases WHERE task_id = ?", (task_id,))
         if row is None:
             return None
-        owner, epoch, acquired_at, expires_at, monotonic_clock, monotonic_expires_at, token = row
+        owner, epoch, acquired_at, expires_at, monotonic_clock, monotonic_expires_at, token, holder_lock = row
         fields = {"task_id": task_id, "owner": owner, "epoch": epoch, "acquired_at": acquired_at, "expires_at": expires_at}
         if monotonic_clock is not None or monotonic_expires_at is not None:
             fields.update(monotonic_clock=monotonic_clock, monotonic_expires_at=monotonic_expires_at)
         # Absent in a row written before schema version 3: such a lease is fenced by its epoch alone.
-        if token is not None:
-            fields["token"] = token
+        fields.update({name: value for name, value in (("token", token), ("holder_lock", holder_lock)) if value is not None})
         try:
             return Lease.from_json(fields)
         except CorruptStateError as exc:
@@ -456,15 +458,15 @@ class SqlStore(BaseStore):
     def _put_lease(self, lease: Lease) -> None:
         cursor = self._run(
             "INSERT INTO longrun_leases (task_id, owner, epoch, acquired_at, expires_at, monotonic_clock, "
-            "monotonic_expires_at, token) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+            "monotonic_expires_at, token, holder_lock) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (task_id) DO UPDATE SET owner = excluded.owner, epoch = excluded.epoch, "
             "acquired_at = excluded.acquired_at, expires_at = excluded.expires_at, "
             "monotonic_clock = excluded.monotonic_clock, monotonic_expires_at = excluded.monotonic_expires_at, "
-            "token = excluded.token "
+            "token = excluded.token, holder_lock = excluded.holder_lock "
             "WHERE longrun_leases.epoch <= excluded.epoch",
             (
                 lease.task_id, lease.owner, lease.epoch, lease.acquired_at, lease.expires_at,
-                lease.monotonic_clock, lease.monotonic_expires_at, lease.token,
+                lease.monotonic_clock, lease.monotonic_expires_at, lease.token, lease.holder_lock,
             ),
         )
         if cursor.rowcount != 1:

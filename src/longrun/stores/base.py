@@ -4,7 +4,8 @@ Invariants every store built on ``BaseStore`` keeps (the tests are built to brea
 
 1. Epochs only grow: each successful ``acquire_lease`` issues ``previous epoch + 1``.
 2. Nobody acquires while the current lease is unexpired, whatever owner name it gives, unless it
-   presents that lease's secret token (re-entry by its holder).
+   presents that lease's secret token (re-entry by its holder), or the store proves the holder
+   dead (its kernel lock on this machine is free, see ``_holders``).
 3. Every mutating call that carries a lease (commit, renew, release, repairing load) runs inside
    the task's exclusive transaction and is refused with ``FencedError``, changing nothing, unless
    the lease's epoch equals the stored epoch and it carries the stored lease's token (a record
@@ -22,7 +23,8 @@ Invariants every store built on ``BaseStore`` keeps (the tests are built to brea
    hand a live lease to a contender.
 
 A subclass supplies the primitives: a per-task exclusive transaction, reading and writing the
-lease record, reading (and repairing) and writing the state, and the control records.
+lease record, reading (and repairing) and writing the state, and the control records; a store on
+this machine's file system also gives ``_holders``.
 """
 
 from __future__ import annotations
@@ -39,9 +41,10 @@ from ..cancellation import Cancellation
 from ..contract import check_task_id
 from ..control import ControlRecord
 from ..envelope import RunState
-from ..errors import FencedError, InvalidInputError, LeaseHeldError, StorageError
+from ..errors import CorruptStateError, FencedError, InvalidInputError, LeaseHeldError, StorageError
 from ..lease import Lease, MonotonicReading
 from ..protocols import LoadResult
+from ._holders import HolderLocks
 
 __all__ = ["BaseStore"]
 
@@ -50,6 +53,10 @@ log = logging.getLogger("longrun")
 
 class BaseStore:
     """Implements the ``Store`` protocol over a handful of primitives (see the module docstring)."""
+
+    _holders: HolderLocks | None = None
+    """The kernel locks that prove a holder's liveness on this machine (``_holders``); None for a
+    store shared across machines, whose leases end by expiry only."""
 
     def __init__(self) -> None:
         self._revisions: dict[str, int] = {}
@@ -109,8 +116,13 @@ class BaseStore:
             raise InvalidInputError(f"lease ttl must be a positive number of seconds, got {ttl_s!r}")
 
     def _fence(self, lease: Lease, *, operation: str) -> Lease:
-        current = self._get_lease(lease.task_id)
+        try:
+            current = self._get_lease(lease.task_id)
+        except CorruptStateError:
+            self._let_go(lease)  # the holder cannot prove it holds the lease any more
+            raise
         if current is None or current.epoch != lease.epoch:
+            self._let_go(lease)
             raise FencedError(
                 f"{operation} for task {lease.task_id!r} refused: it carries epoch {lease.epoch}, "
                 f"the store's current epoch is {current.epoch if current else 'none'}",
@@ -118,6 +130,7 @@ class BaseStore:
                 write_epoch=lease.epoch,
             )
         if not self._holds(current, lease.token):
+            self._let_go(lease)
             raise FencedError(
                 f"{operation} for task {lease.task_id!r} refused: it carries epoch {lease.epoch} but not "
                 "that lease's token (only the holder it was granted to may write under it)",
@@ -133,6 +146,10 @@ class BaseStore:
         if current.token is None:
             return True
         return isinstance(token, str) and hmac.compare_digest(token.encode(), current.token.encode())
+
+    def _let_go(self, lease: Lease) -> None:
+        if self._holders is not None:
+            self._holders.let_go(lease.task_id, lease)
 
     @staticmethod
     def _monotonic_expiry(monotonic: MonotonicReading | None, ttl_s: float) -> dict[str, object]:
@@ -156,8 +173,8 @@ class BaseStore:
 
         Live means unexpired by the store's clock (``_clock(now)``), or, when the record and
         ``monotonic`` are on the same monotonic timeline, by that timeline alone (``Lease.remaining``).
-        A live lease is taken only by a caller that presents its ``token`` (its holder re-entering).
-        ``owner`` is only a label."""
+        A live lease is taken only by a caller that presents its ``token`` (its holder re-entering),
+        or when the store proves its holder dead (``_holders``). ``owner`` is only a label."""
         check_task_id(task_id)
         self._check_ttl(ttl_s)
         if not isinstance(owner, str) or not owner:
@@ -167,19 +184,35 @@ class BaseStore:
         with self._transaction(task_id, create=True):
             now = self._clock(now)
             current = self._get_lease(task_id)
-            if current is not None and not current.expired(now, monotonic):
-                if not (token is not None and current.token is not None and self._holds(current, token)):
-                    raise LeaseHeldError(
-                        f"task {task_id!r} is leased to {current.owner!r} (epoch {current.epoch}) "
-                        f"for {current.remaining(now, monotonic):.1f}s more",
-                        holder=current.without_token(),
-                    )
-            floor = current.epoch if current is not None else self._epoch_floor(task_id)
-            lease = Lease(
-                task_id=task_id, owner=owner, epoch=floor + 1, acquired_at=now, expires_at=now + ttl_s,
-                token=secrets.token_hex(16), **self._monotonic_expiry(monotonic, ttl_s),  # type: ignore[arg-type]
-            )  # fmt: skip
-            self._put_lease(lease)
+            claim, newly = self._holders.claim(task_id) if self._holders is not None else (None, False)
+            try:
+                if current is not None and not current.expired(now, monotonic):
+                    reentry = token is not None and current.token is not None and self._holds(current, token)
+                    if not reentry and not HolderLocks.holder_gone(current, claim, newly):
+                        raise LeaseHeldError(
+                            f"task {task_id!r} is leased to {current.owner!r} (epoch {current.epoch}) "
+                            f"for {current.remaining(now, monotonic):.1f}s more",
+                            holder=current.without_token(),
+                        )
+                    if not reentry:
+                        log.warning(
+                            "task %s: the holder of its lease at epoch %d (%s) is gone from this machine "
+                            "(its lock was free); taken over at once",
+                            task_id, current.epoch, current.owner,
+                        )  # fmt: skip
+                floor = current.epoch if current is not None else self._epoch_floor(task_id)
+                lease = Lease(
+                    task_id=task_id, owner=owner, epoch=floor + 1, acquired_at=now, expires_at=now + ttl_s,
+                    token=secrets.token_hex(16), holder_lock=claim,
+                    **self._monotonic_expiry(monotonic, ttl_s),  # type: ignore[arg-type]
+                )  # fmt: skip
+                self._put_lease(lease)
+            except BaseException:
+                if newly and self._holders is not None:
+                    self._holders.let_go(task_id)
+                raise
+            if self._holders is not None and claim is not None:
+                self._holders.assign(task_id, lease)
         log.debug("lease on %s acquired by %s at epoch %d", task_id, owner, lease.epoch)
         if _crashpoints.ARMED:
             _crashpoints.hit("lease.acquired", lease.epoch)
@@ -194,7 +227,7 @@ class BaseStore:
                 raise FencedError(f"lease on {lease.task_id!r} at epoch {lease.epoch} belongs to {current.owner!r}")
             renewed = Lease(
                 lease.task_id, lease.owner, lease.epoch, current.acquired_at, now + ttl_s,
-                token=current.token,
+                token=current.token, holder_lock=current.holder_lock,
                 **self._monotonic_expiry(monotonic, ttl_s),  # type: ignore[arg-type]
             )  # fmt: skip
             self._put_lease(renewed)
@@ -217,6 +250,7 @@ class BaseStore:
                     token=current.token, **ended,  # type: ignore[arg-type]
                 )
             )
+        self._let_go(lease)
 
     def read_lease(self, task_id: str) -> Lease | None:
         """The task's lease record as anyone may see it: without its holder's token."""

@@ -9,6 +9,8 @@ Layout under ``root`` (directories 0700, files 0600)::
         journal.<B>.log     the previous snapshot's journal (B = its revision), kept beside it
         lease.json          owner, epoch, expiry, the holder's token; never deleted, so epochs never
                             restart
+        lease.lock          held with flock(2) by the lease's holder for the lease's life, so a
+                            contender can tell a dead holder from a paused one (``_holders``)
         lock                flock(2) target: every read-modify-write of the task runs under it
         control/cancel.json
         control/approvals/<approval id>.json
@@ -110,6 +112,7 @@ from ..outcome import Evidence
 from ..protocols import LoadResult
 from . import _journal as journal
 from ._fileio import TEMP_MARK, FileIO, ensure_dir, read_file, read_prefix, read_small, write_all_at, write_atomic
+from ._holders import HolderLocks
 from .base import BaseStore
 
 __all__ = ["JsonFileStore"]
@@ -119,6 +122,7 @@ log = logging.getLogger("longrun")
 STATE = "state.json"
 BACKUP = "state.json.bak"
 LEASE = "lease.json"
+HOLDER_LOCK = "lease.lock"
 LOCK = "lock"
 CONTROL = "control"
 APPROVALS = "approvals"
@@ -283,6 +287,7 @@ class JsonFileStore(BaseStore):
         self._open_journals: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._leases: dict[str, tuple[bytes, Lease]] = {}
         self._dirs: dict[str, str] = {}
+        self._holders = HolderLocks(lambda task_id: os.path.join(self.task_dir(task_id), HOLDER_LOCK))
 
     def __repr__(self) -> str:
         return f"JsonFileStore({self.root!r})"

@@ -10,7 +10,9 @@ owner-only. The schema, damage handling and the database's own fence are describ
 ``longrun.stores._sql``.
 
 Lease expiry is judged by the caller's clock, as with the JSON-file store: every process on one
-machine reads the same clock.
+machine reads the same clock. As there too, a lease's holder keeps a kernel lock for the lease's
+life (``stores._holders``), one file per task in ``<database>-leases/``, so a holder that died is
+taken over at once rather than at its expiry.
 
 Not guaranteed: exclusion or durability on a network file system (SQLite's locks are not
 trustworthy there; use ``PostgresStore`` for several machines), or progress while another process
@@ -26,6 +28,7 @@ import time
 from typing import Any
 
 from ..errors import InvalidInputError, StorageError
+from ._holders import HolderLocks
 from ._sql import SqlStore
 
 __all__ = ["SqliteStore"]
@@ -47,6 +50,7 @@ class SqliteStore(SqlStore):
             raise InvalidInputError(f"busy_timeout_s must be a non-negative number, got {busy_timeout_s!r}")
         self.busy_timeout_s = float(busy_timeout_s)
         self._check_path()
+        self._holders = HolderLocks(lambda task_id: os.path.join(self.path + "-leases", task_id + ".lock"), make_parent=True)
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"
