@@ -195,6 +195,27 @@ class LeaseProcessTests(ChildRunnerCase):
         self.assertEqual(state.effects["step-001"].attempts, 2, "observed absent, then applied under the newer epoch")
         self.assertEqual({line["epoch"] for line in read_outbox(self.outbox)}, {1, 2})
 
+    def test_a_paused_holder_is_respected_and_already_running_reports_the_real_progress(self) -> None:
+        signal_path = self.path("in-apply")
+        holder = self.spawn("--slow", "step-002:1.0", "--signal", signal_path, later=0)
+        self.wait_for(signal_path)
+        os.kill(holder.pid, signal.SIGSTOP)  # alive, holding its lease, doing nothing
+        try:
+            code, outcome = self.run_child(later=0)
+            revision = self.state().revision
+        finally:
+            os.kill(holder.pid, signal.SIGCONT)
+        self.assertEqual(outcome["status"], "already-running")
+        self.assertGreater(revision, 0)
+        self.assertEqual(outcome["revision"], revision)
+        self.assertEqual(sorted(outcome["results"]), ["step-000", "step-001"])
+        self.assertIn(f"revision {revision}", outcome["next_action"])
+        self.assertIn("2 of 5 effects verified", outcome["next_action"])
+        out, err = holder.communicate(timeout=60)
+        self.assertEqual(json.loads(out)["status"], "done", err)
+        self.assert_exactly_once(5)
+
+
 class SqliteLeaseProcessTests(LeaseProcessTests):
     sqlite = True
 

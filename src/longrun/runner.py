@@ -56,6 +56,7 @@ from .errors import (
     PayloadError,
     PermanentError,
     StateUnrecoverableError,
+    StorageError,
     TransientError,
     UnknownActionError,
 )
@@ -232,9 +233,16 @@ class Runner:
             if holder is not None:
                 now = self.clock.now()
                 until = f" at {_utc(now + max(0.0, holder.remaining(now, self._monotonic_reading().get('monotonic'))))}"
+            progress = ""
+            try:  # the holder's progress, for the outcome: a read-only load takes no lease and moves nothing
+                self._state = self.store.load(self.task_id).state
+            except (CorruptStateError, StorageError) as load_error:
+                self._evidence.unknown("store", f"the task's progress could not be read: {load_error}")
+            if self._state is not None:
+                progress = f"; so far revision {self._state.revision}, {len(self._results())} of {len(self.steps)} effects verified"
             return self._outcome(
                 Status.ALREADY_RUNNING,
-                f"wait for the current owner to finish or for its lease to expire{until}, then run again",
+                f"wait for the current owner to finish or for its lease to expire{until}, then run again{progress}",
             )
         self._evidence.observed("store", f"lease acquired by {self.owner} at epoch {self._lease.epoch}")
         self._keeper = LeaseKeeper(self._lease, self._renew, self.lease_ttl_s / 3, self._monotonic)
