@@ -169,6 +169,19 @@ class LeaseTests(StoreCase):
         third = self.store.acquire_lease("t", "c", 30.0, 200.0)
         self.assertGreater(third.epoch, second.epoch)
 
+    def test_a_lost_lease_record_beside_damaged_state_still_never_reissues_an_epoch(self) -> None:
+        lease, state = self.committed()
+        for now in (100.0, 200.0):  # commits at epochs 2 and 3, in the journal
+            lease = self.store.acquire_lease("t", "next", 30.0, now)
+            self.store.load("t", lease=lease)
+            self.store.commit(lease, state)
+        self.assertEqual(lease.epoch, 3)
+        os.unlink(self.file("lease.json"))
+        with open(self.file("state.json"), "r+b") as handle:
+            handle.write(b"garbage")  # the snapshot no longer validates; the journal lines still do
+        taken = JsonFileStore(self.store.root).acquire_lease("t", "after", 30.0, 300.0)
+        self.assertGreater(taken.epoch, 3)
+
     def test_a_lease_record_written_before_tokens_still_loads_and_its_epoch_fences(self) -> None:
         from longrun.canonical import canonical_bytes, sha256_hex
 

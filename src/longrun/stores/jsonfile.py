@@ -384,8 +384,29 @@ class JsonFileStore(BaseStore):
         self._leases[lease.task_id] = (data, lease)
 
     def _epoch_floor(self, task_id: str) -> int:
-        state = self._get_state(task_id, repair=False).state
-        return state.lease_epoch if state is not None else 0
+        """The highest epoch any stored revision names, read line by line without repairing: both
+        snapshots (their header and effect rows) and every journal, in the task directory and in
+        its quarantine, counting each line whose checksum holds even in a damaged file."""
+        directory = self.task_dir(task_id)
+        floor = 0
+        for name in (STATE, BACKUP):
+            snapshot, _ = self._read_snapshot(task_id, name)
+            if snapshot is not None:
+                epoch = snapshot.raw.header.get("lease_epoch")
+                floor = max(floor, epoch if type(epoch) is int else 0)
+        names = [name for name in self.io.listdir(directory) if name.startswith((STATE, "journal."))]
+        try:
+            quarantined = self.io.listdir(os.path.join(directory, QUARANTINE))
+        except FileNotFoundError:
+            quarantined = []
+        names += [os.path.join(QUARANTINE, name) for name in quarantined if name.startswith((STATE, "journal."))]
+        for name in names:
+            if TEMP_MARK in name:
+                continue
+            data = read_file(self.io, os.path.join(directory, name), MAX_STATE_BYTES)
+            if data is not None:
+                floor = max(floor, journal.highest_epoch(data))
+        return floor
 
     # -- reading ------------------------------------------------------------------------------
 
