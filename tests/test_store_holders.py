@@ -148,6 +148,17 @@ class HolderLockTests(support.TempDirTest):
             store.renew_lease(third, TTL, time.time())
         self.assertFalse(locks.someone_holds("t"), "a holder that cannot prove its lease lets go")
 
+    def test_repair_is_refused_while_a_holder_lives_and_done_once_it_died(self) -> None:
+        child = self.holder()
+        self.rewrite_lease(epoch=-1)
+        with self.assertRaises(LeaseHeldError):
+            self.open().repair_lease("t", time.time())
+        child.kill()
+        child.communicate()
+        with self.assertLogs("longrun", "WARNING"):  # the move is logged
+            repaired = self.open().repair_lease("t", time.time())
+        self.assertEqual(repaired.next_epoch, self.open().acquire_lease("t", "after", TTL, time.time()).epoch)
+
     def test_a_lock_on_a_deleted_task_is_let_go(self) -> None:
         other = self.path("elsewhere")
         os.mkdir(other)

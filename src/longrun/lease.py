@@ -53,7 +53,7 @@ from typing import Any, Callable, Mapping
 from . import _fields as f
 from .canonical import JSONValue
 from .errors import CorruptStateError
-__all__ = ["Lease", "LeaseKeeper", "MonotonicReading", "boot_clock_id"]
+__all__ = ["Lease", "LeaseKeeper", "LeaseRepair", "MonotonicReading", "boot_clock_id"]
 
 log = logging.getLogger("longrun")
 
@@ -162,6 +162,22 @@ def _token(d: Mapping[str, Any], what: str) -> str | None:
     if token is not None and not 0 < len(token) <= MAX_TOKEN_CHARS:
         raise CorruptStateError(f"{what}: field 'token' must hold 1 to {MAX_TOKEN_CHARS} characters")
     return token
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRepair:
+    """What ``repair_lease`` did: where the damaged record went, and the released lease written."""
+
+    lease: Lease
+    """The released record now stored, at the highest epoch recorded anywhere but the lost record."""
+    quarantined: str
+    """Where the damaged record was moved (a path in the task directory, or a quarantine row)."""
+    damage: str
+    """Why the record did not validate."""
+
+    @property
+    def next_epoch(self) -> int:
+        return self.lease.epoch + 1
 
 
 class LeaseKeeper:

@@ -244,6 +244,14 @@ class Runner:
                 Status.ALREADY_RUNNING,
                 f"wait for the current owner to finish or for its lease to expire{until}, then run again{progress}",
             )
+        except CorruptStateError as exc:
+            self._evidence.observed("store", f"the lease record cannot be read: {exc}")
+            self._evidence.unknown("lease", "who holds the task's lease, and at which epoch")
+            return self._outcome(
+                Status.STATE_UNRECOVERABLE,
+                f"repair the lease record with `longrun repair <store> {self.task_id} --lease` (it keeps the damaged "
+                "record aside and the next run gets an epoch above every one recorded), then run again",
+            )
         self._evidence.observed("store", f"lease acquired by {self.owner} at epoch {self._lease.epoch}")
         self._keeper = LeaseKeeper(self._lease, self._renew, self.lease_ttl_s / 3, self._monotonic)
         try:

@@ -488,6 +488,20 @@ class SqlStore(BaseStore):
         ]
         return max((row[0] for row in floors if row is not None and isinstance(row[0], int)), default=0)
 
+    def _set_lease_aside(self, task_id: str, reason: str) -> str:
+        """Copy the damaged lease row into the quarantine (as text), then delete it, in this transaction."""
+        row = self._one(f"SELECT {self._LEASE_COLUMNS} FROM longrun_leases WHERE task_id = ?", (task_id,))
+        names = self._LEASE_COLUMNS.split(", ")
+        data = "; ".join(f"{name}={_raw(value)}" for name, value in zip(names, row or ()))
+        self._run(
+            "INSERT INTO longrun_quarantine (task_id, kind, name, reason, quarantined_at, data) "
+            f"VALUES (?, 'lease', ?, ?, {self._now_sql()}, ?)",
+            (task_id, f"longrun_leases/{task_id}", reason, data),
+        )
+        self._run("DELETE FROM longrun_leases WHERE task_id = ?", (task_id,))
+        found = self._one("SELECT MAX(id) FROM longrun_quarantine WHERE task_id = ? AND kind = 'lease'", (task_id,))
+        return f"longrun_quarantine/{found[0] if found is not None else '?'} (longrun_leases/{task_id})"
+
     # -- state --------------------------------------------------------------------------------
 
     def _get_state(self, task_id: str, *, repair: bool) -> LoadResult:

@@ -21,10 +21,14 @@ Invariants every store built on ``BaseStore`` keeps (the tests are built to brea
    monotonic timeline (``Lease.monotonic_clock``) and the caller passes a ``monotonic`` reading on
    the same timeline, that decides instead (see ``longrun.lease``): a wall clock that jumps cannot
    hand a live lease to a contender.
+7. A damaged lease record is repaired only by ``repair_lease``: the record is moved aside (never
+   deleted) and replaced by a released lease at the highest epoch recorded elsewhere
+   (``_epoch_floor``), so the next acquisition's epoch is above every epoch the state records. It
+   refuses a record that is not damaged, and one whose holder is alive on this machine.
 
 A subclass supplies the primitives: a per-task exclusive transaction, reading and writing the
-lease record, reading (and repairing) and writing the state, and the control records; a store on
-this machine's file system also gives ``_holders``.
+lease record (and moving a damaged one aside), reading (and repairing) and writing the state, and
+the control records; a store on this machine's file system also gives ``_holders``.
 """
 
 from __future__ import annotations
@@ -41,8 +45,16 @@ from ..cancellation import Cancellation
 from ..contract import check_task_id
 from ..control import ControlRecord
 from ..envelope import RunState
-from ..errors import CorruptStateError, FencedError, InvalidInputError, LeaseHeldError, StorageError
-from ..lease import Lease, MonotonicReading
+from ..errors import (
+    CorruptStateError,
+    FencedError,
+    ForeignStateError,
+    InvalidInputError,
+    LeaseHeldError,
+    SchemaVersionError,
+    StorageError,
+)
+from ..lease import Lease, LeaseRepair, MonotonicReading
 from ..protocols import LoadResult
 from ._holders import HolderLocks
 
@@ -86,6 +98,10 @@ class BaseStore:
     def _epoch_floor(self, task_id: str) -> int:
         """The highest epoch recorded anywhere but the lease record (used if that record is lost)."""
         return 0
+
+    def _set_lease_aside(self, task_id: str, reason: str) -> str:
+        """Move the damaged lease record aside (never delete it); return where it went."""
+        raise NotImplementedError
 
     def _get_state(self, task_id: str, *, repair: bool) -> LoadResult:
         raise NotImplementedError
@@ -258,6 +274,48 @@ class BaseStore:
         with self._transaction(task_id, create=False, write=False):
             lease = self._get_lease(task_id)
         return lease.without_token() if lease is not None else None
+
+    def repair_lease(self, task_id: str, now: float, *, repaired_by: str = "longrun repair") -> LeaseRepair:
+        """Replace a damaged lease record by a released lease that no epoch already used can follow.
+
+        The damaged record is moved aside (``_set_lease_aside``, never deleted). The new record is
+        released (acquired at ``now``, expired since the clock's epoch, whatever a runner's clock
+        says), names ``repaired_by`` as its owner, and carries the highest epoch the store records
+        anywhere else (``_epoch_floor``: the state, its journal, the database's floor) and a token
+        nobody holds, so the next acquisition gets a strictly higher epoch and no earlier holder
+        can write under it. Refused with ``InvalidInputError`` if the record is not damaged (or missing: the next
+        acquisition already starts above the floor), with ``SchemaVersionError`` if it was written
+        by a newer longrun, and with ``LeaseHeldError`` if a process on this machine still holds
+        the task's lock (stop it first). A holder on another machine cannot be seen: its writes
+        are then refused by the new token and epoch, and it stops ``lease-lost``."""
+        check_task_id(task_id)
+        if not isinstance(repaired_by, str) or not repaired_by:
+            raise InvalidInputError("repaired_by must be a non-empty string")
+        with self._transaction(task_id, create=False):
+            now = self._clock(now)
+            try:
+                current = self._get_lease(task_id)
+            except SchemaVersionError:
+                raise  # well formed, from a newer longrun: not damage, not ours to replace
+            except (CorruptStateError, ForeignStateError) as exc:
+                damage = str(exc)
+            else:
+                what = "has no lease record" if current is None else f"has a valid lease record (epoch {current.epoch})"
+                raise InvalidInputError(f"task {task_id!r} {what}: the lease is not damaged, nothing to repair")
+            if self._holders is not None and self._holders.someone_holds(task_id):
+                raise LeaseHeldError(
+                    f"task {task_id!r}: a process on this machine holds the lease's lock, so its holder is alive; "
+                    "stop it (or let it finish) before repairing the lease record"
+                )
+            floor = self._epoch_floor(task_id)
+            quarantined = self._set_lease_aside(task_id, "damaged")
+            # Expired for every clock (a runner's wall clock may lag the operator's): no one holds it.
+            lease = Lease(task_id, repaired_by, floor, acquired_at=now, expires_at=0.0, token=secrets.token_hex(16))
+            self._put_lease(lease)
+        log.warning(
+            "task %s: damaged lease record moved to %s; a released lease at epoch %d written (%s)", task_id, quarantined, floor, damage
+        )
+        return LeaseRepair(lease=lease.without_token(), quarantined=quarantined, damage=damage)
 
     def load(self, task_id: str, *, lease: Lease | None = None) -> LoadResult:
         """Read the task's state. With a lease (checked), damaged files are also quarantined."""

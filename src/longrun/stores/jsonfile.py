@@ -8,7 +8,7 @@ Layout under ``root`` (directories 0700, files 0600)::
         state.json.bak      the previous snapshot, a hard link made by each compaction
         journal.<B>.log     the previous snapshot's journal (B = its revision), kept beside it
         lease.json          owner, epoch, expiry, the holder's token; never deleted, so epochs never
-                            restart
+                            restart (a damaged one is moved to quarantine by ``repair_lease``)
         lease.lock          held with flock(2) by the lease's holder for the lease's life, so a
                             contender can tell a dead holder from a paused one (``_holders``)
         lock                flock(2) target: every read-modify-write of the task runs under it
@@ -407,6 +407,10 @@ class JsonFileStore(BaseStore):
             if data is not None:
                 floor = max(floor, journal.highest_epoch(data))
         return floor
+
+    def _set_lease_aside(self, task_id: str, reason: str) -> str:
+        self._leases.pop(task_id, None)
+        return self._quarantine(task_id, LEASE, reason)
 
     # -- reading ------------------------------------------------------------------------------
 

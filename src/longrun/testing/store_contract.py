@@ -29,6 +29,8 @@ that need it (so a skip here is a gap in the store's own tests, not a pass):
   (``kind="cancellation"``) or as one approval record (``kind="approval"``).
 - ``fail_nth_operation(store, n)``: a context manager in which the store's ``n``-th low-level
   I/O operation (a system call, an SQL statement) raises ``OSError`` or the driver's error.
+- ``damage_lease(store, task_id)``: damage the task's stored lease record so that it no longer
+  validates (for ``repair_lease``, which the stores built on ``BaseStore`` offer).
 
 Not covered: durability across power loss (that needs a machine that loses power), and
 exclusion across machines (the PostgreSQL store's own tests race processes with skewed clocks).
@@ -145,6 +147,9 @@ class StoreContract:
     def fail_nth_operation(self, store: Store, n: int) -> contextlib.AbstractContextManager[None]:
         self._case.skipTest("the store gives no fail_nth_operation hook")
         raise AssertionError  # pragma: no cover
+
+    def damage_lease(self, store: Store, task_id: str) -> None:
+        self._case.skipTest("the store gives no damage_lease hook")
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -325,6 +330,41 @@ class StoreContract:
         holder = caught.exception.holder
         assert isinstance(holder, Lease)
         case.assertIsNone(holder.token, "nor is a contender")
+
+    def test_contract_a_damaged_lease_record_is_repaired_above_every_recorded_epoch(self) -> None:
+        case, store = self._case, self.store()
+        if not callable(getattr(store, "repair_lease", None)):
+            case.skipTest("the store has no repair_lease")
+        first, state = self.committed(store)
+        store.release_lease(first, self.now())
+        other = self.store()
+        second = other.acquire_lease("t", "owner-b", TTL, self.now())
+        other.load("t", lease=second)
+        other.commit(second, state)
+        other.release_lease(second, self.now())
+        self.damage_lease(store, "t")
+        with self.quiet():
+            with case.assertRaises(CorruptStateError):
+                self.store().acquire_lease("t", "owner-c", TTL, self.now())
+            with case.assertRaises(CorruptStateError):
+                self.store().read_lease("t")
+            repair = self.store().repair_lease("t", self.now())
+        case.assertGreaterEqual(repair.lease.epoch, second.epoch, "never below an epoch the state records")
+        case.assertTrue(repair.lease.expired(self.now()), "the repaired lease is released")
+        case.assertTrue(repair.quarantined, "the damaged record is kept aside, never deleted")
+        case.assertTrue(repair.damage)
+        case.assertEqual(self.store().read_lease("t").epoch, repair.lease.epoch)
+        taken = self.store().acquire_lease("t", "owner-c", TTL, self.now())
+        case.assertGreater(taken.epoch, second.epoch)
+        case.assertGreater(taken.epoch, repair.lease.epoch)
+        before = self.snapshot()
+        for _ in range(2):
+            with case.assertRaises(InvalidInputError):  # nothing damaged: nothing to repair
+                self.store().repair_lease("t", self.now())
+        case.assertEqual(self.snapshot(), before)
+        case.assertEqual(self.store().load("t", lease=taken).state.revision, state.revision)
+        with case.assertRaises(UnknownTaskError):
+            self.store().repair_lease("ghost", self.now())
 
     def test_contract_bad_lease_arguments_are_refused(self) -> None:
         case, store = self._case, self.store()
