@@ -566,7 +566,9 @@ class LeaseTests(RunnerCase):
                 recorded = self.store.load(contract.task_id).state
                 assert recorded is not None
                 highest = max([recorded.lease_epoch] + [record.epoch for record in recorded.effects.values()])
-                repair = JsonFileStore(self.path("store")).repair_lease(contract.task_id, self.clock.now())
+                with self.assertLogs("longrun", "WARNING") as logged:  # the move is logged
+                    repair = JsonFileStore(self.path("store")).repair_lease(contract.task_id, self.clock.now())
+                self.assertIn(repair.quarantined, "\n".join(logged.output))
                 self.assertTrue(os.path.exists(os.path.join(self.store.task_dir(contract.task_id), repair.quarantined)))
                 with open(os.path.join(self.store.task_dir(contract.task_id), repair.quarantined), "rb") as handle:
                     self.assertEqual(handle.read(), damage(data), "the damaged record is kept as it was")
