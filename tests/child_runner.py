@@ -1,6 +1,7 @@
 """A runner in its own process, for tests that kill, stop or race real processes.
 
-Usage: python child_runner.py ROOT OUTBOX [options]; prints the outcome as one JSON line.
+Usage: python child_runner.py ROOT OUTBOX [options]; prints the outcome as one JSON line. ROOT is a
+JSON-file store directory, or with ``--sqlite`` a SQLite database file.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
-from longrun import JsonFileStore, Limits, RetryPolicy, RunContract, Runner, Step, SystemClock  # noqa: E402
+from longrun import JsonFileStore, Limits, SqliteStore, RetryPolicy, RunContract, Runner, Step, SystemClock  # noqa: E402
 from longrun.adapters import EffectRequest, Observation, Receipt  # noqa: E402
 from longrun.testing import OutboxAdapter  # noqa: E402
 
@@ -69,7 +70,7 @@ def build(args: argparse.Namespace) -> Runner:
     return Runner(
         contract,
         steps,
-        store=JsonFileStore(args.root),
+        store=SqliteStore(args.root) if args.sqlite else JsonFileStore(args.root),
         adapters={"write": adapter},  # type: ignore[dict-item]
         owner=args.owner,
         clock=LaterClock(args.later),
@@ -84,6 +85,7 @@ def main() -> None:
     parser.add_argument("root")
     parser.add_argument("outbox")
     parser.add_argument("--task", default="crash-task")
+    parser.add_argument("--sqlite", action="store_true", help="ROOT is a SQLite database file")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--kill-after", action="append", default=[])
     parser.add_argument("--fail-transient", type=int, default=0)

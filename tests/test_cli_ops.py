@@ -7,11 +7,13 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import unittest
 from unittest import mock
 
-from support import TempDirTest, run_python
+from support import TempDirTest, child_env, run_python
 
 from longrun import JsonFileStore, Limits, RunContract, Runner, Status, Step
 from longrun.testing import FakeClock, OutboxAdapter, read_outbox
@@ -517,6 +519,120 @@ class PostgresStoreTest(OpsCase):
         self.assertIn(":***@", outputs[-1].stdout, "verify names the store with its password masked")
 
 
+HOLD_LEASE = """
+import sys, time
+from longrun.stores import open_store
+open_store(sys.argv[1]).acquire_lease(sys.argv[2], "worker-7", 3600.0, time.time())
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+class RepairTest(OpsCase):
+    def damage_lease(self, task_id: str) -> bytes:
+        """Flip one bit in the task's lease record (the case of a letter of its token, so the record
+        stays JSON and only its checksum can tell); return the damaged bytes."""
+        path = os.path.join(self.store_dir, task_id, "lease.json")
+        with open(path, "rb") as handle:
+            data = bytearray(handle.read())
+        start = data.index(b'"token":"') + len(b'"token":"')
+        letter = next(index for index in range(start, len(data)) if chr(data[index]) in "abcdef")
+        data[letter] ^= 0x20
+        with open(path, "wb") as handle:
+            handle.write(data)
+        return bytes(data)
+
+    def quarantined_leases(self, task_id: str) -> list[str]:
+        directory = os.path.join(self.store_dir, task_id, "quarantine")
+        return sorted(os.path.join(directory, name) for name in os.listdir(directory) if name.startswith("lease.json"))
+
+    def hold_lease(self, spec: str, task_id: str) -> subprocess.Popen[str]:
+        """Another process that holds the task's lease and stays alive (killed at cleanup)."""
+        child = subprocess.Popen(
+            [sys.executable, "-c", HOLD_LEASE, spec, task_id], env=child_env(), stdout=subprocess.PIPE, text=True
+        )
+        def reap() -> None:
+            if child.poll() is None:
+                child.kill()
+                child.communicate()
+
+        self.addCleanup(reap)
+        self.assertEqual(child.stdout.readline().strip(), "held")
+        return child
+
+    def test_a_damaged_lease_stops_the_run_and_repair_lets_the_next_run_continue_at_a_newer_epoch(self) -> None:
+        self.assert_exit(resume("gated"), 1)
+        damaged = self.damage_lease("gated")
+        stuck = self.json_of(resume("gated", "--json"), 1)
+        self.assertEqual(stuck["status"], "state-unrecoverable")
+        self.assertIn("longrun repair <store> gated --lease", stuck["next_action"])
+        verified = cli("verify", self.store_dir, "gated")
+        self.assert_exit(verified, 3)
+        self.assertIn("longrun repair <store> gated --lease", verified.stdout)
+        recorded = JsonFileStore(self.store_dir).load("gated").state
+        highest = max([recorded.lease_epoch] + [effect.epoch for effect in recorded.effects.values()])
+        result = cli("repair", self.store_dir, "gated", "--lease")
+        self.assert_exit(result, 0)
+        quarantined = self.quarantined_leases("gated")
+        self.assertEqual(len(quarantined), 1)
+        with open(quarantined[0], "rb") as handle:
+            self.assertEqual(handle.read(), damaged, "the damaged record is moved aside as it was, never deleted")
+        self.assertIn(os.path.relpath(quarantined[0], os.path.join(self.store_dir, "gated")), result.stdout)
+        self.assertIn(f"epoch {highest}", result.stdout)
+        self.assertRegex(result.stdout, rf"next run gets epoch {highest + 1}")
+        again = self.json_of(resume("gated", "--json"), 1)
+        self.assertEqual(again["status"], "awaiting-approval", again["next_action"])
+        self.assertGreater(again["epoch"], highest)
+        self.assertEqual(OutboxAdapter(self.outbox).counts(), {"gated/draft": 1})
+
+    def test_repair_json(self) -> None:
+        self.assert_exit(resume("gated"), 1)
+        self.damage_lease("gated")
+        report = self.json_of(cli("repair", self.store_dir, "gated", "--lease", "--json"))
+        self.assertEqual(report["task_id"], "gated")
+        self.assertEqual(report["next_epoch"], report["epoch"] + 1)
+        self.assertEqual(report["lease"]["epoch"], report["epoch"])
+        self.assertNotIn("token", report["lease"], "the lease's secret is never printed")
+        self.assertIn("checksum", report["damage"])
+        self.assertTrue(report["quarantined"].startswith("quarantine"))
+        self.assertEqual(len(self.quarantined_leases("gated")), 1)
+
+    def test_repair_refuses_an_intact_lease_a_live_holder_and_a_missing_what(self) -> None:
+        self.awaiting_task()
+        before = self.listing("gated")
+        intact = cli("repair", self.store_dir, "gated", "--lease")
+        self.assert_fails(intact, 1, "is not damaged")
+        self.assertEqual(self.listing("gated"), before)
+        self.assert_fails(cli("repair", self.store_dir, "gated"), 2, "--lease")
+        self.assert_fails(cli("repair", self.store_dir, "nosuch", "--lease"), 2, "no task 'nosuch'")
+        holder = self.hold_lease(self.store_dir, "gated")
+        self.damage_lease("gated")
+        busy = cli("repair", self.store_dir, "gated", "--lease", "--json")
+        self.assert_fails(busy, 1, "holds the lease")
+        self.assertEqual(busy.stdout, "")
+        self.assertEqual(self.quarantined_leases("gated"), [], "nothing moved while a holder lives")
+        holder.kill()
+        holder.communicate()
+        self.assert_exit(cli("repair", self.store_dir, "gated", "--lease"), 0)  # its holder is gone now
+
+    @unittest.skipIf(SqliteStore is None, SQLITE_MISSING)
+    def test_repair_a_damaged_lease_row_of_a_sqlite_store(self) -> None:
+        import sqlite3
+
+        database = self.path("tasks.db")
+        os.environ["LONGRUN_CLI_STORE"] = f"sqlite:{database}"
+        self.assert_exit(resume("gated"), 1)
+        with contextlib.closing(sqlite3.connect(database)) as connection:
+            connection.execute("UPDATE longrun_leases SET epoch = -1 WHERE task_id = 'gated'")
+            connection.commit()
+        self.assertEqual(self.json_of(resume("gated", "--json"), 1)["status"], "state-unrecoverable")
+        report = self.json_of(cli("repair", f"sqlite:{database}", "gated", "--lease", "--json"))
+        self.assertTrue(report["quarantined"].startswith("longrun_quarantine/"), report)
+        again = self.json_of(resume("gated", "--json"), 1)
+        self.assertEqual(again["status"], "awaiting-approval")
+        self.assertGreater(again["epoch"], report["epoch"])
+
+
 class JsonEverywhereTest(OpsCase):
     def test_approve_and_cancel_json(self) -> None:
         self.awaiting_task()
@@ -559,7 +675,7 @@ class JsonEverywhereTest(OpsCase):
         self.assertIn("demo passed", result.stderr, "the narrative goes to stderr")
 
     def test_every_command_documents_json_and_its_exit_codes(self) -> None:
-        for command in ("ls", "status", "history", "verify", "approve", "cancel", "resume", "demo"):
+        for command in ("ls", "status", "history", "verify", "approve", "cancel", "repair", "resume", "demo"):
             with self.subTest(command=command):
                 result = cli(command, "--help")
                 self.assert_exit(result, 0)

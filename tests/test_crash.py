@@ -12,16 +12,18 @@ import time
 import unittest
 
 import support
-from longrun import JsonFileStore, Status
+from longrun import JsonFileStore, SqliteStore, Status
 from longrun.testing import copy_keeping_links, read_outbox
 
 
 class ChildRunnerCase(support.TempDirTest):
     task = "crash-task"
+    sqlite = False
+    """Whether the children run on a SQLite store (ROOT is then its database file)."""
 
     def setUp(self) -> None:
         super().setUp()
-        self.root = self.path("store")
+        self.root = self.path("store.db" if self.sqlite else "store")
         self.outbox = self.path("outbox.jsonl")
         self.children: list[subprocess.Popen[str]] = []
         self.later = 0.0
@@ -40,7 +42,10 @@ class ChildRunnerCase(support.TempDirTest):
             self.later += 100.0
             later = self.later
         child = subprocess.Popen(
-            [sys.executable, support.CHILD, self.root, self.outbox, "--task", self.task, "--later", str(later), *options],
+            [
+                sys.executable, support.CHILD, self.root, self.outbox, "--task", self.task, "--later", str(later),
+                *(("--sqlite",) if self.sqlite else ()), *options,
+            ],  # fmt: skip
             env={**support.child_env(), **(env or {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -74,8 +79,15 @@ class ChildRunnerCase(support.TempDirTest):
         expected = {f"{self.task}/step-{i:03d}": 1 for i in range(steps)}
         self.assertEqual(self.counts(), expected)
 
+    def open_store(self):
+        return SqliteStore(self.root) if self.sqlite else JsonFileStore(self.root)
+
     def state(self):
-        return JsonFileStore(self.root).load(self.task).state
+        store = self.open_store()
+        try:
+            return store.load(self.task).state
+        finally:
+            getattr(store, "close", lambda: None)()
 
 
 class InterruptionTests(ChildRunnerCase):
@@ -157,6 +169,58 @@ class LeaseProcessTests(ChildRunnerCase):
         self.assertEqual(json.loads(out)["status"], "lease-lost", err)
         self.assertEqual(self.state().revision, revision, "the stale owner's later writes were rejected")
         self.assert_exactly_once(5)
+
+
+    def test_two_overlapping_runs_with_the_same_owner_string_apply_each_effect_once(self) -> None:
+        # A stable owner such as the host name is a natural choice; it is a label, not a key.
+        signal_path = self.path("in-apply")
+        first = self.spawn("--slow", "step-001:1.5", "--signal", signal_path, "--owner", "build-host", later=0)
+        self.wait_for(signal_path)
+        code, second = self.run_child("--owner", "build-host", later=0)
+        self.assertEqual(code, 0)
+        self.assertEqual(second["status"], "already-running", second["next_action"])
+        out, err = first.communicate(timeout=60)
+        self.assertEqual(json.loads(out)["status"], "done", err)
+        self.assert_exactly_once(5)
+        self.assertEqual({line["epoch"] for line in read_outbox(self.outbox)}, {1})
+
+    def test_a_holder_killed_mid_run_is_taken_over_at_once_and_nothing_is_applied_twice(self) -> None:
+        signal_path = self.path("in-apply")
+        holder = self.spawn("--slow", "step-001:60", "--signal", signal_path, later=0)
+        self.wait_for(signal_path)
+        holder.kill()  # SIGKILL inside the adapter, its 30 s lease unexpired on the shared clock
+        holder.communicate()
+        code, outcome = self.run_child(later=0)  # at once, on the same clock
+        self.assertEqual(outcome["status"], "done", outcome["next_action"])
+        self.assertEqual(outcome["epoch"], 2)
+        self.assert_exactly_once(5)
+        state = self.state()
+        self.assertEqual(state.effects["step-001"].attempts, 2, "observed absent, then applied under the newer epoch")
+        self.assertEqual({line["epoch"] for line in read_outbox(self.outbox)}, {1, 2})
+
+    def test_a_paused_holder_is_respected_and_already_running_reports_the_real_progress(self) -> None:
+        signal_path = self.path("in-apply")
+        holder = self.spawn("--slow", "step-002:1.0", "--signal", signal_path, later=0)
+        self.wait_for(signal_path)
+        os.kill(holder.pid, signal.SIGSTOP)  # alive, holding its lease, doing nothing
+        try:
+            code, outcome = self.run_child(later=0)
+            revision = self.state().revision
+        finally:
+            os.kill(holder.pid, signal.SIGCONT)
+        self.assertEqual(outcome["status"], "already-running")
+        self.assertGreater(revision, 0)
+        self.assertEqual(outcome["revision"], revision)
+        self.assertEqual(sorted(outcome["results"]), ["step-000", "step-001"])
+        self.assertIn(f"revision {revision}", outcome["next_action"])
+        self.assertIn("2 of 5 effects verified", outcome["next_action"])
+        out, err = holder.communicate(timeout=60)
+        self.assertEqual(json.loads(out)["status"], "done", err)
+        self.assert_exactly_once(5)
+
+
+class SqliteLeaseProcessTests(LeaseProcessTests):
+    sqlite = True
 
 
 class BoundedRetryAcrossProcessesTests(ChildRunnerCase):

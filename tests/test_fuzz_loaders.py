@@ -271,7 +271,7 @@ class DecoderFuzzTests(FuzzCase):
         approval = Approval.for_request(request, approval_id="ap-1", approver="op", granted_at=11.0, expires_at=9e9)
         cancellation = Cancellation(TASK, 12.0, "op", "stop")
         kinds: list[tuple[str, dict[str, Any], Callable[[Any], Any]]] = [
-            ("lease", Lease(TASK, "me", 3, 1.0, 2.0).to_json(), Lease.from_json),
+            ("lease", Lease(TASK, "me", 3, 1.0, 2.0, token="ab" * 16, holder_lock="boot:x/1/2").to_json(), Lease.from_json),
             ("approval", approval.to_json(), Approval.from_json),
             ("approval request", request.to_json(), ApprovalRequest.from_json),
             ("cancellation", cancellation.to_json(), Cancellation.from_json),
@@ -602,6 +602,7 @@ class SqliteStoreFuzzTests(FuzzCase):
             ("longrun_leases", "owner", None),
             ("longrun_leases", "epoch", None),
             ("longrun_leases", "expires_at", None),
+            ("longrun_leases", "token", None),
             ("longrun_states", "revision", None),
             ("longrun_effects", "position", None),
         ]
@@ -808,6 +809,10 @@ class ControlRecordVersionTests(unittest.TestCase):
             ({"epoch": -1}, "epoch"),
             ({"epoch": True}, "epoch"),
             ({"expires_at": 10**400}, "expires_at"),
+            ({"token": ""}, "token"),
+            ({"token": 5}, "token"),
+            ({"token": "t" * 129}, "token"),
+            ({"holder_lock": 7}, "holder_lock"),
         ]:
             with self.subTest(change=change), self.assertRaisesRegex(CorruptStateError, fragment):
                 Lease.from_json({**body, **change})

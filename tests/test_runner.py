@@ -789,6 +789,42 @@ class LeaseTests(RunnerCase):
         with open(path, "rb") as handle:
             self.assertEqual(handle.read(), before)
 
+    def test_a_damaged_lease_record_stops_state_unrecoverable_until_repaired_above_every_recorded_epoch(self) -> None:
+        steps = [Step("s0", "write", {"n": 0}), Step("s1", "write", {"n": 1}, approval=True)]
+        damages = {
+            "truncated": lambda data: data[: len(data) // 2],
+            "bit-flipped": lambda data: data[:20] + bytes([data[20] ^ 0x04]) + data[21:],
+        }
+        for name, damage in damages.items():
+            with self.subTest(damage=name):
+                contract = RunContract(f"task-{name}", "write two lines, the second approved")
+                first = self.runner(steps, contract=contract).run()
+                self.assertEqual(first.status, Status.AWAITING_APPROVAL)
+                path = os.path.join(self.store.task_dir(contract.task_id), "lease.json")
+                with open(path, "rb") as handle:
+                    data = handle.read()
+                with open(path, "wb") as handle:
+                    handle.write(damage(data))
+                for _ in range(2):  # every later run, not only the first
+                    outcome = self.runner(steps, contract=contract).run()
+                    self.assertEqual(outcome.status, Status.STATE_UNRECOVERABLE)
+                    self.assertIn(f"longrun repair <store> {contract.task_id} --lease", outcome.next_action)
+                    self.assertTrue(any("lease" in item.detail for item in outcome.observations))
+                applied = {key: count for key, count in self.outbox.counts().items() if key.startswith(contract.task_id + "/")}
+                self.assertEqual(applied, {f"{contract.task_id}/s0": 1}, "nothing applied while the lease was damaged")
+                recorded = self.store.load(contract.task_id).state
+                assert recorded is not None
+                highest = max([recorded.lease_epoch] + [record.epoch for record in recorded.effects.values()])
+                with self.assertLogs("longrun", "WARNING") as logged:  # the move is logged
+                    repair = JsonFileStore(self.path("store")).repair_lease(contract.task_id, self.clock.now())
+                self.assertIn(repair.quarantined, "\n".join(logged.output))
+                self.assertTrue(os.path.exists(os.path.join(self.store.task_dir(contract.task_id), repair.quarantined)))
+                with open(os.path.join(self.store.task_dir(contract.task_id), repair.quarantined), "rb") as handle:
+                    self.assertEqual(handle.read(), damage(data), "the damaged record is kept as it was")
+                again = self.runner(steps, contract=contract).run()
+                self.assertEqual(again.status, Status.AWAITING_APPROVAL, again.next_action)
+                self.assertGreater(again.epoch, highest)
+
     def test_failed_renewal_during_a_long_apply_stops_lease_lost_before_any_write(self) -> None:
         adapter = RecordingAdapter()
         taken = threading.Event()

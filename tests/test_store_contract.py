@@ -146,6 +146,13 @@ class JsonFileStoreContract(StoreContract, support.TempDirTest):
         with open(target, "wb") as handle:
             handle.write(text)
 
+    def damage_lease(self, store: Any, task_id: str) -> None:
+        path = os.path.join(self._task_dir(task_id), "lease.json")
+        if not os.path.isfile(path):
+            self.skipTest("the JSON-file store keeps its lease record elsewhere now")
+        with open(path, "r+b") as handle:
+            handle.truncate(os.path.getsize(path) // 2)
+
     @contextlib.contextmanager
     def fail_nth_operation(self, store: Any, n: int) -> Iterator[None]:
         if not isinstance(getattr(store, "io", None), FileIO):
@@ -189,6 +196,9 @@ class _SqlHooks:
             "SELECT ?, step_id, position, revision, record, checksum FROM longrun_effects WHERE task_id = ?",
             (task_id, source_task_id),
         )
+
+    def damage_lease(self, store: Any, task_id: str) -> None:
+        self.sql("UPDATE longrun_leases SET epoch = -1 WHERE task_id = ?", (task_id,))
 
     def plant_future_schema(self, store: Any, task_id: str) -> None:
         self.sql("INSERT INTO longrun_schema (version, applied_at, description) VALUES (999, 0, 'from the future')")

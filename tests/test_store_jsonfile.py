@@ -169,6 +169,40 @@ class LeaseTests(StoreCase):
         third = self.store.acquire_lease("t", "c", 30.0, 200.0)
         self.assertGreater(third.epoch, second.epoch)
 
+    def test_a_lost_lease_record_beside_damaged_state_still_never_reissues_an_epoch(self) -> None:
+        lease, state = self.committed()
+        for now in (100.0, 200.0):  # commits at epochs 2 and 3, in the journal
+            lease = self.store.acquire_lease("t", "next", 30.0, now)
+            self.store.load("t", lease=lease)
+            self.store.commit(lease, state)
+        self.assertEqual(lease.epoch, 3)
+        os.unlink(self.file("lease.json"))
+        with open(self.file("state.json"), "r+b") as handle:
+            handle.write(b"garbage")  # the snapshot no longer validates; the journal lines still do
+        taken = JsonFileStore(self.store.root).acquire_lease("t", "after", 30.0, 300.0)
+        self.assertGreater(taken.epoch, 3)
+
+    def test_a_lease_record_written_before_tokens_still_loads_and_its_epoch_fences(self) -> None:
+        from longrun.canonical import canonical_bytes, sha256_hex
+
+        holder = self.store.acquire_lease("t", "old-holder", 30.0, 0.0)
+        old = dataclasses.replace(holder, token=None, holder_lock=None)  # what older code held and wrote
+        body = old.to_json()
+        for document in ({**body, "checksum": "sha256:" + sha256_hex(canonical_bytes(body))}, body):
+            with self.subTest(checksum="checksum" in document):
+                with open(self.file("lease.json"), "wb") as handle:
+                    handle.write(canonical_bytes(document))
+                other = JsonFileStore(self.store.root)
+                self.assertEqual(other.read_lease("t"), old)
+                with self.assertRaises(LeaseHeldError):  # live: no owner name opens it, the old one neither
+                    other.acquire_lease("t", "old-holder", 30.0, 1.0)
+                renewed = other.renew_lease(old, 30.0, 2.0)  # its holder renews with the epoch alone
+                self.assertEqual(renewed.epoch, old.epoch)
+        taken = JsonFileStore(self.store.root).acquire_lease("t", "new", 30.0, 100.0)
+        self.assertIsNotNone(taken.token)
+        with self.assertRaises(FencedError):
+            self.store.renew_lease(old, 30.0, 101.0)
+
     def test_bad_lease_arguments(self) -> None:
         for ttl in (0, -1, float("nan"), True):
             with self.subTest(ttl=ttl), self.assertRaises(InvalidInputError):

@@ -105,9 +105,9 @@ class DatabaseFenceTests(PostgresCase):
         self.assertEqual(self.schema.execute("SELECT revision, header FROM longrun_states"), before)
 
     def test_an_epoch_never_moves_backwards(self) -> None:
-        self.committed()
+        lease, _ = self.committed()
         for _ in range(2):
-            self.store.acquire_lease("t", "me", 30.0, time.time())
+            lease = self.store.acquire_lease("t", "me", 30.0, time.time(), token=lease.token)  # re-entered by its holder
         epoch = self.store.read_lease("t").epoch
         # Pretend the code computed too low an epoch (it read no lease and no floor): the upsert refuses.
         with mock.patch.object(self.store, "_get_lease", lambda task_id: None), mock.patch.object(

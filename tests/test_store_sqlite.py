@@ -66,11 +66,15 @@ class FileTests(SqliteCase):
         names = sorted(name for name in os.listdir(self.tmp) if name.startswith("longrun.db"))
         self.assertIn("longrun.db-wal", names)
         self.assertIn("longrun.db-witness", names)
+        self.assertIn("longrun.db-leases", names)  # the holders' lock files, one per task
         for name in names:
-            expected = 0o700 if name == "longrun.db-witness" else 0o600
-            self.assertEqual(stat.S_IMODE(os.stat(self.path(name)).st_mode), expected, name)
+            path = self.path(name)
+            self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o700 if os.path.isdir(path) else 0o600, name)
         self.assertEqual(os.listdir(self.path("longrun.db-witness")), ["t.json"])
         self.assertEqual(stat.S_IMODE(os.stat(self.path("longrun.db-witness", "t.json")).st_mode), 0o600)
+        locks = os.listdir(self.path("longrun.db-leases"))
+        self.assertEqual(locks, ["t.lock"])
+        self.assertEqual(stat.S_IMODE(os.stat(self.path("longrun.db-leases", "t.lock")).st_mode), 0o600)
 
     def test_wal_full_sync_and_a_busy_timeout_are_set(self) -> None:
         self.store.list_tasks()
@@ -386,17 +390,45 @@ class MonotonicLeaseTests(SqliteCase):
         stored = self.open().read_lease("t")
         self.assertEqual((stored.monotonic_clock, stored.monotonic_expires_at), ("boot:x", 110.0))
 
+    def downgrade(self, version: int) -> None:
+        """Make the database look as longrun schema ``version`` left it (its lease rows included)."""
+        dropped = {3: ("token", "holder_lock"), 2: ("monotonic_clock", "monotonic_expires_at")}
+        for newer in sorted(dropped, reverse=True):
+            if newer > version:
+                for column in dropped[newer]:
+                    self.sql(f"ALTER TABLE longrun_leases DROP COLUMN {column}")
+                self.sql("DELETE FROM longrun_schema WHERE version = ?", (newer,))
+
     def test_a_version_1_database_is_migrated_and_its_leases_still_load(self) -> None:
         self.store.acquire_lease("t", "holder", 30.0, 1000.0)
         self.store.close()
-        self.sql("ALTER TABLE longrun_leases DROP COLUMN monotonic_clock")
-        self.sql("ALTER TABLE longrun_leases DROP COLUMN monotonic_expires_at")
-        self.sql("DELETE FROM longrun_schema WHERE version = 2")
+        self.downgrade(1)
         migrated = self.open()
         lease = migrated.read_lease("t")
         self.assertEqual((lease.owner, lease.monotonic_clock), ("holder", None))
         self.assertEqual(self.sql("SELECT MAX(version) FROM longrun_schema"), [(SCHEMA_VERSION,)])
         self.assertEqual(migrated.acquire_lease("t", "next", 30.0, 2000.0, monotonic=("boot:y", 1.0)).epoch, 2)
+
+    def test_a_version_2_database_is_migrated_and_a_lease_without_a_token_is_fenced_by_its_epoch(self) -> None:
+        self.store.acquire_lease("t", "holder", 30.0, 1000.0)
+        self.store.close()
+        self.downgrade(2)
+        self.sql("UPDATE longrun_leases SET expires_at = 3000.0")  # live at 2000
+        migrated = self.open()
+        old = migrated.read_lease("t")
+        self.assertEqual((old.owner, old.token, old.holder_lock), ("holder", None, None))
+        self.assertEqual(self.sql("SELECT MAX(version) FROM longrun_schema"), [(SCHEMA_VERSION,)])
+        from longrun import LeaseHeldError
+
+        with self.assertRaises(LeaseHeldError):  # live, and its owner name opens nothing
+            migrated.acquire_lease("t", "holder", 30.0, 2000.0)
+        renewed = migrated.renew_lease(old, 30.0, 2000.0)  # its holder (running older code) still renews
+        self.assertEqual(renewed.epoch, old.epoch)
+        taken = self.open().acquire_lease("t", "next", 30.0, 5000.0)
+        self.assertEqual(taken.epoch, old.epoch + 1)
+        self.assertIsNotNone(taken.token)
+        with self.assertRaises(FencedError):
+            migrated.renew_lease(old, 30.0, 5000.0)
 
 
 if __name__ == "__main__":

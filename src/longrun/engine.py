@@ -58,6 +58,7 @@ from .errors import (
     PayloadError,
     PermanentError,
     StateUnrecoverableError,
+    StorageError,
     TransientError,
     UnknownActionError,
 )
@@ -156,6 +157,8 @@ class Plan(Protocol):
     def drive(self, engine: "Engine") -> None: ...
 
     def result(self, state: RunState) -> JSONValue: ...
+
+    def progress(self, state: RunState) -> str: ...
 
 
 class Engine:
@@ -277,9 +280,24 @@ class Engine:
             if holder is not None:
                 now = self.clock.now()
                 until = f" at {utc(now + max(0.0, holder.remaining(now, self._monotonic_reading().get('monotonic'))))}"
+            progress = ""
+            try:  # the holder's progress, for the outcome: a read-only load takes no lease and moves nothing
+                self._state = self.store.load(self.task_id).state
+            except (CorruptStateError, StorageError) as load_error:
+                self._evidence.unknown("store", f"the task's progress could not be read: {load_error}")
+            if self._state is not None:
+                progress = f"; so far revision {self._state.revision}, {plan.progress(self._state)}"
             return self._outcome(
                 Status.ALREADY_RUNNING,
-                f"wait for the current owner to finish or for its lease to expire{until}, then run again",
+                f"wait for the current owner to finish or for its lease to expire{until}, then run again{progress}",
+            )
+        except CorruptStateError as exc:
+            self._evidence.observed("store", f"the lease record cannot be read: {exc}")
+            self._evidence.unknown("lease", "who holds the task's lease, and at which epoch")
+            return self._outcome(
+                Status.STATE_UNRECOVERABLE,
+                f"repair the lease record with `longrun repair <store> {self.task_id} --lease` (it keeps the damaged "
+                "record aside and the next run gets an epoch above every one recorded), then run again",
             )
         self._evidence.observed("store", f"lease acquired by {self.owner} at epoch {self._lease.epoch}")
         self._keeper = LeaseKeeper(self._lease, self._renew, self.lease_ttl_s / 3, self._monotonic)

@@ -282,6 +282,14 @@ class _FunctionPlan:
             engine.complete(FUNCTION_STEP, result)
         raise engine.finish([FUNCTION_STEP])
 
+    def progress(self, state: RunState) -> str:
+        counts: dict[str, int] = {}
+        for record in state.effects.values():
+            if record.step_id != FUNCTION_STEP:
+                kind = "effects" if not record.action.startswith(INTERNAL_PREFIX) else "other steps"
+                counts[kind] = counts.get(kind, 0) + (record.state is EffectState.VERIFIED)
+        return ", ".join(f"{count} {kind} verified" for kind, count in counts.items()) or "no step recorded yet"
+
     def result(self, state: RunState) -> JSONValue:
         record = state.effects.get(FUNCTION_STEP)
         return record.result if record is not None and record.state is EffectState.VERIFIED else None

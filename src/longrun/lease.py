@@ -22,6 +22,20 @@ runs at the wrong rate changes nothing. A lease recorded during another boot of 
 clock with no ``monotonic_id``, a store that does not keep it, the database stores) expiry is
 judged by wall clock: the caller's, or the database server's.
 
+Who holds a lease is decided by a secret, not a name. ``acquire_lease`` issues a random ``token``
+with every grant; renewal, release, commits and a repairing load must present it with the epoch,
+and a live lease is re-entered only by the caller that presents its token. The ``owner`` is a
+label for people (``status``, logs): two runs that call themselves by the same name (the host
+name, say) are still two holders, and the second gets ``LeaseHeldError``. The token never appears
+in ``repr``, in ``read_lease`` or in a ``LeaseHeldError``; anyone who can read the store's files can
+read it there, so it tells holders apart, it does not keep out someone who can edit the store.
+
+On one machine a store can also prove that a holder died (``holder_lock``, see
+``stores._holders``): the holder keeps a kernel lock for the lease's life, the kernel drops it when
+the process dies, and a contender on the same boot that finds the lock free takes the lease at
+once, with the next epoch, instead of waiting for the expiry. A holder that is only paused keeps
+its lock and is waited for; a holder on another machine is judged by expiry alone.
+
 Not guaranteed: that the adapter call itself stops when the lease is lost. A thread cannot be
 killed; a target that must refuse stale work checks ``EffectRequest.epoch`` itself. Nor a right
 judgement if the kernel's monotonic clock is itself wrong (it is never stepped; NTP slews it by
@@ -33,20 +47,27 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from . import _fields as f
 from .canonical import JSONValue
-__all__ = ["Lease", "LeaseKeeper", "MonotonicReading", "boot_clock_id"]
+from .errors import CorruptStateError
+__all__ = ["Lease", "LeaseKeeper", "LeaseRepair", "MonotonicReading", "boot_clock_id"]
 
 log = logging.getLogger("longrun")
 
 
 _LEASE_FIELDS = frozenset(
-    {"schema_version", "task_id", "owner", "epoch", "acquired_at", "expires_at", "monotonic_clock", "monotonic_expires_at",
-     "committed_revision"}
+    {
+        "schema_version", "task_id", "owner", "epoch", "acquired_at", "expires_at", "monotonic_clock",
+        "monotonic_expires_at", "committed_revision", "token", "holder_lock",
+    }
 )  # fmt: skip
+MAX_TOKEN_CHARS = 128
+RELEASED = 0.0
+"""The expiry a released lease records: over whatever any clock says (a clock stepped back after a
+release must not bring the lease back to life and keep the next owner out)."""
 
 MonotonicReading = tuple[str, float]
 """``(timeline id, seconds)``: a monotonic clock reading and the timeline it is comparable on."""
@@ -81,6 +102,16 @@ class Lease:
     """A revision of the task's state known committed (its write had returned) when the store wrote
     this record. The record lives apart from the state, so a state that loads below it was rolled
     back further than a crash can take it (see ``stores.base``). 0: none known."""
+    token: str | None = field(default=None, repr=False, compare=False)
+    """The grant's secret: only its holder has it (see the module docstring). None in a record read
+    by someone else, and in a record written before tokens existed (then the epoch alone fences)."""
+    holder_lock: str | None = None
+    """The kernel lock the holder keeps for the lease's life (``boot id/device/inode``), if it has one."""
+
+    @property
+    def released(self) -> bool:
+        """Whether the holder gave the lease up (``release_lease``, or a repair wrote it released)."""
+        return self.expires_at == RELEASED
 
     def expired(self, now: float, monotonic: MonotonicReading | None = None) -> bool:
         """Whether the lease has ended for a caller whose wall clock says ``now`` and whose monotonic
@@ -88,6 +119,8 @@ class Lease:
         return self.remaining(now, monotonic) <= 0
 
     def remaining(self, now: float, monotonic: MonotonicReading | None = None) -> float:
+        if self.expires_at == RELEASED:
+            return 0.0  # given up: over on every clock, however far one was stepped back
         if monotonic is not None and self.monotonic_clock is not None and self.monotonic_expires_at is not None:
             timeline, reading = monotonic
             if timeline == self.monotonic_clock:
@@ -110,6 +143,10 @@ class Lease:
             data["monotonic_expires_at"] = self.monotonic_expires_at
         if self.committed_revision:
             data["committed_revision"] = self.committed_revision
+        if self.token is not None:
+            data["token"] = self.token
+        if self.holder_lock is not None:
+            data["holder_lock"] = self.holder_lock
         return data
 
     @classmethod
@@ -128,7 +165,36 @@ class Lease:
             monotonic_clock=f.get_str(d, "monotonic_clock", what, optional=True),
             monotonic_expires_at=f.get_float(d, "monotonic_expires_at", what, optional=True),
             committed_revision=f.get_int(d, "committed_revision", what, optional=True) or 0,
+            token=_token(d, what),
+            holder_lock=f.get_str(d, "holder_lock", what, optional=True),
         )
+
+    def without_token(self) -> "Lease":
+        """The record as anyone but its holder may see it."""
+        return self if self.token is None else replace(self, token=None)
+
+
+def _token(d: Mapping[str, Any], what: str) -> str | None:
+    token: str | None = f.get_str(d, "token", what, optional=True)
+    if token is not None and not 0 < len(token) <= MAX_TOKEN_CHARS:
+        raise CorruptStateError(f"{what}: field 'token' must hold 1 to {MAX_TOKEN_CHARS} characters")
+    return token
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRepair:
+    """What ``repair_lease`` did: where the damaged record went, and the released lease written."""
+
+    lease: Lease
+    """The released record now stored, at the highest epoch recorded anywhere but the lost record."""
+    quarantined: str
+    """Where the damaged record was moved (a path in the task directory, or a quarantine row)."""
+    damage: str
+    """Why the record did not validate."""
+
+    @property
+    def next_epoch(self) -> int:
+        return self.lease.epoch + 1
 
 
 class LeaseKeeper:

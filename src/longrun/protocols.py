@@ -83,7 +83,10 @@ class Store(Protocol):
     """
 
     def acquire_lease(self, task_id: str, owner: str, ttl_s: float, now: float) -> Lease:
-        """Take the lease with a strictly greater epoch unless another owner's is live.
+        """Take the lease with a strictly greater epoch and a new secret ``Lease.token``, unless the
+        current lease is live. ``owner`` is a label: a live lease is re-entered only by a caller
+        that passes its token as the keyword ``token=``; renewal, release, commits and a repairing
+        load must carry the token of the current lease as well as its epoch.
 
         The runner passes ``monotonic=(timeline, reading)`` as a keyword too when its clock has a
         ``monotonic_id`` (and only then); a store that records it judges expiry on that timeline.
@@ -94,7 +97,9 @@ class Store(Protocol):
 
     def release_lease(self, lease: Lease, now: float) -> None: ...
 
-    def read_lease(self, task_id: str) -> Lease | None: ...
+    def read_lease(self, task_id: str) -> Lease | None:
+        """The lease record as anyone may see it: without its holder's token."""
+        ...
 
     def load(self, task_id: str, *, lease: Lease | None = None) -> LoadResult: ...
 

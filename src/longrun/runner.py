@@ -45,6 +45,7 @@ from .contract import RunContract, Step, plan_digest, plan_prefix_digests, valid
 from .engine import Engine, default_owner, utc
 from .envelope import RunState
 from .errors import UnknownActionError
+from .ledger import EffectState
 from .outcome import TERMINAL, RunOutcome
 from .protocols import ApprovalSource, CancellationSource, Clock, EffectAdapter, Store
 
@@ -157,3 +158,7 @@ class _DeclaredPlan:
 
     def result(self, state: RunState) -> JSONValue:
         return None
+
+    def progress(self, state: RunState) -> str:
+        verified = sum(1 for record in state.effects.values() if record.state is EffectState.VERIFIED)
+        return f"{verified} of {len(self._runner.steps)} effects verified"

@@ -1,10 +1,10 @@
-"""The operator command line: ``longrun ls | status | history | verify | approve | cancel | resume | demo``.
+"""The operator command line: ``longrun ls | status | history | verify | approve | cancel | repair | resume | demo``.
 
 The only part of longrun that prints. Every command but ``resume`` and ``demo`` works on a store
 named by the operator: a JSON-file store directory, ``sqlite:PATH`` or a ``postgresql://`` URL,
 given as the ``STORE`` argument or with ``--store SPEC`` (never created by the CLI). ``ls``,
 ``status``, ``history`` and ``verify`` are read-only; ``approve`` and ``cancel`` write one control
-record each; ``resume MODULE:FUNCTION`` imports a function that builds a ``Runner`` and runs it
+record each; ``repair --lease`` sets a damaged lease record aside and writes a released lease; ``resume MODULE:FUNCTION`` imports a function that builds a ``Runner`` and runs it
 once (the recovery trigger for cron or systemd); ``demo`` runs a fictional task through a real
 SIGKILL and resume. Every command takes ``--json``.
 
@@ -15,8 +15,8 @@ code  meaning
 ====  ==========================================================================================
 0     ok (``verify``: safe to resume now, or finished; ``resume``: done)
 1     the run is not done, or not in the state the command needs (``verify``: resumable only
-      after an operator acts; ``resume``: a later run or an operator continues it; ``demo``: a
-      check failed)
+      after an operator acts; ``resume``: a later run or an operator continues it; ``repair``:
+      refused, the lease record is not damaged or its holder is alive; ``demo``: a check failed)
 2     usage or bad input: wrong arguments, unknown task, missing store, unsafe task id, a bad
       store spec; ``resume``: a bad ``MODULE:FUNCTION`` target or ``InvalidInputError``
 3     storage error or damaged state (``verify``: damaged, with whether the backup validates)
@@ -27,8 +27,8 @@ code  meaning
 130   interrupted (Ctrl-C)
 ====  ==========================================================================================
 
-The per-command tables are in ``longrun verify --help`` and ``longrun resume --help`` (and the
-docstrings of ``_verify`` and ``_resume``).
+The per-command tables are in ``longrun verify --help``, ``longrun resume --help`` and
+``longrun repair --help`` (and the docstrings of ``_verify`` and ``_resume``).
 """
 
 from ._main import build_parser, main

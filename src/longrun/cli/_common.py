@@ -248,6 +248,8 @@ def relative(at: float, now: float) -> str:
 def lease_summary(lease: Lease | None, now: float) -> str:
     if lease is None:
         return "none (never acquired)"
+    if lease.released:
+        return f"expired: owner {lease.owner}, epoch {lease.epoch}, released by its holder"
     state = "expired" if lease.expired(now) else "held"
     return (
         f"{state}: owner {lease.owner}, epoch {lease.epoch}, "

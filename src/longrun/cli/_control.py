@@ -1,6 +1,8 @@
-"""The operator's writing commands: ``approve`` and ``cancel``.
+"""The operator's writing commands: ``approve``, ``cancel`` and ``repair``.
 
-Both write one control record and nothing else; neither takes the lease or touches the state.
+``approve`` and ``cancel`` write one control record and nothing else; neither takes the lease or
+touches the state. ``repair --lease`` replaces a damaged lease record through the store's
+``repair_lease`` (the damaged record is moved aside, never deleted; see ``stores.base``).
 
 ``approve`` copies the scope of a pending ``ApprovalRequest`` (task, plan digest, step, payload
 digest, action) into a new ``Approval`` with a fresh random id, so it authorizes exactly that
@@ -31,19 +33,20 @@ import os
 import secrets
 import sys
 import time
-from typing import TextIO
+from typing import Callable, TextIO
 
 from ..approval import Approval, ApprovalRequest
 from ..authority import FileControlSource, key_id, load_key, sign_approval, sign_cancellation
 from ..cancellation import Cancellation
 from ..canonical import JSONValue, ensure_json, parse_json
 from ..contract import ASK_ACTION
-from ..errors import CorruptStateError, InvalidInputError, LongrunError
+from ..errors import CorruptStateError, InvalidInputError, LeaseHeldError, LongrunError, UnknownTaskError
+from ..lease import LeaseRepair
 from ..outcome import TERMINAL
 from ..protocols import ApprovalSource, Store
 from ._common import CliError, ExitCode, checked_task, format_time, relative, write_json
 
-__all__ = ["cmd_approve", "cmd_cancel", "parse_answer", "unconsumed_matches"]
+__all__ = ["cmd_approve", "cmd_cancel", "cmd_repair", "parse_answer", "unconsumed_matches"]
 
 def parse_answer(text: str) -> JSONValue:
     """An answer as the operator typed it: JSON if it parses as JSON, else the plain string."""
@@ -267,5 +270,41 @@ def cmd_cancel(
         + (f"  file    {written}\n" if written is not None else "")
         + "the runner reads it before every new effect: an effect in flight is still reconciled, "
         "then the run ends cancelled\n"
+    )
+    return 0
+
+
+def cmd_repair(store: Store, task_id: str, *, repaired_by: str, out: TextIO, as_json: bool = False) -> int:
+    """Repair the task's damaged lease record. A refusal (not damaged, a live holder) is exit 1."""
+    task_id = checked_task(task_id)
+    repair: Callable[..., LeaseRepair] | None = getattr(store, "repair_lease", None)
+    if not callable(repair):
+        raise CliError(f"{type(store).__name__} cannot repair a lease record (it has no repair_lease)", ExitCode.USAGE)
+    try:
+        result = repair(task_id, time.time(), repaired_by=repaired_by)
+    except UnknownTaskError:
+        raise
+    except (InvalidInputError, LeaseHeldError) as exc:
+        raise CliError(f"{exc}; nothing was changed", ExitCode.NOT_AS_ASKED) from exc
+    lease = result.lease
+    if as_json:
+        write_json(
+            out,
+            {
+                "task_id": task_id,
+                "damage": result.damage,
+                "quarantined": result.quarantined,
+                "epoch": lease.epoch,
+                "next_epoch": result.next_epoch,
+                "lease": lease.without_token().to_json(),
+            },
+        )
+        return 0
+    out.write(
+        f"lease record of task {task_id} repaired\n"
+        f"  damage      {result.damage}\n"
+        f"  moved to    {result.quarantined} (kept, never deleted)\n"
+        f"  new record  released at epoch {lease.epoch}, the highest epoch the store records elsewhere\n"
+        f"next: run the task again; the next run gets epoch {result.next_epoch}, above every epoch already used\n"
     )
     return 0

@@ -148,6 +148,9 @@ def _lease_entries(lease: Lease | None, now: float) -> list[dict[str, Any]]:
     if lease is None:
         return []
     entries = [_entry(lease.acquired_at, "lease-acquired", f"lease taken by {lease.owner}", source="lease", epoch=lease.epoch)]
+    if lease.released:  # the record keeps no time of the release: it was at or after the acquisition
+        entries.append(_entry(None, "lease-end", f"lease of {lease.owner} released by its holder", source="lease", epoch=lease.epoch))
+        return entries
     ended = "ended (released or expired)" if lease.expired(now) else "held until"
     entries.append(_entry(lease.expires_at, "lease-end", f"lease of {lease.owner} {ended} {format_time(lease.expires_at)}",
                           source="lease", epoch=lease.epoch))

@@ -93,8 +93,18 @@ exit codes (from the outcome's status):
   70  run() raised an exception that is not longrun's (the task's own code, or a bug); traceback printed
 """
 
-_STORE_COMMANDS = ("status", "history", "verify", "approve", "answer", "cancel", "ls")
-_TASK_COMMANDS = ("status", "history", "verify", "approve", "answer", "cancel")
+REPAIR_EPILOG = """\
+exit codes:
+  0  repaired: the damaged lease record is in the task's quarantine, and a released lease stands at
+     the highest epoch the store records elsewhere; the next run gets a newer epoch
+  1  refused, nothing changed: the lease record is not damaged, or a process on this machine
+     still holds the task's lease (stop it, or let it finish, first)
+  2  usage: wrong arguments (what to repair: --lease), unknown task, missing store, unsafe task id
+  3  storage error, or a lease record written by a newer longrun (upgrade longrun instead)
+"""
+
+_STORE_COMMANDS = ("status", "history", "verify", "approve", "answer", "cancel", "repair", "ls")
+_TASK_COMMANDS = ("status", "history", "verify", "approve", "answer", "cancel", "repair")
 
 
 MAX_TTL_S = 10 * 366 * 86_400.0
@@ -294,6 +304,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_authority_options(cancel, "cancellation")
     _add_json(cancel, "{cancellation, replaced_earlier_record, signed_with_key, written_to, run_already_ended}")
 
+    repair = add(
+        "repair",
+        "repair a task's damaged lease record (--lease) so that its next run can start, at a newer epoch",
+        "With --lease: move the task's damaged lease record aside into the task's quarantine (it is never "
+        "deleted) and write a released lease at the highest epoch the store records elsewhere (the state "
+        "and its journal; a database's own epoch floor), so the next run acquires a strictly higher epoch "
+        "and nothing written under an earlier one is accepted. Refused, changing nothing, when the lease "
+        "record is not damaged or while a process on this machine holds the task's lease.",
+        STORE_HELP + "\n" + REPAIR_EPILOG,
+    )
+    _add_store(repair, task=True)
+    repair.add_argument("--lease", action="store_true", help="repair the lease record (the one repair there is)")
+    _add_json(repair, "{task_id, damage, quarantined, epoch, next_epoch, lease} (the lease without its holder's token)")
+
     resume = add(
         "resume",
         "import MODULE, call FUNCTION() for a Runner and run it once: the recovery trigger for cron or systemd",
@@ -456,6 +480,10 @@ def _store_command(args: argparse.Namespace, store: Store, label: str, out: Text
             control_root=args.control_root,
             as_json=args.json,
         )
+    if args.command == "repair":
+        from ._control import cmd_repair
+
+        return cmd_repair(store, args.task, repaired_by=f"longrun repair ({login_name()})", out=out, as_json=args.json)
     raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover
 
 
@@ -477,6 +505,8 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
         command_parser.error(f"unrecognized arguments: {' '.join(extras)}")
     if args.command in _STORE_COMMANDS:
         args.store_spec = _store_spec(args)
+    if args.command == "repair" and not args.lease:
+        command_parser.error("say what to repair: --lease (the lease record; the state repairs itself on the next run)")
     return args
 
 

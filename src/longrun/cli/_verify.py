@@ -240,7 +240,12 @@ def _check_lease(checks: _Checks, store: Store, state: RunState | None, task_id:
     try:
         lease = store.read_lease(task_id)
     except CorruptStateError as exc:
-        checks.add("lease", "damaged", f"the lease record is damaged: {exc}")
+        checks.add(
+            "lease",
+            "damaged",
+            f"the lease record is damaged: {exc}; `longrun repair <store> {task_id} --lease` sets it aside and lets "
+            "the next run in at a newer epoch",
+        )
         return
     if lease is None:
         detail = "no lease record"

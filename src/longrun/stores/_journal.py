@@ -76,6 +76,7 @@ __all__ = [
     "encode_journal_meta",
     "encode_snapshot",
     "frame",
+    "highest_epoch",
     "no_gc",
     "parse_meta",
     "record_from_row",
@@ -573,6 +574,40 @@ def describe_record(body: bytes) -> dict[str, Any]:
         "changes": changes,
         "description": "; ".join(changes) if changes else "header fields updated",
     }
+
+
+def highest_epoch(data: bytes) -> int:
+    """The highest lease epoch named by any checksum-valid line of a snapshot or journal file (0 if none).
+
+    For a floor when the lease record is lost or damaged: a damaged file still proves the epochs
+    its good lines name, so each line is read on its own and one that does not parse is passed over
+    (the file's damage is reported by ``load``, not here)."""
+    highest = 0
+    epoch_index = EFFECT_FIELDS.index("epoch")
+    for body in scan(data, padded=True).bodies:
+        try:
+            value = _loads(body, "line")
+        except CorruptStateError:
+            continue  # counted as no epoch: the floor only ever rises
+        candidates: list[object] = []
+        if isinstance(value, dict):
+            changed = value.get("set")
+            candidates += [value.get("epoch"), value.get("lease_epoch")]
+            if isinstance(changed, dict):
+                candidates.append(changed.get("lease_epoch"))
+            effects = value.get("effects")
+            if isinstance(effects, dict):
+                for change in effects.values():
+                    if isinstance(change, list) and len(change) == len(EFFECT_FIELDS):
+                        candidates.append(change[epoch_index])
+                    elif isinstance(change, dict):
+                        candidates.append(change.get("epoch"))
+        elif isinstance(value, list):  # a snapshot's line of effect rows
+            candidates += [row[epoch_index] for row in value if isinstance(row, list) and len(row) == len(EFFECT_FIELDS)]
+        for candidate in candidates:
+            if type(candidate) is int and 0 <= candidate <= MAX_INT:
+                highest = max(highest, candidate)
+    return highest
 
 
 def encode_journal_meta(task_id: str, base: int) -> bytes:

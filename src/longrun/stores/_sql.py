@@ -20,7 +20,8 @@ database whose version is newer than this code knows is refused with ``SchemaVer
     longrun_tasks          task_id, created_at, revision_floor (highest revision ever committed),
                            epoch_floor (highest epoch ever issued, should the lease row be lost)
     longrun_leases         task_id, owner, epoch, acquired_at, expires_at,
-                           monotonic_clock, monotonic_expires_at (version 2)
+                           monotonic_clock, monotonic_expires_at (version 2),
+                           token, holder_lock (version 3: the holder's secret, its kernel lock)
     longrun_states         task_id, revision, epoch, plan_digest, status, next_action,
                            effect_count, header (a state envelope with no effects), checksum
     longrun_effects        task_id, step_id, position, revision, record, checksum
@@ -81,7 +82,7 @@ __all__ = ["SCHEMA_VERSION", "SqlStore"]
 
 log = logging.getLogger("longrun")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 MAX_APPROVALS = 1000
 MAX_RECORD_BYTES = 64 * 1024
 """A control record (approval, cancellation) longer than this is refused, as by the file stores."""
@@ -152,6 +153,14 @@ def _migrations(types: dict[str, str]) -> list[tuple[int, str, list[str]]]:
             [
                 "ALTER TABLE longrun_leases ADD COLUMN monotonic_clock TEXT",
                 f"ALTER TABLE longrun_leases ADD COLUMN monotonic_expires_at {t['float']}",
+            ],
+        ),
+        (
+            3,
+            "the lease holder's secret token, and the kernel lock that shows it alive on this machine",
+            [
+                "ALTER TABLE longrun_leases ADD COLUMN token TEXT",
+                "ALTER TABLE longrun_leases ADD COLUMN holder_lock TEXT",
             ],
         ),
     ]
@@ -429,18 +438,18 @@ class SqlStore(BaseStore):
 
     # -- lease --------------------------------------------------------------------------------
 
+    _LEASE_COLUMNS = "owner, epoch, acquired_at, expires_at, monotonic_clock, monotonic_expires_at, token, holder_lock"
+
     def _get_lease(self, task_id: str) -> Lease | None:
-        row = self._one(
-            "SELECT owner, epoch, acquired_at, expires_at, monotonic_clock, monotonic_expires_at "
-            "FROM longrun_leases WHERE task_id = ?",
-            (task_id,),
-        )
+        row = self._one(f"SELECT {self._LEASE_COLUMNS} FROM longrun_leases WHERE task_id = ?", (task_id,))
         if row is None:
             return None
-        owner, epoch, acquired_at, expires_at, monotonic_clock, monotonic_expires_at = row
+        owner, epoch, acquired_at, expires_at, monotonic_clock, monotonic_expires_at, token, holder_lock = row
         fields = {"task_id": task_id, "owner": owner, "epoch": epoch, "acquired_at": acquired_at, "expires_at": expires_at}
         if monotonic_clock is not None or monotonic_expires_at is not None:
             fields.update(monotonic_clock=monotonic_clock, monotonic_expires_at=monotonic_expires_at)
+        # Absent in a row written before schema version 3: such a lease is fenced by its epoch alone.
+        fields.update({name: value for name, value in (("token", token), ("holder_lock", holder_lock)) if value is not None})
         try:
             return Lease.from_json(fields)
         except CorruptStateError as exc:
@@ -449,14 +458,15 @@ class SqlStore(BaseStore):
     def _put_lease(self, lease: Lease) -> None:
         cursor = self._run(
             "INSERT INTO longrun_leases (task_id, owner, epoch, acquired_at, expires_at, monotonic_clock, "
-            "monotonic_expires_at) VALUES (?, ?, ?, ?, ?, ?, ?) "
+            "monotonic_expires_at, token, holder_lock) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (task_id) DO UPDATE SET owner = excluded.owner, epoch = excluded.epoch, "
             "acquired_at = excluded.acquired_at, expires_at = excluded.expires_at, "
-            "monotonic_clock = excluded.monotonic_clock, monotonic_expires_at = excluded.monotonic_expires_at "
+            "monotonic_clock = excluded.monotonic_clock, monotonic_expires_at = excluded.monotonic_expires_at, "
+            "token = excluded.token, holder_lock = excluded.holder_lock "
             "WHERE longrun_leases.epoch <= excluded.epoch",
             (
                 lease.task_id, lease.owner, lease.epoch, lease.acquired_at, lease.expires_at,
-                lease.monotonic_clock, lease.monotonic_expires_at,
+                lease.monotonic_clock, lease.monotonic_expires_at, lease.token, lease.holder_lock,
             ),
         )
         if cursor.rowcount != 1:
@@ -482,6 +492,20 @@ class SqlStore(BaseStore):
             self._one("SELECT epoch FROM longrun_states WHERE task_id = ?", (task_id,)),
         ]
         return max((row[0] for row in floors if row is not None and isinstance(row[0], int)), default=0)
+
+    def _set_lease_aside(self, task_id: str, reason: str) -> str:
+        """Copy the damaged lease row into the quarantine (as text), then delete it, in this transaction."""
+        row = self._one(f"SELECT {self._LEASE_COLUMNS} FROM longrun_leases WHERE task_id = ?", (task_id,))
+        names = self._LEASE_COLUMNS.split(", ")
+        data = "; ".join(f"{name}={_raw(value)}" for name, value in zip(names, row or ()))
+        self._run(
+            "INSERT INTO longrun_quarantine (task_id, kind, name, reason, quarantined_at, data) "
+            f"VALUES (?, 'lease', ?, ?, {self._now_sql()}, ?)",
+            (task_id, f"longrun_leases/{task_id}", reason, data),
+        )
+        self._run("DELETE FROM longrun_leases WHERE task_id = ?", (task_id,))
+        found = self._one("SELECT MAX(id) FROM longrun_quarantine WHERE task_id = ? AND kind = 'lease'", (task_id,))
+        return f"longrun_quarantine/{found[0] if found is not None else '?'} (longrun_leases/{task_id})"
 
     # -- state --------------------------------------------------------------------------------
 

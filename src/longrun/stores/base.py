@@ -3,10 +3,13 @@
 Invariants every store built on ``BaseStore`` keeps (the tests are built to break them):
 
 1. Epochs only grow: each successful ``acquire_lease`` issues ``previous epoch + 1``.
-2. A second owner cannot acquire while the current lease is unexpired.
+2. Nobody acquires while the current lease is unexpired, whatever owner name it gives, unless it
+   presents that lease's secret token (re-entry by its holder), or the store proves the holder
+   dead (its kernel lock on this machine is free, see ``_holders``).
 3. Every mutating call that carries a lease (commit, renew, release, repairing load) runs inside
    the task's exclusive transaction and is refused with ``FencedError``, changing nothing, unless
-   the lease's epoch equals the stored epoch.
+   the lease's epoch equals the stored epoch and it carries the stored lease's token (a record
+   written before tokens existed has none: the epoch alone decides).
 4. Revisions only grow: each commit gets a revision above every revision that may have been
    committed before, including one lost to damage.
 5. After a failed write the store refuses further commits for that task until it is re-loaded,
@@ -32,15 +35,22 @@ Invariants every store built on ``BaseStore`` keeps (the tests are built to brea
    make an epoch be issued twice. Not caught: a loss of commits made since the last lease write
    (the runner observes before its first apply for that), or a witness lost together with the
    state.
+8. A damaged lease record is repaired only by ``repair_lease``: the record is moved aside (never
+   deleted) and replaced by a released lease at the highest epoch recorded elsewhere
+   (``_epoch_floor``), so the next acquisition's epoch is above every epoch the state records. It
+   refuses a record that is not damaged, and one whose holder is alive on this machine.
 
 A subclass supplies the primitives: a per-task exclusive transaction, reading and writing the
-lease record, reading (and repairing) and writing the state, and the control records.
+lease record (and moving a damaged one aside), reading (and repairing) and writing the state, and
+the control records; a store on this machine's file system also gives ``_holders``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hmac
 import logging
+import secrets
 from typing import Collection, NamedTuple
 
 from .. import _crashpoints
@@ -49,9 +59,19 @@ from ..cancellation import Cancellation
 from ..contract import check_task_id
 from ..control import ControlRecord
 from ..envelope import RunState
-from ..errors import FencedError, InvalidInputError, LeaseHeldError, StateUnrecoverableError, StorageError
-from ..lease import Lease, MonotonicReading
+from ..errors import (
+    CorruptStateError,
+    FencedError,
+    ForeignStateError,
+    InvalidInputError,
+    LeaseHeldError,
+    SchemaVersionError,
+    StateUnrecoverableError,
+    StorageError,
+)
+from ..lease import RELEASED, Lease, LeaseRepair, MonotonicReading
 from ..protocols import LoadResult
+from ._holders import HolderLocks
 
 __all__ = ["BaseStore", "Witness"]
 
@@ -71,6 +91,10 @@ class Witness(NamedTuple):
 
 class BaseStore:
     """Implements the ``Store`` protocol over a handful of primitives (see the module docstring)."""
+
+    _holders: HolderLocks | None = None
+    """The kernel locks that prove a holder's liveness on this machine (``_holders``); None for a
+    store shared across machines, whose leases end by expiry only."""
 
     def __init__(self) -> None:
         self._revisions: dict[str, int] = {}
@@ -108,10 +132,19 @@ class BaseStore:
         """The epoch and committed revision a record apart from the state shows, called inside the
         task's transaction. The default reads the lease record; a store whose lease record lives
         with its state (a database) keeps the witness elsewhere, or has none (revision 0)."""
-        lease = self._get_lease(task_id)
+        try:
+            lease = self._get_lease(task_id)
+        except CorruptStateError:
+            # A damaged record witnesses nothing; a run stops state-unrecoverable on it until it is
+            # repaired (invariant 8), and the repair writes the epoch floor.
+            return Witness(0, 0, "a damaged lease record")
         if lease is None:
             return Witness(0, 0, "no lease record")
         return Witness(lease.epoch, lease.committed_revision, "the lease record")
+
+    def _set_lease_aside(self, task_id: str, reason: str) -> str:
+        """Move the damaged lease record aside (never delete it); return where it went."""
+        raise NotImplementedError
 
     def _get_state(self, task_id: str, *, repair: bool) -> LoadResult:
         raise NotImplementedError
@@ -142,15 +175,40 @@ class BaseStore:
             raise InvalidInputError(f"lease ttl must be a positive number of seconds, got {ttl_s!r}")
 
     def _fence(self, lease: Lease, *, operation: str) -> Lease:
-        current = self._get_lease(lease.task_id)
+        try:
+            current = self._get_lease(lease.task_id)
+        except CorruptStateError:
+            self._let_go(lease)  # the holder cannot prove it holds the lease any more
+            raise
         if current is None or current.epoch != lease.epoch:
+            self._let_go(lease)
             raise FencedError(
                 f"{operation} for task {lease.task_id!r} refused: it carries epoch {lease.epoch}, "
                 f"the store's current epoch is {current.epoch if current else 'none'}",
                 current_epoch=current.epoch if current else None,
                 write_epoch=lease.epoch,
             )
+        if not self._holds(current, lease.token):
+            self._let_go(lease)
+            raise FencedError(
+                f"{operation} for task {lease.task_id!r} refused: it carries epoch {lease.epoch} but not "
+                "that lease's token (only the holder it was granted to may write under it)",
+                current_epoch=current.epoch,
+                write_epoch=lease.epoch,
+            )
         return current
+
+    @staticmethod
+    def _holds(current: Lease, token: str | None) -> bool:
+        """Whether ``token`` is ``current``'s secret. A record written before tokens has none: then
+        the epoch alone decides, as it did when that record was written."""
+        if current.token is None:
+            return True
+        return isinstance(token, str) and hmac.compare_digest(token.encode(), current.token.encode())
+
+    def _let_go(self, lease: Lease) -> None:
+        if self._holders is not None:
+            self._holders.let_go(lease.task_id, lease)
 
     @staticmethod
     def _monotonic_expiry(monotonic: MonotonicReading | None, ttl_s: float) -> dict[str, object]:
@@ -161,33 +219,61 @@ class BaseStore:
         return {"monotonic_clock": timeline, "monotonic_expires_at": reading + ttl_s}
 
     def acquire_lease(
-        self, task_id: str, owner: str, ttl_s: float, now: float, *, monotonic: MonotonicReading | None = None
+        self,
+        task_id: str,
+        owner: str,
+        ttl_s: float,
+        now: float,
+        *,
+        monotonic: MonotonicReading | None = None,
+        token: str | None = None,
     ) -> Lease:
-        """Take the task's lease with the next epoch, unless another owner's lease is live.
+        """Take the task's lease with the next epoch and a new secret token, unless it is live.
 
         Live means unexpired by the store's clock (``_clock(now)``), or, when the record and
-        ``monotonic`` are on the same monotonic timeline, by that timeline alone (``Lease.remaining``)."""
+        ``monotonic`` are on the same monotonic timeline, by that timeline alone (``Lease.remaining``).
+        A live lease is taken only by a caller that presents its ``token`` (its holder re-entering),
+        or when the store proves its holder dead (``_holders``). ``owner`` is only a label."""
         check_task_id(task_id)
         self._check_ttl(ttl_s)
         if not isinstance(owner, str) or not owner:
             raise InvalidInputError("lease owner must be a non-empty string")
+        if token is not None and not isinstance(token, str):
+            raise InvalidInputError("a lease token must be a string (the token of the lease to re-enter)")
         with self._transaction(task_id, create=True):
             now = self._clock(now)
             current = self._get_lease(task_id)
-            if current is not None and current.owner != owner and not current.expired(now, monotonic):
-                raise LeaseHeldError(
-                    f"task {task_id!r} is leased to {current.owner!r} (epoch {current.epoch}) "
-                    f"for {current.remaining(now, monotonic):.1f}s more",
-                    holder=current,
-                )
-            witness = self._witness(task_id)
-            floor = max(current.epoch if current is not None else self._epoch_floor(task_id), witness.epoch)
-            lease = Lease(
-                task_id=task_id, owner=owner, epoch=floor + 1, acquired_at=now, expires_at=now + ttl_s,
-                **self._monotonic_expiry(monotonic, ttl_s),  # type: ignore[arg-type]
-                committed_revision=self._committed_revision(task_id, current),
-            )  # fmt: skip
-            self._put_lease(lease)
+            claim, newly = self._holders.claim(task_id) if self._holders is not None else (None, False)
+            try:
+                if current is not None and not current.expired(now, monotonic):
+                    reentry = token is not None and current.token is not None and self._holds(current, token)
+                    if not reentry and not HolderLocks.holder_gone(current, claim, newly):
+                        raise LeaseHeldError(
+                            f"task {task_id!r} is leased to {current.owner!r} (epoch {current.epoch}) "
+                            f"for {current.remaining(now, monotonic):.1f}s more",
+                            holder=current.without_token(),
+                        )
+                    if not reentry:
+                        log.warning(
+                            "task %s: the holder of its lease at epoch %d (%s) is gone from this machine "
+                            "(its lock was free); taken over at once",
+                            task_id, current.epoch, current.owner,
+                        )  # fmt: skip
+                witness = self._witness(task_id)
+                floor = max(current.epoch if current is not None else self._epoch_floor(task_id), witness.epoch)
+                lease = Lease(
+                    task_id=task_id, owner=owner, epoch=floor + 1, acquired_at=now, expires_at=now + ttl_s,
+                    token=secrets.token_hex(16), holder_lock=claim,
+                    committed_revision=self._committed_revision(task_id, current),
+                    **self._monotonic_expiry(monotonic, ttl_s),  # type: ignore[arg-type]
+                )  # fmt: skip
+                self._put_lease(lease)
+            except BaseException:
+                if newly and self._holders is not None:
+                    self._holders.let_go(task_id)
+                raise
+            if self._holders is not None and claim is not None:
+                self._holders.assign(task_id, lease)
         log.debug("lease on %s acquired by %s at epoch %d", task_id, owner, lease.epoch)
         if _crashpoints.ARMED:
             _crashpoints.hit("lease.acquired", lease.epoch)
@@ -202,6 +288,7 @@ class BaseStore:
                 raise FencedError(f"lease on {lease.task_id!r} at epoch {lease.epoch} belongs to {current.owner!r}")
             renewed = Lease(
                 lease.task_id, lease.owner, lease.epoch, current.acquired_at, now + ttl_s,
+                token=current.token, holder_lock=current.holder_lock,
                 **self._monotonic_expiry(monotonic, ttl_s),  # type: ignore[arg-type]
                 committed_revision=self._committed_revision(lease.task_id, current),
             )  # fmt: skip
@@ -214,27 +301,69 @@ class BaseStore:
         with self._transaction(lease.task_id, create=False):
             now = self._clock(now)
             current = self._fence(lease, operation="lease release")
-            ended: dict[str, object] = {}
-            if monotonic is not None and current.monotonic_clock == monotonic[0] and current.monotonic_expires_at is not None:
-                ended = {"monotonic_clock": monotonic[0], "monotonic_expires_at": min(monotonic[1], current.monotonic_expires_at)}
-            # Without a reading on the record's timeline the record drops it: the wall-clock expiry
-            # (now, at the latest) then decides, so a release always ends the lease.
+            # A released lease records the expiry RELEASED, over on every clock: judged by a wall clock
+            # stepped back after the release, an expiry of "now" would look live again.
             self._put_lease(
                 Lease(
-                    lease.task_id, current.owner, lease.epoch, current.acquired_at, min(now, current.expires_at),
-                    **ended,  # type: ignore[arg-type]
+                    lease.task_id, current.owner, lease.epoch, current.acquired_at, RELEASED,
+                    token=current.token,
                     committed_revision=self._committed_revision(lease.task_id, current),
                 )
             )  # fmt: skip
+        self._let_go(lease)
 
     def _committed_revision(self, task_id: str, current: Lease | None) -> int:
         """What the next lease record witnesses: the most it or this store object knows committed."""
         return max(current.committed_revision if current is not None else 0, self._committed.get(task_id, 0))
 
     def read_lease(self, task_id: str) -> Lease | None:
+        """The task's lease record as anyone may see it: without its holder's token."""
         check_task_id(task_id)
         with self._transaction(task_id, create=False, write=False):
-            return self._get_lease(task_id)
+            lease = self._get_lease(task_id)
+        return lease.without_token() if lease is not None else None
+
+    def repair_lease(self, task_id: str, now: float, *, repaired_by: str = "longrun repair") -> LeaseRepair:
+        """Replace a damaged lease record by a released lease that no epoch already used can follow.
+
+        The damaged record is moved aside (``_set_lease_aside``, never deleted). The new record is
+        released (acquired at ``now``, expired since the clock's epoch, whatever a runner's clock
+        says), names ``repaired_by`` as its owner, and carries the highest epoch the store records
+        anywhere else (``_epoch_floor``: the state, its journal, the database's floor) and a token
+        nobody holds, so the next acquisition gets a strictly higher epoch and no earlier holder
+        can write under it. Refused with ``InvalidInputError`` if the record is not damaged (or missing: the next
+        acquisition already starts above the floor), with ``SchemaVersionError`` if it was written
+        by a newer longrun, and with ``LeaseHeldError`` if a process on this machine still holds
+        the task's lock (stop it first). A holder on another machine cannot be seen: its writes
+        are then refused by the new token and epoch, and it stops ``lease-lost``."""
+        check_task_id(task_id)
+        if not isinstance(repaired_by, str) or not repaired_by:
+            raise InvalidInputError("repaired_by must be a non-empty string")
+        with self._transaction(task_id, create=False):
+            now = self._clock(now)
+            try:
+                current = self._get_lease(task_id)
+            except SchemaVersionError:
+                raise  # well formed, from a newer longrun: not damage, not ours to replace
+            except (CorruptStateError, ForeignStateError) as exc:
+                damage = str(exc)
+            else:
+                what = "has no lease record" if current is None else f"has a valid lease record (epoch {current.epoch})"
+                raise InvalidInputError(f"task {task_id!r} {what}: the lease is not damaged, nothing to repair")
+            if self._holders is not None and self._holders.someone_holds(task_id):
+                raise LeaseHeldError(
+                    f"task {task_id!r}: a process on this machine holds the lease's lock, so its holder is alive; "
+                    "stop it (or let it finish) before repairing the lease record"
+                )
+            floor = self._epoch_floor(task_id)
+            quarantined = self._set_lease_aside(task_id, "damaged")
+            # Expired for every clock (a runner's wall clock may lag the operator's): no one holds it.
+            lease = Lease(task_id, repaired_by, floor, acquired_at=now, expires_at=RELEASED, token=secrets.token_hex(16))
+            self._put_lease(lease)
+        log.warning(
+            "task %s: damaged lease record moved to %s; a released lease at epoch %d written (%s)", task_id, quarantined, floor, damage
+        )
+        return LeaseRepair(lease=lease.without_token(), quarantined=quarantined, damage=damage)
 
     def load(self, task_id: str, *, lease: Lease | None = None) -> LoadResult:
         """Read the task's state. With a lease (checked), damaged files are also quarantined."""

@@ -7,8 +7,11 @@ Layout under ``root`` (directories 0700, files 0600)::
         journal.<R>.log     the journal: one line per commit after revision R, then zero padding
         state.json.bak      the previous snapshot, a hard link made by each compaction
         journal.<B>.log     the previous snapshot's journal (B = its revision), kept beside it
-        lease.json          owner, epoch, expiry, the revision last known committed (the state's
-                            witness, ``stores.base`` invariant 7); never deleted, so epochs never restart
+        lease.json          owner, epoch, expiry, the holder's token, the revision last known committed
+                            (the state's witness, ``stores.base`` invariant 7); never deleted, so epochs
+                            never restart (a damaged one is moved to quarantine by ``repair_lease``)
+        lease.lock          held with flock(2) by the lease's holder for the lease's life, so a
+                            contender can tell a dead holder from a paused one (``_holders``)
         lock                flock(2) target: every read-modify-write of the task runs under it
         control/cancel.json
         control/approvals/<approval id>.json
@@ -111,6 +114,7 @@ from ..outcome import Evidence
 from ..protocols import LoadResult
 from . import _journal as journal
 from ._fileio import TEMP_MARK, FileIO, ensure_dir, read_file, read_prefix, read_small, write_all_at, write_atomic
+from ._holders import HolderLocks
 from .base import BaseStore
 
 __all__ = ["JsonFileStore"]
@@ -120,6 +124,7 @@ log = logging.getLogger("longrun")
 STATE = "state.json"
 BACKUP = "state.json.bak"
 LEASE = "lease.json"
+HOLDER_LOCK = "lease.lock"
 LOCK = "lock"
 CONTROL = "control"
 APPROVALS = "approvals"
@@ -284,6 +289,7 @@ class JsonFileStore(BaseStore):
         self._open_journals: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._leases: dict[str, tuple[bytes, Lease]] = {}
         self._dirs: dict[str, str] = {}
+        self._holders = HolderLocks(lambda task_id: os.path.join(self.task_dir(task_id), HOLDER_LOCK))
 
     def __repr__(self) -> str:
         return f"JsonFileStore({self.root!r})"
@@ -380,8 +386,33 @@ class JsonFileStore(BaseStore):
         self._leases[lease.task_id] = (data, lease)
 
     def _epoch_floor(self, task_id: str) -> int:
-        state = self._get_state(task_id, repair=False).state
-        return state.lease_epoch if state is not None else 0
+        """The highest epoch any stored revision names, read line by line without repairing: both
+        snapshots (their header and effect rows) and every journal, in the task directory and in
+        its quarantine, counting each line whose checksum holds even in a damaged file."""
+        directory = self.task_dir(task_id)
+        floor = 0
+        for name in (STATE, BACKUP):
+            snapshot, _ = self._read_snapshot(task_id, name)
+            if snapshot is not None:
+                epoch = snapshot.raw.header.get("lease_epoch")
+                floor = max(floor, epoch if type(epoch) is int else 0)
+        names = [name for name in self.io.listdir(directory) if name.startswith((STATE, "journal."))]
+        try:
+            quarantined = self.io.listdir(os.path.join(directory, QUARANTINE))
+        except FileNotFoundError:
+            quarantined = []
+        names += [os.path.join(QUARANTINE, name) for name in quarantined if name.startswith((STATE, "journal."))]
+        for name in names:
+            if TEMP_MARK in name:
+                continue
+            data = read_file(self.io, os.path.join(directory, name), MAX_STATE_BYTES)
+            if data is not None:
+                floor = max(floor, journal.highest_epoch(data))
+        return floor
+
+    def _set_lease_aside(self, task_id: str, reason: str) -> str:
+        self._leases.pop(task_id, None)
+        return self._quarantine(task_id, LEASE, reason)
 
     # -- reading ------------------------------------------------------------------------------
 

@@ -10,7 +10,9 @@ owner-only. The schema, damage handling and the database's own fence are describ
 ``longrun.stores._sql``.
 
 Lease expiry is judged by the caller's clock, as with the JSON-file store: every process on one
-machine reads the same clock.
+machine reads the same clock. As there too, a lease's holder keeps a kernel lock for the lease's
+life (``stores._holders``), one file per task in ``<database>-leases/``, so a holder that died is
+taken over at once rather than at its expiry.
 
 The witness. A database file that is emptied, replaced by an older copy, or loses its ``-wal`` file
 is a consistent, older database: nothing inside it can tell. So every lease write (acquisition,
@@ -41,6 +43,7 @@ from ..canonical import JSONValue, canonical_bytes, parse_json, sha256_hex
 from ..errors import CorruptStateError, InvalidInputError, StorageError
 from ..lease import Lease
 from ._fileio import FileIO, ensure_dir, read_small, write_atomic
+from ._holders import HolderLocks
 from ._sql import SqlStore
 from .base import Witness
 
@@ -89,6 +92,7 @@ class SqliteStore(SqlStore):
         self.busy_timeout_s = float(busy_timeout_s)
         self._check_path()
         self._io = FileIO()
+        self._holders = HolderLocks(lambda task_id: os.path.join(self.path + "-leases", task_id + ".lock"), make_parent=True)
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"

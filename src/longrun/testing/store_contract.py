@@ -29,6 +29,8 @@ that need it (so a skip here is a gap in the store's own tests, not a pass):
   (``kind="cancellation"``) or as one approval record (``kind="approval"``).
 - ``fail_nth_operation(store, n)``: a context manager in which the store's ``n``-th low-level
   I/O operation (a system call, an SQL statement) raises ``OSError`` or the driver's error.
+- ``damage_lease(store, task_id)``: damage the task's stored lease record so that it no longer
+  validates (for ``repair_lease``, which the stores built on ``BaseStore`` offer).
 
 Not covered: durability across power loss (that needs a machine that loses power), and
 exclusion across machines (the PostgreSQL store's own tests race processes with skewed clocks).
@@ -147,6 +149,9 @@ class StoreContract:
         self._case.skipTest("the store gives no fail_nth_operation hook")
         raise AssertionError  # pragma: no cover
 
+    def damage_lease(self, store: Store, task_id: str) -> None:
+        self._case.skipTest("the store gives no damage_lease hook")
+
     # -- helpers ------------------------------------------------------------------------------
 
     @property
@@ -240,7 +245,7 @@ class StoreContract:
         epochs = []
         lease = store.acquire_lease("t", "owner-a", TTL, self.now())
         epochs.append(lease.epoch)
-        lease = store.acquire_lease("t", "owner-a", TTL, self.now())  # the same owner again
+        lease = store.acquire_lease("t", "owner-a", TTL, self.now(), token=lease.token)  # its holder re-enters
         epochs.append(lease.epoch)
         store.release_lease(lease, self.now())
         lease = self.store().acquire_lease("t", "owner-b", TTL, self.now())  # after a release
@@ -267,6 +272,100 @@ class StoreContract:
         store.release_lease(lease, self.now())
         taken = self.store().acquire_lease("t", "owner-b", TTL, self.now())
         case.assertGreater(taken.epoch, lease.epoch)
+
+    def test_contract_the_owner_is_a_label_only_the_token_re_enters_a_live_lease(self) -> None:
+        case, store = self._case, self.store()
+        first = store.acquire_lease("t", "host-1", TTL, self.now())
+        case.assertIsInstance(first.token, str)
+        case.assertGreaterEqual(len(first.token), 32, "the token is a secret: long and random")
+        for other in (store, self.store()):
+            for token in (None, "0" * 32, first.token.upper() if first.token.upper() != first.token else "f" * 32):
+                with case.subTest(token=token), case.assertRaises(LeaseHeldError):
+                    other.acquire_lease("t", "host-1", TTL, self.now(), token=token)  # the same owner string
+        case.assertEqual(self.store().read_lease("t").epoch, first.epoch, "a refused acquisition changes nothing")
+        again = self.store().acquire_lease("t", "host-1", TTL, self.now(), token=first.token)  # its holder re-enters
+        case.assertEqual(again.epoch, first.epoch + 1)
+        case.assertNotEqual(again.token, first.token, "every grant has its own token")
+        with case.assertRaises(FencedError):
+            store.renew_lease(first, TTL, self.now())  # the earlier grant is fenced, as after any acquisition
+        with case.assertRaises(LeaseHeldError):
+            self.store().acquire_lease("t", "host-1", TTL, self.now(), token=first.token)  # an old token opens nothing
+        with case.assertRaises(InvalidInputError):
+            self.store().acquire_lease("t", "host-1", TTL, self.now(), token=5)
+
+    def test_contract_renew_release_commit_and_repairing_load_need_the_lease_token(self) -> None:
+        case, store = self._case, self.store()
+        real, state = self.committed(store)
+        before = self.snapshot()
+        for forged in (dataclasses.replace(real, token=None), dataclasses.replace(real, token="f" * 32)):
+            calls: dict[str, Callable[[], object]] = {
+                "commit": lambda: store.commit(forged, state, set(state.effects)),
+                "commit from a fresh instance": lambda: self.store().commit(forged, sample_state("t"), ()),
+                "renew": lambda: store.renew_lease(forged, TTL, self.now()),
+                "release": lambda: store.release_lease(forged, self.now()),
+                "repairing load": lambda: store.load("t", lease=forged),
+            }
+            for name, call in calls.items():
+                revision = state.revision
+                with case.subTest(call=name, token=forged.token):
+                    with case.assertRaises(FencedError):
+                        call()
+                    case.assertEqual(self.snapshot(), before, f"{name} changed the store")
+                    case.assertEqual(state.revision, revision)
+        renewed = store.renew_lease(real, TTL, self.now())  # the holder itself is unaffected
+        case.assertEqual(renewed.token, real.token, "a renewal keeps the grant's token")
+        case.assertEqual(store.commit(renewed, state), before[1]["revision"] + 1)  # type: ignore[index]
+        store.release_lease(renewed, self.now())
+
+    def test_contract_the_token_is_never_shown(self) -> None:
+        case, store = self._case, self.store()
+        lease = store.acquire_lease("t", "owner-a", TTL, self.now())
+        assert lease.token is not None
+        case.assertNotIn(lease.token, repr(lease))
+        case.assertNotIn(lease.token, str(lease))
+        case.assertIsNone(self.store().read_lease("t").token, "a reader is not handed the holder's secret")
+        case.assertNotIn("token", self.store().read_lease("t").to_json())
+        with case.assertRaises(LeaseHeldError) as caught:
+            self.store().acquire_lease("t", "owner-b", TTL, self.now())
+        case.assertNotIn(lease.token, str(caught.exception))
+        holder = caught.exception.holder
+        assert isinstance(holder, Lease)
+        case.assertIsNone(holder.token, "nor is a contender")
+
+    def test_contract_a_damaged_lease_record_is_repaired_above_every_recorded_epoch(self) -> None:
+        case, store = self._case, self.store()
+        if not callable(getattr(store, "repair_lease", None)):
+            case.skipTest("the store has no repair_lease")
+        first, state = self.committed(store)
+        store.release_lease(first, self.now())
+        other = self.store()
+        second = other.acquire_lease("t", "owner-b", TTL, self.now())
+        other.load("t", lease=second)
+        other.commit(second, state)
+        other.release_lease(second, self.now())
+        self.damage_lease(store, "t")
+        with self.quiet():
+            with case.assertRaises(CorruptStateError):
+                self.store().acquire_lease("t", "owner-c", TTL, self.now())
+            with case.assertRaises(CorruptStateError):
+                self.store().read_lease("t")
+            repair = self.store().repair_lease("t", self.now())
+        case.assertGreaterEqual(repair.lease.epoch, second.epoch, "never below an epoch the state records")
+        case.assertTrue(repair.lease.expired(self.now()), "the repaired lease is released")
+        case.assertTrue(repair.quarantined, "the damaged record is kept aside, never deleted")
+        case.assertTrue(repair.damage)
+        case.assertEqual(self.store().read_lease("t").epoch, repair.lease.epoch)
+        taken = self.store().acquire_lease("t", "owner-c", TTL, self.now())
+        case.assertGreater(taken.epoch, second.epoch)
+        case.assertGreater(taken.epoch, repair.lease.epoch)
+        before = self.snapshot()
+        for _ in range(2):
+            with case.assertRaises(InvalidInputError):  # nothing damaged: nothing to repair
+                self.store().repair_lease("t", self.now())
+        case.assertEqual(self.snapshot(), before)
+        case.assertEqual(self.store().load("t", lease=taken).state.revision, state.revision)
+        with case.assertRaises(UnknownTaskError):
+            self.store().repair_lease("ghost", self.now())
 
     def test_contract_bad_lease_arguments_are_refused(self) -> None:
         case, store = self._case, self.store()
@@ -655,8 +754,8 @@ class StoreContract:
     def test_contract_list_tasks_names_every_task_once_in_order(self) -> None:
         case, store = self._case, self.store()
         case.assertEqual(store.list_tasks(), [])
-        for task_id in ("b-task", "a-task", "c.task", "A_task"):
+        for task_id in ("b-task", "c.task", "A_task"):
             self.store().acquire_lease(task_id, "owner-a", TTL, self.now())
-        self.committed(store, "a-task")
+        self.committed(store, "a-task")  # acquired and committed
         case.assertEqual(store.list_tasks(), sorted(["b-task", "a-task", "c.task", "A_task"]))
 
