@@ -25,6 +25,12 @@ class FaultGroupCase(unittest.TestCase):
         return result
 
 
+def mid_run_kills(result: faults.GroupResult) -> int:
+    """How many of group 2's kills landed after the killed process's first commit (from its note)."""
+    note = next(note for note in result.notes if "kills landed after" in note)
+    return int(note.split(" ", 1)[0])
+
+
 class KillPointTests(FaultGroupCase):
     def test_group1_every_named_point_killed_then_recovered_without_duplicates_or_loss(self) -> None:
         result = self.run_group(1)
@@ -34,6 +40,7 @@ class KillPointTests(FaultGroupCase):
     def test_group2_random_outside_kills_then_resumed_until_done(self) -> None:
         result = self.run_group(2)
         self.assertGreaterEqual(result.faults, 200 if faults.full_scale() else 15)
+        self.assertGreaterEqual(mid_run_kills(result), result.faults // 2, "kills that land before a process starts test nothing")
 
     def test_group9_killed_during_every_attempt_never_gets_a_fourth(self) -> None:
         self.run_group(9)
