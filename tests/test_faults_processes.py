@@ -1,22 +1,29 @@
 """Fault groups 1, 2 and 9: runner processes that SIGKILL themselves at named crash points, are
-SIGKILLed from outside at random moments, and are killed during every attempt of a bounded retry.
+SIGKILLed from outside at random moments, and are killed during every attempt of a bounded retry;
+each under both faces, a declared plan (``Runner``) and the same task as a durable function.
 
 Each test runs one group of ``longrun.testing.faults`` (the quick counts; ``LONGRUN_FAULTS_FULL=1``
 runs the full ones) and asserts its figures: faults were injected, and no effect was applied twice,
-no verified effect was lost, no state was silently reset, nothing else broke.
+no verified effect was lost, no state was silently reset, nothing else broke (under the durable
+face also: no call ran again once its value was committed, the function's result was recorded).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import unittest
 
-import support  # noqa: F401 - puts src on sys.path
+import support
+from longrun import JsonFileStore
+from longrun.functions import FUNCTION_STEP
 from longrun.testing import faults
 
 
 class FaultGroupCase(unittest.TestCase):
-    def run_group(self, number: int) -> faults.GroupResult:
-        result = faults.run_group(number, full=faults.full_scale())
+    def run_group(self, number: int, face: str = "runner") -> faults.GroupResult:
+        result = faults.run_group(number, full=faults.full_scale(), face=face)
+        self.assertEqual(result.face, face if number in faults.FACED_GROUPS else "")
         details = "\n".join(result.failures + result.notes)
         self.assertGreater(result.cases, 0, details)
         self.assertGreater(result.faults, 0, details)
@@ -25,21 +32,48 @@ class FaultGroupCase(unittest.TestCase):
         return result
 
 
+def mid_run_kills(result: faults.GroupResult) -> int:
+    """How many of group 2's kills landed after the killed process's first commit (from its note)."""
+    note = next(note for note in result.notes if "kills landed after" in note)
+    return int(note.split(" ", 1)[0])
+
+
 class KillPointTests(FaultGroupCase):
     def test_group1_every_named_point_killed_then_recovered_without_duplicates_or_loss(self) -> None:
         result = self.run_group(1)
-        self.assertGreaterEqual(len(faults.POINTS), 16)
-        self.assertGreaterEqual(result.faults, 2 * len(faults.POINTS) - 4, "every point at its first and last occurrence")
+        self.assertGreaterEqual(len(faults.points_for("runner")), 16)
+        self.assertGreaterEqual(result.faults, 2 * len(faults.points_for("runner")) - 4, "every point at its first and last occurrence")
 
     def test_group2_random_outside_kills_then_resumed_until_done(self) -> None:
         result = self.run_group(2)
         self.assertGreaterEqual(result.faults, 200 if faults.full_scale() else 15)
+        self.assertGreaterEqual(mid_run_kills(result), result.faults // 2, "kills that land before a process starts test nothing")
 
     def test_group9_killed_during_every_attempt_never_gets_a_fourth(self) -> None:
         self.run_group(9)
 
 
-class SeamTests(unittest.TestCase):
+class DurableKillPointTests(FaultGroupCase):
+    """The same groups with the task as a durable function: a recorded call before each effect."""
+
+    def test_group1_durable_every_named_point_including_the_call_points_killed_then_recovered(self) -> None:
+        result = self.run_group(1, "durable")
+        points = faults.points_for("durable")
+        self.assertTrue(faults.CALL_POINTS <= set(points))
+        self.assertIn(f"{len(points)} points", result.notes[0])
+        self.assertGreaterEqual(result.faults, len(points), "every point, the call points among them, at least once")
+
+    def test_group2_durable_random_outside_kills_then_resumed_until_done(self) -> None:
+        result = self.run_group(2, "durable")
+        self.assertGreaterEqual(result.faults, 200 if faults.full_scale() else 8)
+        self.assertGreaterEqual(mid_run_kills(result), result.faults // 2, "kills that land before a process starts test nothing")
+
+    def test_group9_durable_killed_during_every_attempt_of_a_call_or_an_effect_never_gets_a_fourth(self) -> None:
+        result = self.run_group(9, "durable")
+        self.assertGreaterEqual(result.faults, 12, "an effect schedule of 6 kills and two call schedules of 3")
+
+
+class SeamTests(support.TempDirTest):
     def test_crash_points_cost_nothing_unless_armed(self) -> None:
         from longrun import _crashpoints
 
@@ -50,6 +84,41 @@ class SeamTests(unittest.TestCase):
         self.assertEqual(faults.check_revisions([committed, [("recovery.loaded", 1, "2"), ("state.committed", 1, "3")]]), [])
         self.assertTrue(faults.check_revisions([committed, [("recovery.loaded", 1, "1")]]), "went backwards")
         self.assertTrue(faults.check_revisions([committed, [("recovery.loaded", 1, "2"), ("state.committed", 1, "4")]]), "skipped")
+
+    def test_the_call_points_are_the_durable_face_s_alone_and_only_faced_groups_take_a_face(self) -> None:
+        self.assertEqual(set(faults.points_for("durable")) - set(faults.points_for("runner")), faults.CALL_POINTS)
+        self.assertEqual(faults.points_for("durable"), faults.POINTS)
+        with self.assertRaises(ValueError):
+            faults.run_group(3, full=False, face="durable")
+
+    def test_the_call_checker_counts_a_call_run_after_its_value_was_committed(self) -> None:
+        log = self.path("calls")
+        with open(log, "w") as handle:
+            handle.write("call-000 1\ncall-001 1\ncall-001 2\ncall-000 3\ncall-0")  # the last line cut by a kill
+        counts = faults.call_counts(log)
+        self.assertEqual(counts, {"call-000": 2, "call-001": 2})
+        clean = faults.GroupResult(1, "")
+        faults.check_calls(clean, counts, None, 2, "here", settled={"call-000": 2}, interruptions=2)
+        self.assertEqual((clean.duplicates, clean.failures), (0, []), "each extra run follows an interruption")
+        again = faults.GroupResult(1, "")
+        faults.check_calls(again, counts, None, 2, "here", settled={"call-000": 1}, interruptions=2)
+        self.assertEqual(again.duplicates, 1, again.failures)
+        over = faults.GroupResult(1, "")
+        faults.check_calls(over, counts, None, 2, "here", settled={}, interruptions=1)
+        self.assertEqual(over.duplicates, 1, over.failures)
+
+    def test_a_durable_child_records_the_function_by_its_module_name_and_its_result(self) -> None:
+        root, outbox = self.path("store"), self.path("outbox.jsonl")
+        completed = support.run_python(["-m", "longrun.testing.faults", "child", root, outbox, "--face", "durable", "--steps", "2"])
+        self.assertEqual(completed.returncode, 0, completed.stderr)
+        self.assertEqual(json.loads(completed.stdout.splitlines()[-1])["result"], faults.function_result(2))
+        state = JsonFileStore(root).load("fault-task").state
+        assert state is not None
+        record = state.effects[FUNCTION_STEP]
+        self.assertEqual(record.payload["function"], "longrun.testing.faults:fault_function", "not __main__: the parent pre-approves by it")
+        self.assertEqual(record.result, faults.function_result(2))
+        self.assertEqual(faults.call_counts(faults.call_log_of(outbox)), {"call-000": 1, "call-001": 1})
+        self.assertTrue(os.path.exists(outbox))
 
     def test_the_race_checker_refuses_a_reissued_epoch_and_a_stale_write(self) -> None:
         lease = lambda epoch, owner, pid=1: {"event": "lease", "epoch": epoch, "owner": owner, "pid": pid}  # noqa: E731

@@ -21,6 +21,7 @@ from ..approval import ApprovalRequest
 from ..cancellation import Cancellation
 from ..envelope import RunState
 from ..errors import CorruptStateError, FencedError, LeaseHeldError, StorageError, UnknownTaskError
+from ..functions import FUNCTION_STEP
 from ..lease import Lease
 from ..ledger import EffectState
 from ..outcome import Evidence, Status
@@ -29,7 +30,21 @@ from ._fixtures import copy_keeping_links
 from ..stores import jsonfile
 from ..stores.jsonfile import JsonFileStore
 from ._powerloss import RecordingIO, crash_states, materialize
-from .faults import GroupResult, _child_command, _child_env, _merge, _outbox_counts, _Workdir
+from .faults import (
+    GroupResult,
+    _check_final,
+    _child_command,
+    _child_env,
+    _merge,
+    _outbox_counts,
+    _Workdir,
+    call_counts,
+    call_log_of,
+    check_calls,
+    durable_arguments,
+    durable_task,
+    function_result,
+)
 from .store_contract import sample_state
 
 TASK = "t"
@@ -504,11 +519,19 @@ def _stale_repair(store: Any, lease: Any, state: RunState) -> None:
     store.load(TASK, lease=lease)
 
 
-def group7(base: str, *, full: bool) -> GroupResult:
-    """Every mutating operation with an expired epoch after another owner took the next one and wrote."""
+def group7(base: str, *, full: bool, face: str = "runner") -> GroupResult:
+    """Every mutating operation with an expired epoch after another owner took the next one and wrote.
+
+    The store operations are the same under either face; under the durable face only the real
+    process is run: frozen inside a call, and (full counts) inside an apply."""
     from ..stores.sqlite import SqliteStore
 
-    result = GroupResult(7, "stale epoch")
+    result = GroupResult(7, "stale epoch", face)
+    if face == "durable":
+        if full:
+            _merge(result, _stale_with_sigstop(base, face, "apply"))
+        _merge(result, _stale_with_sigstop(base, face, "call"))
+        return result
     kinds: dict[str, tuple[Callable[[str], Any], Callable[[str], Any]]] = {
         "json": (lambda where: JsonFileStore(os.path.join(where, "root")), lambda where: _tree_bytes(os.path.join(where, "root"))),
         "sqlite": (lambda where: SqliteStore(os.path.join(where, "db.sqlite")), lambda where: _sqlite_dump(os.path.join(where, "db.sqlite"))),
@@ -547,18 +570,20 @@ def group7(base: str, *, full: bool) -> GroupResult:
                 close = getattr(store, "close", None)
                 if callable(close):
                     close()
-    _merge(result, _stale_with_sigstop(base))
+    _merge(result, _stale_with_sigstop(base, face, "apply"))
     return result
 
 
-def _stale_with_sigstop(base: str) -> GroupResult:
-    """A real runner process frozen (SIGSTOP) inside an apply past its 1 s lease, taken over, thawed."""
+def _stale_with_sigstop(base: str, face: str, inside: str) -> GroupResult:
+    """A real runner process frozen (SIGSTOP) inside an apply (or a call) past its 1 s lease, taken over, thawed."""
     result = GroupResult(7, "")
-    work = _Workdir(base, "sigstop")
-    signal_path = os.path.join(work.dir, "in-apply.txt")
-    options = ["--steps", "6", "--ttl", "1", "--offset", "0"]
+    work = _Workdir(base, f"sigstop-{inside}")
+    signal_path = os.path.join(work.dir, f"in-{inside}.txt")
+    steps = 6
+    options = ["--face", face, "--steps", str(steps), "--ttl", "1", "--offset", "0"]
+    slow = ["--slow", "0.3", "--signal", signal_path] if inside == "apply" else ["--slow-call", "0.3", "--call-signal", signal_path]
     stale = subprocess.Popen(
-        [*_child_command(work.root, work.outbox, *options), "--slow", "0.3", "--signal", signal_path],
+        [*_child_command(work.root, work.outbox, *options), *slow],
         env=_child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -572,19 +597,21 @@ def _stale_with_sigstop(base: str) -> GroupResult:
         taker = subprocess.run(_child_command(work.root, work.outbox, *options), env=_child_env(), capture_output=True, text=True, timeout=120)
         outcome = json.loads(taker.stdout.strip().splitlines()[-1]) if taker.stdout.strip() else None
         if outcome is None or outcome["status"] != "done":
-            result.fail(f"sigstop: the taker did not finish: {outcome} {taker.stderr[-300:]}")
+            result.fail(f"sigstop in {inside}: the taker did not finish: {outcome} {taker.stderr[-300:]}")
         before = _tree_bytes(work.root)
     finally:
         os.kill(stale.pid, signal.SIGCONT)
     out, err = stale.communicate(timeout=120)
     status = json.loads(out.strip().splitlines()[-1])["status"] if out.strip() else f"exit {stale.returncode}"
     if status != "lease-lost":
-        result.fail(f"sigstop: the thawed owner ended {status}, not lease-lost: {err[-300:]}")
+        result.fail(f"sigstop in {inside}: the thawed owner ended {status}, not lease-lost: {err[-300:]}")
     if _tree_bytes(work.root) != before:
         result.lost += 1
-        result.fail("sigstop: the thawed owner changed the stored bytes after the takeover")
-    counts = _outbox_counts(work.outbox)
-    result.duplicates += sum(count - 1 for count in counts.values())
+        result.fail(f"sigstop in {inside}: the thawed owner changed the stored bytes after the takeover")
+    # Every effect once, the task done; under the durable face the frozen owner's call (or the one
+    # before its apply) may run again under the taker: one interruption.
+    _check_final(result, work, "fault-task", steps, f"sigstop in {inside}", verified_before={}, face=face, interruptions=1,
+                 outcome=outcome)  # fmt: skip
     return result
 
 
@@ -640,15 +667,17 @@ FAULTS = ("jump+", "jump-", "frozen", "half", "double")
 TTL = 10.0
 
 
-def group8(base: str, *, full: bool) -> GroupResult:
+def group8(base: str, *, full: bool, face: str = "runner") -> GroupResult:
     """Wall-clock faults on the holder or on the contender: the contender takes over no sooner than
-    the TTL after the lease's last renewal on its own monotonic clock, and no stale write lands."""
-    from ..contract import RunContract, Step
-    from ..runner import Runner
-    from ._fixtures import OutboxAdapter
+    the TTL after the lease's last renewal on its own monotonic clock, and no stale write lands.
 
-    result = GroupResult(8, "clock faults")
+    The lease checks are the store's, the same under either face; under the durable face only the
+    task whose clock is an hour ahead is run, as a durable function."""
+    result = GroupResult(8, "clock faults", face)
     step = 0.25 if full else 0.5
+    if face == "durable":
+        _merge(result, _clock_ahead(base, face, step))
+        return result
     early_wall = []
     for fault in FAULTS:
         for faulty in ("contender", "holder"):
@@ -710,23 +739,7 @@ def group8(base: str, *, full: bool) -> GroupResult:
                 pass
             holder.close()
             contender.close()
-    # A Runner whose wall clock jumped an hour ahead returns already-running, then runs once the TTL passed.
-    timeline = _Timeline("fault-suite:runner")
-    root = os.path.join(base, "runner")
-    holder = JsonFileStore(root)
-    holder.acquire_lease(TASK, "holder", TTL, FaultClock(timeline, "honest").now(), monotonic=(timeline.name, 0.0))
-    contract = RunContract(TASK, "clock faults")
-    runner = Runner(
-        contract, [Step("s0", "write", {"n": 0})], store=JsonFileStore(root),
-        adapters={"write": OutboxAdapter(os.path.join(base, "runner-outbox.jsonl"))}, clock=FaultClock(timeline, "jump+"), lease_ttl_s=TTL,
-    )  # fmt: skip
-    for at, expected in ((TTL - step, Status.ALREADY_RUNNING), (TTL, Status.DONE)):
-        timeline.value = at
-        result.cases += 1
-        result.faults += 1
-        outcome = runner.run()
-        if outcome.status is not expected:
-            result.fail(f"runner with a clock an hour ahead at {at} s into a {TTL:.0f} s lease: {outcome.status.value}, expected {expected.value}")
+    _merge(result, _clock_ahead(base, face, step))
     result.notes.append(
         f"judged by wall clock alone, a contender would have taken a live lease at once in {len(early_wall)} of "
         f"{2 * len(FAULTS)} cases ({', '.join(early_wall)})"
@@ -734,18 +747,53 @@ def group8(base: str, *, full: bool) -> GroupResult:
     return result
 
 
-# -- group 6: racing runners -----------------------------------------------------------------------
+def _clock_ahead(base: str, face: str, step: float) -> GroupResult:
+    """A task whose wall clock jumped an hour ahead returns already-running, then runs once the TTL passed."""
+    from ..contract import RunContract, Step
+    from ..runner import Runner
+    from ._fixtures import OutboxAdapter
 
-
-def group6(base: str, *, full: bool) -> GroupResult:
-    """4 runner processes race for one 50-step task, SIGKILLed and SIGSTOPped (past the lease) at random."""
-    result = GroupResult(6, "racing runners")
-    for seed in range(3):
-        _merge(result, _race(base, seed, events=24 if full else 10))
+    result = GroupResult(8, "")
+    timeline = _Timeline(f"fault-suite:{face}")
+    root = os.path.join(base, face)
+    outbox = os.path.join(base, f"{face}-outbox.jsonl")
+    holder = JsonFileStore(root)
+    holder.acquire_lease(TASK, "holder", TTL, FaultClock(timeline, "honest").now(), monotonic=(timeline.name, 0.0))
+    options: dict[str, Any] = dict(
+        store=JsonFileStore(root), adapters={"write": OutboxAdapter(outbox)}, clock=FaultClock(timeline, "jump+"), lease_ttl_s=TTL
+    )
+    if face == "durable":
+        function, arguments = durable_task(**options), durable_arguments(1, (), call_log_of(outbox))
+        run: Callable[[], Any] = lambda: function.run(TASK, *arguments)  # noqa: E731
+    else:
+        run = Runner(RunContract(TASK, "clock faults"), [Step("s0", "write", {"n": 0})], **options).run
+    for at, expected in ((TTL - step, Status.ALREADY_RUNNING), (TTL, Status.DONE)):
+        timeline.value = at
+        result.cases += 1
+        result.faults += 1
+        outcome = run()
+        if outcome.status is not expected:
+            result.fail(f"{face} with a clock an hour ahead at {at} s into a {TTL:.0f} s lease: {outcome.status.value}, expected {expected.value}")
+    if face == "durable":
+        if outcome.result != function_result(1) or call_counts(call_log_of(outbox)) != {"call-000": 1}:
+            result.fail(f"durable with a clock an hour ahead: result {outcome.result!r}, calls {call_counts(outbox + '.calls')}")
+    holder.close()
     return result
 
 
-def _race(base: str, seed: int, *, events: int, processes: int = 4, steps: int = 50, ttl: float = 1.0) -> GroupResult:
+# -- group 6: racing runners -----------------------------------------------------------------------
+
+
+def group6(base: str, *, full: bool, face: str = "runner") -> GroupResult:
+    """4 runner processes race for one 50-step task, SIGKILLed and SIGSTOPped (past the lease) at
+    random; 3 seeds (the durable face at quick counts: 1)."""
+    result = GroupResult(6, "racing runners", face)
+    for seed in range(3 if full or face == "runner" else 1):
+        _merge(result, _race(base, seed, events=24 if full else 10, face=face))
+    return result
+
+
+def _race(base: str, seed: int, *, events: int, processes: int = 4, steps: int = 50, ttl: float = 1.0, face: str = "runner") -> GroupResult:
     from .faults import SRC, check_race_log
 
     result = GroupResult(6, "")
@@ -758,7 +806,8 @@ def _race(base: str, seed: int, *, events: int, processes: int = 4, steps: int =
 
     def spawn() -> subprocess.Popen[bytes]:
         child = subprocess.Popen(
-            [sys.executable, "-m", "longrun.testing.faults", "race", work, "--steps", str(steps), "--ttl", str(ttl), "--seed", str(seed)],
+            [sys.executable, "-m", "longrun.testing.faults", "race", work, "--face", face, "--steps", str(steps), "--ttl", str(ttl),
+             "--seed", str(seed)],
             env=_child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=SRC,
         )  # fmt: skip
         children.append(child)
@@ -823,6 +872,15 @@ def _race(base: str, seed: int, *, events: int, processes: int = 4, steps: int =
     result.lost += len(missing)
     if state.status is not Status.DONE or missing:
         result.fail(f"seed {seed}: ended {state.status.value} with {len(missing)} effects never applied")
+    if face == "durable":
+        # A call runs again only when its process lost the task before committing its value: each
+        # such loss is followed by a new epoch (a kill or a freeze past the lease, or a slow renewal).
+        epochs = len({entry["epoch"] for entry in entries if entry["event"] == "lease"})
+        runs = call_counts(call_log_of(os.path.join(work, "outbox.jsonl")))
+        check_calls(result, runs, state, steps, f"seed {seed}", settled={}, interruptions=max(0, epochs - 1))
+        result.notes.append(f"seed {seed}: {sum(runs.values())} call runs for {steps} calls under {epochs} epochs")
+        if state.effects.get(FUNCTION_STEP) is None or state.effects[FUNCTION_STEP].result != function_result(steps):
+            result.fail(f"seed {seed}: the function's result is not recorded")
     result.notes.append(f"seed {seed}: {len(children)} processes, {len(killed)} SIGKILLed, {writes} revisions, "
                         f"{sum(1 for entry in entries if entry['event'] == 'lease')} lease writes")  # fmt: skip
     return result
