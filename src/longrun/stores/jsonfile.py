@@ -84,6 +84,7 @@ import logging
 import os
 import re
 import stat
+import threading
 import time
 from typing import Collection
 
@@ -131,7 +132,8 @@ COMPACT_MIN_BYTES = 1 << 20
 COMPACT_RATIO = 0.5
 """Compact when the journal holds more than this many bytes per byte of snapshot."""
 MAX_OPEN_JOURNALS = 64
-"""Journal descriptors a store keeps open (least recently committed closed first)."""
+"""Journal descriptors a store keeps open (least recently committed closed first). A descriptor of
+a task that a thread of the store is using is never closed for this bound (see ``_Gate``)."""
 PREALLOCATE_MIN = 64 * 1024
 PREALLOCATE_MAX = 1 << 20
 """A journal is zero-filled ahead of its end by its own size, between these bounds. Writing into
@@ -246,29 +248,52 @@ class _Writer:
         return due and self.journal_end >= self.retry_compaction_at
 
 
-class _Transaction:
-    """The task's flock held for one read-modify-write (a class, not a generator: it runs on
-    every commit). OS errors inside become ``StorageError``; closing the descriptor unlocks."""
+class _Gate:
+    """A task's turn inside one store object: one thread at a time, and a count of the threads that
+    hold or wait for it. The count is what makes a journal descriptor safe to close: the store
+    closes a task's descriptor only while no thread holds or waits for that task's gate."""
 
-    __slots__ = ("store", "task_id", "create", "write", "fd")
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+
+
+class _Transaction:
+    """The task's gate and flock held for one read-modify-write (a class, not a generator: it runs
+    on every commit). The gate orders this store object's threads, the flock other processes and
+    other store objects. OS errors inside become ``StorageError``; closing the descriptor unlocks."""
+
+    __slots__ = ("store", "task_id", "create", "write", "fd", "gate")
 
     def __init__(self, store: "JsonFileStore", task_id: str, *, create: bool, write: bool):
         self.store, self.task_id, self.create, self.write, self.fd = store, task_id, create, write, -1
+        self.gate: _Gate | None = None
 
     def __enter__(self) -> None:
-        self.fd = self.store._open_lock(self.task_id, create=self.create, write=self.write)
-        if self.fd >= 0:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX if self.write else fcntl.LOCK_SH)
-            except BaseException as exc:
-                os.close(self.fd)
-                if isinstance(exc, OSError) and not isinstance(exc, LongrunError):
-                    raise StorageError(f"task {self.task_id!r}: cannot lock: {exc}") from exc
-                raise
+        self.gate = self.store._enter_gate(self.task_id)
+        try:
+            self.fd = self.store._open_lock(self.task_id, create=self.create, write=self.write)
+            if self.fd >= 0:
+                try:
+                    fcntl.flock(self.fd, fcntl.LOCK_EX if self.write else fcntl.LOCK_SH)
+                except BaseException as exc:
+                    os.close(self.fd)
+                    if isinstance(exc, OSError) and not isinstance(exc, LongrunError):
+                        raise StorageError(f"task {self.task_id!r}: cannot lock: {exc}") from exc
+                    raise
+        except BaseException:
+            self.store._leave_gate(self.task_id, self.gate)
+            raise
 
     def __exit__(self, kind: object, exc: BaseException | None, traceback: object) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)  # closing the descriptor releases the flock
+        try:
+            if self.fd >= 0:
+                os.close(self.fd)  # closing the descriptor releases the flock
+        finally:
+            assert self.gate is not None
+            self.store._leave_gate(self.task_id, self.gate)
         if isinstance(exc, OSError) and not isinstance(exc, LongrunError):
             raise StorageError(f"task {self.task_id!r}: {exc}") from exc
 
@@ -279,6 +304,10 @@ class JsonFileStore(BaseStore):
         self.root = os.path.abspath(os.fspath(root))
         self.io = io if io is not None else FileIO()
         self._writers: dict[str, _Writer] = {}
+        self._mutex = threading.Lock()
+        """Guards ``_gates`` and ``_open_journals`` (and a writer's ``fd`` while it is evicted)."""
+        self._gates: dict[str, _Gate] = {}
+        """The tasks a thread of this store object holds or waits for; a gate goes when its count is 0."""
         self._open_journals: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._leases: dict[str, tuple[bytes, Lease]] = {}
         self._dirs: dict[str, str] = {}
@@ -287,9 +316,18 @@ class JsonFileStore(BaseStore):
         return f"JsonFileStore({self.root!r})"
 
     def close(self) -> None:
-        """Close the journal descriptors this store keeps open. The store stays usable."""
-        for task_id in list(self._writers):
-            self._close_journal(task_id)
+        """Close the journal descriptors this store keeps open. The store stays usable.
+
+        Safe while other threads use the store: a task's descriptor is closed in that task's turn,
+        so this waits for a commit in flight on it to end."""
+        with self._mutex:
+            open_now = list(self._open_journals)
+        for task_id in open_now:
+            gate = self._enter_gate(task_id)
+            try:
+                self._close_journal(task_id)
+            finally:
+                self._leave_gate(task_id, gate)
 
     def __enter__(self) -> "JsonFileStore":
         return self
@@ -321,6 +359,30 @@ class JsonFileStore(BaseStore):
 
     def _transaction(self, task_id: str, *, create: bool, write: bool = True) -> "_Transaction":
         return _Transaction(self, task_id, create=create, write=write)
+
+    def _enter_gate(self, task_id: str) -> _Gate:
+        """Wait for the task's turn among this store object's threads (see ``_Gate``)."""
+        with self._mutex:
+            gate = self._gates.get(task_id)
+            if gate is None:
+                gate = self._gates[task_id] = _Gate()
+            gate.users += 1  # counted before waiting: from here on its descriptor stays open
+        try:
+            gate.lock.acquire()
+        except BaseException:
+            self._uncount(task_id, gate)
+            raise
+        return gate
+
+    def _leave_gate(self, task_id: str, gate: _Gate) -> None:
+        gate.lock.release()
+        self._uncount(task_id, gate)
+
+    def _uncount(self, task_id: str, gate: _Gate) -> None:
+        with self._mutex:
+            gate.users -= 1
+            if gate.users == 0:
+                del self._gates[task_id]
 
     def _open_lock(self, task_id: str, *, create: bool, write: bool) -> int:
         """Open (and make, with ``create``) the task's lock file; -1 for a reader of a task whose
@@ -810,12 +872,36 @@ class JsonFileStore(BaseStore):
         )
 
     def _close_journal(self, task_id: str) -> None:
-        writer = self._writers.get(task_id)
-        self._open_journals.pop(task_id, None)
-        if writer is not None and writer.fd >= 0:
-            fd, writer.fd = writer.fd, -1
+        """Close the task's journal descriptor; called in the task's turn (its gate held)."""
+        with self._mutex:
+            self._open_journals.pop(task_id, None)
+            writer = self._writers.get(task_id)
+            fd = -1
+            if writer is not None:
+                fd, writer.fd = writer.fd, -1
+        if fd >= 0:
             with contextlib.suppress(OSError):
                 self.io.close(fd)
+
+    def _close_idle_journals(self) -> None:
+        """Close the least recently used descriptors beyond ``MAX_OPEN_JOURNALS``, with the mutex
+        held. A task some thread holds or waits for is skipped, however old its descriptor: closing
+        it would pull the descriptor from under that thread's write (and the number, reused by the
+        next open, would send its bytes into another file). So the bound is exceeded, at most by the
+        number of tasks in flight, rather than broken."""
+        excess = len(self._open_journals) - MAX_OPEN_JOURNALS
+        for task_id in list(self._open_journals):
+            if excess <= 0:
+                break
+            if task_id in self._gates:
+                continue
+            del self._open_journals[task_id]
+            writer = self._writers.get(task_id)
+            if writer is not None and writer.fd >= 0:
+                fd, writer.fd = writer.fd, -1
+                with contextlib.suppress(OSError):
+                    self.io.close(fd)
+            excess -= 1
 
     def _drop_writer(self, task_id: str) -> None:
         self._close_journal(task_id)
@@ -868,12 +954,14 @@ class JsonFileStore(BaseStore):
             if os.fstat(fd).st_ino != writer.journal_inode:
                 self.io.close(fd)
                 raise StorageError(f"task {task_id!r}: {writer.journal} was replaced while this store held it")
-            writer.fd = fd
-            self._open_journals[task_id] = None
-            while len(self._open_journals) > MAX_OPEN_JOURNALS:
-                self._close_journal(next(iter(self._open_journals)))
+            with self._mutex:
+                writer.fd = fd
+                self._open_journals[task_id] = None
+                if len(self._open_journals) > MAX_OPEN_JOURNALS:
+                    self._close_idle_journals()
         else:
-            self._open_journals.move_to_end(task_id)
+            with self._mutex:
+                self._open_journals.move_to_end(task_id)
         end = writer.journal_end
         # Padding is zeros; anything else at our end means another writer used this journal.
         if self.io.pread(fd, 1, end) not in (b"", b"\0"):
