@@ -13,6 +13,7 @@ import os
 import random
 import shutil
 import unittest
+import unittest.mock
 from typing import Any, Callable
 
 import support
@@ -516,6 +517,40 @@ class LinearLoadTests(JournalCase):
             self.assertEqual(counts["applied"], commits, "every journal record is applied exactly once")
             self.assertEqual(counts["records_built"], effects, "every effect record is built once, not once per change")
             self.assertLessEqual(counts["bytes_read"], counts["files"] + 64 * 1024 + 1024, "each file is read once")
+
+
+class FakeCollector:
+    """Stands in for the ``gc`` module: a switch, so the test never turns the real collector off."""
+
+    def __init__(self) -> None:
+        self.enabled = True
+
+    def isenabled(self) -> bool:
+        return self.enabled
+
+    def disable(self) -> None:
+        self.enabled = False
+
+    def enable(self) -> None:
+        self.enabled = True
+
+
+class CollectorPauseTests(unittest.TestCase):
+    def test_overlapping_pauses_keep_the_collector_off_until_the_last_one_ends(self) -> None:
+        collector = FakeCollector()
+        with unittest.mock.patch.object(_journal, "gc", collector):
+            first, second = _journal.no_gc(), _journal.no_gc()
+            first.__enter__()
+            second.__enter__()  # another thread's load starts while the first is decoding
+            self.assertFalse(collector.enabled)
+            first.__exit__(None, None, None)
+            self.assertFalse(collector.enabled, "the second load is still decoding")
+            second.__exit__(None, None, None)
+            self.assertTrue(collector.enabled, "back on once every pause ended")
+            collector.enabled = False  # a program that turned it off itself keeps it off
+            with _journal.no_gc():
+                pass
+            self.assertFalse(collector.enabled)
 
 
 class RoundTripTests(JournalCase):
