@@ -225,6 +225,10 @@ class BaseStore:
                 state.lease_expires_at = lease.expires_at
                 writing = True
                 self._put_state(state, changed)
+                # Inside the task's transaction: another thread's commit to the task, waiting for
+                # it, must count from this revision (if the COMMIT below fails, the task is
+                # poisoned until a load sets this again).
+                self._revisions[task_id] = state.revision
             # A database store's write lands at the end of the transaction (its COMMIT), so a
             # failure there is a failed write too and must poison the task like one.
         except BaseException as exc:
@@ -232,5 +236,4 @@ class BaseStore:
                 state.revision = previous_revision
                 self._poisoned[task_id] = exc
             raise
-        self._revisions[task_id] = state.revision
         return state.revision
