@@ -9,6 +9,7 @@ import stat
 import threading
 import time
 import unittest
+from typing import Any
 from unittest import mock
 
 import support
@@ -29,6 +30,35 @@ from longrun import (
 from longrun.stores._sql import SCHEMA_VERSION
 from longrun.testing import FakeClock, OutboxAdapter
 from longrun.testing.store_contract import sample_state
+
+
+class ReadCountingDict(dict):  # type: ignore[type-arg]
+    """A ledger mapping that counts the records read from it by iteration."""
+
+    read = 0
+
+    def _counted(self, items: Any) -> Any:
+        for item in items:
+            self.read += 1
+            yield item
+
+    def __iter__(self) -> Any:
+        return self._counted(super().__iter__())
+
+    def __reversed__(self) -> Any:
+        return self._counted(super().__reversed__())
+
+    def keys(self) -> Any:
+        self.read += len(self)  # a view: counted as reading every record (a set operation does)
+        return super().keys()
+
+    def items(self) -> Any:
+        self.read += len(self)
+        return super().items()
+
+    def values(self) -> Any:
+        self.read += len(self)
+        return super().values()
 
 
 class SqliteCase(support.TempDirTest):
@@ -122,6 +152,44 @@ class RowTests(SqliteCase):
         effect_writes = [s for s in statements if s.startswith("INSERT INTO longrun_effects")]
         self.assertEqual(len(effect_writes), 1, statements)
         self.assertLess(len(statements), 12, statements)
+
+    def test_a_commit_looks_at_the_changed_records_only_not_the_whole_ledger(self) -> None:
+        lease, state = self.committed(effects=2000)
+        ledger = ReadCountingDict(state.effects)
+        state.effects = ledger
+        self.store.load("t", lease=lease)  # the store now knows every stored row
+        for index in (7, 1500, 7):
+            step_id = f"step-{index:03d}"
+            ledger[step_id] = dataclasses.replace(ledger[step_id], evidence=f"changed {index}")
+            ledger.read = 0
+            self.store.commit(lease, state, {step_id})
+            self.assertLess(ledger.read, 10, "records of the ledger read by one commit that changed one")
+        new = dataclasses.replace(ledger["step-000"], key="t/step-new", step_id="step-new")
+        ledger["step-new"] = new  # a new step, at the end of the plan
+        ledger.read = 0
+        self.store.commit(lease, state, {"step-new"})
+        self.assertLess(ledger.read, 10)
+        loaded = SqliteStore(self.db).load("t").state
+        self.assertEqual(list(loaded.effects), list(state.effects))
+        self.assertEqual(loaded.to_json(), state.to_json())
+
+    def test_records_added_or_removed_without_being_named_still_land_in_plan_order(self) -> None:
+        lease, state = self.committed(effects=5)
+        self.store.load("t", lease=lease)
+        template = state.effects["step-000"]
+        for name in ("step-new1", "step-new2"):
+            state.effects[name] = dataclasses.replace(template, key=f"t/{name}", step_id=name)
+        self.store.commit(lease, state, {"step-new2"})  # step-new1 not named: found by the count
+        self.assertEqual(list(SqliteStore(self.db).load("t").state.effects), list(state.effects))  # type: ignore[union-attr]
+        del state.effects["step-002"]
+        self.store.commit(lease, state, ())  # removed without being named: positions shift
+        loaded = SqliteStore(self.db).load("t").state
+        self.assertEqual(list(loaded.effects), list(state.effects))  # type: ignore[union-attr]
+        reordered = dict(reversed(list(state.effects.items())))
+        state.effects = reordered
+        state.effects["step-last"] = dataclasses.replace(template, key="t/step-last", step_id="step-last")
+        self.store.commit(lease, state, {"step-last"})
+        self.assertEqual(SqliteStore(self.db).load("t").state.to_json()["effects"][-1]["step_id"], "step-last")  # type: ignore[union-attr]
 
     def test_a_damaged_effect_row_is_quarantined_by_a_repairing_load_and_never_started_afresh(self) -> None:
         lease, state = self.committed()
