@@ -662,9 +662,10 @@ class SqlStore(BaseStore):
                 known = set(stored)
             removed = sorted(known - state.effects.keys())
             to_write = [(step_id, position) for position, step_id in enumerate(state.effects)]
-            stored = {}
+            now_stored: dict[str, int] = {}
         else:
-            removed, to_write = [], delta
+            assert stored is not None
+            removed, to_write, now_stored = [], delta, stored
         for step_id in removed:
             self._run("DELETE FROM longrun_effects WHERE task_id = ? AND step_id = ?", (task_id, step_id))
         if to_write:
@@ -680,8 +681,8 @@ class SqlStore(BaseStore):
             )
         # Known only once this transaction commits; if the commit fails, BaseStore poisons the task
         # and the repairing load it then requires resets this.
-        stored.update(to_write)
-        self._stored_steps[task_id] = stored
+        now_stored.update(to_write)
+        self._stored_steps[task_id] = now_stored
 
     @staticmethod
     def _effect_delta(
