@@ -34,7 +34,7 @@ def main() -> int:
     sizes = [int(size) for size in args.sizes.split(",")]
     workdir = tempfile.mkdtemp(prefix="longrun-sqlbench-", dir=args.dir or os.path.dirname(HERE))
     cleanups = [lambda: shutil.rmtree(workdir, ignore_errors=True)]
-    targets = [("SqliteStore", SqliteStore(os.path.join(workdir, "bench.sqlite")))]
+    targets = [("SqliteStore", SqliteStore(os.path.join(workdir, "bench.sqlite"), create=True))]
     if os.environ.get("LONGRUN_TEST_POSTGRES_DSN"):
         import run  # the benchmark's throwaway-schema helper
 

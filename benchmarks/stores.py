@@ -148,7 +148,7 @@ class LedgerTask:
         self.size = size
         self.root = root
         self.task_id = f"ledger-{size}"
-        self.store = JsonFileStore(root)
+        self.store = JsonFileStore(root, create=True)
         self.times: list[float] = []
         self.compactions = 0
         self.compaction_times: list[float] = []

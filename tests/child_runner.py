@@ -69,7 +69,7 @@ def build(args: argparse.Namespace) -> Runner:
     return Runner(
         contract,
         steps,
-        store=JsonFileStore(args.root),
+        store=JsonFileStore(args.root, create=True),
         adapters={"write": adapter},  # type: ignore[dict-item]
         owner=args.owner,
         clock=LaterClock(args.later),

@@ -48,7 +48,7 @@ class CliCase(TempDirTest):
         return Runner(
             RunContract(task_id, goal="test the command line"),
             steps,
-            store=JsonFileStore(self.store_dir),
+            store=JsonFileStore(self.store_dir, create=True),
             adapters={"send": adapter},
             clock=self.clock,
             **options,
@@ -352,7 +352,7 @@ class SignedApprovalCliTest(CliCase):
         from longrun.authority import SignedApprovals, SignedCancellations, load_key
 
         key = load_key(self.key_file)
-        store = JsonFileStore(self.store_dir)
+        store = JsonFileStore(self.store_dir, create=True)
         sources.setdefault("approvals", SignedApprovals(store, key))
         sources.setdefault("cancellations", SignedCancellations(store, key))
         return self.runner(task_id, self.approval_steps(), **sources)

@@ -102,7 +102,7 @@ class JournalCase(support.TempDirTest):
 
     def build(self, commits: int, *, seed: int = 7) -> tuple[JsonFileStore, Any, RunState]:
         """A task with a snapshot, its backup and ``commits`` commits after it, each remembered."""
-        store = JsonFileStore(self.root)
+        store = JsonFileStore(self.root, create=True)
         self.addCleanup(store.close)
         lease = store.acquire_lease(TASK, "me", 3600.0, 0.0)
         store.load(TASK, lease=lease)
@@ -467,7 +467,7 @@ class LinearLoadTests(JournalCase):
 
     def count_load(self, effects: int, commits: int) -> dict[str, int]:
         root = self.path(f"root-{effects}-{commits}")
-        store = JsonFileStore(root)
+        store = JsonFileStore(root, create=True)
         lease = store.acquire_lease(TASK, "me", 3600.0, 0.0)
         store.load(TASK, lease=lease)
         state = base_state()
@@ -560,7 +560,7 @@ class RoundTripTests(JournalCase):
         self.addCleanup(setattr, jsonfile, "COMPACT_MIN_BYTES", original)
         for seed in range(4):
             root = self.path(f"root-{seed}")
-            store = JsonFileStore(root)
+            store = JsonFileStore(root, create=True)
             lease = store.acquire_lease(TASK, "me", 3600.0, 0.0)
             store.load(TASK, lease=lease)
             state = base_state()

@@ -68,7 +68,7 @@ class SqliteCase(support.TempDirTest):
         self.store = self.open()
 
     def open(self, **options: object) -> SqliteStore:
-        store = SqliteStore(self.db, **options)  # type: ignore[arg-type]
+        store = SqliteStore(self.db, create=True, **options)  # type: ignore[arg-type]
         self.addCleanup(store.close)
         return store
 
@@ -115,10 +115,30 @@ class FileTests(SqliteCase):
         with self.assertRaises(InvalidInputError):
             SqliteStore(self.db, busy_timeout_s=-1)
 
+    def test_a_missing_file_is_created_only_with_create(self) -> None:
+        path = self.path("new.db")
+        store = SqliteStore(path)
+        self.addCleanup(store.close)
+        for call in (store.list_tasks, lambda: store.acquire_lease("t", "me", 30.0, 0.0), lambda: store.load("t")):
+            with self.assertRaisesRegex(InvalidInputError, "does not exist.*create=True"):
+                call()
+        self.assertFalse(os.path.exists(path), "nothing is created")
+        deep = self.path("a", "b", "new.db")
+        created = SqliteStore(deep, create=True)
+        self.addCleanup(created.close)
+        self.assertFalse(os.path.exists(self.path("a")), "opening the store creates nothing")
+        created.acquire_lease("t", "me", 30.0, 0.0)
+        for directory in (self.path("a"), self.path("a", "b")):
+            self.assertEqual(stat.S_IMODE(os.stat(directory).st_mode), 0o700, directory)
+        self.assertEqual(stat.S_IMODE(os.stat(deep).st_mode), 0o600)
+        reopened = SqliteStore(deep)  # it exists now: no create needed
+        self.addCleanup(reopened.close)
+        self.assertEqual(reopened.list_tasks(), ["t"])
+
     def test_a_file_that_is_not_a_database_is_a_storage_error(self) -> None:
         with open(self.path("other.db"), "wb") as handle:
             handle.write(b"this is not an SQLite database, just some bytes " * 100)
-        store = SqliteStore(self.path("other.db"))
+        store = SqliteStore(self.path("other.db"), create=True)
         with self.assertRaises(StorageError) as caught:
             store.list_tasks()
         self.assertIsInstance(caught.exception.__cause__, sqlite3.DatabaseError)
@@ -301,7 +321,7 @@ class ConcurrencyTests(SqliteCase):
         holder.execute("INSERT INTO other VALUES (1)")
         release = threading.Timer(0.3, lambda: holder.execute("COMMIT"))
         release.start()
-        store = SqliteStore(path)
+        store = SqliteStore(path, create=True)
         self.addCleanup(store.close)
         started = time.monotonic()
         self.assertEqual(store.list_tasks(), [])

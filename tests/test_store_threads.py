@@ -226,7 +226,7 @@ class SameTaskTests(support.TempDirTest):
 class SqliteThreadTests(_Shared):
     def test_tasks_on_a_thread_pool_through_one_store_each_land_once(self) -> None:
         path = self.path("tasks.db")
-        store = SqliteStore(path)
+        store = SqliteStore(path, create=True)
         self.addCleanup(store.close)
         self.run_all(store, lambda: SqliteStore(path))
 

@@ -99,6 +99,7 @@ from ..envelope import decode as decode_legacy
 from ..errors import (
     CorruptStateError,
     ForeignStateError,
+    InvalidInputError,
     LongrunError,
     SchemaVersionError,
     StateUnrecoverableError,
@@ -109,7 +110,7 @@ from ..lease import Lease
 from ..outcome import Evidence
 from ..protocols import LoadResult
 from . import _journal as journal
-from ._fileio import TEMP_MARK, FileIO, ensure_dir, read_file, read_prefix, read_small, write_all_at, write_atomic
+from ._fileio import TEMP_MARK, FileIO, ensure_dir, ensure_dirs, read_file, read_prefix, read_small, write_all_at, write_atomic
 from .base import BaseStore
 
 __all__ = ["JsonFileStore"]
@@ -299,10 +300,27 @@ class _Transaction:
 
 
 class JsonFileStore(BaseStore):
-    def __init__(self, root: str | os.PathLike[str], *, io: FileIO | None = None):
+    """The store in a directory of task directories (see the module docstring for the layout).
+
+    ``root`` must exist, unless ``create=True``: then it is made (with any missing parents,
+    owner-only) when a lease is first taken. Without it, taking a lease in a missing root raises
+    ``InvalidInputError`` and creates nothing, so a path that names the wrong place (a typo, a
+    volume that is not mounted) cannot start every task afresh in a new, empty store. Reading a
+    missing root finds no task (``UnknownTaskError``, an empty ``list_tasks``). Opening the store
+    touches nothing. ``root`` may be a symbolic link to a plain directory owned by
+    this user (the link itself owned by this user or root); links inside the store are refused.
+
+    One store object may be shared by threads (the Runner renews its lease from a thread of its
+    own; a pool may run many tasks through one store). Its threads take turns per task, inside the
+    flock that orders processes, and a journal descriptor is closed only when no thread holds or
+    waits for its task. Different tasks proceed in parallel.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, io: FileIO | None = None, create: bool = False):
         super().__init__()
         self.root = os.path.abspath(os.fspath(root))
         self.io = io if io is not None else FileIO()
+        self.create = bool(create)
         self._writers: dict[str, _Writer] = {}
         self._mutex = threading.Lock()
         """Guards ``_gates`` and ``_open_journals`` (and a writer's ``fd`` while it is evicted)."""
@@ -355,6 +373,10 @@ class JsonFileStore(BaseStore):
             raise StorageError(f"{self.task_dir(task_id)} is not a plain directory (symlinks are refused)")
         return True
 
+    def _unknown(self, task_id: str) -> UnknownTaskError:
+        where = "" if os.path.isdir(self.root) else f" (the store root {self.root} does not exist)"
+        return UnknownTaskError(f"no task {task_id!r} in {self.root}{where}")
+
     # -- transaction: flock on the task's lock file -------------------------------------------
 
     def _transaction(self, task_id: str, *, create: bool, write: bool = True) -> "_Transaction":
@@ -390,13 +412,13 @@ class JsonFileStore(BaseStore):
         directory = self.task_dir(task_id)
         try:
             if create:
-                ensure_dir(self.io, self.root)
+                self._ensure_root()
                 ensure_dir(self.io, directory)
                 ensure_dir(self.io, os.path.join(directory, CONTROL))
                 ensure_dir(self.io, os.path.join(directory, CONTROL, APPROVALS))
                 ensure_dir(self.io, os.path.join(directory, QUARANTINE))
             elif not self._exists(task_id):
-                raise UnknownTaskError(f"no task {task_id!r} in {self.root}")
+                raise self._unknown(task_id)
             lock_path = directory + os.sep + LOCK
             try:
                 # Readers take a shared lock through a read-only descriptor, so an operator's
@@ -409,6 +431,40 @@ class JsonFileStore(BaseStore):
             raise
         except OSError as exc:
             raise StorageError(f"cannot open task {task_id!r} in {self.root}: {exc}") from exc
+
+    def _missing_root(self) -> InvalidInputError:
+        return InvalidInputError(
+            f"store root {self.root} does not exist; create it, or open the store with create=True"
+        )
+
+    def _ensure_root(self) -> None:
+        """Check the root before a task is created in it; make it if missing and ``create``.
+
+        A plain directory is used as it is. A symbolic link is followed only to a directory owned
+        by this user, through a link owned by this user or root: anyone else could point it at a
+        directory of their choosing. Everything else is refused (``StorageError``)."""
+        try:
+            info = os.lstat(self.root)
+        except FileNotFoundError:
+            if not self.create:
+                raise self._missing_root() from None
+            ensure_dirs(self.io, self.root)  # owner-only, each made durable in its parent
+            return
+        if stat.S_ISDIR(info.st_mode):
+            return
+        if stat.S_ISLNK(info.st_mode):
+            try:
+                target = os.stat(self.root)
+            except FileNotFoundError:
+                raise StorageError(f"store root {self.root} is a symbolic link to nothing") from None
+            user = os.geteuid()
+            if stat.S_ISDIR(target.st_mode) and target.st_uid == user and info.st_uid in (user, 0):
+                return
+            raise StorageError(
+                f"store root {self.root} is a symbolic link, accepted only to a directory owned by this user "
+                f"(uid {user}) through a link owned by this user or root"
+            )
+        raise StorageError(f"store root {self.root} exists and is not a directory")
 
     # -- lease --------------------------------------------------------------------------------
 
@@ -1081,7 +1137,7 @@ class JsonFileStore(BaseStore):
 
     def read_cancellation(self, task_id: str) -> ControlRecord | None:
         if not self._exists(task_id):
-            raise UnknownTaskError(f"no task {task_id!r} in {self.root}")
+            raise self._unknown(task_id)
         try:
             directory = self._control_dir(task_id, CONTROL)
         except OSError as exc:
@@ -1095,7 +1151,7 @@ class JsonFileStore(BaseStore):
 
     def read_approvals(self, task_id: str) -> tuple[ControlRecord, ...]:
         if not self._exists(task_id):
-            raise UnknownTaskError(f"no task {task_id!r} in {self.root}")
+            raise self._unknown(task_id)
         try:
             directory = self._control_dir(task_id, CONTROL, APPROVALS)
         except OSError as exc:
@@ -1123,7 +1179,7 @@ class JsonFileStore(BaseStore):
 
     def _write_control(self, task_id: str, subdir: str, name: str, body: object) -> None:
         if not self._exists(task_id):
-            raise UnknownTaskError(f"no task {task_id!r} in {self.root}")
+            raise self._unknown(task_id)
         directory = self.task_dir(task_id)
         try:
             for part in subdir.split(os.sep):  # each level checked: a linked ``control`` must not lead out

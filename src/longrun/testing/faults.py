@@ -350,7 +350,7 @@ def pre_approve(root: str, task: str, steps: int, approvals: Sequence[int]) -> N
 
     contract, plan_steps = plan(task, steps, approvals)
     os.makedirs(os.path.join(root, task), mode=0o700, exist_ok=True)
-    store = JsonFileStore(root)
+    store = JsonFileStore(root, create=True)
     digest = plan_digest(contract, plan_steps)
     for index in approvals:
         step = plan_steps[index]
@@ -437,7 +437,7 @@ def child_main(argv: Sequence[str]) -> int:
     runner = Runner(
         contract,
         steps,
-        store=jsonfile.JsonFileStore(args.root, io=CrashPointIO()),
+        store=jsonfile.JsonFileStore(args.root, io=CrashPointIO(), create=True),
         adapters={"write": adapter},
         clock=ShiftedClock(args.offset, args.monotonic_step),
         limits=Limits(max_attempts=args.max_attempts, max_block_s=0.0),
@@ -524,7 +524,7 @@ def race_main(argv: Sequence[str]) -> int:
     jsonfile.COMPACT_MIN_BYTES = 0
     rng = random.Random(args.seed * 1000 + os.getpid())
     contract, steps = plan("race-task", args.steps)
-    store = jsonfile.JsonFileStore(os.path.join(args.workdir, "store"), io=RaceLogIO(os.path.join(args.workdir, "writes.jsonl")))
+    store = jsonfile.JsonFileStore(os.path.join(args.workdir, "store"), io=RaceLogIO(os.path.join(args.workdir, "writes.jsonl")), create=True)
     adapter = _SlowAdapter(OutboxAdapter(os.path.join(args.workdir, "outbox.jsonl")), args.slow, "")
     stop_at = time.monotonic() + args.deadline
     while time.monotonic() < stop_at:
