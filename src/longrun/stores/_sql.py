@@ -210,8 +210,11 @@ class SqlStore(BaseStore):
     """``BaseStore`` over SQL. Subclasses supply the dialect (see the methods marked so below).
 
     One connection per store instance, opened on first use and reopened after it breaks; a lock
-    serializes the instance's transactions, so a runner's lease-renewal thread and its main loop
-    can share one store.
+    lets one thread at a time use it, for one whole transaction. So an instance may be shared by
+    threads (a runner's lease-renewal thread and its main loop, a pool running many tasks): their
+    transactions take turns, and the per-task state the instance keeps (the rows it knows are
+    stored, the revision it last committed) is read and changed only inside them. For transactions
+    in parallel, give each thread its own instance.
     """
 
     placeholder = "?"

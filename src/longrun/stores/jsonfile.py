@@ -61,6 +61,17 @@ if they match ``journal.<R>.log`` or end in ``.json``. JSON is parsed by
 (with the lease) moves damaged files into ``quarantine``. The directory checks are ``lstat``
 calls before use: someone who can swap a directory in between can edit the state anyway.
 
+The store root must be a directory, or a symbolic link to a directory owned by this user through a
+link owned by this user or root; it is created only with ``create=True``. Inside it, links are
+refused as above.
+
+Threads. A store object may be shared by threads. Each task has a gate in the store object (a lock
+and a count of the threads that hold or wait for it): a transaction holds its task's gate, then
+the flock, so the object's threads take turns per task while other processes are held off by the
+flock. The writer, the journal descriptor and the caches of a task are touched only in its turn,
+except that the descriptor cache (``MAX_OPEN_JOURNALS``) closes a descriptor only when its task's
+count is zero; so a descriptor is never closed, and its number never reused, under a commit.
+
 ``changed``: a caller names the step ids whose effect records it replaced since its last commit
 (the Runner does). Added and removed records are found even if not named; ``changed=None`` (the
 default) means "not known" and makes the store compare every record (correct, O(n)).
