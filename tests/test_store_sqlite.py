@@ -9,7 +9,6 @@ import stat
 import threading
 import time
 import unittest
-from typing import Any
 from unittest import mock
 
 import support
@@ -30,35 +29,6 @@ from longrun import (
 from longrun.stores._sql import SCHEMA_VERSION
 from longrun.testing import FakeClock, OutboxAdapter
 from longrun.testing.store_contract import sample_state
-
-
-class ReadCountingDict(dict):  # type: ignore[type-arg]
-    """A ledger mapping that counts the records read from it by iteration."""
-
-    read = 0
-
-    def _counted(self, items: Any) -> Any:
-        for item in items:
-            self.read += 1
-            yield item
-
-    def __iter__(self) -> Any:
-        return self._counted(super().__iter__())
-
-    def __reversed__(self) -> Any:
-        return self._counted(super().__reversed__())
-
-    def keys(self) -> Any:
-        self.read += len(self)  # a view: counted as reading every record (a set operation does)
-        return super().keys()
-
-    def items(self) -> Any:
-        self.read += len(self)
-        return super().items()
-
-    def values(self) -> Any:
-        self.read += len(self)
-        return super().values()
 
 
 class SqliteCase(support.TempDirTest):
@@ -175,7 +145,7 @@ class RowTests(SqliteCase):
 
     def test_a_commit_looks_at_the_changed_records_only_not_the_whole_ledger(self) -> None:
         lease, state = self.committed(effects=2000)
-        ledger = ReadCountingDict(state.effects)
+        ledger = support.ReadCountingDict(state.effects)
         state.effects = ledger
         self.store.load("t", lease=lease)  # the store now knows every stored row
         for index in (7, 1500, 7):
