@@ -318,8 +318,8 @@ class JsonFileStore(BaseStore):
     ``InvalidInputError`` and creates nothing, so a path that names the wrong place (a typo, a
     volume that is not mounted) cannot start every task afresh in a new, empty store. Reading a
     missing root finds no task (``UnknownTaskError``, an empty ``list_tasks``). Opening the store
-    touches nothing. ``root`` may be a symbolic link to a plain directory owned by
-    this user (the link itself owned by this user or root); links inside the store are refused.
+    touches nothing. ``root`` may be a symbolic link to a plain directory owned by this user (the
+    link itself owned by this user or root); links inside the store are refused.
 
     One store object may be shared by threads (the Runner renews its lease from a thread of its
     own; a pool may run many tasks through one store). Its threads take turns per task, inside the
