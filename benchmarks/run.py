@@ -125,7 +125,7 @@ def postgres_store(directory: str) -> tuple[Any, Callable[[], None]] | None:
 def per_step_rows(workdir: str, quick: bool) -> tuple[list[Row], list[Callable[[], None]]]:
     ops = 500 if quick else 2000
     cleanups: list[Callable[[], None]] = []
-    json_store = JsonFileStore(os.path.join(workdir, "runner-json"))
+    json_store = JsonFileStore(os.path.join(workdir, "runner-json"), create=True)
     cleanups.append(json_store.close)
     rows = [
         Row("append", "floor: append 256 B + fdatasync", lambda d: floors.append_fdatasync(d, ops)),
@@ -142,7 +142,7 @@ def per_step_rows(workdir: str, quick: bool) -> tuple[list[Row], list[Callable[[
     if importlib.util.find_spec("longrun.stores.sqlite") is not None:
         from longrun.stores.sqlite import SqliteStore
 
-        sqlite_store = SqliteStore(os.path.join(workdir, "runner.sqlite"))
+        sqlite_store = SqliteStore(os.path.join(workdir, "runner.sqlite"), create=True)
         cleanups.append(getattr(sqlite_store, "close", lambda: None))
         rows.append(Row("runner-sqlite", "longrun Runner + SqliteStore, 1,000-effect plan", lambda d: stores.runner_per_effect(sqlite_store, 1000)))
     else:

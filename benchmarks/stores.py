@@ -7,6 +7,10 @@ effect, task creation and lease included.
 ``LedgerTask`` drives a ``JsonFileStore`` directly, the way the runner does for one effect: one
 changed effect record (and the header fields a runner changes with it) per commit. It is how the
 100,000-effect sizes are reached in minutes; the Runner itself scans its plan on every step.
+
+``commit_costs`` does the same against any store (the SQL stores in ``sql_commits.py``) and times
+each commit twice: wall time, and this process's CPU time (``time.process_time``), which leaves out
+the wait for the disk and shows the work the store does per commit.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from longrun.canonical import digest_of
 from longrun.ledger import EffectRecord, EffectState
 from longrun.stores import jsonfile
 
-__all__ = ["LedgerTask", "NoopAdapter", "runner_per_effect"]
+__all__ = ["LedgerTask", "NoopAdapter", "CommitLoop", "commit_costs", "runner_per_effect"]
 
 
 class NoopAdapter:
@@ -77,6 +81,76 @@ def ledger_record(index: int, task_id: str) -> EffectRecord:
     )  # fmt: skip
 
 
+def ledger_state(task_id: str, size: int) -> RunState:
+    """A state whose ledger holds ``size`` verified no-op effects."""
+    now = time.time()
+    state = RunState(
+        task_id=task_id, plan_digest="sha256:" + "0" * 64, budget=BudgetCounters(created_at=now, last_progress_at=now),
+        created_at=now, next_action="start the first step",
+    )  # fmt: skip
+    for index in range(size):
+        record = ledger_record(index, task_id)
+        state.effects[record.step_id] = record
+    return state
+
+
+def transition(state: RunState, number: int) -> str:
+    """Change one effect record the way the runner's next move would; returns its step id."""
+    step_id = f"s{number % len(state.effects)}"
+    record = state.effects[step_id]
+    now = time.time()
+    if record.state is EffectState.VERIFIED:
+        record = dataclasses.replace(record, state=EffectState.STARTED, attempts=record.attempts + 1, updated_at=now)
+    else:
+        record = dataclasses.replace(record, state=EffectState.VERIFIED, evidence="seen again", updated_at=now)
+    state.effects[step_id] = record
+    state.updated_at = now
+    state.current_step = step_id
+    state.next_action = f"observe whether effect {record.key!r} took place"
+    return step_id
+
+
+class CommitLoop:
+    """One task with a ledger of ``size`` effects on ``store``, committed one changed record at a time."""
+
+    def __init__(self, store: Any, size: int):
+        self.store, self.size = store, size
+        self.task_id = f"commits-{size}-{secrets.token_hex(3)}"
+        self.lease = store.acquire_lease(self.task_id, "bench", 86_400.0, time.time())
+        store.load(self.task_id, lease=self.lease)
+        self.state = ledger_state(self.task_id, size)
+        store.commit(self.lease, self.state, set(self.state.effects))
+        self.walls: list[float] = []
+        self.cpus: list[float] = []
+
+    def run(self, commits: int) -> None:
+        store, lease, state = self.store, self.lease, self.state
+        perf_counter, process_time = time.perf_counter, time.process_time
+        for _ in range(commits):
+            step_id = transition(state, len(self.walls))
+            wall, cpu = perf_counter(), process_time()
+            store.commit(lease, state, (step_id,))
+            self.cpus.append(process_time() - cpu)
+            self.walls.append(perf_counter() - wall)
+
+    def costs(self) -> dict[str, float]:
+        """Median wall seconds and mean CPU seconds per commit (process_time ticks coarsely, so a mean)."""
+        return {"wall_s": statistics.median(self.walls), "cpu_s": statistics.mean(self.cpus)}
+
+
+def commit_costs(store: Any, sizes: list[int], commits: int, block: int = 50) -> dict[int, dict[str, float]]:
+    """Per-commit costs at each ledger size, measured in interleaved blocks so that every size
+    meets the same disk weather."""
+    loops = [CommitLoop(store, size) for size in sizes]
+    gc.collect()
+    done = 0
+    while done < commits:
+        for loop in loops:
+            loop.run(min(block, commits - done))
+        done += block
+    return {loop.size: loop.costs() for loop in loops}
+
+
 class LedgerTask:
     """A task whose ledger holds ``size`` effects, committed one changed record per transition."""
 
@@ -84,7 +158,7 @@ class LedgerTask:
         self.size = size
         self.root = root
         self.task_id = f"ledger-{size}"
-        self.store = JsonFileStore(root)
+        self.store = JsonFileStore(root, create=True)
         self.times: list[float] = []
         self.compactions = 0
         self.compaction_times: list[float] = []

@@ -143,7 +143,7 @@ class Workspace:
 
 
 def make_agent(directory: str) -> longrun.DurableFunction[dict[str, Any]]:
-    store = JsonFileStore(os.path.join(directory, "store"))
+    store = JsonFileStore(os.path.join(directory, "store"), create=True)
     os.makedirs(os.path.join(directory, "workspace"), exist_ok=True)
     tools: dict[str, longrun.EffectAdapter] = {
         "mail.send": Mailbox(os.path.join(directory, "mailbox.jsonl")),

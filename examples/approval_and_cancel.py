@@ -80,7 +80,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--dir", help="where to keep the store (default: a temporary directory)")
     directory = parser.parse_args().dir or tempfile.mkdtemp(prefix="longrun-example-")
-    store = JsonFileStore(os.path.join(directory, "store"))
+    store = JsonFileStore(os.path.join(directory, "store"), create=True)
     outbox = os.path.join(directory, "outbox.jsonl")
     ok = True
 

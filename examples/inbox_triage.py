@@ -92,7 +92,7 @@ class Reporter(JsonFiles):
 
 
 def make_triage(directory: str) -> longrun.DurableFunction[dict[str, Any]]:
-    store = JsonFileStore(os.path.join(directory, "store"))
+    store = JsonFileStore(os.path.join(directory, "store"), create=True)
 
     @longrun.durable(
         store=store,

@@ -85,7 +85,7 @@ def build(directory: str, crash_after: str | None) -> Runner:
         Step("apac", "render", {"region": "APAC", "quarter": "2026-Q4"}),
         Step("index", "render", lambda results: {"files": sorted(r["file"] for r in results.values())}),
     ]
-    store = JsonFileStore(os.path.join(directory, "store"))
+    store = JsonFileStore(os.path.join(directory, "store"), create=True)
     # A short lease so that a crashed run can be taken over quickly; a live runner renews it.
     return Runner(contract, steps, store=store, adapters={"render": FileAdapter(out, crash_after)}, lease_ttl_s=LEASE_TTL_S)
 

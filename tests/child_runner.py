@@ -70,7 +70,7 @@ def build(args: argparse.Namespace) -> Runner:
     return Runner(
         contract,
         steps,
-        store=SqliteStore(args.root) if args.sqlite else JsonFileStore(args.root),
+        store=SqliteStore(args.root, create=True) if args.sqlite else JsonFileStore(args.root, create=True),
         adapters={"write": adapter},  # type: ignore[dict-item]
         owner=args.owner,
         clock=LaterClock(args.later),

@@ -31,7 +31,7 @@ def outbox_path() -> str:
 
 def _store():
     spec = os.environ.get(STORE_ENV)
-    return open_store(spec) if spec else JsonFileStore(os.path.join(_root(), "store"))
+    return open_store(spec) if spec else JsonFileStore(os.path.join(_root(), "store"), create=True)
 
 
 def _runner(task_id: str, steps: list[Step], adapter: OutboxAdapter | None = None, *, start: float = START, **options) -> Runner:

@@ -99,9 +99,9 @@ def agent_loop(run: longrun.Run, seed: int, max_tools: int) -> dict[str, Any]:
 
 def make_store(kind: str, root: str) -> longrun.Store:
     if kind == "json":
-        return JsonFileStore(root)
+        return JsonFileStore(root, create=True)
     if kind == "sqlite":
-        return SqliteStore(os.path.join(root, "longrun.sqlite"))
+        return SqliteStore(os.path.join(root, "longrun.sqlite"), create=True)
     raise SystemExit(f"unknown store kind {kind!r}")
 
 

@@ -138,7 +138,7 @@ def open_store(args: argparse.Namespace) -> Any:
     if args.sqlite:
         from longrun import SqliteStore
 
-        return SqliteStore(args.sqlite)
+        return SqliteStore(args.sqlite, create=True)
     import pg_support
     from longrun import PostgresStore
     from longrun.stores._spec import postgres_connector

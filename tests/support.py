@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "src")
@@ -42,3 +43,32 @@ class TempDirTest(unittest.TestCase):
 
     def path(self, *parts: str) -> str:
         return os.path.join(self.tmp, *parts)
+
+
+class ReadCountingDict(dict):  # type: ignore[type-arg]
+    """A ledger mapping that counts the records read from it by iteration."""
+
+    read = 0
+
+    def _counted(self, items: Any) -> Any:
+        for item in items:
+            self.read += 1
+            yield item
+
+    def __iter__(self) -> Any:
+        return self._counted(super().__iter__())
+
+    def __reversed__(self) -> Any:
+        return self._counted(super().__reversed__())
+
+    def keys(self) -> Any:
+        self.read += len(self)  # a view: counted as reading every record (a set operation does)
+        return super().keys()
+
+    def items(self) -> Any:
+        self.read += len(self)
+        return super().items()
+
+    def values(self) -> Any:
+        self.read += len(self)
+        return super().values()

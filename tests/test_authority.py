@@ -66,7 +66,7 @@ class AuthorityCase(support.TempDirTest):
     def setUp(self) -> None:
         super().setUp()
         self.clock = FakeClock()
-        self.store = JsonFileStore(self.path("store"))
+        self.store = JsonFileStore(self.path("store"), create=True)
         self.outbox = OutboxAdapter(self.path("outbox.jsonl"))
         self.key = secrets.token_bytes(32)
         self.control_root = self.path("control-root")

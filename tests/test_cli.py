@@ -21,6 +21,22 @@ def cli(*args: str, input: str | None = None):
     return run_python(["-m", "longrun", *args], input=input)
 
 
+def run_in_process(args: list[str]) -> tuple[int, str, str]:
+    """``main(args)`` in this process: (exit code, stdout, stderr)."""
+    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()) as err:
+        code = main(args)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _without_times(document: object) -> object:
+    """A JSON document without the moment it was produced (two runs differ only there)."""
+    if isinstance(document, dict):
+        return {key: _without_times(value) for key, value in document.items() if key not in ("checked_at", "now", "at")}
+    if isinstance(document, list):
+        return [_without_times(item) for item in document]
+    return document
+
+
 class CliCase(TempDirTest):
     def setUp(self) -> None:
         super().setUp()
@@ -33,7 +49,7 @@ class CliCase(TempDirTest):
         return Runner(
             RunContract(task_id, goal="test the command line"),
             steps,
-            store=JsonFileStore(self.store_dir),
+            store=JsonFileStore(self.store_dir, create=True),
             adapters={"send": adapter},
             clock=self.clock,
             **options,
@@ -119,6 +135,25 @@ class StatusTest(CliCase):
         self.assertEqual(data["load"]["source"], "primary")
         self.assertTrue(data["load"]["digest"].startswith("sha256:"))
         self.assertEqual(data["next_action"], state.next_action)
+
+    def test_json_before_the_command_is_the_same_as_after_it(self) -> None:
+        self.finished_task()
+        for args in (["status", self.store_dir, "finished"], ["ls", self.store_dir],
+                     ["history", self.store_dir, "finished"], ["verify", self.store_dir, "finished"]):
+            with self.subTest(command=args[0]):
+                before = run_in_process(["--json", *args])
+                after = run_in_process([*args, "--json"])
+                self.assertEqual(before[0], after[0])
+                self.assertEqual(before[2], "")
+                self.assertEqual(_without_times(json.loads(before[1])), _without_times(json.loads(after[1])))
+        # Every command that takes --json takes it first: the parser hands the same flag on.
+        from longrun.cli._main import _parse, build_parser
+
+        for args in (["approve", self.store_dir, "t"], ["cancel", self.store_dir, "t"], ["resume", "m:f"], ["demo"]):
+            with self.subTest(command=args[0]):
+                self.assertTrue(_parse(build_parser(), ["--json", *args]).json)
+                self.assertTrue(_parse(build_parser(), [*args, "--json"]).json)
+                self.assertFalse(_parse(build_parser(), args).json)
 
     def test_status_is_read_only_on_damaged_state(self) -> None:
         self.finished_task()
@@ -326,7 +361,7 @@ class SignedApprovalCliTest(CliCase):
         from longrun.authority import SignedApprovals, SignedCancellations, load_key
 
         key = load_key(self.key_file)
-        store = JsonFileStore(self.store_dir)
+        store = JsonFileStore(self.store_dir, create=True)
         sources.setdefault("approvals", SignedApprovals(store, key))
         sources.setdefault("cancellations", SignedCancellations(store, key))
         return self.runner(task_id, self.approval_steps(), **sources)

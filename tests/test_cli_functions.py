@@ -20,7 +20,7 @@ MODULE = textwrap.dedent(
     import os, longrun
     from longrun.testing import OutboxAdapter
     ROOT = os.environ["TASKS_DIR"]
-    store = longrun.JsonFileStore(ROOT)
+    store = longrun.JsonFileStore(ROOT, create=True)
 
     @longrun.durable(store=store, adapters={"mail.send": OutboxAdapter(os.path.join(ROOT, "outbox.jsonl"))})
     def greet(run, names, greeting="hi"):

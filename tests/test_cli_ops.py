@@ -53,7 +53,7 @@ class OpsCase(TempDirTest):
         return Runner(
             RunContract(task_id, goal="test the command line"),
             steps,
-            store=store if store is not None else JsonFileStore(self.store_dir),
+            store=store if store is not None else JsonFileStore(self.store_dir, create=True),
             adapters={"send": adapter if adapter is not None else OutboxAdapter(self.outbox)},
             clock=self.clock,
             **options,
@@ -203,7 +203,7 @@ class HistoryTest(OpsCase):
         self.assertTrue(unknowns and all("recorded at the last stop" in entry["detail"] for entry in unknowns))
 
     def test_history_of_a_task_with_no_committed_revision(self) -> None:
-        JsonFileStore(self.store_dir).acquire_lease("fresh", "someone", 30, self.clock.now())
+        JsonFileStore(self.store_dir, create=True).acquire_lease("fresh", "someone", 30, self.clock.now())
         result = cli("history", self.store_dir, "fresh")
         self.assert_exit(result, 0)
         self.assertIn("history of task fresh: no revision committed yet", result.stdout)
@@ -319,7 +319,7 @@ class VerifyTest(OpsCase):
         self.assertIn("will be observed before anything else on resume", in_flight["detail"])
 
     def test_a_live_lease_is_noted_and_a_new_task_verifies_0(self) -> None:
-        JsonFileStore(self.store_dir).acquire_lease("busy", "worker-7", 300, time.time())
+        JsonFileStore(self.store_dir, create=True).acquire_lease("busy", "worker-7", 300, time.time())
         result = cli("verify", self.store_dir, "busy")
         self.assert_exit(result, 0)
         self.assertIn("no revision committed yet", result.stdout)
@@ -393,7 +393,7 @@ class ResumeTest(OpsCase):
         self.assert_exit(cli("cancel", self.store_dir, "gated", "--by", "bob"), 0)
         cancelled = resume("gated", "--json")
         self.assertEqual(self.json_of(cancelled, 4)["status"], "cancelled")
-        JsonFileStore(self.store_dir).acquire_lease("nightly", "another-runner", 300, time.time())
+        JsonFileStore(self.store_dir, create=True).acquire_lease("nightly", "another-runner", 300, time.time())
         busy = resume("finished")
         self.assert_exit(busy, 1)
         self.assertIn("task nightly: already-running", busy.stdout)
@@ -425,7 +425,7 @@ class SqliteStoreTest(OpsCase):
         super().setUp()
         self.database = self.path("tasks.db")
         self.spec = f"sqlite:{self.database}"
-        store = SqliteStore(self.database)
+        store = SqliteStore(self.database, create=True)
         self.addCleanup(store.close)
         self.finished_task("finished", store=store)
         self.awaiting_task("gated", store=store)

@@ -80,7 +80,7 @@ class ChildRunnerCase(support.TempDirTest):
         self.assertEqual(self.counts(), expected)
 
     def open_store(self):
-        return SqliteStore(self.root) if self.sqlite else JsonFileStore(self.root)
+        return SqliteStore(self.root, create=True) if self.sqlite else JsonFileStore(self.root, create=True)
 
     def state(self):
         store = self.open_store()

@@ -31,7 +31,7 @@ class StorageFaultTests(FaultGroupCase):
 
 class FaultyIOTests(support.TempDirTest):
     def test_the_nth_call_fails_with_the_chosen_errno_and_the_store_says_so_with_the_cause(self) -> None:
-        store = JsonFileStore(self.path("root"), io=faults.FaultyIO(1, errno.ENOSPC))
+        store = JsonFileStore(self.path("root"), io=faults.FaultyIO(1, errno.ENOSPC), create=True)
         with self.assertRaises(StorageError) as caught:
             store.acquire_lease("t", "me", 30.0, 0.0)
         self.assertIsInstance(caught.exception.__cause__, OSError)

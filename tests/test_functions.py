@@ -52,7 +52,7 @@ class DurableCase(support.TempDirTest):
     """A fresh store, a fake clock, a counting outbox and a counting model for each test."""
 
     def make_store(self) -> Store:
-        return JsonFileStore(self.path("store"))
+        return JsonFileStore(self.path("store"), create=True)
 
     def setUp(self) -> None:
         super().setUp()
@@ -493,7 +493,7 @@ class JsonFileStoreTests(StoreCases):
 
 class SqliteStoreTests(StoreCases):
     def make_store(self) -> Store:
-        store = SqliteStore(self.path("longrun.sqlite"))
+        store = SqliteStore(self.path("longrun.sqlite"), create=True)
         self.addCleanup(store.close)
         return store
 

@@ -79,8 +79,8 @@ class DurableCrashCase(support.TempDirTest):
 
     def store(self) -> Store:
         if self.kind == "json":
-            return JsonFileStore(self.root)
-        store = SqliteStore(os.path.join(self.root, "longrun.sqlite"))
+            return JsonFileStore(self.root, create=True)
+        store = SqliteStore(os.path.join(self.root, "longrun.sqlite"), create=True)
         self.addCleanup(store.close)
         return store
 

@@ -452,7 +452,7 @@ class JsonFileStoreFuzzTests(FuzzCase):
         self.root = self.path("store")
         self.outside = self.path("outside")
         os.mkdir(self.outside)
-        store = JsonFileStore(self.root)
+        store = JsonFileStore(self.root, create=True)
         lease = store.acquire_lease(TASK, "me", 3600.0, 1000.0)
         store.load(TASK, lease=lease)
         state = sample_state(TASK, effects=4)
@@ -577,7 +577,7 @@ class SqliteStoreFuzzTests(FuzzCase):
     def test_read_only_loads_of_damaged_rows_change_nothing(self) -> None:
         rng = random.Random(1007 + SEED_OFFSET)
         db = self.path("longrun.db")
-        store = SqliteStore(db)
+        store = SqliteStore(db, create=True)
         self.addCleanup(store.close)
         lease = store.acquire_lease(TASK, "me", 3600.0, 1000.0)
         store.load(TASK, lease=lease)
@@ -658,7 +658,7 @@ class CliFuzzTests(FuzzCase):
     def setUp(self) -> None:
         super().setUp()
         self.root = self.path("store")
-        store = JsonFileStore(self.root)
+        store = JsonFileStore(self.root, create=True)
         lease = store.acquire_lease(TASK, "me", 3600.0, 1000.0)
         store.load(TASK, lease=lease)
         state = sample_state(TASK, effects=2)
@@ -835,7 +835,7 @@ class PathTests(support.TempDirTest):
     def setUp(self) -> None:
         super().setUp()
         self.root = self.path("store")
-        store = JsonFileStore(self.root)
+        store = JsonFileStore(self.root, create=True)
         self.lease = store.acquire_lease(TASK, "me", 3600.0, 1000.0)
         store.load(TASK, lease=self.lease)
         store.commit(self.lease, sample_state(TASK, effects=2))
@@ -848,7 +848,7 @@ class PathTests(support.TempDirTest):
     def test_files_and_directories_are_owner_only_even_under_a_permissive_umask(self) -> None:
         previous = os.umask(0)
         try:
-            store = JsonFileStore(self.path("other"))
+            store = JsonFileStore(self.path("other"), create=True)
             lease = store.acquire_lease("t2", "me", 60.0, 1.0)
             store.load("t2", lease=lease)
             store.commit(lease, sample_state("t2", effects=1))

@@ -14,6 +14,7 @@ import os
 import random
 import shutil
 import unittest
+import unittest.mock
 from typing import Any, Callable
 
 import support
@@ -104,7 +105,7 @@ class JournalCase(support.TempDirTest):
 
     def build(self, commits: int, *, seed: int = 7) -> tuple[JsonFileStore, Any, RunState]:
         """A task with a snapshot, its backup and ``commits`` commits after it, each remembered."""
-        store = JsonFileStore(self.root)
+        store = JsonFileStore(self.root, create=True)
         self.addCleanup(store.close)
         lease = store.acquire_lease(TASK, "me", 3600.0, 0.0)
         store.load(TASK, lease=lease)
@@ -469,7 +470,7 @@ class LinearLoadTests(JournalCase):
 
     def count_load(self, effects: int, commits: int) -> dict[str, int]:
         root = self.path(f"root-{effects}-{commits}")
-        store = JsonFileStore(root)
+        store = JsonFileStore(root, create=True)
         lease = store.acquire_lease(TASK, "me", 3600.0, 0.0)
         store.load(TASK, lease=lease)
         state = base_state()
@@ -521,6 +522,40 @@ class LinearLoadTests(JournalCase):
             self.assertLessEqual(counts["bytes_read"], counts["files"] + 64 * 1024 + 1024, "each file is read once")
 
 
+class FakeCollector:
+    """Stands in for the ``gc`` module: a switch, so the test never turns the real collector off."""
+
+    def __init__(self) -> None:
+        self.enabled = True
+
+    def isenabled(self) -> bool:
+        return self.enabled
+
+    def disable(self) -> None:
+        self.enabled = False
+
+    def enable(self) -> None:
+        self.enabled = True
+
+
+class CollectorPauseTests(unittest.TestCase):
+    def test_overlapping_pauses_keep_the_collector_off_until_the_last_one_ends(self) -> None:
+        collector = FakeCollector()
+        with unittest.mock.patch.object(_journal, "gc", collector):
+            first, second = _journal.no_gc(), _journal.no_gc()
+            first.__enter__()
+            second.__enter__()  # another thread's load starts while the first is decoding
+            self.assertFalse(collector.enabled)
+            first.__exit__(None, None, None)
+            self.assertFalse(collector.enabled, "the second load is still decoding")
+            second.__exit__(None, None, None)
+            self.assertTrue(collector.enabled, "back on once every pause ended")
+            collector.enabled = False  # a program that turned it off itself keeps it off
+            with _journal.no_gc():
+                pass
+            self.assertFalse(collector.enabled)
+
+
 class RoundTripTests(JournalCase):
     def test_random_commits_through_compactions_always_load_as_committed(self) -> None:
         original = jsonfile.COMPACT_MIN_BYTES
@@ -528,7 +563,7 @@ class RoundTripTests(JournalCase):
         self.addCleanup(setattr, jsonfile, "COMPACT_MIN_BYTES", original)
         for seed in range(4):
             root = self.path(f"root-{seed}")
-            store = JsonFileStore(root)
+            store = JsonFileStore(root, create=True)
             lease = store.acquire_lease(TASK, "me", 3600.0, 0.0)
             store.load(TASK, lease=lease)
             state = base_state()
@@ -588,7 +623,7 @@ def first_format(data: bytes, *, snapshot: bool) -> bytes:
 
 class FirstFormatTests(JournalCase):
     def test_rows_and_headers_written_before_backoffs_and_worked_time_load_and_go_on(self) -> None:
-        store = JsonFileStore(self.root)
+        store = JsonFileStore(self.root, create=True)
         lease = store.acquire_lease(TASK, "me", 3600.0, 0.0)
         store.load(TASK, lease=lease)
         state = base_state()
@@ -606,7 +641,7 @@ class FirstFormatTests(JournalCase):
         self.assertEqual(loaded.state.to_json(), state.to_json())
         self.assertIsNone(loaded.state.effects["s3"].backoff)
         # A writer of this version carries on from the old files, and what it writes loads back.
-        store = JsonFileStore(self.root)
+        store = JsonFileStore(self.root, create=True)
         lease = store.acquire_lease(TASK, "next", 3600.0, 10_000.0)
         state = store.load(TASK, lease=lease).state
         backoff = Backoff.begin(2.0, 60.0, ("boot:x", 5.0))

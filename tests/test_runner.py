@@ -37,7 +37,7 @@ class SpyStore(JsonFileStore):
     """A JSON-file store that remembers every committed state, to check the order of transitions."""
 
     def __init__(self, root: str):
-        super().__init__(root)
+        super().__init__(root, create=True)
         self.commits: list[dict] = []
 
     def commit(self, lease: Lease, state: RunState, changed: Collection[str] | None = None) -> int:

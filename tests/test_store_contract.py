@@ -87,7 +87,7 @@ class _FailingIO(FileIO):
 
 class JsonFileStoreContract(StoreContract, support.TempDirTest):
     def make_store(self) -> JsonFileStore:
-        return JsonFileStore(self.path("root"))
+        return JsonFileStore(self.path("root"), create=True)
 
     def _task_dir(self, task_id: str) -> str:
         return os.path.join(self.path("root"), task_id)
@@ -242,7 +242,7 @@ class _SqlHooks:
 
 class SqliteStoreContract(_SqlHooks, StoreContract, support.TempDirTest):
     def make_store(self) -> SqliteStore:
-        return SqliteStore(self.path("longrun.db"))
+        return SqliteStore(self.path("longrun.db"), create=True)
 
     def execute(self, statement: str, params: tuple = ()) -> list[tuple]:
         connection = sqlite3.connect(self.path("longrun.db"), isolation_level=None, timeout=30)

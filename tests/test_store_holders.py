@@ -23,7 +23,7 @@ from longrun.stores import _holders
 HOLD = """
 import sys, time
 from longrun import JsonFileStore, SqliteStore
-store = SqliteStore(sys.argv[2]) if sys.argv[1] == "sqlite" else JsonFileStore(sys.argv[2])
+store = SqliteStore(sys.argv[2], create=True) if sys.argv[1] == "sqlite" else JsonFileStore(sys.argv[2], create=True)
 lease = store.acquire_lease(sys.argv[3], "build-host", 3600.0, time.time())
 print(lease.epoch, flush=True)
 time.sleep(600)
@@ -41,7 +41,7 @@ class HolderLockTests(support.TempDirTest):
         self.location = self.path("store.db" if self.kind == "sqlite" else "store")
 
     def open(self):
-        store = SqliteStore(self.location) if self.kind == "sqlite" else JsonFileStore(self.location)
+        store = SqliteStore(self.location, create=True) if self.kind == "sqlite" else JsonFileStore(self.location, create=True)
         if self.kind == "sqlite":
             self.addCleanup(store.close)
         return store
@@ -162,7 +162,7 @@ class HolderLockTests(support.TempDirTest):
     def test_a_lock_on_a_deleted_task_is_let_go(self) -> None:
         other = self.path("elsewhere")
         os.mkdir(other)
-        gone = JsonFileStore(other)
+        gone = JsonFileStore(other, create=True)
         gone.acquire_lease("t", "me", TTL, time.time())
         held = len(_holders._HELD)
         shutil.rmtree(other)

@@ -85,7 +85,7 @@ class CountingIO(FileIO):
 class StoreCase(support.TempDirTest):
     def setUp(self) -> None:
         super().setUp()
-        self.store = JsonFileStore(self.path("root"))
+        self.store = JsonFileStore(self.path("root"), create=True)
         self.addCleanup(self.store.close)
 
     def file(self, *parts: str) -> str:
@@ -234,7 +234,7 @@ class CommitTests(StoreCase):
 
     def test_a_commit_is_one_fdatasync_of_one_line_and_rewrites_no_snapshot(self) -> None:
         io = CountingIO()
-        store = JsonFileStore(self.path("root"), io=io)
+        store = JsonFileStore(self.path("root"), io=io, create=True)
         lease = store.acquire_lease("t", "me", 30.0, 0.0)
         store.load("t", lease=lease)
         state = new_state()
@@ -259,7 +259,7 @@ class CommitTests(StoreCase):
         sizes = {}
         for count in (10, 2000):
             io = CountingIO()
-            store = JsonFileStore(self.path(f"root-{count}"), io=io)
+            store = JsonFileStore(self.path(f"root-{count}"), io=io, create=True)
             lease = store.acquire_lease("t", "me", 30.0, 0.0)
             store.load("t", lease=lease)
             state = new_state()
@@ -317,7 +317,7 @@ class CommitTests(StoreCase):
                 super().fdatasync(fd)
 
         io = FailingSync()
-        store = JsonFileStore(self.path("root"), io=io)
+        store = JsonFileStore(self.path("root"), io=io, create=True)
         lease = store.acquire_lease("t", "me", 30.0, 0.0)
         store.load("t", lease=lease)
         state = new_state()
@@ -566,7 +566,7 @@ class WitnessTests(StoreCase):
     def test_a_lease_taken_with_no_commit_after_it_is_no_witness_of_state(self) -> None:
         # The crash a load must accept: a lease acquired, then nothing committed (every epoch).
         for now in (0.0, 100.0, 200.0):
-            lease = JsonFileStore(self.store.root).acquire_lease("t", "me", 30.0, now)
+            lease = JsonFileStore(self.store.root, create=True).acquire_lease("t", "me", 30.0, now)
         self.assertEqual(JsonFileStore(self.store.root).load("t", lease=lease).state, None)
 
     def test_damage_recovered_from_the_backup_chain_is_not_held_to_the_witness(self) -> None:
@@ -601,6 +601,71 @@ class PathTests(StoreCase):
         with self.assertRaises(UnknownTaskError):
             self.store.read_approvals("nope")
 
+    def test_a_missing_root_is_a_typed_error_and_nothing_is_created(self) -> None:
+        for missing in (self.path("store"), self.path("absent", "store")):
+            store = JsonFileStore(missing)
+            with self.assertRaisesRegex(InvalidInputError, "does not exist.*create=True"):
+                store.acquire_lease("t", "me", 30.0, 0.0)
+            self.assertEqual(os.listdir(self.tmp), [])
+            with self.assertRaisesRegex(UnknownTaskError, "the store root .* does not exist"):
+                store.load("t")
+            self.assertEqual(store.list_tasks(), [])
+
+    def test_create_makes_the_root_and_its_parents_owner_only_on_the_first_lease(self) -> None:
+        root = self.path("new", "deeper", "store")
+        store = JsonFileStore(root, create=True)
+        self.assertFalse(os.path.exists(self.path("new")), "opening a store creates nothing")
+        self.assertEqual(store.list_tasks(), [])
+        lease = store.acquire_lease("t", "me", 30.0, 0.0)
+        store.commit(lease, new_state())
+        for path in (self.path("new"), self.path("new", "deeper"), root):
+            self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o700, path)
+        self.assertEqual(JsonFileStore(root).load("t").state.revision, 1)  # type: ignore[union-attr]
+        with open(self.path("file"), "w"):
+            pass
+        with self.assertRaisesRegex(StorageError, "not a directory"):
+            JsonFileStore(self.path("file"), create=True).acquire_lease("t", "me", 30.0, 0.0)
+
+    def test_a_symlinked_root_to_a_directory_of_this_user_is_used(self) -> None:
+        os.makedirs(self.path("real"))
+        os.symlink(self.path("real"), self.path("linked"))
+        store = JsonFileStore(self.path("linked"))
+        lease = store.acquire_lease("t", "me", 30.0, 0.0)
+        store.load("t", lease=lease)
+        store.commit(lease, new_state())
+        self.assertEqual(JsonFileStore(self.path("real")).load("t").state.revision, 1)  # type: ignore[union-attr]
+        self.assertEqual(JsonFileStore(self.path("linked")).list_tasks(), ["t"])
+        os.symlink(self.path("nowhere"), self.path("dangling"))
+        with self.assertRaisesRegex(StorageError, "symbolic link to nothing"):
+            JsonFileStore(self.path("dangling"), create=True).acquire_lease("t", "me", 30.0, 0.0)
+        self.assertFalse(os.path.lexists(self.path("nowhere")), "nothing is created through a dangling link")
+        # Inside the store, links stay refused: the task directory, and control/ (a security check).
+        os.makedirs(self.path("elsewhere"))
+        os.symlink(self.path("elsewhere"), self.path("real", "u"))
+        with self.assertRaises(StorageError):
+            store.acquire_lease("u", "me", 30.0, 0.0)
+        control = self.path("real", "t", "control")
+        shutil.rmtree(control)
+        os.symlink(self.path("elsewhere"), control)
+        with self.assertRaises(StorageError):
+            store.write_cancellation(Cancellation("t", 0.0, "a", "b"))
+        self.assertEqual(os.listdir(self.path("elsewhere")), [])
+
+    @unittest.skipUnless(hasattr(os, "geteuid") and os.geteuid() == 0, "chown to another uid needs root")
+    def test_a_symlinked_root_to_another_users_directory_is_refused(self) -> None:
+        other = 54321
+        os.makedirs(self.path("theirs"))
+        os.chown(self.path("theirs"), other, -1)
+        os.symlink(self.path("theirs"), self.path("to-theirs"))
+        with self.assertRaisesRegex(StorageError, "owned by this user"):
+            JsonFileStore(self.path("to-theirs")).acquire_lease("t", "me", 30.0, 0.0)
+        self.assertEqual(os.listdir(self.path("theirs")), [])
+        os.makedirs(self.path("mine"))
+        os.symlink(self.path("mine"), self.path("their-link"))
+        os.lchown(self.path("their-link"), other, -1)  # someone else's link could be re-pointed at will
+        with self.assertRaisesRegex(StorageError, "link owned by this user or root"):
+            JsonFileStore(self.path("their-link")).acquire_lease("t", "me", 30.0, 0.0)
+
     def test_symlinks_are_refused(self) -> None:
         os.makedirs(self.path("elsewhere"))
         os.makedirs(self.store.root)
@@ -608,7 +673,7 @@ class PathTests(StoreCase):
         with self.assertRaises(StorageError):
             self.store.acquire_lease("t", "me", 30.0, 0.0)
         self.assertEqual(os.listdir(self.path("elsewhere")), [])
-        other = JsonFileStore(self.path("root2"))
+        other = JsonFileStore(self.path("root2"), create=True)
         lease = other.acquire_lease("t", "me", 30.0, 0.0)
         os.symlink(self.path("elsewhere"), os.path.join(other.root, "t", "state.json"))
         with self.assertRaises(StorageError):
@@ -643,7 +708,7 @@ class HistoryTests(support.TempDirTest):
         from longrun import Approval, Runner, RunContract, Step
         from longrun.testing import FakeClock, OutboxAdapter
 
-        store = JsonFileStore(self.path("root"))
+        store = JsonFileStore(self.path("root"), create=True)
         clock = FakeClock()
         steps = [Step("a", "write", {}), Step("b", "write", {}, approval=True)]
 

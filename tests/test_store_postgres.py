@@ -6,6 +6,7 @@ Runs when ``LONGRUN_TEST_POSTGRES_DSN`` is set (see ``pg_support``); CI requires
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import threading
@@ -90,6 +91,32 @@ class ServerClockTests(PostgresCase):
         released = self.store.read_lease("t")
         self.assertLessEqual(released.expires_at, self.server_now())
         self.assertEqual(self.open().acquire_lease("t", "b", 30.0, time.time() - HOUR).owner, "b")
+
+
+class CommitCostTests(PostgresCase):
+    def test_a_commit_writes_and_reads_the_changed_record_only(self) -> None:
+        lease = self.store.acquire_lease("t", "me", 30.0, time.time())
+        self.store.load("t", lease=lease)
+        state = sample_state("t", effects=500)
+        self.store.commit(lease, state, set(state.effects))
+        ledger = support.ReadCountingDict(state.effects)
+        state.effects = ledger
+        self.store.load("t", lease=lease)
+        statements: list[str] = []
+        real = self.store._run
+
+        def counting(statement: str, params: Any = ()) -> Any:
+            statements.append(statement)
+            return real(statement, params)
+
+        ledger["step-321"] = dataclasses.replace(ledger["step-321"], evidence="changed")
+        ledger.read = 0
+        with mock.patch.object(self.store, "_run", counting):
+            self.store.commit(lease, state, {"step-321"})
+        self.assertLess(ledger.read, 10, "records of the ledger read by one commit that changed one")
+        self.assertEqual(len([s for s in statements if s.startswith("INSERT INTO longrun_effects")]), 1, statements)
+        self.assertLess(len(statements), 12, statements)
+        self.assertEqual(self.open().load("t").state.to_json(), state.to_json())  # type: ignore[union-attr]
 
 
 class DatabaseFenceTests(PostgresCase):

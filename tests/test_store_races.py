@@ -221,7 +221,7 @@ class SqliteRaceTests(_Race):
         return ["--sqlite", self.path("longrun.db")]
 
     def make_store(self) -> SqliteStore:
-        return SqliteStore(self.path("longrun.db"))
+        return SqliteStore(self.path("longrun.db"), create=True)
 
     def test_sqlite_processes_killed_and_frozen_apply_each_effect_once_and_finish(self) -> None:
         self.race()

@@ -28,7 +28,11 @@ class OpenStoreTests(support.TempDirTest):
         with self.assertRaises(InvalidInputError):
             open_store("sqlite:")
         with self.assertRaises(InvalidInputError):
-            open_store(f"sqlite:{self.path('missing-dir', 'tasks.db')}")
+            open_store(f"sqlite:{self.path('missing-dir', 'tasks.db')}", create=False)
+        deeper = open_store(f"sqlite:{self.path('missing-dir', 'tasks.db')}")  # create=True: made on first use
+        self.addCleanup(deeper.close)
+        self.assertEqual(deeper.list_tasks(), [])
+        self.assertTrue(os.path.isfile(self.path("missing-dir", "tasks.db")))
 
     def test_anything_else_is_a_json_file_store_directory(self) -> None:
         store = open_store(self.path("root"))

@@ -41,7 +41,7 @@ class SqliteCase(support.TempDirTest):
         self.store = self.open()
 
     def open(self, **options: object) -> SqliteStore:
-        store = SqliteStore(self.db, **options)  # type: ignore[arg-type]
+        store = SqliteStore(self.db, create=True, **options)  # type: ignore[arg-type]
         self.addCleanup(store.close)
         return store
 
@@ -96,10 +96,30 @@ class FileTests(SqliteCase):
         with self.assertRaises(InvalidInputError):
             SqliteStore(self.db, busy_timeout_s=-1)
 
+    def test_a_missing_file_is_created_only_with_create(self) -> None:
+        path = self.path("new.db")
+        store = SqliteStore(path)
+        self.addCleanup(store.close)
+        for call in (store.list_tasks, lambda: store.acquire_lease("t", "me", 30.0, 0.0), lambda: store.load("t")):
+            with self.assertRaisesRegex(InvalidInputError, "does not exist.*create=True"):
+                call()
+        self.assertFalse(os.path.exists(path), "nothing is created")
+        deep = self.path("a", "b", "new.db")
+        created = SqliteStore(deep, create=True)
+        self.addCleanup(created.close)
+        self.assertFalse(os.path.exists(self.path("a")), "opening the store creates nothing")
+        created.acquire_lease("t", "me", 30.0, 0.0)
+        for directory in (self.path("a"), self.path("a", "b")):
+            self.assertEqual(stat.S_IMODE(os.stat(directory).st_mode), 0o700, directory)
+        self.assertEqual(stat.S_IMODE(os.stat(deep).st_mode), 0o600)
+        reopened = SqliteStore(deep)  # it exists now: no create needed
+        self.addCleanup(reopened.close)
+        self.assertEqual(reopened.list_tasks(), ["t"])
+
     def test_a_file_that_is_not_a_database_is_a_storage_error(self) -> None:
         with open(self.path("other.db"), "wb") as handle:
             handle.write(b"this is not an SQLite database, just some bytes " * 100)
-        store = SqliteStore(self.path("other.db"))
+        store = SqliteStore(self.path("other.db"), create=True)
         with self.assertRaises(StorageError) as caught:
             store.list_tasks()
         self.assertIsInstance(caught.exception.__cause__, sqlite3.DatabaseError)
@@ -133,6 +153,44 @@ class RowTests(SqliteCase):
         effect_writes = [s for s in statements if s.startswith("INSERT INTO longrun_effects")]
         self.assertEqual(len(effect_writes), 1, statements)
         self.assertLess(len(statements), 12, statements)
+
+    def test_a_commit_looks_at_the_changed_records_only_not_the_whole_ledger(self) -> None:
+        lease, state = self.committed(effects=2000)
+        ledger = support.ReadCountingDict(state.effects)
+        state.effects = ledger
+        self.store.load("t", lease=lease)  # the store now knows every stored row
+        for index in (7, 1500, 7):
+            step_id = f"step-{index:03d}"
+            ledger[step_id] = dataclasses.replace(ledger[step_id], evidence=f"changed {index}")
+            ledger.read = 0
+            self.store.commit(lease, state, {step_id})
+            self.assertLess(ledger.read, 10, "records of the ledger read by one commit that changed one")
+        new = dataclasses.replace(ledger["step-000"], key="t/step-new", step_id="step-new")
+        ledger["step-new"] = new  # a new step, at the end of the plan
+        ledger.read = 0
+        self.store.commit(lease, state, {"step-new"})
+        self.assertLess(ledger.read, 10)
+        loaded = SqliteStore(self.db).load("t").state
+        self.assertEqual(list(loaded.effects), list(state.effects))
+        self.assertEqual(loaded.to_json(), state.to_json())
+
+    def test_records_added_or_removed_without_being_named_still_land_in_plan_order(self) -> None:
+        lease, state = self.committed(effects=5)
+        self.store.load("t", lease=lease)
+        template = state.effects["step-000"]
+        for name in ("step-new1", "step-new2"):
+            state.effects[name] = dataclasses.replace(template, key=f"t/{name}", step_id=name)
+        self.store.commit(lease, state, {"step-new2"})  # step-new1 not named: found by the count
+        self.assertEqual(list(SqliteStore(self.db).load("t").state.effects), list(state.effects))  # type: ignore[union-attr]
+        del state.effects["step-002"]
+        self.store.commit(lease, state, ())  # removed without being named: positions shift
+        loaded = SqliteStore(self.db).load("t").state
+        self.assertEqual(list(loaded.effects), list(state.effects))  # type: ignore[union-attr]
+        reordered = dict(reversed(list(state.effects.items())))
+        state.effects = reordered
+        state.effects["step-last"] = dataclasses.replace(template, key="t/step-last", step_id="step-last")
+        self.store.commit(lease, state, {"step-last"})
+        self.assertEqual(SqliteStore(self.db).load("t").state.to_json()["effects"][-1]["step_id"], "step-last")  # type: ignore[union-attr]
 
     def test_a_damaged_effect_row_is_quarantined_by_a_repairing_load_and_never_started_afresh(self) -> None:
         lease, state = self.committed()
@@ -244,7 +302,7 @@ class ConcurrencyTests(SqliteCase):
         holder.execute("INSERT INTO other VALUES (1)")
         release = threading.Timer(0.3, lambda: holder.execute("COMMIT"))
         release.start()
-        store = SqliteStore(path)
+        store = SqliteStore(path, create=True)
         self.addCleanup(store.close)
         started = time.monotonic()
         self.assertEqual(store.list_tasks(), [])

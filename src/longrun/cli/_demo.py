@@ -85,7 +85,7 @@ def _paths(root: str) -> tuple[str, str]:
 def _runner(root: str, adapter: OutboxAdapter, **options: object) -> Runner:
     contract, steps = build_plan()
     store_root, _ = _paths(root)
-    return Runner(contract, steps, store=JsonFileStore(store_root), adapters={name: adapter for name in ACTIONS}, **options)  # type: ignore[arg-type]
+    return Runner(contract, steps, store=JsonFileStore(store_root, create=True), adapters={name: adapter for name in ACTIONS}, **options)  # type: ignore[arg-type]
 
 
 def run_worker(root: str, out: TextIO) -> int:
@@ -191,7 +191,7 @@ class _Demo:
     # 2. what the durable state says -------------------------------------------------------------
 
     def inspect(self) -> bool:
-        store = JsonFileStore(self.store_root)
+        store = JsonFileStore(self.store_root, create=True)
         state = store.load(TASK_ID).state  # read-only: no lease
         if state is None:
             return self.check(False, "the worker committed state before it died")

@@ -8,6 +8,8 @@ and errors go to stderr. The library's log records are routed to stderr only for
 the call. A traceback is printed only for an exception nobody expected (exit 70): a bug in
 longrun, or, under ``resume``, the task's own code raising inside ``run()``.
 
+``--json`` may be given before the command (``longrun --json status ...``) or after it.
+
 The store of every command that takes one is named once: as the ``STORE`` argument before
 ``TASK``, or with ``--store SPEC``. Both at once are accepted only when they agree.
 
@@ -210,6 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="longrun", description=DESCRIPTION, **common)  # type: ignore[arg-type]
     parser.add_argument("-v", "--verbose", action="count", default=0, help="show the library's log: -v info, -vv debug")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    # Its own dest: a subcommand's default (json=False) would overwrite a value stored under "json".
+    parser.add_argument(
+        "--json", dest="json_first", action="store_true", help="print JSON on stdout (the same as --json after the command)"
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def add(name: str, help: str, description: str | None = None, epilog: str = EPILOG) -> argparse.ArgumentParser:
@@ -503,6 +509,7 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
         args.store, args.task = args.task, extras[0]
     elif extras:
         command_parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    args.json = args.json or args.json_first  # every command takes --json, before it or after it
     if args.command in _STORE_COMMANDS:
         args.store_spec = _store_spec(args)
     if args.command == "repair" and not args.lease:

@@ -27,7 +27,7 @@ import secrets
 import stat
 from typing import Sequence
 
-__all__ = ["FileIO", "ensure_dir", "read_file", "read_prefix", "read_small", "write_all", "write_all_at", "write_atomic"]
+__all__ = ["FileIO", "ensure_dir", "ensure_dirs", "read_file", "read_prefix", "read_small", "write_all", "write_all_at", "write_atomic"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -105,6 +105,20 @@ def ensure_dir(io: FileIO, path: str) -> None:
         return
     os.chmod(path, 0o700)  # mkdir's mode is filtered by the umask
     io.fsync_dir(os.path.dirname(path) or ".")
+
+
+def ensure_dirs(io: FileIO, path: str) -> None:
+    """``ensure_dir`` for ``path`` and every missing directory above it, top down (existing ones,
+    links included, are left as they are)."""
+    missing = []
+    while not os.path.lexists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for directory in reversed(missing):
+        ensure_dir(io, directory)
 
 
 def read_file(io: FileIO, path: str, limit: int) -> bytes | None:

@@ -54,6 +54,7 @@ import hashlib
 import json
 import math
 import operator
+import threading
 from typing import Any, Callable, Collection, Generator, Mapping
 
 from .._fields import MAX_INT, finite_float
@@ -139,6 +140,11 @@ _encode = _ENCODER.encode
 _sha256 = hashlib.sha256
 
 
+_gc_pause_lock = threading.Lock()
+_gc_pauses = 0
+_gc_was_enabled = False
+
+
 @contextlib.contextmanager
 def no_gc() -> Generator[None, None, None]:
     """Pause the cyclic garbage collector while decoding.
@@ -146,14 +152,25 @@ def no_gc() -> Generator[None, None, None]:
     Decoding a large state allocates hundreds of thousands of small containers, none of them in a
     cycle; without the pause every few thousand allocations start a collection that walks all of
     them, which makes loading super-linear. Reference counting still frees everything.
+
+    The collector's switch is global to the process, so pauses are counted under a lock: the first
+    to start turns it off (if it was on), the last to end turns it back on. Each thread remembering
+    the switch for itself would let one thread read "off" while another's pause held it, and then
+    leave it off for good.
     """
-    enabled = gc.isenabled()
-    gc.disable()
+    global _gc_pauses, _gc_was_enabled
+    with _gc_pause_lock:
+        if _gc_pauses == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
     try:
         yield
     finally:
-        if enabled:
-            gc.enable()
+        with _gc_pause_lock:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_enabled:
+                gc.enable()
 
 
 # -- lines ------------------------------------------------------------------------------------

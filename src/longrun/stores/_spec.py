@@ -10,9 +10,9 @@
 Drivers are imported here, lazily, only for a PostgreSQL URL, so ``import longrun`` never needs a
 third-party package; with neither driver installed the URL is refused with ``InvalidInputError``.
 Opening does not connect: the first store call does, and a connection failure is then a
-``StorageError``. With ``create=False`` a SQLite file or JSON directory that does not exist is
-refused (``InvalidInputError``) instead of being created later: what an operator's read-only
-command wants.
+``StorageError``. ``create`` is handed to the store: with ``create=True`` (the default here) a
+SQLite file or JSON directory that does not exist is created on first use, with ``create=False``
+it is refused (``InvalidInputError``): what an operator's command wants.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def open_store(spec: str, *, create: bool = True) -> Store:
             raise InvalidInputError("sqlite: needs a file path, as in sqlite:/var/lib/longrun/tasks.db")
         if not create and not os.path.exists(path):
             raise InvalidInputError(f"SQLite store {path!r} does not exist")
-        return SqliteStore(path)
+        return SqliteStore(path, create=create)
     if spec.startswith(_POSTGRES_SCHEMES):
         from .postgres import PostgresStore
 
@@ -54,7 +54,7 @@ def open_store(spec: str, *, create: bool = True) -> Store:
 
     if not create and not os.path.isdir(spec):
         raise InvalidInputError(f"store directory {spec!r} does not exist")
-    return JsonFileStore(spec)
+    return JsonFileStore(spec, create=create)
 
 
 def postgres_connector(url: str, *, driver: str | None = None) -> Callable[[], Any]:

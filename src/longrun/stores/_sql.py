@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -218,8 +219,11 @@ class SqlStore(BaseStore):
     """``BaseStore`` over SQL. Subclasses supply the dialect (see the methods marked so below).
 
     One connection per store instance, opened on first use and reopened after it breaks; a lock
-    serializes the instance's transactions, so a runner's lease-renewal thread and its main loop
-    can share one store.
+    lets one thread at a time use it, for one whole transaction. So an instance may be shared by
+    threads (a runner's lease-renewal thread and its main loop, a pool running many tasks): their
+    transactions take turns, and the per-task state the instance keeps (the rows it knows are
+    stored, the revision it last committed) is read and changed only inside them. For transactions
+    in parallel, give each thread its own instance.
     """
 
     placeholder = "?"
@@ -234,8 +238,8 @@ class SqlStore(BaseStore):
         self._cursor: Any = None
         self._schema_checked = False
         self._keep_writes = False
-        self._stored_steps: dict[str, set[str]] = {}
-        """Per task, the step ids whose rows this instance knows exist (after a repairing load)."""
+        self._stored_steps: dict[str, dict[str, int]] = {}
+        """Per task, the effect rows this instance knows exist, step id -> position (after a repairing load)."""
 
     # -- dialect: a subclass provides these ---------------------------------------------------
 
@@ -557,7 +561,7 @@ class SqlStore(BaseStore):
         assert state is not None
         state.effects = {record.step_id: record for _, record in records}
         if repair:
-            self._stored_steps[task_id] = set(state.effects)
+            self._stored_steps[task_id] = {record.step_id: position for position, record in records}
         digest = _checksum(encode(state))
         note = Evidence("store", f"state revision {state.revision} validated: header and {len(records)} effect rows in {self!r}", now)
         return LoadResult(
@@ -680,22 +684,27 @@ class SqlStore(BaseStore):
             ),
         )
         stored = self._stored_steps.get(task_id)
-        if stored is None or changed is None:  # not known what changed: write every record
+        delta = None if stored is None or changed is None else self._effect_delta(stored, state.effects, changed)
+        if delta is None:
+            # Not known what changed (or a record was removed, or added out of plan order): write
+            # every record, in plan order, and delete the rows of records that are gone. O(n).
             if stored is None:
-                stored = {row[0] for row in self._all("SELECT step_id FROM longrun_effects WHERE task_id = ?", (task_id,))}
-            to_write = list(state.effects)
+                known = {row[0] for row in self._all("SELECT step_id FROM longrun_effects WHERE task_id = ?", (task_id,))}
+            else:
+                known = set(stored)
+            removed = sorted(known - state.effects.keys())
+            to_write = [(step_id, position) for position, step_id in enumerate(state.effects)]
+            now_stored: dict[str, int] = {}
         else:
-            to_write = [step for step in state.effects if step not in stored]
-            to_write += [step for step in changed if step in state.effects and step in stored]
-        removed = stored - state.effects.keys()
-        for step_id in sorted(removed):
+            assert stored is not None
+            removed, to_write, now_stored = [], delta, stored
+        for step_id in removed:
             self._run("DELETE FROM longrun_effects WHERE task_id = ? AND step_id = ?", (task_id, step_id))
         if to_write:
-            positions = {step_id: index for index, step_id in enumerate(state.effects)}
             rows = []
-            for step_id in to_write:
+            for step_id, position in to_write:
                 body = canonical_bytes({"task_id": task_id, "record": state.effects[step_id].to_json()})
-                rows.append((task_id, step_id, positions[step_id], state.revision, body.decode("utf-8"), _checksum(body)))
+                rows.append((task_id, step_id, position, state.revision, body.decode("utf-8"), _checksum(body)))
             self._run_many(
                 "INSERT INTO longrun_effects (task_id, step_id, position, revision, record, checksum) "
                 "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (task_id, step_id) DO UPDATE SET position = excluded.position, "
@@ -704,7 +713,31 @@ class SqlStore(BaseStore):
             )
         # Known only once this transaction commits; if the commit fails, BaseStore poisons the task
         # and the repairing load it then requires resets this.
-        self._stored_steps[task_id] = set(state.effects)
+        now_stored.update(to_write)
+        self._stored_steps[task_id] = now_stored
+
+    @staticmethod
+    def _effect_delta(
+        stored: dict[str, int], effects: dict[str, EffectRecord], changed: Collection[str]
+    ) -> list[tuple[str, int]] | None:
+        """The rows to write, ``(step id, position)``, when only ``changed`` and records not stored
+        yet differ from the stored rows; None if that cannot be told without looking at every record.
+
+        Work in proportion to ``changed``, not to the ledger: a record named in ``changed`` keeps
+        its stored position; new records are the newest keys of the mapping (the runner adds steps
+        in plan order), which their count reveals, as in the JSON-file store's journal. A record
+        removed, or added without being named, or added anywhere but at the end, returns None."""
+        names = dict.fromkeys(changed)  # once each, in the caller's order
+        added = [step_id for step_id in names if step_id in effects and step_id not in stored]
+        if len(stored) + len(added) != len(effects) or any(step_id in stored and step_id not in effects for step_id in names):
+            return None
+        rows = [(step_id, stored[step_id]) for step_id in names if step_id in stored]
+        if added:
+            newest = list(itertools.islice(reversed(effects), len(added)))
+            if set(newest) != set(added):
+                return None
+            rows += [(step_id, len(effects) - 1 - offset) for offset, step_id in enumerate(newest)][::-1]
+        return rows
 
     # -- control records ----------------------------------------------------------------------
 

@@ -427,6 +427,10 @@ class BaseStore:
                 state.lease_expires_at = lease.expires_at
                 writing = True
                 self._put_state(state, changed)
+                # Inside the task's transaction: another thread's commit to the task, waiting for
+                # it, must count from this revision (if the COMMIT below fails, the task is
+                # poisoned until a load sets this again).
+                self._revisions[task_id] = state.revision
             # A database store's write lands at the end of the transaction (its COMMIT), so a
             # failure there is a failed write too and must poison the task like one.
         except BaseException as exc:
@@ -434,7 +438,6 @@ class BaseStore:
                 state.revision = previous_revision
                 self._poisoned[task_id] = exc
             raise
-        self._revisions[task_id] = state.revision
-        if state.revision > self._committed.get(task_id, 0):
+        if state.revision > self._committed.get(task_id, 0):  # its commit returned: a witness may name it
             self._committed[task_id] = state.revision
         return state.revision

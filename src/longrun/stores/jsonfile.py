@@ -65,6 +65,17 @@ if they match ``journal.<R>.log`` or end in ``.json``. JSON is parsed by
 (with the lease) moves damaged files into ``quarantine``. The directory checks are ``lstat``
 calls before use: someone who can swap a directory in between can edit the state anyway.
 
+The store root must be a directory, or a symbolic link to a directory owned by this user through a
+link owned by this user or root; it is created only with ``create=True``. Inside it, links are
+refused as above.
+
+Threads. A store object may be shared by threads. Each task has a gate in the store object (a lock
+and a count of the threads that hold or wait for it): a transaction holds its task's gate, then
+the flock, so the object's threads take turns per task while other processes are held off by the
+flock. The writer, the journal descriptor and the caches of a task are touched only in its turn,
+except that the descriptor cache (``MAX_OPEN_JOURNALS``) closes a descriptor only when its task's
+count is zero; so a descriptor is never closed, and its number never reused, under a commit.
+
 ``changed``: a caller names the step ids whose effect records it replaced since its last commit
 (the Runner does). Added and removed records are found even if not named; ``changed=None`` (the
 default) means "not known" and makes the store compare every record (correct, O(n)).
@@ -89,6 +100,7 @@ import logging
 import os
 import re
 import stat
+import threading
 import time
 from typing import Callable, Collection
 
@@ -103,6 +115,7 @@ from ..envelope import decode as decode_legacy
 from ..errors import (
     CorruptStateError,
     ForeignStateError,
+    InvalidInputError,
     LongrunError,
     SchemaVersionError,
     StateUnrecoverableError,
@@ -113,7 +126,7 @@ from ..lease import Lease
 from ..outcome import Evidence
 from ..protocols import LoadResult
 from . import _journal as journal
-from ._fileio import TEMP_MARK, FileIO, ensure_dir, read_file, read_prefix, read_small, write_all_at, write_atomic
+from ._fileio import TEMP_MARK, FileIO, ensure_dir, ensure_dirs, read_file, read_prefix, read_small, write_all_at, write_atomic
 from ._holders import HolderLocks
 from .base import BaseStore
 
@@ -138,7 +151,8 @@ COMPACT_MIN_BYTES = 1 << 20
 COMPACT_RATIO = 0.5
 """Compact when the journal holds more than this many bytes per byte of snapshot."""
 MAX_OPEN_JOURNALS = 64
-"""Journal descriptors a store keeps open (least recently committed closed first)."""
+"""Journal descriptors a store keeps open (least recently committed closed first). A descriptor of
+a task that a thread of the store is using is never closed for this bound (see ``_Gate``)."""
 PREALLOCATE_MIN = 64 * 1024
 PREALLOCATE_MAX = 1 << 20
 """A journal is zero-filled ahead of its end by its own size, between these bounds. Writing into
@@ -253,39 +267,83 @@ class _Writer:
         return due and self.journal_end >= self.retry_compaction_at
 
 
-class _Transaction:
-    """The task's flock held for one read-modify-write (a class, not a generator: it runs on
-    every commit). OS errors inside become ``StorageError``; closing the descriptor unlocks."""
+class _Gate:
+    """A task's turn inside one store object: one thread at a time, and a count of the threads that
+    hold or wait for it. The count is what makes a journal descriptor safe to close: the store
+    closes a task's descriptor only while no thread holds or waits for that task's gate."""
 
-    __slots__ = ("store", "task_id", "create", "write", "fd")
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+
+
+class _Transaction:
+    """The task's gate and flock held for one read-modify-write (a class, not a generator: it runs
+    on every commit). The gate orders this store object's threads, the flock other processes and
+    other store objects. OS errors inside become ``StorageError``; closing the descriptor unlocks."""
+
+    __slots__ = ("store", "task_id", "create", "write", "fd", "gate")
 
     def __init__(self, store: "JsonFileStore", task_id: str, *, create: bool, write: bool):
         self.store, self.task_id, self.create, self.write, self.fd = store, task_id, create, write, -1
+        self.gate: _Gate | None = None
 
     def __enter__(self) -> None:
-        self.fd = self.store._open_lock(self.task_id, create=self.create, write=self.write)
-        if self.fd >= 0:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX if self.write else fcntl.LOCK_SH)
-            except BaseException as exc:
-                os.close(self.fd)
-                if isinstance(exc, OSError) and not isinstance(exc, LongrunError):
-                    raise StorageError(f"task {self.task_id!r}: cannot lock: {exc}") from exc
-                raise
+        self.gate = self.store._enter_gate(self.task_id)
+        try:
+            self.fd = self.store._open_lock(self.task_id, create=self.create, write=self.write)
+            if self.fd >= 0:
+                try:
+                    fcntl.flock(self.fd, fcntl.LOCK_EX if self.write else fcntl.LOCK_SH)
+                except BaseException as exc:
+                    os.close(self.fd)
+                    if isinstance(exc, OSError) and not isinstance(exc, LongrunError):
+                        raise StorageError(f"task {self.task_id!r}: cannot lock: {exc}") from exc
+                    raise
+        except BaseException:
+            self.store._leave_gate(self.task_id, self.gate)
+            raise
 
     def __exit__(self, kind: object, exc: BaseException | None, traceback: object) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)  # closing the descriptor releases the flock
+        try:
+            if self.fd >= 0:
+                os.close(self.fd)  # closing the descriptor releases the flock
+        finally:
+            assert self.gate is not None
+            self.store._leave_gate(self.task_id, self.gate)
         if isinstance(exc, OSError) and not isinstance(exc, LongrunError):
             raise StorageError(f"task {self.task_id!r}: {exc}") from exc
 
 
 class JsonFileStore(BaseStore):
-    def __init__(self, root: str | os.PathLike[str], *, io: FileIO | None = None):
+    """The store in a directory of task directories (see the module docstring for the layout).
+
+    ``root`` must exist, unless ``create=True``: then it is made (with any missing parents,
+    owner-only) when a lease is first taken. Without it, taking a lease in a missing root raises
+    ``InvalidInputError`` and creates nothing, so a path that names the wrong place (a typo, a
+    volume that is not mounted) cannot start every task afresh in a new, empty store. Reading a
+    missing root finds no task (``UnknownTaskError``, an empty ``list_tasks``). Opening the store
+    touches nothing. ``root`` may be a symbolic link to a plain directory owned by this user (the
+    link itself owned by this user or root); links inside the store are refused.
+
+    One store object may be shared by threads (the Runner renews its lease from a thread of its
+    own; a pool may run many tasks through one store). Its threads take turns per task, inside the
+    flock that orders processes, and a journal descriptor is closed only when no thread holds or
+    waits for its task. Different tasks proceed in parallel.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, io: FileIO | None = None, create: bool = False):
         super().__init__()
         self.root = os.path.abspath(os.fspath(root))
         self.io = io if io is not None else FileIO()
+        self.create = bool(create)
         self._writers: dict[str, _Writer] = {}
+        self._mutex = threading.Lock()
+        """Guards ``_gates`` and ``_open_journals`` (and a writer's ``fd`` while it is evicted)."""
+        self._gates: dict[str, _Gate] = {}
+        """The tasks a thread of this store object holds or waits for; a gate goes when its count is 0."""
         self._open_journals: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._leases: dict[str, tuple[bytes, Lease]] = {}
         self._dirs: dict[str, str] = {}
@@ -295,9 +353,18 @@ class JsonFileStore(BaseStore):
         return f"JsonFileStore({self.root!r})"
 
     def close(self) -> None:
-        """Close the journal descriptors this store keeps open. The store stays usable."""
-        for task_id in list(self._writers):
-            self._close_journal(task_id)
+        """Close the journal descriptors this store keeps open. The store stays usable.
+
+        Safe while other threads use the store: a task's descriptor is closed in that task's turn,
+        so this waits for a commit in flight on it to end."""
+        with self._mutex:
+            open_now = list(self._open_journals)
+        for task_id in open_now:
+            gate = self._enter_gate(task_id)
+            try:
+                self._close_journal(task_id)
+            finally:
+                self._leave_gate(task_id, gate)
 
     def __enter__(self) -> "JsonFileStore":
         return self
@@ -325,10 +392,38 @@ class JsonFileStore(BaseStore):
             raise StorageError(f"{self.task_dir(task_id)} is not a plain directory (symlinks are refused)")
         return True
 
+    def _unknown(self, task_id: str) -> UnknownTaskError:
+        where = "" if os.path.isdir(self.root) else f" (the store root {self.root} does not exist)"
+        return UnknownTaskError(f"no task {task_id!r} in {self.root}{where}")
+
     # -- transaction: flock on the task's lock file -------------------------------------------
 
     def _transaction(self, task_id: str, *, create: bool, write: bool = True) -> "_Transaction":
         return _Transaction(self, task_id, create=create, write=write)
+
+    def _enter_gate(self, task_id: str) -> _Gate:
+        """Wait for the task's turn among this store object's threads (see ``_Gate``)."""
+        with self._mutex:
+            gate = self._gates.get(task_id)
+            if gate is None:
+                gate = self._gates[task_id] = _Gate()
+            gate.users += 1  # counted before waiting: from here on its descriptor stays open
+        try:
+            gate.lock.acquire()
+        except BaseException:
+            self._uncount(task_id, gate)
+            raise
+        return gate
+
+    def _leave_gate(self, task_id: str, gate: _Gate) -> None:
+        gate.lock.release()
+        self._uncount(task_id, gate)
+
+    def _uncount(self, task_id: str, gate: _Gate) -> None:
+        with self._mutex:
+            gate.users -= 1
+            if gate.users == 0:
+                del self._gates[task_id]
 
     def _open_lock(self, task_id: str, *, create: bool, write: bool) -> int:
         """Open (and make, with ``create``) the task's lock file; -1 for a reader of a task whose
@@ -336,13 +431,13 @@ class JsonFileStore(BaseStore):
         directory = self.task_dir(task_id)
         try:
             if create:
-                ensure_dir(self.io, self.root)
+                self._ensure_root()
                 ensure_dir(self.io, directory)
                 ensure_dir(self.io, os.path.join(directory, CONTROL))
                 ensure_dir(self.io, os.path.join(directory, CONTROL, APPROVALS))
                 ensure_dir(self.io, os.path.join(directory, QUARANTINE))
             elif not self._exists(task_id):
-                raise UnknownTaskError(f"no task {task_id!r} in {self.root}")
+                raise self._unknown(task_id)
             lock_path = directory + os.sep + LOCK
             try:
                 # Readers take a shared lock through a read-only descriptor, so an operator's
@@ -355,6 +450,40 @@ class JsonFileStore(BaseStore):
             raise
         except OSError as exc:
             raise StorageError(f"cannot open task {task_id!r} in {self.root}: {exc}") from exc
+
+    def _missing_root(self) -> InvalidInputError:
+        return InvalidInputError(
+            f"store root {self.root} does not exist; create it, or open the store with create=True"
+        )
+
+    def _ensure_root(self) -> None:
+        """Check the root before a task is created in it; make it if missing and ``create``.
+
+        A plain directory is used as it is. A symbolic link is followed only to a directory owned
+        by this user, through a link owned by this user or root: anyone else could point it at a
+        directory of their choosing. Everything else is refused (``StorageError``)."""
+        try:
+            info = os.lstat(self.root)
+        except FileNotFoundError:
+            if not self.create:
+                raise self._missing_root() from None
+            ensure_dirs(self.io, self.root)  # owner-only, each made durable in its parent
+            return
+        if stat.S_ISDIR(info.st_mode):
+            return
+        if stat.S_ISLNK(info.st_mode):
+            try:
+                target = os.stat(self.root)
+            except FileNotFoundError:
+                raise StorageError(f"store root {self.root} is a symbolic link to nothing") from None
+            user = os.geteuid()
+            if stat.S_ISDIR(target.st_mode) and target.st_uid == user and info.st_uid in (user, 0):
+                return
+            raise StorageError(
+                f"store root {self.root} is a symbolic link, accepted only to a directory owned by this user "
+                f"(uid {user}) through a link owned by this user or root"
+            )
+        raise StorageError(f"store root {self.root} exists and is not a directory")
 
     # -- lease --------------------------------------------------------------------------------
 
@@ -854,12 +983,36 @@ class JsonFileStore(BaseStore):
         )
 
     def _close_journal(self, task_id: str) -> None:
-        writer = self._writers.get(task_id)
-        self._open_journals.pop(task_id, None)
-        if writer is not None and writer.fd >= 0:
-            fd, writer.fd = writer.fd, -1
+        """Close the task's journal descriptor; called in the task's turn (its gate held)."""
+        with self._mutex:
+            self._open_journals.pop(task_id, None)
+            writer = self._writers.get(task_id)
+            fd = -1
+            if writer is not None:
+                fd, writer.fd = writer.fd, -1
+        if fd >= 0:
             with contextlib.suppress(OSError):
                 self.io.close(fd)
+
+    def _close_idle_journals(self) -> None:
+        """Close the least recently used descriptors beyond ``MAX_OPEN_JOURNALS``, with the mutex
+        held. A task some thread holds or waits for is skipped, however old its descriptor: closing
+        it would pull the descriptor from under that thread's write (and the number, reused by the
+        next open, would send its bytes into another file). So the bound is exceeded, at most by the
+        number of tasks in flight, rather than broken."""
+        excess = len(self._open_journals) - MAX_OPEN_JOURNALS
+        for task_id in list(self._open_journals):
+            if excess <= 0:
+                break
+            if task_id in self._gates:
+                continue
+            del self._open_journals[task_id]
+            writer = self._writers.get(task_id)
+            if writer is not None and writer.fd >= 0:
+                fd, writer.fd = writer.fd, -1
+                with contextlib.suppress(OSError):
+                    self.io.close(fd)
+            excess -= 1
 
     def _drop_writer(self, task_id: str) -> None:
         self._close_journal(task_id)
@@ -912,12 +1065,14 @@ class JsonFileStore(BaseStore):
             if os.fstat(fd).st_ino != writer.journal_inode:
                 self.io.close(fd)
                 raise StorageError(f"task {task_id!r}: {writer.journal} was replaced while this store held it")
-            writer.fd = fd
-            self._open_journals[task_id] = None
-            while len(self._open_journals) > MAX_OPEN_JOURNALS:
-                self._close_journal(next(iter(self._open_journals)))
+            with self._mutex:
+                writer.fd = fd
+                self._open_journals[task_id] = None
+                if len(self._open_journals) > MAX_OPEN_JOURNALS:
+                    self._close_idle_journals()
         else:
-            self._open_journals.move_to_end(task_id)
+            with self._mutex:
+                self._open_journals.move_to_end(task_id)
         end = writer.journal_end
         # Padding is zeros; anything else at our end means another writer used this journal.
         if self.io.pread(fd, 1, end) not in (b"", b"\0"):
@@ -1037,7 +1192,7 @@ class JsonFileStore(BaseStore):
 
     def read_cancellation(self, task_id: str) -> ControlRecord | None:
         if not self._exists(task_id):
-            raise UnknownTaskError(f"no task {task_id!r} in {self.root}")
+            raise self._unknown(task_id)
         try:
             directory = self._control_dir(task_id, CONTROL)
         except OSError as exc:
@@ -1051,7 +1206,7 @@ class JsonFileStore(BaseStore):
 
     def read_approvals(self, task_id: str) -> tuple[ControlRecord, ...]:
         if not self._exists(task_id):
-            raise UnknownTaskError(f"no task {task_id!r} in {self.root}")
+            raise self._unknown(task_id)
         try:
             directory = self._control_dir(task_id, CONTROL, APPROVALS)
         except OSError as exc:
@@ -1079,7 +1234,7 @@ class JsonFileStore(BaseStore):
 
     def _write_control(self, task_id: str, subdir: str, name: str, body: JSONValue) -> None:
         if not self._exists(task_id):
-            raise UnknownTaskError(f"no task {task_id!r} in {self.root}")
+            raise self._unknown(task_id)
         directory = self.task_dir(task_id)
         try:
             for part in subdir.split(os.sep):  # each level checked: a linked ``control`` must not lead out

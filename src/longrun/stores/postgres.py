@@ -46,6 +46,10 @@ class PostgresStore(SqlStore):
 
     The factory must return a new connection with no transaction open; its ``search_path``
     chooses the schema the ``longrun_*`` tables live in.
+
+    One store object may be shared by threads: it holds one connection and a lock lets one thread
+    at a time use it, for one whole transaction (the driver's connection is never used by two
+    threads at once). Threads that need transactions in parallel use a store object each.
     """
 
     placeholder = "%s"

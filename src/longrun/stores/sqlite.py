@@ -37,12 +37,13 @@ import os
 import sqlite3
 import stat
 import time
+import urllib.parse
 from typing import Any
 
 from ..canonical import JSONValue, canonical_bytes, parse_json, sha256_hex
 from ..errors import CorruptStateError, InvalidInputError, StorageError
 from ..lease import Lease
-from ._fileio import FileIO, ensure_dir, read_small, write_atomic
+from ._fileio import FileIO, ensure_dir, ensure_dirs, read_small, write_atomic
 from ._holders import HolderLocks
 from ._sql import SqlStore
 from .base import Witness
@@ -79,17 +80,29 @@ def _count(value: object) -> bool:
 
 
 class SqliteStore(SqlStore):
-    """A store in one SQLite database file (created owner-only if missing; its directory must exist)."""
+    """A store in one SQLite database file.
+
+    The file must exist, unless ``create=True``: then it is made owner-only on first use, with any
+    missing parent directories (owner-only). Without it the first call on a missing file raises
+    ``InvalidInputError`` and nothing is created, so a path that names the wrong place (a typo, a
+    volume that is not mounted) cannot start every task afresh in a new, empty database; a missing
+    directory is refused already here. An empty file is a new store: the tables are created on
+    first use.
+
+    One store object may be shared by threads: it holds one connection (``check_same_thread``
+    off) and a lock lets one thread at a time use it, for one whole transaction.
+    """
 
     placeholder = "?"
     types = {"int": "INTEGER", "float": "REAL", "serial": "INTEGER PRIMARY KEY AUTOINCREMENT"}
 
-    def __init__(self, path: str | os.PathLike[str], *, busy_timeout_s: float = 30.0):
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout_s: float = 30.0, create: bool = False):
         super().__init__()
         self.path = os.path.abspath(os.fspath(path))
         if isinstance(busy_timeout_s, bool) or not isinstance(busy_timeout_s, (int, float)) or not busy_timeout_s >= 0:
             raise InvalidInputError(f"busy_timeout_s must be a non-negative number, got {busy_timeout_s!r}")
         self.busy_timeout_s = float(busy_timeout_s)
+        self.create = bool(create)
         self._check_path()
         self._io = FileIO()
         self._holders = HolderLocks(lambda task_id: os.path.join(self.path + "-leases", task_id + ".lock"), make_parent=True)
@@ -97,29 +110,41 @@ class SqliteStore(SqlStore):
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"
 
-    def _check_path(self) -> None:
+    def _check_path(self, *, connecting: bool = False) -> None:
+        """Refuse a path that is not a regular file; without ``create``, one whose directory is
+        missing, and (``connecting``: the connection would create it) one that does not exist."""
         directory = os.path.dirname(self.path)
-        if not os.path.isdir(directory):
+        if not self.create and not os.path.isdir(directory):
             raise InvalidInputError(f"SQLite store {self.path!r}: directory {directory!r} does not exist")
         try:
             info = os.lstat(self.path)
         except FileNotFoundError:
+            if connecting and not self.create:
+                raise InvalidInputError(
+                    f"SQLite store {self.path!r} does not exist; create it, or open the store with create=True"
+                ) from None
             return
         if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
             raise InvalidInputError(f"SQLite store {self.path!r} is not a regular file (symlinks are refused)")
 
     def _connect(self) -> Any:
-        self._check_path()
-        try:
-            # Create the file owner-only before SQLite does (it would use the umask); SQLite gives
-            # its -wal and -shm files the database file's permissions.
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600)
-        except FileExistsError:
-            pass
+        self._check_path(connecting=True)
+        if self.create:
+            try:
+                ensure_dirs(FileIO(), os.path.dirname(self.path))
+                # Create the file owner-only before SQLite does (it would use the umask); SQLite
+                # gives its -wal and -shm files the database file's permissions.
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600)
+            except FileExistsError:
+                pass
+            else:
+                os.close(fd)
+            target = self.path
         else:
-            os.close(fd)
+            # mode=rw: should the file vanish after the check, SQLite refuses instead of creating it.
+            target = "file:" + urllib.parse.quote(self.path) + "?mode=rw"
         connection = sqlite3.connect(
-            self.path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False
+            target, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False, uri=not self.create
         )
         try:
             mode = self._enter_wal(connection)
@@ -202,3 +227,4 @@ class SqliteStore(SqlStore):
 
     def _now_sql(self) -> str:
         return "((julianday('now') - 2440587.5) * 86400.0)"
+

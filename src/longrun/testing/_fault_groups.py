@@ -106,7 +106,7 @@ def _record_history(root: str) -> tuple[RecordingIO, dict[int, str]]:
     io = RecordingIO()
     committed: dict[int, str] = {}
     with _compact_early():
-        store = JsonFileStore(root, io=io)
+        store = JsonFileStore(root, io=io, create=True)
         lease = store.acquire_lease(TASK, "holder", 3600.0, 1_700_000_000.0)
         store.load(TASK, lease=lease)
         state = sample_state(TASK, effects=6)
@@ -215,7 +215,7 @@ def group3(base: str, *, full: bool) -> GroupResult:
 def _build_history(root: str, commits: int = 17) -> tuple[dict[int, str], str]:
     committed: dict[int, str] = {}
     with _compact_early():
-        store = JsonFileStore(root)
+        store = JsonFileStore(root, create=True)
         lease = store.acquire_lease(TASK, "holder", 3600.0, 1_700_000_000.0)
         store.load(TASK, lease=lease)
         state = sample_state(TASK, effects=6)
@@ -367,7 +367,7 @@ _WRITES = frozenset(("write", "pwrite", "fsync", "fdatasync", "truncate", "repla
 
 def _io_case(work: str, io: Any, committed: dict[int, str], result: GroupResult) -> tuple[bool, str]:
     """One run of the operation sequence with ``io``; returns (fault hit, problem or "")."""
-    store = JsonFileStore(work, io=io)
+    store = JsonFileStore(work, io=io, create=True)
     state_box: dict[str, Any] = {}
     before = committed[max(committed)]
     allowed = {before}
@@ -533,8 +533,8 @@ def group7(base: str, *, full: bool, face: str = "runner") -> GroupResult:
         _merge(result, _stale_with_sigstop(base, face, "call"))
         return result
     kinds: dict[str, tuple[Callable[[str], Any], Callable[[str], Any]]] = {
-        "json": (lambda where: JsonFileStore(os.path.join(where, "root")), lambda where: _tree_bytes(os.path.join(where, "root"))),
-        "sqlite": (lambda where: SqliteStore(os.path.join(where, "db.sqlite")), lambda where: _sqlite_dump(os.path.join(where, "db.sqlite"))),
+        "json": (lambda where: JsonFileStore(os.path.join(where, "root"), create=True), lambda where: _tree_bytes(os.path.join(where, "root"))),
+        "sqlite": (lambda where: SqliteStore(os.path.join(where, "db.sqlite"), create=True), lambda where: _sqlite_dump(os.path.join(where, "db.sqlite"))),
     }
     for kind, (make, snapshot) in kinds.items():
         for name, operation in _STALE_OPERATIONS.items():
@@ -686,8 +686,8 @@ def group8(base: str, *, full: bool, face: str = "runner") -> GroupResult:
             holder_clock = FaultClock(timeline, fault if faulty == "holder" else "honest")
             contender_clock = FaultClock(timeline, fault if faulty == "contender" else "honest")
             root = os.path.join(base, f"clock-{fault}-{faulty}")
-            holder = JsonFileStore(root)
-            contender = JsonFileStore(root)
+            holder = JsonFileStore(root, create=True)
+            contender = JsonFileStore(root, create=True)
 
             def reading(clock: FaultClock) -> tuple[str, float]:
                 return (clock.monotonic_id(), clock.monotonic())
@@ -729,7 +729,7 @@ def group8(base: str, *, full: bool, face: str = "runner") -> GroupResult:
                     pass
             # The same contender judging by wall clock alone (the old rule) for contrast.
             wall_root = os.path.join(base, f"wall-{fault}-{faulty}")
-            wall_store = JsonFileStore(wall_root)
+            wall_store = JsonFileStore(wall_root, create=True)
             timeline.value = 0.0
             wall_store.acquire_lease(TASK, "holder", TTL, holder_clock.now())
             try:
@@ -757,10 +757,10 @@ def _clock_ahead(base: str, face: str, step: float) -> GroupResult:
     timeline = _Timeline(f"fault-suite:{face}")
     root = os.path.join(base, face)
     outbox = os.path.join(base, f"{face}-outbox.jsonl")
-    holder = JsonFileStore(root)
+    holder = JsonFileStore(root, create=True)
     holder.acquire_lease(TASK, "holder", TTL, FaultClock(timeline, "honest").now(), monotonic=(timeline.name, 0.0))
     options: dict[str, Any] = dict(
-        store=JsonFileStore(root), adapters={"write": OutboxAdapter(outbox)}, clock=FaultClock(timeline, "jump+"), lease_ttl_s=TTL
+        store=JsonFileStore(root, create=True), adapters={"write": OutboxAdapter(outbox)}, clock=FaultClock(timeline, "jump+"), lease_ttl_s=TTL
     )
     if face == "durable":
         function, arguments = durable_task(**options), durable_arguments(1, (), call_log_of(outbox))

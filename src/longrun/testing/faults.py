@@ -451,7 +451,7 @@ def pre_approve(root: str, task: str, steps: int, approvals: Sequence[int], *, f
     from ..stores.jsonfile import JsonFileStore
 
     os.makedirs(os.path.join(root, task), mode=0o700, exist_ok=True)
-    store = JsonFileStore(root)
+    store = JsonFileStore(root, create=True)
     if face == "durable":
         function = durable_task(store, {})
         # The digest a durable task's approvals bind to: the contract, the function's name, its arguments.
@@ -544,7 +544,7 @@ def child_main(argv: Sequence[str]) -> int:
     if args.slow or args.signal:
         adapter = _SlowAdapter(adapter, args.slow, args.signal)
     options: dict[str, Any] = dict(
-        store=jsonfile.JsonFileStore(args.root, io=CrashPointIO()),
+        store=jsonfile.JsonFileStore(args.root, io=CrashPointIO(), create=True),
         adapters={"write": adapter},
         clock=ShiftedClock(args.offset, args.monotonic_step),
         limits=Limits(max_attempts=args.max_attempts, max_block_s=0.0),
@@ -643,7 +643,7 @@ def race_main(argv: Sequence[str]) -> int:
     jsonfile.COMPACT_MIN_BYTES = 0
     rng = random.Random(args.seed * 1000 + os.getpid())
     contract, steps = plan("race-task", args.steps)
-    store = jsonfile.JsonFileStore(os.path.join(args.workdir, "store"), io=RaceLogIO(os.path.join(args.workdir, "writes.jsonl")))
+    store = jsonfile.JsonFileStore(os.path.join(args.workdir, "store"), io=RaceLogIO(os.path.join(args.workdir, "writes.jsonl")), create=True)
     outbox = os.path.join(args.workdir, "outbox.jsonl")
     adapter = _SlowAdapter(OutboxAdapter(outbox), args.slow, "")
     stop_at = time.monotonic() + args.deadline
