@@ -6,6 +6,11 @@ steps' static parts (a callable payload contributes only the fact that it is dyn
 records the digest in its first revision; resuming with any other plan is refused
 (``plan-mismatch``) before anything changes.
 
+A payload must be plain JSON that a load reads back (``canonical.ensure_json``: no lone
+surrogates, no integer over 4300 digits, ...); a static payload is checked when its ``Step`` is
+built, a dynamic one when its effect is planned (before it is recorded or applied), and a refusal
+names the step and the path to the bad value.
+
 Not guaranteed: that a dynamic payload callable returns the same value twice. It is evaluated
 once, when its effect is planned, and the value is persisted; resumes use the persisted value.
 """
@@ -112,7 +117,8 @@ class Step:
         if not callable(self.payload):
             if not isinstance(self.payload, Mapping):
                 raise InvalidInputError(f"step {self.step_id!r}: payload must be a mapping or a callable")
-            ensure_json(self.payload, what=f"payload of step {self.step_id!r}")
+            # Plain JSON a load reads back: refused here, before any run.
+            digest_of(self.payload, what=f"step {self.step_id!r} payload")
 
     @property
     def dynamic(self) -> bool:
@@ -139,7 +145,9 @@ class Step:
             raise InvalidInputError(
                 f"payload of step {self.step_id!r} must be a mapping, got {type(value).__name__}"
             )
-        return ensure_json(value, what=f"payload of step {self.step_id!r}")
+        payload = ensure_json(value, what=f"step {self.step_id!r} payload")
+        assert isinstance(payload, dict)  # a Mapping, made plain
+        return payload
 
 
 def validate_plan(contract: RunContract, steps: Sequence[Step]) -> tuple[Step, ...]:

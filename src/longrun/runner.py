@@ -552,7 +552,7 @@ class Runner:
             step_id=step.step_id,
             action=step.action,
             payload=payload,
-            payload_digest=digest_of(payload),
+            payload_digest=digest_of(payload, what=f"step {step.step_id!r} payload"),
             updated_at=now,
         )
         self._put(record)

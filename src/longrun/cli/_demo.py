@@ -57,7 +57,7 @@ def _archive_payload(results: Mapping[str, JSONValue]) -> dict[str, JSONValue]:
     return {
         "issue": 42,
         "archive": "newsletters/2024/issue-42",
-        "send_receipts": [results["send-list-a"]["line"], results["send-list-b"]["line"]],  # type: ignore[index]
+        "send_receipts": [results["send-list-a"]["line"], results["send-list-b"]["line"]],  # type: ignore[index, call-overload]
     }
 
 

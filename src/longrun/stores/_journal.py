@@ -56,7 +56,7 @@ from typing import Any, Collection, Iterator, Mapping
 
 from .._fields import MAX_INT, finite_float
 from ..budget import BudgetCounters
-from ..canonical import canonical_bytes, parse_json, sha256_hex
+from ..canonical import MAX_JSON_DEPTH, canonical_bytes, ensure_json, json_too_deep, parse_json, printable, sha256_hex
 from ..contract import _SAFE_NAME, check_task_id
 from ..envelope import MAX_STATE_BYTES, RunState
 from ..errors import CorruptStateError, ForeignStateError, InvalidInputError, SchemaVersionError
@@ -154,8 +154,15 @@ def checksum(body: bytes) -> bytes:
 
 
 def frame(value: object) -> bytes:
-    """One framed line for a JSON value: ``<checksum> <json>\\n``."""
-    body = _encode(value).encode("utf-8")
+    """One framed line for a JSON value: ``<checksum> <json>\\n``; ``InvalidInputError`` (naming
+    the path to the part) if the value is not plain JSON, raised before any byte is written."""
+    try:
+        body = _encode(value).encode("utf-8")
+    except (ValueError, TypeError, RecursionError) as exc:  # records are checked when built: a backstop
+        ensure_json(value, what="journal record")  # raises InvalidInputError naming the part
+        raise InvalidInputError(f"journal record cannot be encoded: {printable(str(exc)):.200}") from None
+    if json_too_deep(body):  # what a load would refuse; values checked when built never nest this deep
+        raise InvalidInputError(f"a journal line would nest deeper than {MAX_JSON_DEPTH} levels, which no load reads")
     return checksum(body) + b" " + body + b"\n"
 
 

@@ -89,7 +89,7 @@ from typing import Collection
 
 from ..approval import Approval
 from ..cancellation import Cancellation
-from ..canonical import canonical_bytes, parse_json, sha256_hex
+from ..canonical import JSONValue, canonical_bytes, parse_json, sha256_hex
 from ..contract import check_task_id
 from ..control import ControlRecord
 from ..envelope import FORMAT as LEGACY_FORMAT
@@ -1033,7 +1033,7 @@ class JsonFileStore(BaseStore):
         name = check_task_id(approval.approval_id, what="approval id") + ".json"
         self._write_control(approval.task_id, os.path.join(CONTROL, APPROVALS), name, approval.to_json())
 
-    def _write_control(self, task_id: str, subdir: str, name: str, body: object) -> None:
+    def _write_control(self, task_id: str, subdir: str, name: str, body: JSONValue) -> None:
         if not self._exists(task_id):
             raise UnknownTaskError(f"no task {task_id!r} in {self.root}")
         directory = self.task_dir(task_id)
