@@ -99,7 +99,15 @@ class RetryPolicy:
         return ceiling * (1.0 - self.jitter * unit)
 
 
-_COUNTER_FIELDS = frozenset({"created_at", "first_started_at", "attempts_total", "cost_spent", "last_progress_at"})
+_COUNTER_SPEC = (
+    f.Field("created_at", f.Kind.NUMBER),
+    f.Field("first_started_at", f.Kind.NUMBER, optional=True),
+    f.Field("attempts_total", f.Kind.INT),
+    f.Field("cost_spent", f.Kind.NUMBER),
+    f.Field("last_progress_at", f.Kind.NUMBER),
+)
+_COUNTER_FIELDS = frozenset(field.name for field in _COUNTER_SPEC)
+_FAST = f.fast_check(_COUNTER_SPEC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +119,10 @@ class BudgetCounters:
     attempts_total: int = 0
     cost_spent: float = 0.0
     last_progress_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not _FAST(self):
+            f.check(_COUNTER_SPEC, self, "budget counters")
 
     # Built directly rather than with dataclasses.replace: these run on every effect's path.
     def started(self, now: float) -> "BudgetCounters":
@@ -153,10 +165,4 @@ class BudgetCounters:
         what = "budget counters"
         d: Mapping[str, Any] = f.require_mapping(data, what)
         f.check_fields(d, _COUNTER_FIELDS, what)
-        return cls(
-            created_at=f.get_float(d, "created_at", what),
-            first_started_at=f.get_float(d, "first_started_at", what, optional=True),
-            attempts_total=f.get_int(d, "attempts_total", what),
-            cost_spent=f.get_float(d, "cost_spent", what),
-            last_progress_at=f.get_float(d, "last_progress_at", what),
-        )
+        return cls(**f.read(_COUNTER_SPEC, d, what))

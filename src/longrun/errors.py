@@ -3,7 +3,8 @@
 ::
 
     LongrunError                      root of every error the library raises itself
-    +-- InvalidInputError(ValueError) bad arguments: task id, payload, limits, contract
+    +-- InvalidInputError(ValueError) bad arguments: task id, payload, limits, contract, a record
+    |   |                             that could not be read back if it were written
     |   +-- UnknownActionError        a step names an action with no adapter
     |   +-- UnknownTaskError(LookupError) no such task in the store
     +-- StorageError(OSError)         the store could not read or write; __cause__ holds the OSError

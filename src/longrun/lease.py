@@ -43,9 +43,17 @@ __all__ = ["Lease", "LeaseKeeper", "MonotonicReading", "boot_clock_id"]
 log = logging.getLogger("longrun")
 
 
-_LEASE_FIELDS = frozenset(
-    {"schema_version", "task_id", "owner", "epoch", "acquired_at", "expires_at", "monotonic_clock", "monotonic_expires_at"}
+_LEASE_SPEC = (
+    f.Field("task_id", f.Kind.NAME),
+    f.Field("owner", f.Kind.TEXT),
+    f.Field("epoch", f.Kind.INT),
+    f.Field("acquired_at", f.Kind.NUMBER),
+    f.Field("expires_at", f.Kind.NUMBER),
+    f.Field("monotonic_clock", f.Kind.TEXT, optional=True),
+    f.Field("monotonic_expires_at", f.Kind.NUMBER, optional=True),
 )
+_LEASE_FIELDS = frozenset({"schema_version", *(field.name for field in _LEASE_SPEC)})
+_FAST = f.fast_check(_LEASE_SPEC)
 
 MonotonicReading = tuple[str, float]
 """``(timeline id, seconds)``: a monotonic clock reading and the timeline it is comparable on."""
@@ -76,6 +84,10 @@ class Lease:
     monotonic_clock: str | None = None
     """The timeline ``monotonic_expires_at`` is on (see the module docstring), if the grant had one."""
     monotonic_expires_at: float | None = None
+
+    def __post_init__(self) -> None:
+        if not _FAST(self):
+            f.check(_LEASE_SPEC, self, "lease record")
 
     def expired(self, now: float, monotonic: MonotonicReading | None = None) -> bool:
         """Whether the lease has ended for a caller whose wall clock says ``now`` and whose monotonic
@@ -112,15 +124,7 @@ class Lease:
         d: Mapping[str, Any] = f.require_mapping(data, what)
         f.check_fields(d, _LEASE_FIELDS, what)
         f.check_record_version(d, what)
-        return cls(
-            task_id=f.get_id(d, "task_id", what),
-            owner=f.get_str(d, "owner", what),
-            epoch=f.get_int(d, "epoch", what),
-            acquired_at=f.get_float(d, "acquired_at", what),
-            expires_at=f.get_float(d, "expires_at", what),
-            monotonic_clock=f.get_str(d, "monotonic_clock", what, optional=True),
-            monotonic_expires_at=f.get_float(d, "monotonic_expires_at", what, optional=True),
-        )
+        return cls(**f.read(_LEASE_SPEC, d, what))
 
 
 class LeaseKeeper:

@@ -11,6 +11,10 @@ Lifecycle::
 Guarantees this module enforces: a record changes only by ``EffectRecord.move``, which refuses any
 move not drawn above, so a verified effect can never go back to planned and be applied again.
 ``started`` carries the attempt number, the payload digest and the fencing epoch of the writer.
+A record is built only from values its loader would read back (one field spec, ``_SPEC``, for
+``from_json`` and the constructor, which raises ``InvalidInputError``); ``move`` and
+``with_changes`` do not check again, on every effect's path: the runner checks what comes from
+outside (payload, receipt, observation, error text) where it enters.
 Not guaranteed here: durability. The runner commits records through a store before and after
 each adapter call; this module only says which records are legal.
 """
@@ -19,11 +23,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from . import _fields as f
 from .canonical import JSONValue
-from .errors import CorruptStateError, LongrunError
+from .errors import LongrunError
 
 __all__ = ["EffectRecord", "EffectState", "IllegalTransitionError"]
 
@@ -56,12 +60,6 @@ IN_FLIGHT = frozenset({EffectState.STARTED, EffectState.ACKNOWLEDGED, EffectStat
 """States whose outcome at the target is not yet known to the ledger: reconcile before anything else."""
 
 
-_FIELDS = frozenset(
-    ("key", "step_id", "action", "payload", "payload_digest", "state", "attempts", "epoch", "result", "cost", "receipt",
-     "evidence", "last_error", "not_before", "approval_id", "updated_at")
-)  # fmt: skip
-
-
 class IllegalTransitionError(LongrunError):
     """A ledger move that the lifecycle does not allow; a bug in the caller, never retried."""
 
@@ -87,6 +85,26 @@ class EffectRecord:
     not_before: float | None = None
     approval_id: str | None = None
     updated_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not _FAST(self):
+            f.check(_SPEC, self, "effect record")
+
+    def check_types(self) -> None:
+        """What a store checks before it writes a record that ``move`` or ``with_changes`` built
+        unchecked: every field's type (``InvalidInputError``), JSON values only as far as their
+        type (the store's encoder refuses what is not plain JSON, naming it)."""
+        if not _FAST_TYPES(self):
+            f.check(_SPEC, self, f"effect record {self.step_id!r:.60}", shallow=True)
+
+    @classmethod
+    def from_checked(cls, values: Sequence[Any]) -> "EffectRecord":
+        """A record of ``values`` (in field order) that a loader has already checked with ``_SPEC``'s
+        rules: built without checking them again, as ``with_changes`` builds a copy."""
+        record = object.__new__(cls)
+        for name, value in zip(_FIELD_ORDER, values, strict=True):
+            object.__setattr__(record, name, value)
+        return record
 
     def move(self, state: EffectState, at: float, **changes: Any) -> "EffectRecord":
         if state not in _MOVES[self.state]:
@@ -136,28 +154,32 @@ class EffectRecord:
         what = "effect record"
         d: Mapping[str, Any] = f.require_mapping(data, what)
         f.check_fields(d, _FIELDS, what)
-        payload = d.get("payload")
-        if not isinstance(payload, dict):
-            raise CorruptStateError(f"{what}: field 'payload' must be a JSON object")
-        return cls(
-            key=f.get_str(d, "key", what),
-            step_id=f.get_id(d, "step_id", what),
-            action=f.get_str(d, "action", what),
-            payload=payload,
-            payload_digest=f.get_str(d, "payload_digest", what),
-            state=f.get_enum(d, "state", what, EffectState),
-            attempts=f.get_int(d, "attempts", what),
-            epoch=f.get_int(d, "epoch", what),
-            result=d.get("result"),
-            cost=f.get_float(d, "cost", what),
-            receipt=f.get_str(d, "receipt", what, optional=True),
-            evidence=f.get_str(d, "evidence", what, optional=True),
-            last_error=f.get_str(d, "last_error", what, optional=True),
-            not_before=f.get_float(d, "not_before", what, optional=True),
-            approval_id=f.get_str(d, "approval_id", what, optional=True),
-            updated_at=f.get_float(d, "updated_at", what),
-        )
+        values = f.read(_SPEC, d, what)
+        return cls.from_checked([values[name] for name in _FIELD_ORDER])
 
+
+_SPEC = (
+    f.Field("key", f.Kind.TEXT),
+    f.Field("step_id", f.Kind.NAME),
+    f.Field("action", f.Kind.TEXT),
+    f.Field("payload", f.Kind.OBJECT),
+    f.Field("payload_digest", f.Kind.TEXT),
+    f.Field("state", f.Kind.CHOICE, choices=EffectState),
+    f.Field("attempts", f.Kind.INT),
+    f.Field("epoch", f.Kind.INT),
+    f.Field("result", f.Kind.JSON),
+    f.Field("cost", f.Kind.NUMBER),
+    f.Field("receipt", f.Kind.TEXT, optional=True),
+    f.Field("evidence", f.Kind.TEXT, optional=True),
+    f.Field("last_error", f.Kind.TEXT, optional=True),
+    f.Field("not_before", f.Kind.NUMBER, optional=True),
+    f.Field("approval_id", f.Kind.TEXT, optional=True),
+    f.Field("updated_at", f.Kind.NUMBER),
+)
+"""The one schema of an effect record: what ``from_json`` reads and the constructor checks."""
+_FIELDS = frozenset(field.name for field in _SPEC)
+_FAST = f.fast_check(_SPEC)
+_FAST_TYPES = f.fast_check(_SPEC, shallow=True)
 
 _FIELD_ORDER = tuple(field.name for field in fields(EffectRecord))
 _FIELD_NAMES = frozenset(_FIELD_ORDER)

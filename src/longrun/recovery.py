@@ -57,6 +57,8 @@ def observe_safely(adapter: EffectAdapter, request: EffectRequest) -> Observatio
     try:
         observation = adapter.observe(request)
     except Exception as exc:  # the failure becomes evidence (an unknown), it is not dropped
+        # An Observation the adapter built wrongly (a dict as evidence, a result that is not JSON)
+        # raises InvalidInputError here, inside observe: an adapter bug, so the outcome is unknown.
         log.warning("observe of %s failed: %r", request.key, exc)
         return Observation.unknown(f"observe raised {type(exc).__name__}: {exc}")
     if not isinstance(observation, Observation):

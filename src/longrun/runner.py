@@ -44,7 +44,7 @@ from .approval import ApprovalRequest, GateVerdict, evaluate_gate
 from .authority import RefusedRecord, SignedApprovals, SignedCancellations
 from .budget import BudgetCounters, Limits, RetryPolicy
 from .cancellation import Cancellation
-from .canonical import JSONValue, digest_of
+from .canonical import JSONValue, digest_of, printable
 from .contract import RunContract, Step, plan_digest, validate_plan
 from .control import ControlRecord
 from .envelope import RunState
@@ -322,6 +322,7 @@ class Runner:
         """Record a stop in the state (committed) and return the exception that unwinds to ``run``."""
         state = self._state
         assert state is not None
+        next_action = printable(next_action)  # it may quote control record names and error text
         state.status = status
         state.next_action = next_action
         if status in TERMINAL:
@@ -651,14 +652,14 @@ class Runner:
             return
         except PermanentError as exc:
             self._current_lease()
-            self._put(record.move(EffectState.FAILED, self.clock.now(), last_error=f"permanent: {exc}"))
+            self._put(record.move(EffectState.FAILED, self.clock.now(), last_error=printable(f"permanent: {exc}")))
             self._evidence.observed(f"adapter:{step.action}", f"{record.key} attempt {attempt} failed permanently: {exc}")
             raise self._stop(Status.BLOCKED, f"fix the cause of the permanent failure of step {step.step_id!r} ({exc}); the run is over")
         except Exception as exc:  # outcome unknown: recorded as uncertain and observed, never retried blind
             log.warning("apply of %s raised %r; observing", record.key, exc)
             self._current_lease()
             self._evidence.observed(f"adapter:{step.action}", f"{record.key} attempt {attempt} raised {type(exc).__name__}: {exc}")
-            record = record.move(EffectState.UNCERTAIN, self.clock.now(), last_error=f"{type(exc).__name__}: {exc}")
+            record = record.move(EffectState.UNCERTAIN, self.clock.now(), last_error=printable(f"{type(exc).__name__}: {exc}"))
             self._put(record)
             self._settle(step, record)
             return
@@ -668,7 +669,10 @@ class Runner:
         if not isinstance(receipt, Receipt):
             receipt = Receipt(evidence=f"apply returned {type(receipt).__name__}, not a Receipt")
         cost = receipt.cost
-        if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost < 0:
+        if (
+            isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost < 0
+            or not math.isfinite(record.cost + state.budget.cost_spent + cost)
+        ):
             # An adapter bug: recorded, not charged (a NaN would also poison every later commit).
             self._evidence.unknown(f"adapter:{step.action}", f"receipt for {record.key} reports an invalid cost {cost!r}; not charged")
             cost = 0.0
@@ -698,7 +702,7 @@ class Runner:
         assert self._state is not None
         self._current_lease()
         self._evidence.observed(f"adapter:{step.action}", f"{record.key} attempt {record.attempts} failed transiently: {exc}")
-        record = record.move(EffectState.PLANNED, self.clock.now(), last_error=f"transient: {exc}")
+        record = record.move(EffectState.PLANNED, self.clock.now(), last_error=printable(f"transient: {exc}"))
         record = replace(record, not_before=self._backoff_until(record))
         self._put(record)
         self._commit()

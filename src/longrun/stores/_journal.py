@@ -344,10 +344,11 @@ def record_from_row(row: object) -> EffectRecord:
         not_before = _number("not_before", not_before, True)
     if type(updated_at) is not float or not _isfinite(updated_at):
         updated_at = _number("updated_at", updated_at)
-    return EffectRecord(
+    # Checked above with the rules of the record's spec (JSON values by ``parse_json``): built as is.
+    return EffectRecord.from_checked((
         key, step_id, action, payload, payload_digest, lifecycle, attempts, epoch, result,
         cost, receipt, evidence, last_error, not_before, approval_id, updated_at,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def _same_json(a: object, b: object) -> bool:
@@ -430,7 +431,7 @@ def build_state(header: Mapping[str, Any], revision: int, rows: Mapping[str, lis
 
 def encode_snapshot(state: RunState) -> list[bytes]:
     """The lines of a snapshot of ``state`` (at ``state.revision``); raises before any I/O if a
-    value cannot be encoded."""
+    value cannot be encoded (``InvalidInputError``)."""
     records = list(state.effects.values())
     chunks = (len(records) + ROWS_PER_LINE - 1) // ROWS_PER_LINE
     lines = [

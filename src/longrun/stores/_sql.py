@@ -57,7 +57,7 @@ from typing import Any, Collection, Iterator, Sequence
 
 from ..approval import Approval
 from ..cancellation import Cancellation
-from ..canonical import canonical_bytes, parse_json, sha256_hex
+from ..canonical import MAX_JSON_DEPTH, canonical_bytes, json_too_deep, parse_json, sha256_hex
 from ..contract import check_task_id
 from ..control import ControlRecord
 from ..envelope import MAX_STATE_BYTES, RunState, decode, encode
@@ -65,6 +65,7 @@ from ..errors import (
     CorruptStateError,
     FencedError,
     ForeignStateError,
+    InvalidInputError,
     LongrunError,
     SchemaVersionError,
     StateUnrecoverableError,
@@ -84,6 +85,12 @@ log = logging.getLogger("longrun")
 SCHEMA_VERSION = 2
 MAX_APPROVALS = 1000
 MAX_RECORD_BYTES = 64 * 1024
+
+
+def _check_size(data: bytes, what: str) -> None:
+    """A state header or effect row is read with a limit of ``MAX_JSON_DEPTH``: refuse to write a deeper one."""
+    if json_too_deep(data):
+        raise InvalidInputError(f"{what} would nest deeper than {MAX_JSON_DEPTH} levels, which no load reads")
 """A control record (approval, cancellation) longer than this is refused, as by the file stores."""
 
 
@@ -623,6 +630,18 @@ class SqlStore(BaseStore):
     def _put_state(self, state: RunState, changed: Collection[str] | None) -> None:
         task_id = state.task_id
         header = encode(dataclasses.replace(state, effects={}))
+        _check_size(header, f"task {task_id!r}: the state header")
+        stored = self._stored_steps.get(task_id)
+        if stored is None or changed is None:  # not known what changed: write every record
+            to_write = list(state.effects)
+        else:
+            to_write = [step for step in state.effects if step not in stored]
+            to_write += [step for step in changed if step in state.effects and step in stored]
+        bodies = {}
+        for step_id in to_write:  # encoded and checked before the first statement: a refusal writes nothing
+            body = canonical_bytes({"task_id": task_id, "record": state.effects[step_id].to_json()}, what=f"effect record {step_id!r}")
+            _check_size(body, f"task {task_id!r}: the effect record of step {step_id!r}")
+            bodies[step_id] = body
         # The database checks the fence and the revision itself, in this transaction.
         cursor = self._run(
             "UPDATE longrun_tasks SET revision_floor = ? WHERE task_id = ? AND revision_floor < ? "
@@ -650,14 +669,8 @@ class SqlStore(BaseStore):
                 len(state.effects), header.decode("utf-8"), _checksum(header), state.updated_at,
             ),
         )
-        stored = self._stored_steps.get(task_id)
-        if stored is None or changed is None:  # not known what changed: write every record
-            if stored is None:
-                stored = {row[0] for row in self._all("SELECT step_id FROM longrun_effects WHERE task_id = ?", (task_id,))}
-            to_write = list(state.effects)
-        else:
-            to_write = [step for step in state.effects if step not in stored]
-            to_write += [step for step in changed if step in state.effects and step in stored]
+        if stored is None:
+            stored = {row[0] for row in self._all("SELECT step_id FROM longrun_effects WHERE task_id = ?", (task_id,))}
         removed = stored - state.effects.keys()
         for step_id in sorted(removed):
             self._run("DELETE FROM longrun_effects WHERE task_id = ? AND step_id = ?", (task_id, step_id))
@@ -665,7 +678,7 @@ class SqlStore(BaseStore):
             positions = {step_id: index for index, step_id in enumerate(state.effects)}
             rows = []
             for step_id in to_write:
-                body = canonical_bytes({"task_id": task_id, "record": state.effects[step_id].to_json()})
+                body = bodies[step_id]
                 rows.append((task_id, step_id, positions[step_id], state.revision, body.decode("utf-8"), _checksum(body)))
             self._run_many(
                 "INSERT INTO longrun_effects (task_id, step_id, position, revision, record, checksum) "
