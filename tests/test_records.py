@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import sqlite3
 import unittest
 from typing import Any, Callable
 
@@ -37,7 +36,7 @@ from longrun.canonical import (
     printable,
 )
 from longrun.envelope import MAX_STATE_BYTES, RunState, decode, encode
-from longrun.errors import CorruptStateError, InvalidInputError
+from longrun.errors import CorruptStateError, InvalidInputError, SizeLimitError
 from longrun.lease import Lease
 from longrun.ledger import EffectRecord, EffectState
 from longrun.outcome import Evidence, Status
@@ -409,6 +408,13 @@ class EncoderTests(unittest.TestCase):
             with self.assertRaises(InvalidInputError) as caught:
                 call({"x": {1: "y"}}, what="payload")
             self.assertIn("payload.x has a non-string key 1", str(caught.exception))
+
+    def test_an_encoding_over_the_byte_limit_is_refused_naming_the_limit(self) -> None:
+        with self.assertRaises(SizeLimitError) as caught:
+            digest_of({"text": "x" * 100}, what="step 'big' payload", max_bytes=50)
+        self.assertIn("step 'big' payload is 111 bytes encoded, over the 50-byte limit (MAX_VALUE_BYTES)", str(caught.exception))
+        self.assertEqual((caught.exception.size, caught.exception.limit, caught.exception.limit_name), (111, 50, "MAX_VALUE_BYTES"))
+        self.assertEqual(digest_of({"text": "x"}, max_bytes=50), digest_of({"text": "x"}))
 
     def test_printable_escapes_lone_surrogates_only(self) -> None:
         self.assertEqual(printable("plain ✓ \U0001f600"), "plain ✓ \U0001f600")

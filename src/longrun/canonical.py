@@ -9,7 +9,7 @@ what is not plain JSON (sets, bytes, objects, non-string keys), a non-finite num
 holding a lone surrogate (a file name from ``os.listdir`` that is not UTF-8, say), an integer of
 more than ``MAX_INT_DIGITS`` digits, and nesting deeper than 64 levels. ``canonical_bytes`` and
 ``digest_of`` raise the same typed error, never a raw ``UnicodeEncodeError`` or ``ValueError``
-from inside the encoder.
+from inside the encoder; ``digest_of`` also enforces a byte limit when asked (``SizeLimitError``).
 
 ``parse_json`` reads what ``canonical_bytes`` (or any careful writer) wrote, and refuses with
 ``CorruptStateError`` whatever it could not have written: more than the caller's byte limit, bytes
@@ -30,12 +30,13 @@ import math
 import re
 from typing import Any, Mapping, TypeAlias
 
-from .errors import CorruptStateError, InvalidInputError
+from .errors import CorruptStateError, InvalidInputError, SizeLimitError
 
 __all__ = [
     "JSONValue",
     "MAX_INT_DIGITS",
     "MAX_JSON_DEPTH",
+    "MAX_VALUE_BYTES",
     "canonical_bytes",
     "digest_of",
     "ensure_json",
@@ -59,6 +60,12 @@ MAX_INT_DIGITS = 4300
 """The most decimal digits an integer in stored JSON may have: Python's default limit for
 converting between text and ``int``, which ``parse_json`` keeps. Fixed here, so that a writer
 that raised its own limit (``sys.set_int_max_str_digits``) still writes only what every reader reads."""
+MAX_VALUE_BYTES = 16 * 1024 * 1024
+"""The largest canonical encoding of one payload or result that a run records (16 MiB). A payload
+over it is refused when its step is planned, before anything is applied; a result over it is
+recorded by its digest and size instead (see ``longrun.ledger.recordable_result``). Large data
+belongs outside the state: pass a reference (a path, a URL, a digest) instead."""
+
 _INT_LIMIT = 10**MAX_INT_DIGITS
 _surrogate = re.compile("[\ud800-\udfff]").search
 
@@ -187,9 +194,19 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def digest_of(value: object, *, what: str = "value") -> str:
-    """SHA-256 over the canonical JSON of ``value`` (validated first)."""
-    return "sha256:" + sha256_hex(canonical_bytes(ensure_json(value, what=what), what=what))
+def digest_of(value: object, *, what: str = "value", max_bytes: int | None = None, limit_name: str = "MAX_VALUE_BYTES") -> str:
+    """SHA-256 over the canonical JSON of ``value`` (validated first). With ``max_bytes``, an
+    encoding longer than that raises ``SizeLimitError`` naming ``limit_name``."""
+    data = canonical_bytes(ensure_json(value, what=what), what=what)
+    if max_bytes is not None and len(data) > max_bytes:
+        raise SizeLimitError(
+            f"{what} is {len(data)} bytes encoded, over the {max_bytes}-byte limit ({limit_name}); "
+            "keep large data outside the run's state and pass a reference to it",
+            size=len(data),
+            limit=max_bytes,
+            limit_name=limit_name,
+        )
+    return "sha256:" + sha256_hex(data)
 
 
 # -- the strict decoder -----------------------------------------------------------------------

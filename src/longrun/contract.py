@@ -7,9 +7,9 @@ records the digest in its first revision; resuming with any other plan is refuse
 (``plan-mismatch``) before anything changes.
 
 A payload must be plain JSON that a load reads back (``canonical.ensure_json``: no lone
-surrogates, no integer over 4300 digits, ...); a static payload is checked when its ``Step`` is
-built, a dynamic one when its effect is planned (before it is recorded or applied), and a refusal
-names the step and the path to the bad value.
+surrogates, no integer over 4300 digits, ...) and encode to at most ``canonical.MAX_VALUE_BYTES``;
+a static payload is checked when its ``Step`` is built, a dynamic one when its effect is planned
+(before it is recorded or applied), and a refusal names the step and the path to the bad value.
 
 Not guaranteed: that a dynamic payload callable returns the same value twice. It is evaluated
 once, when its effect is planned, and the value is persisted; resumes use the persisted value.
@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from .canonical import JSONValue, digest_of, ensure_json
+from .canonical import MAX_VALUE_BYTES, JSONValue, digest_of, ensure_json
 from .errors import InvalidInputError
 
 __all__ = ["PayloadFactory", "RunContract", "Step", "check_task_id", "plan_digest", "validate_plan"]
@@ -117,8 +117,8 @@ class Step:
         if not callable(self.payload):
             if not isinstance(self.payload, Mapping):
                 raise InvalidInputError(f"step {self.step_id!r}: payload must be a mapping or a callable")
-            # Plain JSON a load reads back: refused here, before any run.
-            digest_of(self.payload, what=f"step {self.step_id!r} payload")
+            # Plain JSON a load reads back, within the size a run records: refused here, before any run.
+            digest_of(self.payload, what=f"step {self.step_id!r} payload", max_bytes=MAX_VALUE_BYTES)
 
     @property
     def dynamic(self) -> bool:

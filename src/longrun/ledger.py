@@ -26,10 +26,10 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping, Sequence
 
 from . import _fields as f
-from .canonical import JSONValue
+from .canonical import MAX_VALUE_BYTES, JSONValue, canonical_bytes, sha256_hex
 from .errors import LongrunError
 
-__all__ = ["EffectRecord", "EffectState", "IllegalTransitionError"]
+__all__ = ["EffectRecord", "EffectState", "IllegalTransitionError", "OMITTED", "recordable_result"]
 
 
 class EffectState(str, enum.Enum):
@@ -180,6 +180,32 @@ _SPEC = (
 _FIELDS = frozenset(field.name for field in _SPEC)
 _FAST = f.fast_check(_SPEC)
 _FAST_TYPES = f.fast_check(_SPEC, shallow=True)
+
+OMITTED = "longrun.omitted"
+"""The key of the stand-in that ``recordable_result`` records for a result too large to keep."""
+
+
+def recordable_result(result: JSONValue, *, what: str) -> tuple[JSONValue, str | None]:
+    """``result`` as the ledger may record it, and None; or, if its canonical encoding is over
+    ``MAX_VALUE_BYTES``, a small stand-in and the reason.
+
+    The effect took place, and the ledger must say so, or it would be applied again; but a result
+    that large would make the state too large to read back (``MAX_STATE_BYTES``). So the record
+    keeps ``{"longrun.omitted": {"bytes": n, "digest": "sha256:...", "limit": MAX_VALUE_BYTES}}``
+    instead, and the runner reports the omission among the run's unknowns. A later step whose
+    payload is computed from this result receives the stand-in."""
+    if result is None or isinstance(result, (bool, int, float)):
+        return result, None
+    data = canonical_bytes(result, what=what)
+    if len(data) <= MAX_VALUE_BYTES:
+        return result, None
+    digest = "sha256:" + sha256_hex(data)
+    stand_in: JSONValue = {OMITTED: {"bytes": len(data), "digest": digest, "limit": MAX_VALUE_BYTES}}
+    return stand_in, (
+        f"{what} is {len(data)} bytes encoded, over the {MAX_VALUE_BYTES}-byte limit (MAX_VALUE_BYTES): "
+        f"only its size and digest {digest} are recorded"
+    )
+
 
 _FIELD_ORDER = tuple(field.name for field in fields(EffectRecord))
 _FIELD_NAMES = frozenset(_FIELD_ORDER)

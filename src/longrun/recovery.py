@@ -28,7 +28,7 @@ import logging
 from dataclasses import dataclass, replace
 
 from .adapters import EffectRequest, Observation, ObservedState
-from .ledger import EffectRecord, EffectState
+from .ledger import EffectRecord, EffectState, recordable_result
 from .protocols import EffectAdapter
 
 __all__ = ["Reconciled", "Verdict", "observe_safely", "reconcile"]
@@ -71,7 +71,12 @@ def reconcile(record: EffectRecord, adapter: EffectAdapter, request: EffectReque
     observation = observe_safely(adapter, request)
     if observation.state is ObservedState.APPLIED:
         result = observation.result if observation.result is not None else record.result
-        verified = record.move(EffectState.VERIFIED, now, result=result, evidence=observation.evidence)
+        result, omitted = recordable_result(result, what=f"the result of step {record.step_id!r}")
+        evidence = observation.evidence
+        if omitted is not None:  # the effect took place and is recorded; its result is too large to keep
+            log.warning("%s: %s", record.key, omitted)
+            evidence = f"{evidence}; {omitted}"
+        verified = record.move(EffectState.VERIFIED, now, result=result, evidence=evidence)
         return Reconciled(verified, Verdict.VERIFIED, observation, f"observed applied: {observation.evidence}")
     if observation.state is ObservedState.ABSENT and record.receipt is None:
         retry = record.move(EffectState.PLANNED, now, evidence=observation.evidence)

@@ -44,7 +44,7 @@ from .approval import ApprovalRequest, GateVerdict, evaluate_gate
 from .authority import RefusedRecord, SignedApprovals, SignedCancellations
 from .budget import BudgetCounters, Limits, RetryPolicy
 from .cancellation import Cancellation
-from .canonical import JSONValue, digest_of, printable
+from .canonical import MAX_VALUE_BYTES, JSONValue, digest_of, printable
 from .contract import RunContract, Step, plan_digest, validate_plan
 from .control import ControlRecord
 from .envelope import RunState
@@ -55,12 +55,13 @@ from .errors import (
     LeaseHeldError,
     PayloadError,
     PermanentError,
+    SizeLimitError,
     StateUnrecoverableError,
     TransientError,
     UnknownActionError,
 )
 from .lease import Lease, LeaseKeeper, boot_clock_id
-from .ledger import EffectRecord, EffectState
+from .ledger import EffectRecord, EffectState, recordable_result
 from .outcome import TERMINAL, Evidence, RunOutcome, Status
 from .protocols import ApprovalSource, CancellationSource, Clock, EffectAdapter, Store
 from .recovery import Reconciled, Verdict, reconcile
@@ -312,7 +313,26 @@ class Runner:
         assert state is not None
         lease = self._current_lease()
         state.updated_at = self.clock.now()
-        self.store.commit(lease, state, frozenset(self._changed))
+        try:
+            self.store.commit(lease, state, frozenset(self._changed))
+        except SizeLimitError as exc:
+            # Nothing was written: the state would be too large to read back. Record the stop on the
+            # last durable state instead (a load reads it); whatever this run did since is in flight
+            # there, and the next run observes it again before anything else.
+            self._evidence.unknown("store", str(exc))
+            next_action = (
+                f"make the run's state smaller: it would be over {exc.limit_name} ({exc.limit} bytes) at step "
+                f"{state.current_step!r}; keep large payloads and results outside it (pass references), then run again"
+            )
+            durable = self.store.load(self.task_id, lease=lease).state
+            if durable is not None:
+                durable.status, durable.next_action = Status.UNSAFE_TO_CONTINUE, next_action
+                durable.unknowns = list(self._evidence.unknowns)
+                durable.updated_at = self.clock.now()
+                self._state = durable
+                self._changed.clear()
+                self.store.commit(lease, durable, frozenset())
+            raise _Stop(Status.UNSAFE_TO_CONTINUE, next_action) from None
         self._changed.clear()
         self._dirty = False
         if _crashpoints.ARMED:
@@ -553,7 +573,7 @@ class Runner:
             step_id=step.step_id,
             action=step.action,
             payload=payload,
-            payload_digest=digest_of(payload, what=f"step {step.step_id!r} payload"),
+            payload_digest=digest_of(payload, what=f"step {step.step_id!r} payload", max_bytes=MAX_VALUE_BYTES),
             updated_at=now,
         )
         self._put(record)
@@ -678,11 +698,15 @@ class Runner:
             cost = 0.0
         cost = float(cost)
         self._evidence.observed(f"adapter:{step.action}", f"receipt for {record.key} attempt {attempt}: {receipt.evidence or 'no evidence'}")
+        result, omitted = recordable_result(receipt.result, what=f"the result of step {step.step_id!r}")
+        if omitted is not None:  # the effect took place and is recorded; its result is too large to keep
+            log.warning("%s: %s", record.key, omitted)
+            self._evidence.unknown(f"adapter:{step.action}", omitted)
         record = record.move(
             EffectState.ACKNOWLEDGED,
             self.clock.now(),
             receipt=receipt.evidence or "acknowledged",
-            result=receipt.result,
+            result=result,
             cost=record.cost + cost,
         )
         self._put(record)

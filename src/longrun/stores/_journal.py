@@ -59,7 +59,7 @@ from ..budget import BudgetCounters
 from ..canonical import MAX_JSON_DEPTH, canonical_bytes, ensure_json, json_too_deep, parse_json, printable, sha256_hex
 from ..contract import _SAFE_NAME, check_task_id
 from ..envelope import MAX_STATE_BYTES, RunState
-from ..errors import CorruptStateError, ForeignStateError, InvalidInputError, SchemaVersionError
+from ..errors import CorruptStateError, ForeignStateError, InvalidInputError, SchemaVersionError, SizeLimitError
 from ..ledger import EffectRecord, EffectState
 from ..outcome import Status
 
@@ -431,7 +431,8 @@ def build_state(header: Mapping[str, Any], revision: int, rows: Mapping[str, lis
 
 def encode_snapshot(state: RunState) -> list[bytes]:
     """The lines of a snapshot of ``state`` (at ``state.revision``); raises before any I/O if a
-    value cannot be encoded (``InvalidInputError``)."""
+    value cannot be encoded (``InvalidInputError``) or if the snapshot would be over
+    ``MAX_STATE_BYTES``, the most a load reads (``SizeLimitError``)."""
     records = list(state.effects.values())
     chunks = (len(records) + ROWS_PER_LINE - 1) // ROWS_PER_LINE
     lines = [
@@ -448,8 +449,19 @@ def encode_snapshot(state: RunState) -> list[bytes]:
         ),
         frame(_header_of(state)),
     ]
+    size = sum(map(len, lines))
     for start in range(0, len(records), ROWS_PER_LINE):
         lines.append(frame([row_of(record) for record in records[start : start + ROWS_PER_LINE]]))
+        size += len(lines[-1])
+        if size > MAX_STATE_BYTES:
+            raise SizeLimitError(
+                f"task {state.task_id!r}: the state would be over {MAX_STATE_BYTES} bytes encoded, the most a "
+                "load reads (MAX_STATE_BYTES); nothing was written. Keep large payloads and results outside "
+                "the state and pass references to them",
+                size=size,
+                limit=MAX_STATE_BYTES,
+                limit_name="MAX_STATE_BYTES",
+            )
     return lines
 
 

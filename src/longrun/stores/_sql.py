@@ -68,6 +68,7 @@ from ..errors import (
     InvalidInputError,
     LongrunError,
     SchemaVersionError,
+    SizeLimitError,
     StateUnrecoverableError,
     StorageError,
     UnknownTaskError,
@@ -88,9 +89,18 @@ MAX_RECORD_BYTES = 64 * 1024
 
 
 def _check_size(data: bytes, what: str) -> None:
-    """A state header or effect row is read with a limit of ``MAX_JSON_DEPTH``: refuse to write a deeper one."""
+    """A state header or effect row is read with a limit of ``MAX_STATE_BYTES`` and ``MAX_JSON_DEPTH``:
+    refuse to write a longer or deeper one."""
     if json_too_deep(data):
         raise InvalidInputError(f"{what} would nest deeper than {MAX_JSON_DEPTH} levels, which no load reads")
+    if len(data) > MAX_STATE_BYTES:
+        raise SizeLimitError(
+            f"{what} would be {len(data)} bytes encoded, over {MAX_STATE_BYTES}, the most a load reads "
+            "(MAX_STATE_BYTES); nothing was written. Keep large payloads and results outside the state",
+            size=len(data),
+            limit=MAX_STATE_BYTES,
+            limit_name="MAX_STATE_BYTES",
+        )
 """A control record (approval, cancellation) longer than this is refused, as by the file stores."""
 
 
@@ -638,7 +648,7 @@ class SqlStore(BaseStore):
             to_write = [step for step in state.effects if step not in stored]
             to_write += [step for step in changed if step in state.effects and step in stored]
         bodies = {}
-        for step_id in to_write:  # encoded and checked before the first statement: a refusal writes nothing
+        for step_id in to_write:  # encoded and measured before the first statement: a refusal writes nothing
             body = canonical_bytes({"task_id": task_id, "record": state.effects[step_id].to_json()}, what=f"effect record {step_id!r}")
             _check_size(body, f"task {task_id!r}: the effect record of step {step_id!r}")
             bodies[step_id] = body
