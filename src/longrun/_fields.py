@@ -348,3 +348,50 @@ def fast_check(spec: Sequence[Field], *, shallow: bool = False) -> Callable[[obj
     exec("\n".join(lines), names)  # the source is built from the spec above, never from data
     function: Callable[[object], bool] = names["fast"]
     return function
+
+
+def fast_read(spec: Sequence[Field]) -> Callable[[Mapping[str, Any]], "list[Any] | None"]:
+    """A function that reads ``spec``'s fields from a parsed object as ``read`` does, in the
+    common case only, returning their values in spec order; or None as soon as a field is anything
+    else (missing, an int where a float belongs, non-ASCII text, an error), and the caller then
+    runs ``read``, which decides and names the problem. For records a load reads by the thousand
+    (effect records); built from the spec, like ``fast_check``."""
+    lines = ["def fast(data):", "    get = data.get"]
+    names: dict[str, Any] = {"_safe_name": _SAFE_NAME.fullmatch, "_MISSING": _MISSING, "MAX_INT": MAX_INT}
+    results = []
+    for index, field in enumerate(spec):
+        kind, value = field.kind, f"v{index}"
+        results.append(value)
+        if field.optional or kind is Kind.JSON:
+            lines.append(f"    {value} = get({field.name!r})")
+            none_ok = f"{value} is None or "
+        else:
+            lines.append(f"    {value} = get({field.name!r}, _MISSING)")
+            none_ok = ""
+        if kind is Kind.TEXT:
+            test = f"{none_ok}(type({value}) is str and {value}.isascii())"
+        elif kind is Kind.NAME:
+            test = f"{none_ok}(type({value}) is str and _safe_name({value}) is not None)"
+        elif kind is Kind.INT:
+            test = f"{none_ok}(type({value}) is int and {field.minimum} <= {value} <= MAX_INT)"
+        elif kind is Kind.NUMBER:
+            test = f"{none_ok}(type({value}) is float and {value} - {value} == 0.0)"
+        elif kind is Kind.BOOL:
+            test = f"{none_ok}({value} is True or {value} is False)"
+        elif kind is Kind.OBJECT:
+            test = f"{none_ok}type({value}) is dict"
+        elif kind is Kind.CHOICE:
+            assert field.choices is not None
+            names[f"_members{index}"] = {member.value: member for member in field.choices}
+            lines.append(f"    {value} = _members{index}.get({value}) if type({value}) is str else None")
+            test = f"{value} is not None"
+        elif kind is Kind.TEXTS:
+            test = f"{none_ok}(type({value}) is list and all(type(x) is str and x.isascii() for x in {value}))"
+        else:
+            test = ""  # JSON: parse_json has checked it
+        if test:
+            lines.append(f"    if not ({test}): return None")
+    lines.append(f"    return [{', '.join(results)}]")
+    exec("\n".join(lines), names)  # the source is built from the spec above, never from data
+    function: Callable[[Mapping[str, Any]], list[Any] | None] = names["fast"]
+    return function

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, fields
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from . import _fields as f
 from .canonical import MAX_VALUE_BYTES, JSONValue, canonical_bytes, sha256_hex
@@ -101,10 +101,7 @@ class EffectRecord:
     def from_checked(cls, values: Sequence[Any]) -> "EffectRecord":
         """A record of ``values`` (in field order) that a loader has already checked with ``_SPEC``'s
         rules: built without checking them again, as ``with_changes`` builds a copy."""
-        record = object.__new__(cls)
-        for name, value in zip(_FIELD_ORDER, values, strict=True):
-            object.__setattr__(record, name, value)
-        return record
+        return _build_checked(values)
 
     def move(self, state: EffectState, at: float, **changes: Any) -> "EffectRecord":
         if state not in _MOVES[self.state]:
@@ -154,8 +151,11 @@ class EffectRecord:
         what = "effect record"
         d: Mapping[str, Any] = f.require_mapping(data, what)
         f.check_fields(d, _FIELDS, what)
-        values = f.read(_SPEC, d, what)
-        return cls.from_checked([values[name] for name in _FIELD_ORDER])
+        values = _FAST_READ(d)
+        if values is None:
+            read = f.read(_SPEC, d, what)
+            values = [read[name] for name in _FIELD_ORDER]
+        return cls.from_checked(values)
 
 
 _SPEC = (
@@ -180,6 +180,7 @@ _SPEC = (
 _FIELDS = frozenset(field.name for field in _SPEC)
 _FAST = f.fast_check(_SPEC)
 _FAST_TYPES = f.fast_check(_SPEC, shallow=True)
+_FAST_READ = f.fast_read(_SPEC)
 
 OMITTED = "longrun.omitted"
 """The key of the stand-in that ``recordable_result`` records for a result too large to keep."""
@@ -208,4 +209,21 @@ def recordable_result(result: JSONValue, *, what: str) -> tuple[JSONValue, str |
 
 
 _FIELD_ORDER = tuple(field.name for field in fields(EffectRecord))
+if tuple(field.name for field in _SPEC) != _FIELD_ORDER:  # from_checked takes values in this order
+    raise ImportError("EffectRecord's fields and _SPEC disagree: update _SPEC in ledger.py")
+
+
+def _checked_builder() -> Callable[[Sequence[Any]], EffectRecord]:
+    """``from_checked`` as straight-line code (a load builds records by the thousand): one
+    assignment per field, generated from the field names, instead of a loop."""
+    lines = ["def build(values):", "    record = new(EffectRecord)", f"    ({', '.join(_FIELD_ORDER)},) = values"]
+    lines += [f"    put(record, {name!r}, {name})" for name in _FIELD_ORDER]
+    lines.append("    return record")
+    names: dict[str, Any] = {"new": object.__new__, "put": object.__setattr__, "EffectRecord": EffectRecord}
+    exec("\n".join(lines), names)  # built from the dataclass's own field names, never from data
+    build: Callable[[Sequence[Any]], EffectRecord] = names["build"]
+    return build
+
+
+_build_checked = _checked_builder()
 _FIELD_NAMES = frozenset(_FIELD_ORDER)
