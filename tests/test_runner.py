@@ -353,6 +353,14 @@ class BudgetTests(RunnerCase):
                 self.assertEqual(state.budget.cost_spent, 0.0)
                 self.assertIn("Receipt: field 'cost'", state.effects["s0"].last_error)
 
+    def test_costs_that_would_add_up_to_infinity_are_recorded_not_charged(self) -> None:
+        adapter = RecordingAdapter()
+        adapter.apply = lambda request: (adapter.applied.append(request.key), Receipt(cost=1e308))[1]  # type: ignore[method-assign]
+        outcome = self.runner([Step("s0", "write", {}), Step("s1", "write", {})], adapter=adapter).run()
+        self.assertEqual(outcome.status, Status.DONE)
+        self.assertTrue(any("invalid cost" in item.detail for item in outcome.unknowns))
+        self.assertEqual(self.store.load("task-1").state.budget.cost_spent, 1e308)  # the first is charged, the sum is not
+
     def test_step_budget_counts_across_runs(self) -> None:
         adapter = RecordingAdapter()
         steps = [Step(f"s{i}", "write", {"n": i}, approval=(i == 1)) for i in range(3)]
