@@ -193,7 +193,8 @@ def recordable_result(result: JSONValue, *, what: str) -> tuple[JSONValue, str |
     The effect took place, and the ledger must say so, or it would be applied again; but a result
     that large would make the state too large to read back (``MAX_STATE_BYTES``). So the record
     keeps ``{"longrun.omitted": {"bytes": n, "digest": "sha256:...", "limit": MAX_VALUE_BYTES}}``
-    instead, and the runner reports the omission among the run's unknowns. A later step whose
+    instead, and the caller keeps the reason as evidence (the runner: among the outcome's unknowns
+    for a receipt's result, in the effect's evidence for an observation's). A later step whose
     payload is computed from this result receives the stand-in."""
     if result is None or isinstance(result, (bool, int, float)):
         return result, None
