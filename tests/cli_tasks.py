@@ -87,6 +87,12 @@ def bad_payload() -> Runner:
     return _runner("bad-payload", [Step("one", "send", lambda results: [1, 2])])  # type: ignore[arg-type, return-value]
 
 
+def surrogate_payload() -> Runner:
+    """A payload factory that lists a file name that is not UTF-8 (as ``os.listdir`` gives it):
+    ``run()`` raises InvalidInputError naming the step and the path to the name."""
+    return _runner("surrogate", [Step("one", "send", lambda results: {"files": ["ok.txt", "caf\udce9.txt"]})])
+
+
 def payload_bug() -> Runner:
     """A payload factory with a bug: ``run()`` raises ZeroDivisionError, which is not longrun's."""
     return _runner("payload-bug", [Step("one", "send", lambda results: {"ratio": 1 / 0})])

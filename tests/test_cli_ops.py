@@ -400,6 +400,7 @@ class ResumeTest(OpsCase):
 
     def test_library_errors_keep_their_codes_and_the_task_code_s_own_exception_exits_70(self) -> None:
         self.assert_fails(resume("bad_payload"), 2, "payload of step 'one' must be a mapping")
+        self.assert_fails(resume("surrogate_payload"), 2, "step 'one' payload.files[1] holds a lone surrogate")
         bug = resume("payload_bug")
         self.assert_exit(bug, 70)
         self.assertIn("cli_tasks:payload_bug: run() raised ZeroDivisionError", bug.stderr)

@@ -412,16 +412,32 @@ class BudgetTests(RunnerCase):
         self.assertEqual(outcome.status, Status.LIMITS_EXHAUSTED)
         self.assertEqual(adapter.applied, ["task-1/s0", "task-1/s1"])
 
-    def test_an_invalid_receipt_cost_is_recorded_not_charged(self) -> None:
-        for bad in (float("nan"), -5.0, float("inf"), "3", True):
-            with self.subTest(cost=bad):
+    def test_an_invalid_receipt_cost_is_an_adapter_bug_observed_and_not_charged(self) -> None:
+        for index, bad in enumerate((float("nan"), -5.0, float("inf"), "3", True, 10**400)):
+            with self.subTest(cost=type(bad).__name__ + str(bad)[:8]):
+                with self.assertRaises(InvalidInputError):
+                    Receipt(cost=bad)  # refused where it is built, inside the adapter's call
                 adapter = RecordingAdapter()
+                # The effect takes place, then the adapter builds a receipt the state could not hold.
                 adapter.apply = lambda request, bad=bad: (adapter.applied.append(request.key), Receipt(cost=bad))[1]  # type: ignore[method-assign]
-                task = RunContract(f"cost-{len(adapter.applied)}-{abs(hash(repr(bad)))}", "g")
-                outcome = self.runner([Step("s0", "write", {})], contract=task, adapter=adapter).run()
-                self.assertEqual(outcome.status, Status.DONE)
-                self.assertTrue(any("invalid cost" in item.detail for item in outcome.unknowns))
-                self.assertEqual(self.store.load(task.task_id).state.budget.cost_spent, 0.0)
+                task = RunContract(f"cost-{index}", "g")
+                with self.assertLogs("longrun", "WARNING") as logs:
+                    outcome = self.runner([Step("s0", "write", {})], contract=task, adapter=adapter).run()
+                self.assertIn("raised InvalidInputError", "\n".join(logs.output))
+                self.assertEqual(outcome.status, Status.DONE)  # the outcome was unknown, so it was observed
+                self.assertEqual(adapter.applied, [f"{task.task_id}/s0"])
+                self.assertTrue(any("InvalidInputError" in item.detail and "cost" in item.detail for item in outcome.observations))
+                state = self.store.load(task.task_id).state
+                self.assertEqual(state.budget.cost_spent, 0.0)
+                self.assertIn("Receipt: field 'cost'", state.effects["s0"].last_error)
+
+    def test_costs_that_would_add_up_to_infinity_are_recorded_not_charged(self) -> None:
+        adapter = RecordingAdapter()
+        adapter.apply = lambda request: (adapter.applied.append(request.key), Receipt(cost=1e308))[1]  # type: ignore[method-assign]
+        outcome = self.runner([Step("s0", "write", {}), Step("s1", "write", {})], adapter=adapter).run()
+        self.assertEqual(outcome.status, Status.DONE)
+        self.assertTrue(any("invalid cost" in item.detail for item in outcome.unknowns))
+        self.assertEqual(self.store.load("task-1").state.budget.cost_spent, 1e308)  # the first is charged, the sum is not
 
     def test_step_budget_counts_across_runs(self) -> None:
         adapter = RecordingAdapter()
@@ -900,6 +916,100 @@ class LeaseTests(RunnerCase):
         self.assertEqual(outcome.status, Status.LEASE_LOST)
         self.assertEqual(len(store.commits), commits_before_apply[-1], "no write after the renewal failed")
         self.assertEqual(adapter.applied, ["task-1/s0", "task-1/s1"])
+
+
+class AdapterRecordTests(RunnerCase):
+    """What an adapter hands back is checked where it is built, so nothing unreadable is ever written."""
+
+    def assert_consistent(self, task_id: str, status: Status, code: int) -> None:
+        """What a fresh store reads is what the run said; ``verify`` agrees; nothing was quarantined."""
+        from longrun.cli._verify import verify
+
+        loaded = JsonFileStore(self.path("store")).load(task_id)
+        self.assertEqual(loaded.source, "primary", "the state was read from its primary copy, not a backup")
+        self.assertIs(loaded.state.status, status)
+        report, exit_code = verify(JsonFileStore(self.path("store")), task_id, self.clock.now())
+        self.assertEqual(int(exit_code), code, report)
+        self.assertEqual(os.listdir(self.path("store", task_id, "quarantine")), [], "nothing was damaged")
+
+    def adapter_returning(self, make_receipt) -> RecordingAdapter:
+        adapter = RecordingAdapter()
+
+        def apply(request: EffectRequest) -> Receipt:
+            adapter.applied.append(request.key)  # the effect takes place...
+            return make_receipt()  # ...then the adapter builds a receipt the state could not hold
+
+        adapter.apply = apply  # type: ignore[method-assign]
+        return adapter
+
+    def test_a_receipt_the_loader_would_refuse_is_an_adapter_bug_observed_not_written(self) -> None:
+        receipts = {
+            "evidence-int": lambda: Receipt(evidence=123),
+            "evidence-bytes": lambda: Receipt(evidence=b"queued 7"),
+            "cost-huge": lambda: Receipt(cost=10**400),
+            "result-object": lambda: Receipt(result={"handle": object()}),
+            "result-surrogate": lambda: Receipt(result={"file": "caf\udce9.txt"}),
+        }
+        for task_id, make in receipts.items():
+            with self.subTest(receipt=task_id):
+                adapter = self.adapter_returning(make)
+                runner = self.runner([Step("s0", "write", {}), Step("s1", "write", {})], contract=RunContract(task_id, "g"), adapter=adapter)
+                with self.assertLogs("longrun", "WARNING") as logs:
+                    outcome = runner.run()
+                self.assertIn("raised InvalidInputError", "\n".join(logs.output))
+                self.assertIs(outcome.status, Status.DONE)  # the outcome was unknown, so both were observed: applied
+                self.assertEqual(adapter.applied, [f"{task_id}/s0", f"{task_id}/s1"], "each effect applied once")
+                self.assertTrue(any("InvalidInputError: Receipt" in item.detail for item in outcome.observations))
+                self.assert_consistent(task_id, Status.DONE, 0)
+                events = len(adapter.events)
+                self.assertIs(runner.run().status, Status.DONE)
+                self.assertEqual(len(adapter.events), events, "a later run recovers nothing: it reads done")
+
+    def test_an_observation_the_loader_would_refuse_is_unknown_and_stops_the_run_consistently(self) -> None:
+        adapter = RecordingAdapter()
+        adapter.observe = lambda request: Observation.applied({"http": 200})  # type: ignore[method-assign, arg-type]
+        with self.assertLogs("longrun", "WARNING") as logs:
+            outcome = self.runner([Step("s0", "write", {})], adapter=adapter).run()
+        self.assertIn("observe of task-1/s0 failed: InvalidInputError", "\n".join(logs.output))
+        self.assertIs(outcome.status, Status.UNSAFE_TO_CONTINUE)
+        self.assertTrue(any("Observation: field 'evidence' must be a string, got dict" in item.detail for item in outcome.unknowns))
+        self.assert_consistent("task-1", Status.UNSAFE_TO_CONTINUE, 1)
+
+    def test_a_payload_the_loader_would_refuse_is_refused_naming_the_step_and_the_path(self) -> None:
+        listing = ["notes.txt", "caf\udce9.txt"]  # what os.listdir gives for a name that is not UTF-8
+        with self.assertRaises(InvalidInputError) as caught:
+            Step("files", "write", {"files": listing})
+        self.assertIn("step 'files' payload.files[1] holds a lone surrogate", str(caught.exception))
+        factories = {
+            "step 'late' payload.files[1] holds a lone surrogate": lambda results: {"files": listing},
+            "step 'late' payload.total is an integer of more than 4300 digits": lambda results: {"total": 10**5000},
+            "step 'late' payload.blob is not JSON-able: bytes": lambda results: {"blob": b"\x00"},
+        }
+        for index, (message, factory) in enumerate(factories.items()):
+            with self.subTest(message=message):
+                task = RunContract(f"payload-{index}", "g")
+                adapter = RecordingAdapter()
+                runner = self.runner([Step("first", "write", {"n": 1}), Step("late", "write", factory)], contract=task, adapter=adapter)
+                with self.assertRaises(InvalidInputError) as caught:
+                    runner.run()
+                self.assertIn(message, str(caught.exception))
+                self.assertEqual(adapter.applied, [f"{task.task_id}/first"], "nothing of the refused step was applied")
+                state = JsonFileStore(self.path("store")).load(task.task_id).state
+                self.assertNotIn("late", state.effects, "nothing of the refused step was committed")
+                self.assertEqual(JsonFileStore(self.path("store")).load(task.task_id).source, "primary")
+
+    def test_error_text_from_a_target_with_a_lone_surrogate_is_kept_as_its_escape(self) -> None:
+        adapter = RecordingAdapter()
+
+        def apply(request: EffectRequest) -> Receipt:
+            raise OSError(2, "No such file or directory", "/srv/caf\udce9.txt")
+
+        adapter.apply = apply  # type: ignore[method-assign]
+        with self.assertLogs("longrun", "WARNING"):
+            outcome = self.runner([Step("s0", "write", {})], adapter=adapter, limits=Limits(max_attempts=1)).run()
+        self.assertIs(outcome.status, Status.LIMITS_EXHAUSTED)
+        record = JsonFileStore(self.path("store")).load("task-1").state.effects["s0"]
+        self.assertIn("caf\\udce9.txt", record.last_error)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,15 @@ it: the stable semantic key, the payload and its digest, the attempt number, the
 a deadline. A ``Receipt`` is the adapter's acknowledgement, not proof: the runner still observes.
 An ``Observation`` is what the target says independently: applied, absent, or unknown.
 
+A ``Receipt`` or ``Observation`` is checked when it is built, with the rules the state's loader
+reads the ledger with (``longrun._fields``): ``result`` must be plain JSON (finite numbers, text
+without lone surrogates, integers of at most 4300 digits; tuples become lists), ``evidence`` a
+string (a lone surrogate in it is kept as its ``\\udcXX`` escape), ``cost`` a finite number >= 0.
+Anything else raises ``InvalidInputError`` inside the adapter's own call, where the mistake is,
+instead of being written into the state and found unreadable later. The runner treats such an
+error like any other exception from ``apply`` (the outcome is unknown: the effect is observed) or
+``observe`` (an unknown observation), and records it as evidence.
+
 The ``EffectAdapter`` protocol itself lives in ``longrun.protocols`` with the other seams.
 """
 
@@ -13,7 +22,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from .canonical import JSONValue
+from . import _fields as f
+from .canonical import JSONValue, printable
+from .errors import InvalidInputError
 
 __all__ = ["EffectRequest", "Observation", "ObservedState", "Receipt"]
 
@@ -40,6 +51,18 @@ class Receipt:
     cost: float = 0.0
     evidence: str = ""
 
+    def __post_init__(self) -> None:
+        if not _FAST_RECEIPT(self):
+            if isinstance(self.evidence, str):
+                object.__setattr__(self, "evidence", printable(self.evidence))
+            f.check(_RECEIPT_SPEC, self, "Receipt")
+        if self.cost < 0:
+            raise InvalidInputError(f"Receipt: field 'cost' must be >= 0, got {self.cost!r}")
+
+
+_RECEIPT_SPEC = (f.Field("result", f.Kind.JSON), f.Field("cost", f.Kind.NUMBER), f.Field("evidence", f.Kind.TEXT))
+_FAST_RECEIPT = f.fast_check(_RECEIPT_SPEC)
+
 
 class ObservedState(str, enum.Enum):
     APPLIED = "applied"
@@ -59,6 +82,13 @@ class Observation:
     evidence: str
     result: JSONValue = None
 
+    def __post_init__(self) -> None:
+        if _FAST_OBSERVATION(self):
+            return
+        if isinstance(self.evidence, str):
+            object.__setattr__(self, "evidence", printable(self.evidence))
+        f.check(_OBSERVATION_SPEC, self, "Observation")
+
     @classmethod
     def applied(cls, evidence: str, result: JSONValue = None) -> "Observation":
         return cls(ObservedState.APPLIED, evidence, result)
@@ -70,3 +100,11 @@ class Observation:
     @classmethod
     def unknown(cls, reason: str) -> "Observation":
         return cls(ObservedState.UNKNOWN, reason)
+
+
+_OBSERVATION_SPEC = (
+    f.Field("state", f.Kind.CHOICE, choices=ObservedState),
+    f.Field("evidence", f.Kind.TEXT),
+    f.Field("result", f.Kind.JSON),
+)
+_FAST_OBSERVATION = f.fast_check(_OBSERVATION_SPEC)

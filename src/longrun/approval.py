@@ -37,10 +37,27 @@ from .errors import CorruptStateError
 __all__ = ["Approval", "ApprovalRequest", "GateDecision", "GateVerdict", "SCOPE_FIELDS", "evaluate_gate"]
 
 SCOPE_FIELDS = ("task_id", "plan_digest", "step_id", "payload_digest", "action")
-_REQUEST_FIELDS = frozenset({*SCOPE_FIELDS, "requested_at", "expires_at"})
-_APPROVAL_FIELDS = frozenset(
-    {*SCOPE_FIELDS, "schema_version", "approval_id", "expires_at", "approver", "granted_at", "signature", "answer"}
+_SCOPE_SPEC = (
+    f.Field("task_id", f.Kind.NAME),
+    f.Field("plan_digest", f.Kind.TEXT),
+    f.Field("step_id", f.Kind.STEP),
+    f.Field("payload_digest", f.Kind.TEXT),
+    f.Field("action", f.Kind.TEXT),
 )
+_REQUEST_SPEC = (*_SCOPE_SPEC, f.Field("requested_at", f.Kind.NUMBER), f.Field("expires_at", f.Kind.NUMBER))
+_APPROVAL_SPEC = (
+    f.Field("approval_id", f.Kind.NAME),
+    *_SCOPE_SPEC,
+    f.Field("expires_at", f.Kind.NUMBER),
+    f.Field("approver", f.Kind.TEXT),
+    f.Field("granted_at", f.Kind.NUMBER),
+    f.Field("signature", f.Kind.TEXT, optional=True),
+    f.Field("answer", f.Kind.JSON),
+)
+_REQUEST_FIELDS = frozenset(field.name for field in _REQUEST_SPEC)
+_FAST_REQUEST = f.fast_check(_REQUEST_SPEC)
+_FAST_APPROVAL = f.fast_check(_APPROVAL_SPEC)
+_APPROVAL_FIELDS = frozenset({"schema_version", *(field.name for field in _APPROVAL_SPEC)})
 WILDCARDS = frozenset({"*", "any", "all", ""})
 
 
@@ -53,6 +70,10 @@ class ApprovalRequest:
     action: str
     requested_at: float
     expires_at: float
+
+    def __post_init__(self) -> None:
+        if not _FAST_REQUEST(self):
+            f.check(_REQUEST_SPEC, self, "approval request")
 
     def scope(self) -> dict[str, str]:
         return {name: getattr(self, name) for name in SCOPE_FIELDS}
@@ -68,15 +89,7 @@ class ApprovalRequest:
         what = "approval request"
         d: Mapping[str, Any] = f.require_mapping(data, what)
         f.check_fields(d, _REQUEST_FIELDS, what)
-        return cls(
-            task_id=f.get_id(d, "task_id", what),
-            plan_digest=f.get_str(d, "plan_digest", what),
-            step_id=f.get_step_id(d, "step_id", what),
-            payload_digest=f.get_str(d, "payload_digest", what),
-            action=f.get_str(d, "action", what),
-            requested_at=f.get_float(d, "requested_at", what),
-            expires_at=f.get_float(d, "expires_at", what),
-        )
+        return cls(**f.read(_REQUEST_SPEC, d, what))
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +109,10 @@ class Approval:
     """``hmac-sha256:<key id>:<mac>`` over ``signed_fields()``, or None (see ``longrun.authority``)."""
     answer: JSONValue = None
     """A person's answer to a question (``run.ask``); None for a plain approval of an effect."""
+
+    def __post_init__(self) -> None:
+        if not _FAST_APPROVAL(self):
+            f.check(_APPROVAL_SPEC, self, "approval record")
 
     def signed_fields(self) -> dict[str, JSONValue]:
         """Every field but the signature, as a signature covers them (times always as floats).
@@ -132,19 +149,7 @@ class Approval:
         d: Mapping[str, Any] = f.require_mapping(data, what)
         f.check_fields(d, _APPROVAL_FIELDS, what)
         f.check_record_version(d, what)
-        return cls(
-            approval_id=f.get_id(d, "approval_id", what),
-            task_id=f.get_id(d, "task_id", what),
-            plan_digest=f.get_str(d, "plan_digest", what),
-            step_id=f.get_step_id(d, "step_id", what),
-            payload_digest=f.get_str(d, "payload_digest", what),
-            action=f.get_str(d, "action", what),
-            expires_at=f.get_float(d, "expires_at", what),
-            approver=f.get_str(d, "approver", what),
-            granted_at=f.get_float(d, "granted_at", what),
-            signature=f.get_str(d, "signature", what, optional=True),
-            answer=d.get("answer"),
-        )
+        return cls(**f.read(_APPROVAL_SPEC, d, what))
 
     @classmethod
     def for_request(

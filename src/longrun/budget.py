@@ -118,9 +118,19 @@ class RetryPolicy:
         return ceiling * (1.0 - self.jitter * unit)
 
 
-_COUNTER_FIELDS = frozenset(
-    {"created_at", "first_started_at", "attempts_total", "cost_spent", "last_progress_at", "worked_s", "worked_at_progress_s"}
+_COUNTER_SPEC = (
+    f.Field("created_at", f.Kind.NUMBER),
+    f.Field("first_started_at", f.Kind.NUMBER, optional=True),
+    f.Field("attempts_total", f.Kind.INT),
+    f.Field("cost_spent", f.Kind.NUMBER),
+    f.Field("last_progress_at", f.Kind.NUMBER),
+    f.Field("worked_s", f.Kind.NUMBER),
+    f.Field("worked_at_progress_s", f.Kind.NUMBER),
 )
+_COUNTER_READ_SPEC = (*_COUNTER_SPEC[:5], *(f.Field(field.name, field.kind, optional=True) for field in _COUNTER_SPEC[5:]))
+"""What a load reads: the worked-time counters may be missing from counters written before them."""
+_COUNTER_FIELDS = frozenset(field.name for field in _COUNTER_SPEC)
+_FAST = f.fast_check(_COUNTER_SPEC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +151,10 @@ class BudgetCounters:
     """Seconds of work on the run so far, summed over every run (monotonic-clock deltas)."""
     worked_at_progress_s: float = 0.0
     """``worked_s`` when an effect was last verified: work since then is work without progress."""
+
+    def __post_init__(self) -> None:
+        if not _FAST(self):
+            f.check(_COUNTER_SPEC, self, "budget counters")
 
     # Built directly rather than with dataclasses.replace: these run on every effect's path.
     def started(self, now: float) -> "BudgetCounters":
@@ -208,21 +222,16 @@ class BudgetCounters:
         what = "budget counters"
         d: Mapping[str, Any] = f.require_mapping(data, what)
         f.check_fields(d, _COUNTER_FIELDS, what)
-        worked = f.get_float(d, "worked_s", what, optional=True)
-        at_progress = f.get_float(d, "worked_at_progress_s", what, optional=True)
-        worked = 0.0 if worked is None else worked
-        at_progress = 0.0 if at_progress is None else at_progress
+        for name in ("worked_s", "worked_at_progress_s"):
+            if name in d and d[name] is None:
+                raise CorruptStateError(f"{what}: field {name!r} must be a finite number, got NoneType")
+        values = f.read(_COUNTER_READ_SPEC, d, what)
+        # Counters written before worked time was kept read as no work yet.
+        worked = values["worked_s"] = values["worked_s"] or 0.0
+        at_progress = values["worked_at_progress_s"] = values["worked_at_progress_s"] or 0.0
         if not 0 <= at_progress <= worked:
             raise CorruptStateError(f"{what}: worked_at_progress_s ({at_progress!r}) must lie in [0, worked_s ({worked!r})]")
-        return cls(
-            created_at=f.get_float(d, "created_at", what),
-            first_started_at=f.get_float(d, "first_started_at", what, optional=True),
-            attempts_total=f.get_int(d, "attempts_total", what),
-            cost_spent=f.get_float(d, "cost_spent", what),
-            last_progress_at=f.get_float(d, "last_progress_at", what),
-            worked_s=worked,
-            worked_at_progress_s=at_progress,
-        )
+        return cls(**values)
 
 
 IMPLAUSIBLE_GAP_S = 366 * 86_400.0
@@ -247,7 +256,13 @@ def describe_wall_gap(last_commit_at: float, now: float) -> str:
 MonotonicReading = tuple[str, float]
 """``(timeline id, seconds)``, as ``longrun.lease`` names it: a reading and the timeline it compares on."""
 
-_BACKOFF_FIELDS = frozenset({"duration_s", "scheduled_at", "monotonic_clock", "monotonic_at"})
+_BACKOFF_SPEC = (
+    f.Field("duration_s", f.Kind.NUMBER),
+    f.Field("scheduled_at", f.Kind.NUMBER),
+    f.Field("monotonic_clock", f.Kind.TEXT, optional=True),
+    f.Field("monotonic_at", f.Kind.NUMBER, optional=True),
+)
+_BACKOFF_FIELDS = frozenset(field.name for field in _BACKOFF_SPEC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +283,12 @@ class Backoff:
     monotonic_clock: str | None = None
     """The timeline of ``monotonic_at`` (``SystemClock``: this boot), if the scheduling clock named one."""
     monotonic_at: float | None = None
+
+    def __post_init__(self) -> None:
+        f.check(_BACKOFF_SPEC, self, "backoff")
+        problem = _backoff_problem(self.duration_s, self.monotonic_clock, self.monotonic_at)
+        if problem is not None:
+            raise InvalidInputError(f"backoff: {problem}")
 
     @classmethod
     def begin(cls, duration_s: float, now: float, monotonic: MonotonicReading | None = None) -> "Backoff":
@@ -311,11 +332,17 @@ class Backoff:
         what = "backoff"
         d: Mapping[str, Any] = f.require_mapping(data, what)
         f.check_fields(d, _BACKOFF_FIELDS, what)
-        duration = f.get_float(d, "duration_s", what)
-        if duration < 0:
-            raise CorruptStateError(f"{what}: field 'duration_s' must be >= 0, got {duration!r}")
-        clock = f.get_str(d, "monotonic_clock", what, optional=True)
-        reading = f.get_float(d, "monotonic_at", what, optional=True)
-        if (clock is None) != (reading is None):
-            raise CorruptStateError(f"{what}: monotonic_clock and monotonic_at come together or not at all")
-        return cls(duration, f.get_float(d, "scheduled_at", what), clock, reading)
+        values = f.read(_BACKOFF_SPEC, d, what)
+        problem = _backoff_problem(values["duration_s"], values["monotonic_clock"], values["monotonic_at"])
+        if problem is not None:
+            raise CorruptStateError(f"{what}: {problem}")
+        return cls(**values)
+
+
+def _backoff_problem(duration_s: object, clock: object, reading: object) -> str | None:
+    """What a backoff's fields may not be, beyond their types: one rule for writing and reading."""
+    if isinstance(duration_s, (int, float)) and duration_s < 0:
+        return f"field 'duration_s' must be >= 0, got {duration_s!r}"
+    if (clock is None) != (reading is None):
+        return "monotonic_clock and monotonic_at come together or not at all"
+    return None

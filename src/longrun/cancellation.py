@@ -28,7 +28,15 @@ from .canonical import JSONValue
 __all__ = ["Cancellation"]
 
 
-_FIELDS = frozenset({"schema_version", "task_id", "requested_at", "requested_by", "reason", "signature"})
+_SPEC = (
+    f.Field("task_id", f.Kind.NAME),
+    f.Field("requested_at", f.Kind.NUMBER),
+    f.Field("requested_by", f.Kind.TEXT),
+    f.Field("reason", f.Kind.TEXT),
+    f.Field("signature", f.Kind.TEXT, optional=True),
+)
+_FIELDS = frozenset({"schema_version", *(field.name for field in _SPEC)})
+_FAST = f.fast_check(_SPEC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +47,10 @@ class Cancellation:
     reason: str
     signature: str | None = None
     """``hmac-sha256:<key id>:<mac>`` over ``signed_fields()``, or None (see ``longrun.authority``)."""
+
+    def __post_init__(self) -> None:
+        if not _FAST(self):
+            f.check(_SPEC, self, "cancellation record")
 
     def signed_fields(self) -> dict[str, JSONValue]:
         """Every field but the signature, as a signature covers them (the time always as a float)."""
@@ -67,10 +79,4 @@ class Cancellation:
         d: Mapping[str, Any] = f.require_mapping(data, what)
         f.check_fields(d, _FIELDS, what)
         f.check_record_version(d, what)
-        return cls(
-            task_id=f.get_id(d, "task_id", what),
-            requested_at=f.get_float(d, "requested_at", what),
-            requested_by=f.get_str(d, "requested_by", what),
-            reason=f.get_str(d, "reason", what),
-            signature=f.get_str(d, "signature", what, optional=True),
-        )
+        return cls(**f.read(_SPEC, d, what))

@@ -3,8 +3,13 @@ and the one strict decoder that every loader reads stored JSON with.
 
 Guarantees: the same JSON value always gives the same bytes (sorted keys, no whitespace, UTF-8,
 no NaN or infinity), so a digest pins content across processes and restarts. Tuples are accepted
-as lists. Anything that is not plain JSON (sets, bytes, objects, non-string keys) is refused with
-``InvalidInputError`` instead of being coerced.
+as lists. ``ensure_json`` refuses, with ``InvalidInputError`` naming the path to the value (for
+example ``step 'scan' payload.files[3]: ...``), everything ``parse_json`` would refuse to read back:
+what is not plain JSON (sets, bytes, objects, non-string keys), a non-finite number, a string
+holding a lone surrogate (a file name from ``os.listdir`` that is not UTF-8, say), an integer of
+more than ``MAX_INT_DIGITS`` digits, and nesting deeper than 64 levels. ``canonical_bytes`` and
+``digest_of`` raise the same typed error, never a raw ``UnicodeEncodeError`` or ``ValueError``
+from inside the encoder; ``digest_of`` also enforces a byte limit when asked (``SizeLimitError``).
 
 ``parse_json`` reads what ``canonical_bytes`` (or any careful writer) wrote, and refuses with
 ``CorruptStateError`` whatever it could not have written: more than the caller's byte limit, bytes
@@ -25,17 +30,22 @@ import math
 import re
 from typing import Any, Callable, Mapping, TypeAlias, overload
 
-from .errors import CorruptStateError, InvalidInputError
+from .errors import CorruptStateError, InvalidInputError, SizeLimitError
 
 __all__ = [
     "JSONValue",
+    "MAX_INT_DIGITS",
     "MAX_JSON_DEPTH",
+    "MAX_VALUE_BYTES",
     "canonical_bytes",
     "digest_of",
     "ensure_json",
     "json_too_deep",
     "parse_json",
+    "printable",
     "sha256_hex",
+    "shown",
+    "text_problem",
 ]
 
 JSONValue: TypeAlias = None | bool | int | float | str | list["JSONValue"] | dict[str, "JSONValue"]
@@ -46,52 +56,165 @@ MAX_JSON_DEPTH = 100
 """The deepest nesting of arrays and objects a stored document may have. A value passed through
 ``ensure_json`` nests at most 65 levels; the records around it (envelope, state, effect record;
 a snapshot's row line and row; the array a journal replay parses) add fewer than 35."""
+MAX_INT_DIGITS = 4300
+"""The most decimal digits an integer in stored JSON may have: Python's default limit for
+converting between text and ``int``, which ``parse_json`` keeps. Fixed here, so that a writer
+that raised its own limit (``sys.set_int_max_str_digits``) still writes only what every reader reads."""
+MAX_VALUE_BYTES = 16 * 1024 * 1024
+"""The largest canonical encoding of one payload or result that a run records (16 MiB). A payload
+over it is refused when its step is planned, before anything is applied; a result over it is
+recorded by its digest and size instead (see ``longrun.ledger.recordable_result``). Large data
+belongs outside the state: pass a reference (a path, a URL, a digest) instead."""
+
+_INT_LIMIT = 10**MAX_INT_DIGITS
+_surrogate = re.compile("[\ud800-\udfff]").search
 
 
-@overload
-def ensure_json(value: Mapping[str, object], *, what: str = "value", _depth: int = 0) -> dict[str, JSONValue]: ...
+class _Refusal(Exception):
+    """Internal: why a value is not plain JSON, and the path to it (innermost part first)."""
+
+    def __init__(self, problem: str):
+        super().__init__(problem)
+        self.problem = problem
+        self.path: list[str | int] = []
 
 
-@overload
-def ensure_json(value: object, *, what: str = "value", _depth: int = 0) -> JSONValue: ...
+def _path(parts: list[str | int]) -> str:
+    out = []
+    for part in reversed(parts):
+        if isinstance(part, int):
+            out.append(f"[{part}]")
+        elif part.isidentifier() and part.isascii():
+            out.append("." + part)
+        else:
+            out.append(f"[{shown(part, 60)}]")
+    return "".join(out)
 
 
-def ensure_json(value: object, *, what: str = "value", _depth: int = 0) -> JSONValue:
-    """Return ``value`` as plain JSON (tuples become lists) or raise ``InvalidInputError``."""
-    if _depth > _MAX_DEPTH:
-        raise InvalidInputError(f"{what} is nested deeper than {_MAX_DEPTH} levels")
-    if value is None or isinstance(value, (bool, str, int)):
+def shown(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for an error message about a value that may be
+    anything: an integer too long to print, an object whose ``repr`` raises."""
+    try:
+        text = repr(value)
+    except Exception:  # int -> str refuses over 4300 digits; a user's __repr__ may raise anything
+        size = f" of {value.bit_length()} bits" if isinstance(value, int) else ""
+        text = f"<{type(value).__name__}{size}>"
+    return printable(text[:limit])
+
+
+def text_problem(value: str) -> str | None:
+    """Why the string ``value`` cannot be stored as JSON text (it holds a lone surrogate), or None."""
+    if value.isascii():
+        return None
+    found = _surrogate(value)
+    if found is None:
+        return None
+    return f"holds a lone surrogate {found.group()!r} at index {found.start()}, which is not text (decode file names before passing them)"
+
+
+def _plain(value: object, depth: int) -> JSONValue:
+    if type(value) is str and value.isascii():  # the common cases first
         return value
+    if type(value) is int and -_INT_LIMIT < value < _INT_LIMIT:
+        return value
+    if value is None or value is True or value is False:
+        return value
+    if isinstance(value, str):
+        if not value.isascii():
+            problem = text_problem(value)
+            if problem is not None:
+                raise _Refusal(problem)
+        return value
+    if isinstance(value, int):
+        if -_INT_LIMIT < value < _INT_LIMIT:
+            return value
+        raise _Refusal(f"is an integer of more than {MAX_INT_DIGITS} digits, which no reader accepts")
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise InvalidInputError(f"{what} contains a non-finite number {value!r}")
+            raise _Refusal(f"is a non-finite number {shown(value)}")
         return value
     if isinstance(value, Mapping):
+        if depth >= _MAX_DEPTH and value:  # as deep as it may go: only an empty one fits
+            raise _Refusal(f"is nested deeper than {_MAX_DEPTH} levels")
         out: dict[str, JSONValue] = {}
         for key, item in value.items():
             if not isinstance(key, str):
-                raise InvalidInputError(f"{what} has a non-string key {key!r}")
-            out[key] = ensure_json(item, what=what, _depth=_depth + 1)
+                raise _Refusal(f"has a non-string key {shown(key)}")
+            problem = text_problem(key)
+            if problem is not None:
+                raise _Refusal(f"has a key that {problem}")
+            try:
+                out[key] = _plain(item, depth + 1)
+            except _Refusal as refusal:
+                refusal.path.append(key)
+                raise
         return out
     if isinstance(value, (list, tuple)):
-        return [ensure_json(item, what=what, _depth=_depth + 1) for item in value]
-    raise InvalidInputError(f"{what} is not JSON-able: {type(value).__name__} {value!r:.80}")
+        if depth >= _MAX_DEPTH and value:
+            raise _Refusal(f"is nested deeper than {_MAX_DEPTH} levels")
+        items: list[JSONValue] = []
+        for index, item in enumerate(value):
+            try:
+                items.append(_plain(item, depth + 1))
+            except _Refusal as refusal:
+                refusal.path.append(index)
+                raise
+        return items
+    raise _Refusal(f"is not JSON-able: {type(value).__name__} {shown(value)}")
 
 
-def canonical_bytes(value: JSONValue) -> bytes:
-    """The canonical encoding of an already plain JSON value."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
-        "utf-8"
-    )
+@overload
+def ensure_json(value: Mapping[str, object], *, what: str = "value") -> dict[str, JSONValue]: ...
+
+
+@overload
+def ensure_json(value: object, *, what: str = "value") -> JSONValue: ...
+
+
+def ensure_json(value: object, *, what: str = "value") -> JSONValue:
+    """Return ``value`` as plain JSON (tuples become lists) or raise ``InvalidInputError`` naming
+    ``what`` and the path to the offending part (``what.files[3]: holds a lone surrogate ...``)."""
+    try:
+        return _plain(value, 0)
+    except _Refusal as refusal:
+        raise InvalidInputError(f"{what}{_path(refusal.path)} {refusal.problem}") from None
+
+
+def printable(text: str) -> str:
+    """``text`` with each lone surrogate replaced by its ``\\udcXX`` escape: for diagnostic text
+    (error messages, evidence) composed from strings that may hold one, such as file names."""
+    if text.isascii() or _surrogate(text) is None:
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def canonical_bytes(value: JSONValue, *, what: str = "value") -> bytes:
+    """The canonical encoding of an already plain JSON value; ``InvalidInputError`` (naming the
+    path) if it is not one."""
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (ValueError, TypeError, RecursionError) as exc:  # UnicodeEncodeError is a ValueError
+        ensure_json(value, what=what)  # names the offending part, if the rules above catch it
+        raise InvalidInputError(f"{what} cannot be encoded as JSON: {type(exc).__name__}: {printable(str(exc)):.200}") from None
 
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def digest_of(value: object, *, what: str = "value") -> str:
-    """SHA-256 over the canonical JSON of ``value`` (validated first)."""
-    return "sha256:" + sha256_hex(canonical_bytes(ensure_json(value, what=what)))
+def digest_of(value: object, *, what: str = "value", max_bytes: int | None = None, limit_name: str = "MAX_VALUE_BYTES") -> str:
+    """SHA-256 over the canonical JSON of ``value`` (validated first). With ``max_bytes``, an
+    encoding longer than that raises ``SizeLimitError`` naming ``limit_name``."""
+    data = canonical_bytes(ensure_json(value, what=what), what=what)
+    if max_bytes is not None and len(data) > max_bytes:
+        raise SizeLimitError(
+            f"{what} is {len(data)} bytes encoded, over the {max_bytes}-byte limit ({limit_name}); "
+            "keep large data outside the run's state and pass a reference to it",
+            size=len(data),
+            limit=max_bytes,
+            limit_name=limit_name,
+        )
+    return "sha256:" + sha256_hex(data)
 
 
 # -- the strict decoder -----------------------------------------------------------------------

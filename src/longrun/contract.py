@@ -6,6 +6,11 @@ steps' static parts (a callable payload contributes only the fact that it is dyn
 records the digest in its first revision; resuming with any other plan is refused
 (``plan-mismatch``) before anything changes.
 
+A payload must be plain JSON that a load reads back (``canonical.ensure_json``: no lone
+surrogates, no integer over 4300 digits, ...) and encode to at most ``canonical.MAX_VALUE_BYTES``;
+a static payload is checked when its ``Step`` is built, a dynamic one when its effect is planned
+(before it is recorded or applied), and a refusal names the step and the path to the bad value.
+
 Not guaranteed: that a dynamic payload callable returns the same value twice. It is evaluated
 once, when its effect is planned, and the value is persisted; resumes use the persisted value.
 """
@@ -17,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from .canonical import JSONValue, canonical_bytes, digest_of, ensure_json
+from .canonical import MAX_VALUE_BYTES, JSONValue, canonical_bytes, digest_of, ensure_json
 from .errors import InvalidInputError
 
 __all__ = [
@@ -162,7 +167,8 @@ class Step:
         if not callable(self.payload):
             if not isinstance(self.payload, Mapping):
                 raise InvalidInputError(f"step {self.step_id!r}: payload must be a mapping or a callable")
-            ensure_json(self.payload, what=f"payload of step {self.step_id!r}")
+            # Plain JSON a load reads back, within the size a run records: refused here, before any run.
+            digest_of(self.payload, what=f"step {self.step_id!r} payload", max_bytes=MAX_VALUE_BYTES)
 
     @property
     def dynamic(self) -> bool:
@@ -196,7 +202,9 @@ class Step:
             raise InvalidInputError(
                 f"payload of step {self.step_id!r} must be a mapping, got {type(value).__name__}"
             )
-        return ensure_json(value, what=f"payload of step {self.step_id!r}")
+        payload = ensure_json(value, what=f"step {self.step_id!r} payload")
+        assert isinstance(payload, dict)  # a Mapping, made plain
+        return payload
 
 
 def validate_plan(contract: RunContract, steps: Sequence[Step]) -> tuple[Step, ...]:

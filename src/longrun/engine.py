@@ -46,7 +46,7 @@ from .approval import Approval, ApprovalRequest, GateVerdict, evaluate_gate
 from .authority import RefusedRecord, SignedApprovals, SignedCancellations
 from .budget import WORK_CHARGE_STEP_S, Backoff, BudgetCounters, Limits, RetryPolicy, describe_wall_gap
 from .cancellation import Cancellation
-from .canonical import JSONValue, digest_of, ensure_json
+from .canonical import MAX_VALUE_BYTES, JSONValue, canonical_bytes, digest_of, ensure_json, printable
 from .contract import INTERNAL_PREFIX, RunContract, Step, is_internal
 from .control import ControlRecord
 from .envelope import RunState
@@ -57,6 +57,7 @@ from .errors import (
     LeaseHeldError,
     PayloadError,
     PermanentError,
+    SizeLimitError,
     StateUnrecoverableError,
     StorageError,
     TransientError,
@@ -64,7 +65,7 @@ from .errors import (
 )
 from .clock import SystemClock
 from .lease import Lease, LeaseKeeper
-from .ledger import EffectRecord, EffectState
+from .ledger import EffectRecord, EffectState, recordable_result
 from .outcome import TERMINAL, WAITING, Evidence, RunOutcome, Status
 from .protocols import ApprovalSource, CancellationSource, Clock, EffectAdapter, Store
 from .recovery import Reconciled, Verdict, reconcile
@@ -378,7 +379,26 @@ class Engine:
         lease = self._current_lease()
         state.updated_at = self.clock.now()
         state.budget = state.budget.worked(self._take_work())
-        self.store.commit(lease, state, frozenset(self._changed))
+        try:
+            self.store.commit(lease, state, frozenset(self._changed))
+        except SizeLimitError as exc:
+            # Nothing was written: the state would be too large to read back. Record the stop on the
+            # last durable state instead (a load reads it); whatever this run did since is in flight
+            # there, and the next run observes it again before anything else.
+            self._evidence.unknown("store", str(exc))
+            next_action = (
+                f"make the run's state smaller: it would be over {exc.limit_name} ({exc.limit} bytes) at step "
+                f"{state.current_step!r}; keep large payloads and results outside it (pass references), then run again"
+            )
+            durable = self.store.load(self.task_id, lease=lease).state
+            if durable is not None:
+                durable.status, durable.next_action = Status.UNSAFE_TO_CONTINUE, next_action
+                durable.unknowns = list(self._evidence.unknowns)
+                durable.updated_at = self.clock.now()
+                self._state = durable
+                self._changed.clear()
+                self.store.commit(lease, durable, frozenset())
+            raise _Stop(Status.UNSAFE_TO_CONTINUE, next_action) from None
         self._changed.clear()
         self._dirty = False
         if _crashpoints.ARMED:
@@ -386,6 +406,7 @@ class Engine:
 
     def _stop(self, status: Status, next_action: str, *, wake_at: float | None = None) -> _Stop:
         """Record a stop in the state (committed) and return the exception that unwinds to ``run``."""
+        next_action = printable(next_action)  # it may quote control record names and error text
         state = self._state
         assert state is not None
         state.status = status
@@ -744,20 +765,30 @@ class Engine:
             if _crashpoints.ARMED:
                 _crashpoints.hit("call.started", f"{step.step_id}#{attempt}")
             try:
-                # A value that cannot be recorded is the call's failure, like an exception it raised.
+                # A value that cannot be recorded is the call's failure, like an exception it raised:
+                # replay must return exactly what the call returned, so no stand-in will do.
                 result = ensure_json(invoke(), what=f"the value returned by step {step.step_id!r}")
+                if recordable_result(result, what=f"the value returned by step {step.step_id!r}")[1] is not None:
+                    size = len(canonical_bytes(result))
+                    raise SizeLimitError(
+                        f"the value returned by step {step.step_id!r} is {size} bytes encoded, over MAX_VALUE_BYTES "
+                        f"({MAX_VALUE_BYTES}): return a reference (a path, a digest) instead",
+                        size=size, limit=MAX_VALUE_BYTES, limit_name="MAX_VALUE_BYTES",
+                    )  # fmt: skip
             except TransientError as exc:
                 self._transient(step, record, exc)
                 continue
             except PermanentError as exc:
                 self._current_lease()
-                self._put(record.move(EffectState.FAILED, self.clock.now(), last_error=f"permanent: {exc}"))
+                self._put(record.move(EffectState.FAILED, self.clock.now(), last_error=printable(f"permanent: {exc}")))
                 self._evidence.observed(f"call:{step.step_id}", f"attempt {attempt} failed permanently: {exc}")
                 raise self._stop(Status.BLOCKED, f"fix the cause of the permanent failure of step {step.step_id!r} ({exc}); the run is over")
             except Exception as exc:  # recorded as the call's outcome: replayed identically, never retried
                 self._current_lease()
-                failure: JSONValue = {"type": type(exc).__name__, "message": str(exc)}
-                record = record.move(EffectState.FAILED, self.clock.now(), result=failure, last_error=f"{type(exc).__name__}: {exc}")
+                failure: JSONValue = {"type": type(exc).__name__, "message": printable(str(exc))}
+                record = record.move(
+                    EffectState.FAILED, self.clock.now(), result=failure, last_error=printable(f"{type(exc).__name__}: {exc}")
+                )
                 self._evidence.observed(f"call:{step.step_id}", f"attempt {attempt} raised {type(exc).__name__}: {exc}")
                 self._put(record)
                 return record
@@ -893,7 +924,7 @@ class Engine:
             step_id=step.step_id,
             action=step.action,
             payload=payload,
-            payload_digest=digest_of(payload),
+            payload_digest=digest_of(payload, what=f"step {step.step_id!r} payload", max_bytes=MAX_VALUE_BYTES),
             updated_at=now,
         )
         self._put(record)
@@ -1044,14 +1075,14 @@ class Engine:
             return
         except PermanentError as exc:
             self._current_lease()
-            self._put(record.move(EffectState.FAILED, self.clock.now(), last_error=f"permanent: {exc}"))
+            self._put(record.move(EffectState.FAILED, self.clock.now(), last_error=printable(f"permanent: {exc}")))
             self._evidence.observed(f"adapter:{step.action}", f"{record.key} attempt {attempt} failed permanently: {exc}")
             raise self._stop(Status.BLOCKED, f"fix the cause of the permanent failure of step {step.step_id!r} ({exc}); the run is over")
         except Exception as exc:  # outcome unknown: recorded as uncertain and observed, never retried blind
             log.warning("apply of %s raised %r; observing", record.key, exc)
             self._current_lease()
             self._evidence.observed(f"adapter:{step.action}", f"{record.key} attempt {attempt} raised {type(exc).__name__}: {exc}")
-            record = record.move(EffectState.UNCERTAIN, self.clock.now(), last_error=f"{type(exc).__name__}: {exc}")
+            record = record.move(EffectState.UNCERTAIN, self.clock.now(), last_error=printable(f"{type(exc).__name__}: {exc}"))
             self._put(record)
             self._settle(step, record)
             return
@@ -1061,17 +1092,24 @@ class Engine:
         if not isinstance(receipt, Receipt):
             receipt = Receipt(evidence=f"apply returned {type(receipt).__name__}, not a Receipt")
         cost = receipt.cost
-        if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost < 0:
+        if (
+            isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost < 0
+            or not math.isfinite(record.cost + state.budget.cost_spent + cost)
+        ):
             # An adapter bug: recorded, not charged (a NaN would also poison every later commit).
             self._evidence.unknown(f"adapter:{step.action}", f"receipt for {record.key} reports an invalid cost {cost!r}; not charged")
             cost = 0.0
         cost = float(cost)
         self._evidence.observed(f"adapter:{step.action}", f"receipt for {record.key} attempt {attempt}: {receipt.evidence or 'no evidence'}")
+        result, omitted = recordable_result(receipt.result, what=f"the result of step {step.step_id!r}")
+        if omitted is not None:  # the effect took place and is recorded; its result is too large to keep
+            log.warning("%s: %s", record.key, omitted)
+            self._evidence.unknown(f"adapter:{step.action}", omitted)
         record = record.move(
             EffectState.ACKNOWLEDGED,
             self.clock.now(),
             receipt=receipt.evidence or "acknowledged",
-            result=receipt.result,
+            result=result,
             cost=record.cost + cost,
         )
         self._put(record)
@@ -1091,7 +1129,7 @@ class Engine:
         assert self._state is not None
         self._current_lease()
         self._evidence.observed(f"adapter:{step.action}", f"{record.key} attempt {record.attempts} failed transiently: {exc}")
-        record = record.move(EffectState.PLANNED, self.clock.now(), last_error=f"transient: {exc}")
+        record = record.move(EffectState.PLANNED, self.clock.now(), last_error=printable(f"transient: {exc}"))
         record = self._with_backoff(record)
         self._put(record)
         self._commit()

@@ -18,6 +18,7 @@ are the store's job, not this module's.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -25,7 +26,7 @@ from . import _fields as f
 from .approval import ApprovalRequest
 from .budget import BudgetCounters
 from .canonical import JSONValue, canonical_bytes, parse_json, sha256_hex
-from .errors import CorruptStateError, ForeignStateError, SchemaVersionError
+from .errors import CorruptStateError, ForeignStateError, InvalidInputError, SchemaVersionError
 from .ledger import EffectRecord, EffectState
 from .outcome import Evidence, Status
 
@@ -40,7 +41,29 @@ _STATE_FIELDS = frozenset(
      "completed_steps", "effects", "budget", "approval_requests", "consumed_approvals", "control_observations",
      "unknowns", "lease", "reconcile_all")
 )  # fmt: skip
-_LEASE_FIELDS = frozenset({"owner", "epoch", "expires_at"})
+_HEADER_SPEC = (
+    f.Field("task_id", f.Kind.NAME),
+    f.Field("plan_digest", f.Kind.TEXT),
+    f.Field("created_at", f.Kind.NUMBER),
+    f.Field("updated_at", f.Kind.NUMBER),
+    f.Field("status", f.Kind.CHOICE, choices=Status),
+    f.Field("current_step", f.Kind.TEXT, optional=True),
+    f.Field("next_action", f.Kind.TEXT),
+    f.Field("consumed_approvals", f.Kind.TEXTS),
+    f.Field("reconcile_all", f.Kind.BOOL),
+)
+"""The state's own fields, as read (``from_json``) and as checked (``check_header``, ``validate``)."""
+_SCALAR_SPEC = tuple(field for field in _HEADER_SPEC if field.kind is not f.Kind.TEXTS)
+_REVISION = f.Field("revision", f.Kind.INT, minimum=1)
+_LEASE_SPEC = (
+    f.Field("owner", f.Kind.TEXT, optional=True),
+    f.Field("epoch", f.Kind.INT),
+    f.Field("expires_at", f.Kind.NUMBER, optional=True),
+)
+"""The state's copy of its lease, stored as ``{"lease": {...}}`` and held as ``lease_owner`` etc."""
+_LEASE_ATTRIBUTES = tuple(dataclasses.replace(field, name="lease_" + field.name) for field in _LEASE_SPEC)
+_LEASE_FIELDS = frozenset(field.name for field in _LEASE_SPEC)
+_FAST_HEADER = f.fast_check((*_SCALAR_SPEC, *_LEASE_ATTRIBUTES))
 _ENVELOPE_FIELDS = frozenset({"format", "schema_version", "checksum", "state"})
 
 
@@ -67,6 +90,36 @@ class RunState:
     reconcile_all: bool = False
     """Set when the state was recovered from a backup: every unverified step is observed before it is applied."""
 
+    def check_header(self) -> None:
+        """Refuse (``InvalidInputError``) a state whose own fields the loader would refuse: what a
+        commit checks, in time that does not grow with the ledger. The records it holds are frozen
+        and checked when they are built (effect records: where their values enter; see ``ledger``),
+        and the consumed approval ids come from checked approvals."""
+        if not _FAST_HEADER(self):
+            f.check((*_SCALAR_SPEC, *_LEASE_ATTRIBUTES), self, "state")
+
+    def validate(self) -> None:
+        """``check_header`` and every record's type and key: the whole state as ``from_json`` reads it."""
+        self.check_header()
+        f.check((*_HEADER_SPEC, _REVISION), self, "state")
+        kinds = (
+            ("budget", [self.budget], BudgetCounters),
+            ("effects", list(self.effects.values()), EffectRecord),
+            ("approval_requests", list(self.approval_requests.values()), ApprovalRequest),
+            ("control_observations", self.control_observations, Evidence),
+            ("unknowns", self.unknowns, Evidence),
+        )
+        for name, items, kind in kinds:
+            for item in items:
+                if not isinstance(item, kind):
+                    raise InvalidInputError(f"state: field {name!r} must hold {kind.__name__} records, got {type(item).__name__}")
+        for step_id, record in self.effects.items():
+            if record.step_id != step_id:
+                raise InvalidInputError(f"state: the effect record filed under {step_id!r} names step {record.step_id!r}")
+        for step_id, request in self.approval_requests.items():
+            if request.step_id != step_id:
+                raise InvalidInputError(f"state: the approval request filed under {step_id!r} names step {request.step_id!r}")
+
     @property
     def completed_steps(self) -> list[str]:
         return [step_id for step_id, record in self.effects.items() if record.state is EffectState.VERIFIED]
@@ -89,7 +142,7 @@ class RunState:
             "effects": [record.to_json() for record in self.effects.values()],
             "budget": self.budget.to_json(),
             "approval_requests": [request.to_json() for request in self.approval_requests.values()],
-            "consumed_approvals": list(self.consumed_approvals),
+            "consumed_approvals": [approval_id for approval_id in self.consumed_approvals],
             "control_observations": [item.to_json() for item in self.control_observations],
             "unknowns": [item.to_json() for item in self.unknowns],
             "lease": {"owner": self.lease_owner, "epoch": self.lease_epoch, "expires_at": self.lease_expires_at},
@@ -113,25 +166,20 @@ class RunState:
             requests[request.step_id] = request
         lease = f.require_mapping(d.get("lease"), "state lease")
         f.check_fields(lease, _LEASE_FIELDS, "state lease")
+        header = f.read(_HEADER_SPEC, d, what)
+        [revision] = f.read((_REVISION,), d, what).values()
+        owner, epoch, expires_at = f.read(_LEASE_SPEC, lease, "state lease").values()
         state = cls(
-            task_id=f.get_id(d, "task_id", what),
-            plan_digest=f.get_str(d, "plan_digest", what),
+            **header,
             budget=BudgetCounters.from_json(d.get("budget")),
-            revision=f.get_int(d, "revision", what, minimum=1),
-            created_at=f.get_float(d, "created_at", what),
-            updated_at=f.get_float(d, "updated_at", what),
-            status=f.get_enum(d, "status", what, Status),
-            current_step=f.get_str(d, "current_step", what, optional=True),
-            next_action=f.get_str(d, "next_action", what),
+            revision=revision,
             effects=effects,
             approval_requests=requests,
-            consumed_approvals=list(f.get_str_list(d, "consumed_approvals", what)),
             control_observations=[Evidence.from_json(item) for item in f.get_list(d, "control_observations", what)],
             unknowns=[Evidence.from_json(item) for item in f.get_list(d, "unknowns", what)],
-            lease_owner=f.get_str(lease, "owner", "state lease", optional=True),
-            lease_epoch=f.get_int(lease, "epoch", "state lease"),
-            lease_expires_at=f.get_float(lease, "expires_at", "state lease", optional=True),
-            reconcile_all=f.get_bool(d, "reconcile_all", what),
+            lease_owner=owner,
+            lease_epoch=epoch,
+            lease_expires_at=expires_at,
         )
         if list(f.get_str_list(d, "completed_steps", what)) != state.completed_steps:
             raise CorruptStateError("state: completed_steps disagrees with the effect records")

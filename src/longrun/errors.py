@@ -3,7 +3,9 @@
 ::
 
     LongrunError                      root of every error the library raises itself
-    +-- InvalidInputError(ValueError) bad arguments: task id, payload, limits, contract
+    +-- InvalidInputError(ValueError) bad arguments: task id, payload, limits, contract, a record
+    |   |                             that could not be read back if it were written
+    |   +-- SizeLimitError            a value or the state is over a size limit; nothing was written
     |   +-- UnknownActionError        a step names an action with no adapter
     |   +-- UnknownTaskError(LookupError) no such task in the store
     +-- StorageError(OSError)         the store could not read or write; __cause__ holds the OSError
@@ -37,6 +39,7 @@ __all__ = [
     "PayloadError",
     "PermanentError",
     "SchemaVersionError",
+    "SizeLimitError",
     "StateUnrecoverableError",
     "StorageError",
     "TransientError",
@@ -51,6 +54,17 @@ class LongrunError(Exception):
 
 class InvalidInputError(LongrunError, ValueError):
     """An argument is malformed: nothing was written."""
+
+
+class SizeLimitError(InvalidInputError):
+    """A payload, a result or the whole state would be over a size limit that the loaders enforce
+    (``limit_name``, such as ``MAX_VALUE_BYTES`` or ``MAX_STATE_BYTES``); nothing was written."""
+
+    def __init__(self, message: str, *, size: int, limit: int, limit_name: str):
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+        self.limit_name = limit_name
 
 
 class UnknownActionError(InvalidInputError):

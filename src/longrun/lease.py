@@ -52,18 +52,28 @@ from typing import Any, Callable, Mapping
 
 from . import _fields as f
 from .canonical import JSONValue
-from .errors import CorruptStateError
+from .errors import CorruptStateError, InvalidInputError
 __all__ = ["Lease", "LeaseKeeper", "LeaseRepair", "MonotonicReading", "boot_clock_id"]
 
 log = logging.getLogger("longrun")
 
 
-_LEASE_FIELDS = frozenset(
-    {
-        "schema_version", "task_id", "owner", "epoch", "acquired_at", "expires_at", "monotonic_clock",
-        "monotonic_expires_at", "committed_revision", "token", "holder_lock",
-    }
-)  # fmt: skip
+_LEASE_SPEC = (
+    f.Field("task_id", f.Kind.NAME),
+    f.Field("owner", f.Kind.TEXT),
+    f.Field("epoch", f.Kind.INT),
+    f.Field("acquired_at", f.Kind.NUMBER),
+    f.Field("expires_at", f.Kind.NUMBER),
+    f.Field("monotonic_clock", f.Kind.TEXT, optional=True),
+    f.Field("monotonic_expires_at", f.Kind.NUMBER, optional=True),
+    f.Field("committed_revision", f.Kind.INT),
+    f.Field("token", f.Kind.TEXT, optional=True),
+    f.Field("holder_lock", f.Kind.TEXT, optional=True),
+)
+_LEASE_READ_SPEC = (*_LEASE_SPEC[:7], f.Field("committed_revision", f.Kind.INT, optional=True), *_LEASE_SPEC[8:])
+"""What a load reads: records written before the committed revision was kept have none."""
+_LEASE_FIELDS = frozenset({"schema_version", *(field.name for field in _LEASE_SPEC)})
+_FAST = f.fast_check(_LEASE_SPEC)
 MAX_TOKEN_CHARS = 128
 RELEASED = 0.0
 """The expiry a released lease records: over whatever any clock says (a clock stepped back after a
@@ -113,6 +123,12 @@ class Lease:
         """Whether the holder gave the lease up (``release_lease``, or a repair wrote it released)."""
         return self.expires_at == RELEASED
 
+    def __post_init__(self) -> None:
+        if not _FAST(self):
+            f.check(_LEASE_SPEC, self, "lease record")
+        if self.token is not None and not 0 < len(self.token) <= MAX_TOKEN_CHARS:
+            raise InvalidInputError(f"lease record: field 'token' must hold 1 to {MAX_TOKEN_CHARS} characters")
+
     def expired(self, now: float, monotonic: MonotonicReading | None = None) -> bool:
         """Whether the lease has ended for a caller whose wall clock says ``now`` and whose monotonic
         clock reads ``monotonic``: judged on the shared monotonic timeline if there is one."""
@@ -156,18 +172,12 @@ class Lease:
         d: Mapping[str, Any] = f.require_mapping(data, what)
         f.check_fields(d, _LEASE_FIELDS, what)
         f.check_record_version(d, what)
-        return cls(
-            task_id=f.get_id(d, "task_id", what),
-            owner=f.get_str(d, "owner", what),
-            epoch=f.get_int(d, "epoch", what),
-            acquired_at=f.get_float(d, "acquired_at", what),
-            expires_at=f.get_float(d, "expires_at", what),
-            monotonic_clock=f.get_str(d, "monotonic_clock", what, optional=True),
-            monotonic_expires_at=f.get_float(d, "monotonic_expires_at", what, optional=True),
-            committed_revision=f.get_int(d, "committed_revision", what, optional=True) or 0,
-            token=_token(d, what),
-            holder_lock=f.get_str(d, "holder_lock", what, optional=True),
-        )
+        if "committed_revision" in d and d["committed_revision"] is None:
+            raise CorruptStateError(f"{what}: field 'committed_revision' must be an integer, got NoneType")
+        values = f.read(_LEASE_READ_SPEC, d, what)  # a record written before it was kept has none: 0
+        values["committed_revision"] = values["committed_revision"] or 0
+        values["token"] = _token(d, what)
+        return cls(**values)
 
     def without_token(self) -> "Lease":
         """The record as anyone but its holder may see it."""

@@ -11,6 +11,10 @@ Lifecycle::
 Guarantees this module enforces: a record changes only by ``EffectRecord.move``, which refuses any
 move not drawn above, so a verified effect can never go back to planned and be applied again.
 ``started`` carries the attempt number, the payload digest and the fencing epoch of the writer.
+A record is built only from values its loader would read back (one field spec, ``_SPEC``, for
+``from_json`` and the constructor, which raises ``InvalidInputError``); ``move`` and
+``with_changes`` do not check again, on every effect's path: the runner checks what comes from
+outside (payload, receipt, observation, error text) where it enters.
 Not guaranteed here: durability. The runner commits records through a store before and after
 each adapter call; this module only says which records are legal.
 """
@@ -19,14 +23,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from . import _fields as f
 from .budget import Backoff
-from .canonical import JSONValue
-from .errors import CorruptStateError, LongrunError
+from .canonical import MAX_VALUE_BYTES, JSONValue, canonical_bytes, sha256_hex
+from .errors import LongrunError
 
-__all__ = ["EffectRecord", "EffectState", "IllegalTransitionError"]
+__all__ = ["EffectRecord", "EffectState", "IllegalTransitionError", "OMITTED", "recordable_result"]
 
 
 class EffectState(str, enum.Enum):
@@ -58,12 +62,6 @@ IN_FLIGHT = frozenset({EffectState.STARTED, EffectState.ACKNOWLEDGED, EffectStat
 """States whose outcome at the target is not yet known to the ledger: reconcile before anything else."""
 
 
-_FIELDS = frozenset(
-    ("key", "step_id", "action", "payload", "payload_digest", "state", "attempts", "epoch", "result", "cost", "receipt",
-     "evidence", "last_error", "not_before", "approval_id", "updated_at", "backoff")
-)  # fmt: skip
-
-
 class IllegalTransitionError(LongrunError):
     """A ledger move that the lifecycle does not allow; a bug in the caller, never retried."""
 
@@ -93,6 +91,23 @@ class EffectRecord:
     backoff: Backoff | None = None
     """The wait ``not_before`` was scheduled as, anchored on the clocks it began by: how a later run
     judges it (``Backoff.remaining``). None in records written before backoffs kept their duration."""
+
+    def __post_init__(self) -> None:
+        if not _FAST(self):
+            f.check(_SPEC, self, "effect record")
+
+    def check_types(self) -> None:
+        """What a store checks before it writes a record that ``move`` or ``with_changes`` built
+        unchecked: every field's type (``InvalidInputError``), JSON values only as far as their
+        type (the store's encoder refuses what is not plain JSON, naming it)."""
+        if not _FAST_TYPES(self):
+            f.check(_SPEC, self, f"effect record {self.step_id!r:.60}", shallow=True)
+
+    @classmethod
+    def from_checked(cls, values: Sequence[Any]) -> "EffectRecord":
+        """A record of ``values`` (in field order) that a loader has already checked with ``_SPEC``'s
+        rules: built without checking them again, as ``with_changes`` builds a copy."""
+        return _build_checked(values)
 
     def move(self, state: EffectState, at: float, **changes: Any) -> "EffectRecord":
         if state not in _MOVES[self.state]:
@@ -143,29 +158,81 @@ class EffectRecord:
         what = "effect record"
         d: Mapping[str, Any] = f.require_mapping(data, what)
         f.check_fields(d, _FIELDS, what)
-        payload = d.get("payload")
-        if not isinstance(payload, dict):
-            raise CorruptStateError(f"{what}: field 'payload' must be a JSON object")
-        return cls(
-            key=f.get_str(d, "key", what),
-            step_id=f.get_step_id(d, "step_id", what),
-            action=f.get_str(d, "action", what),
-            payload=payload,
-            payload_digest=f.get_str(d, "payload_digest", what),
-            state=f.get_enum(d, "state", what, EffectState),
-            attempts=f.get_int(d, "attempts", what),
-            epoch=f.get_int(d, "epoch", what),
-            result=d.get("result"),
-            cost=f.get_float(d, "cost", what),
-            receipt=f.get_str(d, "receipt", what, optional=True),
-            evidence=f.get_str(d, "evidence", what, optional=True),
-            last_error=f.get_str(d, "last_error", what, optional=True),
-            not_before=f.get_float(d, "not_before", what, optional=True),
-            approval_id=f.get_str(d, "approval_id", what, optional=True),
-            updated_at=f.get_float(d, "updated_at", what),
-            backoff=Backoff.from_json(backoff) if (backoff := d.get("backoff")) is not None else None,
-        )
+        values = _FAST_READ(d)
+        if values is None:
+            read = f.read(_SPEC, d, what)
+            values = [read[name] for name in _FIELD_ORDER]
+        return cls.from_checked(values)
+
+
+_SPEC = (
+    f.Field("key", f.Kind.TEXT),
+    f.Field("step_id", f.Kind.STEP),
+    f.Field("action", f.Kind.TEXT),
+    f.Field("payload", f.Kind.OBJECT),
+    f.Field("payload_digest", f.Kind.TEXT),
+    f.Field("state", f.Kind.CHOICE, choices=EffectState),
+    f.Field("attempts", f.Kind.INT),
+    f.Field("epoch", f.Kind.INT),
+    f.Field("result", f.Kind.JSON),
+    f.Field("cost", f.Kind.NUMBER),
+    f.Field("receipt", f.Kind.TEXT, optional=True),
+    f.Field("evidence", f.Kind.TEXT, optional=True),
+    f.Field("last_error", f.Kind.TEXT, optional=True),
+    f.Field("not_before", f.Kind.NUMBER, optional=True),
+    f.Field("approval_id", f.Kind.TEXT, optional=True),
+    f.Field("updated_at", f.Kind.NUMBER),
+    f.Field("backoff", f.Kind.RECORD, optional=True, record=Backoff),
+)
+"""The one schema of an effect record: what ``from_json`` reads and the constructor checks."""
+_FIELDS = frozenset(field.name for field in _SPEC)
+_FAST = f.fast_check(_SPEC)
+_FAST_TYPES = f.fast_check(_SPEC, shallow=True)
+_FAST_READ = f.fast_read(_SPEC)
+
+OMITTED = "longrun.omitted"
+"""The key of the stand-in that ``recordable_result`` records for a result too large to keep."""
+
+
+def recordable_result(result: JSONValue, *, what: str) -> tuple[JSONValue, str | None]:
+    """``result`` as the ledger may record it, and None; or, if its canonical encoding is over
+    ``MAX_VALUE_BYTES``, a small stand-in and the reason.
+
+    The effect took place, and the ledger must say so, or it would be applied again; but a result
+    that large would make the state too large to read back (``MAX_STATE_BYTES``). So the record
+    keeps ``{"longrun.omitted": {"bytes": n, "digest": "sha256:...", "limit": MAX_VALUE_BYTES}}``
+    instead, and the caller keeps the reason as evidence (the runner: among the outcome's unknowns
+    for a receipt's result, in the effect's evidence for an observation's). A later step whose
+    payload is computed from this result receives the stand-in."""
+    if result is None or isinstance(result, (bool, int, float)):
+        return result, None
+    data = canonical_bytes(result, what=what)
+    if len(data) <= MAX_VALUE_BYTES:
+        return result, None
+    digest = "sha256:" + sha256_hex(data)
+    stand_in: JSONValue = {OMITTED: {"bytes": len(data), "digest": digest, "limit": MAX_VALUE_BYTES}}
+    return stand_in, (
+        f"{what} is {len(data)} bytes encoded, over the {MAX_VALUE_BYTES}-byte limit (MAX_VALUE_BYTES): "
+        f"only its size and digest {digest} are recorded"
+    )
 
 
 _FIELD_ORDER = tuple(field.name for field in fields(EffectRecord))
+if tuple(field.name for field in _SPEC) != _FIELD_ORDER:  # from_checked takes values in this order
+    raise ImportError("EffectRecord's fields and _SPEC disagree: update _SPEC in ledger.py")
+
+
+def _checked_builder() -> Callable[[Sequence[Any]], EffectRecord]:
+    """``from_checked`` as straight-line code (a load builds records by the thousand): one
+    assignment per field, generated from the field names, instead of a loop."""
+    lines = ["def build(values):", "    record = new(EffectRecord)", f"    ({', '.join(_FIELD_ORDER)},) = values"]
+    lines += [f"    put(record, {name!r}, {name})" for name in _FIELD_ORDER]
+    lines.append("    return record")
+    names: dict[str, Any] = {"new": object.__new__, "put": object.__setattr__, "EffectRecord": EffectRecord}
+    exec("\n".join(lines), names)  # built from the dataclass's own field names, never from data
+    build: Callable[[Sequence[Any]], EffectRecord] = names["build"]
+    return build
+
+
+_build_checked = _checked_builder()
 _FIELD_NAMES = frozenset(_FIELD_ORDER)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from . import _fields as f
-from .canonical import JSONValue
+from .canonical import JSONValue, printable
 
 __all__ = ["ENDED_UNFINISHED", "Evidence", "RunOutcome", "Status", "TERMINAL", "WAITING"]
 
@@ -52,14 +52,30 @@ WAITING = frozenset(
 is not work: a run that only found it must go on waiting charges nothing to the time budgets."""
 
 
-_EVIDENCE_FIELDS = frozenset({"source", "detail", "at"})
+_EVIDENCE_SPEC = (f.Field("source", f.Kind.TEXT), f.Field("detail", f.Kind.TEXT), f.Field("at", f.Kind.NUMBER))
+_EVIDENCE_FIELDS = frozenset(field.name for field in _EVIDENCE_SPEC)
+_FAST_EVIDENCE = f.fast_check(_EVIDENCE_SPEC)
 
 
 @dataclass(frozen=True, slots=True)
 class Evidence:
+    """One thing read or concluded, with its source and time. ``source`` and ``detail`` are
+    diagnostic text: a lone surrogate in them (from a file name or an exception message) is kept
+    as its ``\\udcXX`` escape, so that an evidence record can always be stored and read back."""
+
     source: str
     detail: str
     at: float
+
+    def __post_init__(self) -> None:
+        if _FAST_EVIDENCE(self):
+            return
+        source, detail = self.source, self.detail
+        if isinstance(source, str):
+            object.__setattr__(self, "source", printable(source))
+        if isinstance(detail, str):
+            object.__setattr__(self, "detail", printable(detail))
+        f.check(_EVIDENCE_SPEC, self, "evidence record")
 
     def to_json(self) -> dict[str, JSONValue]:
         return {"source": self.source, "detail": self.detail, "at": self.at}
@@ -69,7 +85,7 @@ class Evidence:
         what = "evidence record"
         d: Mapping[str, Any] = f.require_mapping(data, what)
         f.check_fields(d, _EVIDENCE_FIELDS, what)
-        return cls(source=f.get_str(d, "source", what), detail=f.get_str(d, "detail", what), at=f.get_float(d, "at", what))
+        return cls(**f.read(_EVIDENCE_SPEC, d, what))
 
     def __str__(self) -> str:
         return f"[{self.source} @ {self.at:.3f}] {self.detail}"

@@ -32,7 +32,7 @@ import logging
 from dataclasses import dataclass, replace
 
 from .adapters import EffectRequest, Observation, ObservedState
-from .ledger import EffectRecord, EffectState
+from .ledger import EffectRecord, EffectState, recordable_result
 from .protocols import EffectAdapter
 
 __all__ = ["Reconciled", "Verdict", "observe_safely", "reconcile"]
@@ -61,6 +61,8 @@ def observe_safely(adapter: EffectAdapter, request: EffectRequest) -> Observatio
     try:
         observation = adapter.observe(request)
     except Exception as exc:  # the failure becomes evidence (an unknown), it is not dropped
+        # An Observation the adapter built wrongly (a dict as evidence, a result that is not JSON)
+        # raises InvalidInputError here, inside observe: an adapter bug, so the outcome is unknown.
         log.warning("observe of %s failed: %r", request.key, exc)
         return Observation.unknown(f"observe raised {type(exc).__name__}: {exc}")
     if not isinstance(observation, Observation):
@@ -73,7 +75,12 @@ def reconcile(record: EffectRecord, adapter: EffectAdapter, request: EffectReque
     observation = observe_safely(adapter, request)
     if observation.state is ObservedState.APPLIED:
         result = observation.result if observation.result is not None else record.result
-        verified = record.move(EffectState.VERIFIED, now, result=result, evidence=observation.evidence)
+        result, omitted = recordable_result(result, what=f"the result of step {record.step_id!r}")
+        evidence = observation.evidence
+        if omitted is not None:  # the effect took place and is recorded; its result is too large to keep
+            log.warning("%s: %s", record.key, omitted)
+            evidence = f"{evidence}; {omitted}"
+        verified = record.move(EffectState.VERIFIED, now, result=result, evidence=evidence)
         return Reconciled(verified, Verdict.VERIFIED, observation, f"observed applied: {observation.evidence}")
     if observation.state is ObservedState.ABSENT and record.receipt is None:
         retry = record.move(EffectState.PLANNED, now, evidence=observation.evidence)

@@ -59,10 +59,10 @@ from typing import Any, Callable, Collection, Generator, Mapping
 
 from .._fields import MAX_INT, finite_float
 from ..budget import Backoff, BudgetCounters
-from ..canonical import canonical_bytes, parse_json, sha256_hex
+from ..canonical import MAX_JSON_DEPTH, canonical_bytes, ensure_json, json_too_deep, parse_json, printable, sha256_hex
 from ..contract import STEP_ID_PATTERN, check_step_id
 from ..envelope import MAX_STATE_BYTES, RunState
-from ..errors import CorruptStateError, ForeignStateError, InvalidInputError, SchemaVersionError
+from ..errors import CorruptStateError, ForeignStateError, InvalidInputError, SchemaVersionError, SizeLimitError
 from ..ledger import EffectRecord, EffectState
 from ..outcome import Status
 
@@ -181,8 +181,15 @@ def checksum(body: bytes) -> bytes:
 
 
 def frame(value: object) -> bytes:
-    """One framed line for a JSON value: ``<checksum> <json>\\n``."""
-    body = _encode(value).encode("utf-8")
+    """One framed line for a JSON value: ``<checksum> <json>\\n``; ``InvalidInputError`` (naming
+    the path to the part) if the value is not plain JSON, raised before any byte is written."""
+    try:
+        body = _encode(value).encode("utf-8")
+    except (ValueError, TypeError, RecursionError) as exc:  # records are checked when built: a backstop
+        ensure_json(value, what="journal record")  # raises InvalidInputError naming the part
+        raise InvalidInputError(f"journal record cannot be encoded: {printable(str(exc)):.200}") from None
+    if json_too_deep(body):  # what a load would refuse; values checked when built never nest this deep
+        raise InvalidInputError(f"a journal line would nest deeper than {MAX_JSON_DEPTH} levels, which no load reads")
     return checksum(body) + b" " + body + b"\n"
 
 
@@ -368,10 +375,11 @@ def record_from_row(row: object) -> EffectRecord:
         if type(backoff) is not dict:
             raise _bad("backoff", backoff)
         backoff = Backoff.from_json(backoff)
-    return EffectRecord(
+    # Checked above with the rules of the record's spec (JSON values by ``parse_json``): built as is.
+    return EffectRecord.from_checked((
         key, step_id, action, payload, payload_digest, lifecycle, attempts, epoch, result,
         cost, receipt, evidence, last_error, not_before, approval_id, updated_at, backoff,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def _same_json(a: object, b: object) -> bool:
@@ -457,7 +465,8 @@ def build_state(header: Mapping[str, Any], revision: int, rows: Mapping[str, lis
 
 def encode_snapshot(state: RunState) -> list[bytes]:
     """The lines of a snapshot of ``state`` (at ``state.revision``); raises before any I/O if a
-    value cannot be encoded."""
+    value cannot be encoded (``InvalidInputError``) or if the snapshot would be over
+    ``MAX_STATE_BYTES``, the most a load reads (``SizeLimitError``)."""
     records = list(state.effects.values())
     chunks = (len(records) + ROWS_PER_LINE - 1) // ROWS_PER_LINE
     lines = [
@@ -474,8 +483,19 @@ def encode_snapshot(state: RunState) -> list[bytes]:
         ),
         frame(_header_of(state)),
     ]
+    size = sum(map(len, lines))
     for start in range(0, len(records), ROWS_PER_LINE):
         lines.append(frame([row_of(record) for record in records[start : start + ROWS_PER_LINE]]))
+        size += len(lines[-1])
+        if size > MAX_STATE_BYTES:
+            raise SizeLimitError(
+                f"task {state.task_id!r}: the state would be over {MAX_STATE_BYTES} bytes encoded, the most a "
+                "load reads (MAX_STATE_BYTES); nothing was written. Keep large payloads and results outside "
+                "the state and pass references to them",
+                size=size,
+                limit=MAX_STATE_BYTES,
+                limit_name="MAX_STATE_BYTES",
+            )
     return lines
 
 

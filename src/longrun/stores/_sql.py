@@ -59,7 +59,7 @@ from typing import Any, Collection, Generator, Sequence
 
 from ..approval import Approval
 from ..cancellation import Cancellation
-from ..canonical import canonical_bytes, parse_json, sha256_hex
+from ..canonical import MAX_JSON_DEPTH, canonical_bytes, json_too_deep, parse_json, sha256_hex
 from ..contract import check_task_id
 from ..control import ControlRecord
 from ..envelope import MAX_STATE_BYTES, RunState, decode, encode
@@ -67,8 +67,10 @@ from ..errors import (
     CorruptStateError,
     FencedError,
     ForeignStateError,
+    InvalidInputError,
     LongrunError,
     SchemaVersionError,
+    SizeLimitError,
     StateUnrecoverableError,
     StorageError,
     UnknownTaskError,
@@ -86,6 +88,21 @@ log = logging.getLogger("longrun")
 SCHEMA_VERSION = 3
 MAX_APPROVALS = 1000
 MAX_RECORD_BYTES = 64 * 1024
+
+
+def _check_size(data: bytes, what: str) -> None:
+    """A state header or effect row is read with a limit of ``MAX_STATE_BYTES`` and ``MAX_JSON_DEPTH``:
+    refuse to write a longer or deeper one."""
+    if json_too_deep(data):
+        raise InvalidInputError(f"{what} would nest deeper than {MAX_JSON_DEPTH} levels, which no load reads")
+    if len(data) > MAX_STATE_BYTES:
+        raise SizeLimitError(
+            f"{what} would be {len(data)} bytes encoded, over {MAX_STATE_BYTES}, the most a load reads "
+            "(MAX_STATE_BYTES); nothing was written. Keep large payloads and results outside the state",
+            size=len(data),
+            limit=MAX_STATE_BYTES,
+            limit_name="MAX_STATE_BYTES",
+        )
 """A control record (approval, cancellation) longer than this is refused, as by the file stores."""
 
 
@@ -656,6 +673,23 @@ class SqlStore(BaseStore):
     def _put_state(self, state: RunState, changed: Collection[str] | None) -> None:
         task_id = state.task_id
         header = encode(dataclasses.replace(state, effects={}))
+        _check_size(header, f"task {task_id!r}: the state header")
+        stored = self._stored_steps.get(task_id)
+        delta = None if stored is None or changed is None else self._effect_delta(stored, state.effects, changed)
+        if delta is None:
+            # Not known what changed (or a record was removed, or added out of plan order): write
+            # every record, in plan order, and delete the rows of records that are gone. O(n).
+            known = set(stored) if stored is not None else None
+            to_write = [(step_id, position) for position, step_id in enumerate(state.effects)]
+            now_stored: dict[str, int] = {}
+        else:
+            assert stored is not None
+            known, to_write, now_stored = None, delta, stored
+        bodies: dict[str, bytes] = {}
+        for step_id, _ in to_write:  # encoded and measured before the first statement: a refusal writes nothing
+            body = canonical_bytes({"task_id": task_id, "record": state.effects[step_id].to_json()}, what=f"effect record {step_id!r}")
+            _check_size(body, f"task {task_id!r}: the effect record of step {step_id!r}")
+            bodies[step_id] = body
         # The database checks the fence and the revision itself, in this transaction.
         cursor = self._run(
             "UPDATE longrun_tasks SET revision_floor = ? WHERE task_id = ? AND revision_floor < ? "
@@ -683,27 +717,15 @@ class SqlStore(BaseStore):
                 len(state.effects), header.decode("utf-8"), _checksum(header), state.updated_at,
             ),
         )
-        stored = self._stored_steps.get(task_id)
-        delta = None if stored is None or changed is None else self._effect_delta(stored, state.effects, changed)
         if delta is None:
-            # Not known what changed (or a record was removed, or added out of plan order): write
-            # every record, in plan order, and delete the rows of records that are gone. O(n).
-            if stored is None:
+            if known is None:
                 known = {row[0] for row in self._all("SELECT step_id FROM longrun_effects WHERE task_id = ?", (task_id,))}
-            else:
-                known = set(stored)
-            removed = sorted(known - state.effects.keys())
-            to_write = [(step_id, position) for position, step_id in enumerate(state.effects)]
-            now_stored: dict[str, int] = {}
-        else:
-            assert stored is not None
-            removed, to_write, now_stored = [], delta, stored
-        for step_id in removed:
-            self._run("DELETE FROM longrun_effects WHERE task_id = ? AND step_id = ?", (task_id, step_id))
+            for step_id in sorted(known - state.effects.keys()):
+                self._run("DELETE FROM longrun_effects WHERE task_id = ? AND step_id = ?", (task_id, step_id))
         if to_write:
             rows = []
             for step_id, position in to_write:
-                body = canonical_bytes({"task_id": task_id, "record": state.effects[step_id].to_json()})
+                body = bodies[step_id]
                 rows.append((task_id, step_id, position, state.revision, body.decode("utf-8"), _checksum(body)))
             self._run_many(
                 "INSERT INTO longrun_effects (task_id, step_id, position, revision, record, checksum) "

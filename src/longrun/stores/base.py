@@ -15,6 +15,9 @@ Invariants every store built on ``BaseStore`` keeps (the tests are built to brea
 5. After a failed write the store refuses further commits for that task until it is re-loaded,
    because the bytes on disk may no longer be what it believes (SQLite's pager error state). A
    write fails also when the transaction around it fails to commit (a database's COMMIT).
+   A commit refused as invalid input (``InvalidInputError``: a field the loader would refuse,
+   ``SizeLimitError``: a state it could not read back) writes nothing and is not a failed write:
+   ``_put_state`` encodes and checks everything before its first write.
 6. Lease expiry is judged by ``_clock``, read inside the task's transaction: the caller's ``now``
    unless the store has a better clock (a database server's), so runners on machines whose clocks
    disagree cannot both hold an unexpired lease. If the lease record carries an expiry on a
@@ -150,6 +153,8 @@ class BaseStore:
         raise NotImplementedError
 
     def _put_state(self, state: RunState, changed: Collection[str] | None) -> None:
+        """Write ``state``. Raises ``InvalidInputError`` (or ``SizeLimitError``, naming the limit) for
+        a state the store's loader could not read back, and then only before anything is written."""
         raise NotImplementedError
 
     def read_cancellation(self, task_id: str) -> ControlRecord | None:
@@ -403,10 +408,18 @@ class BaseStore:
             )
 
     def commit(self, lease: Lease, state: RunState, changed: Collection[str] | None = None) -> int:
-        """Durably write ``state`` as the task's next revision, fenced by ``lease``. Returns the revision."""
+        """Durably write ``state`` as the task's next revision, fenced by ``lease``. Returns the revision.
+
+        A state the loader would refuse is refused here with ``InvalidInputError`` (``SizeLimitError``
+        if it is too large to read back), and nothing is written."""
         task_id = state.task_id
         if lease.task_id != task_id:
             raise InvalidInputError(f"lease for {lease.task_id!r} cannot commit state of {task_id!r}")
+        state.check_header()
+        for step_id in state.effects if changed is None else changed:
+            record = state.effects.get(step_id)
+            if record is not None:
+                record.check_types()
         poisoned = self._poisoned.get(task_id)
         if poisoned is not None:
             raise StorageError(
@@ -436,7 +449,8 @@ class BaseStore:
         except BaseException as exc:
             if writing:
                 state.revision = previous_revision
-                self._poisoned[task_id] = exc
+                if not isinstance(exc, InvalidInputError):  # refused before any write (see _put_state)
+                    self._poisoned[task_id] = exc
             raise
         if state.revision > self._committed.get(task_id, 0):  # its commit returned: a witness may name it
             self._committed[task_id] = state.revision

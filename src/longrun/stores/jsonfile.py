@@ -53,6 +53,12 @@ Invariants (``tests/test_store_jsonfile.py`` and ``tests/test_journal.py`` are b
 5. A store object remembers what it last wrote (the shadow of the journal) and checks, under the
    lock, that the snapshot is still the one it wrote and that the journal's padding at its end is
    untouched; if another writer changed either, it refuses to commit until the task is loaded again.
+6. Every state committed has a snapshot of at most ``MAX_STATE_BYTES``, the most a load reads. A
+   snapshot is measured when it is encoded, before any I/O (``SizeLimitError`` if it is over); a
+   journal line is appended only while the snapshot's size plus the journal's (an upper bound on
+   the next snapshot: each line carries every value it changes) stays within the limit, and
+   otherwise the commit writes a snapshot instead, so a compaction never meets a state too large.
+   A journal's zero padding stops at ``MAX_JOURNAL_BYTES``: a load reads no larger file.
 
 Reading is hardened against planted and damaged files: every file is opened ``O_NOFOLLOW`` (and
 ``O_NONBLOCK``, so a FIFO cannot hang a reader) and must be a regular file within its limit
@@ -118,6 +124,7 @@ from ..errors import (
     InvalidInputError,
     LongrunError,
     SchemaVersionError,
+    SizeLimitError,
     StateUnrecoverableError,
     StorageError,
     UnknownTaskError,
@@ -1045,11 +1052,13 @@ class JsonFileStore(BaseStore):
             record = None
             if writer is not None and writer.shadow.tracks(state) and writer.revision + 1 == state.revision:
                 record = writer.shadow.record_for(state, changed)
-            if record is None:
+            line = journal.frame(record) if record is not None else None
+            if line is None or writer is None or writer.snapshot_bytes + writer.journal_end + len(line) > MAX_STATE_BYTES:
+                # Nothing to append to, or the state may be near the limit a load reads (invariant
+                # 6): a snapshot, measured exactly before anything is written.
                 self._publish(task_id, state, writer)
                 return
-            assert writer is not None
-            self._append(task_id, writer, journal.frame(record))
+            self._append(task_id, writer, line)
             writer.revision = state.revision
         except BaseException:
             self._drop_writer(task_id)
@@ -1079,6 +1088,8 @@ class JsonFileStore(BaseStore):
             raise StorageError(f"task {task_id!r}: {writer.journal} holds records this store did not write; load it again")
         if end + len(line) > writer.allocated:
             padding = min(PREALLOCATE_MAX, max(PREALLOCATE_MIN, end))
+            # A load reads no journal file larger than MAX_JOURNAL_BYTES, padding included.
+            padding = max(0, min(padding, MAX_JOURNAL_BYTES - end - len(line)))
             data = line + bytes(padding)
         else:
             padding, data = 0, line
@@ -1148,7 +1159,7 @@ class JsonFileStore(BaseStore):
         time: the commit has landed, so it is logged, and the store keeps appending and tries again."""
         try:
             self._publish(task_id, state, writer)
-        except OSError as exc:
+        except (OSError, SizeLimitError) as exc:  # the size: never (invariant 6), but the commit has landed
             log.warning("task %s: compaction failed (%s); the commit is durable, compaction will be retried", task_id, exc)
             try:
                 unchanged = self._writers.get(task_id) is writer and self._unchanged(task_id, writer)

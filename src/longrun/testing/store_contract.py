@@ -122,6 +122,13 @@ def sample_state(task_id: str, *, effects: int = 3) -> RunState:
     )
 
 
+class _ExplodingPayload(dict):  # type: ignore[type-arg]
+    """A payload whose encoding fails with an error no check foresees: a write that fails part way."""
+
+    def items(self) -> Any:
+        raise RuntimeError("the payload raised while it was being encoded")
+
+
 class StoreContract:
     """The contract every store passes. Mix into ``unittest.TestCase``; see the module docstring."""
 
@@ -587,10 +594,10 @@ class StoreContract:
         lease, state = self.committed(store)
         before = self.snapshot()
         bad = copy.deepcopy(state)
-        # The second changed record cannot be encoded: the write fails part way through. (Ill-typed
-        # on purpose: a payload that is not JSON is what this test feeds the store.)
-        bad.effects["step-002"] = dataclasses.replace(bad.effects["step-002"], payload={"unencodable": object()})  # type: ignore[dict-item]
-        with case.assertRaises(Exception):
+        # Encoding the second changed record fails in a way no check foresaw: the write fails part
+        # way through. (``with_changes`` builds the record without checking it, as the runner does.)
+        bad.effects["step-002"] = bad.effects["step-002"].with_changes(payload=_ExplodingPayload(n=2))
+        with case.assertRaises(RuntimeError):
             store.commit(lease, bad, {"step-001", "step-002"})
         case.assertEqual(bad.revision, state.revision, "a failed commit leaves the caller's revision alone")
         case.assertEqual(self.snapshot(), before)
@@ -599,6 +606,28 @@ class StoreContract:
         case.assertEqual(self.snapshot(), before)
         store.load("t", lease=lease)
         case.assertEqual(store.commit(lease, state, ()), before[1]["revision"] + 1)  # type: ignore[index]
+
+    def test_contract_a_state_the_loader_would_refuse_is_refused_before_anything_is_written(self) -> None:
+        case, store = self._case, self.store()
+        lease, state = self.committed(store)
+        before = self.snapshot()
+        for name, value in (("payload", {"unencodable": object()}), ("payload", {"name": "caf\udce9"}),
+                            ("result", 10**5000), ("evidence", {"http": 200}), ("receipt", 123)):  # fmt: skip
+            bad = copy.deepcopy(state)
+            # Built without checks (as ``move`` and ``with_changes`` build them on the runner's path).
+            bad.effects["step-002"] = bad.effects["step-002"].with_changes(**{name: value})
+            with case.subTest(field=name, value=type(value).__name__), case.assertRaises(InvalidInputError):
+                store.commit(lease, bad, {"step-001", "step-002"})
+            case.assertEqual(bad.revision, state.revision, "a refused commit leaves the caller's revision alone")
+            case.assertEqual(self.snapshot(), before)
+        bad = copy.deepcopy(state)
+        bad.next_action = "check the file caf\udce9"
+        with case.assertRaises(InvalidInputError):
+            store.commit(lease, bad, ())
+        case.assertEqual(self.snapshot(), before)
+        # A refusal is not a failed write: the task is not poisoned, the next commit lands at once.
+        case.assertEqual(store.commit(lease, state, ()), before[1]["revision"] + 1)  # type: ignore[index]
+        case.assertEqual(self.store().load("t").state.to_json(), state.to_json())
 
     def test_contract_damaged_state_is_refused_and_stays_refused(self) -> None:
         store = self.store()
