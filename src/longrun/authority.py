@@ -46,14 +46,14 @@ import os
 import re
 import secrets
 import stat
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Generator
 
 from .approval import Approval
 from .cancellation import Cancellation
 from .canonical import JSONValue, canonical_bytes, ensure_json, parse_json, sha256_hex
 from .contract import check_task_id
-from .control import ControlRecord
+from .control import ControlRecord, RefusedRecord
 from .errors import CorruptStateError, InvalidInputError, LongrunError, StorageError
 from .protocols import ApprovalSource, CancellationSource
 from .stores._fileio import FileIO, read_upto, write_all
@@ -89,11 +89,6 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
-
-
-@dataclass(frozen=True, slots=True)
-class RefusedRecord(ControlRecord):
-    """A control record a source refused to vouch for; ``error`` says why. It never authorizes."""
 
 
 def _refuse(raw: ControlRecord, reason: str) -> RefusedRecord:
@@ -226,10 +221,14 @@ def verify_cancellation(record: Cancellation, key: bytes) -> str | None:
 class SignedApprovals:
     """An ``ApprovalSource`` that passes on only approvals signed with ``key``; it refuses the rest.
 
+    ``requires_signature`` tells the engine to say so in a next action (approve with a key).
+
     Refused: unreadable or malformed records (they cannot be authenticated), unsigned records, a
     signature under another key, and a record changed in any field after signing. A signed record
     is handed on unchanged; the gate still checks its scope, expiry and whether its id was consumed.
     """
+
+    requires_signature = True
 
     def __init__(self, inner: ApprovalSource, key: bytes):
         if not isinstance(inner, ApprovalSource):
@@ -264,6 +263,8 @@ class SignedCancellations:
     anything that does not verify, including a damaged record, and a record signed for another
     task. A signed record is handed on unchanged.
     """
+
+    requires_signature = True
 
     def __init__(self, inner: CancellationSource, key: bytes):
         if not isinstance(inner, CancellationSource):

@@ -24,8 +24,10 @@ from typing import Any, Mapping
 
 from . import _fields as f
 from .canonical import JSONValue
+from .control import ControlRecord, RefusedRecord
+from .errors import CorruptStateError
 
-__all__ = ["Cancellation"]
+__all__ = ["Cancellation", "CancellationJudgement", "judge_cancellation"]
 
 
 _SPEC = (
@@ -80,3 +82,34 @@ class Cancellation:
         f.check_fields(d, _FIELDS, what)
         f.check_record_version(d, what)
         return cls(**f.read(_SPEC, d, what))
+
+
+@dataclass(frozen=True, slots=True)
+class CancellationJudgement:
+    """What a cancellation record read fresh means for a run: the one rule, for the engine and ``verify``.
+
+    ``verdict``: ``"none"`` (no record: new effects may start), ``"cancelled"`` (an operator's valid
+    record for this task: start nothing, end the run ``cancelled``), ``"refused"`` (a source would not
+    vouch for it) or ``"damaged"`` (unreadable, malformed, or for another task): both of these start
+    nothing and stop ``unsafe-to-continue``, since nobody's unverifiable word ends a run for good.
+    """
+
+    verdict: str
+    record: Cancellation | None = None
+    problem: str | None = None
+
+
+def judge_cancellation(raw: ControlRecord | None, task_id: str) -> CancellationJudgement:
+    if raw is None:
+        return CancellationJudgement("none")
+    if isinstance(raw, RefusedRecord):
+        return CancellationJudgement("refused", problem=f"cancellation record {raw.name} was refused ({raw.error})")
+    if raw.error is not None:
+        return CancellationJudgement("damaged", problem=f"cancellation record {raw.name} is damaged ({raw.error})")
+    try:
+        record = Cancellation.from_json(raw.body)
+    except CorruptStateError as exc:
+        return CancellationJudgement("damaged", problem=f"cancellation record {raw.name} is malformed ({exc})")
+    if record.task_id != task_id:
+        return CancellationJudgement("damaged", record, f"cancellation record {raw.name} names task {record.task_id!r}")
+    return CancellationJudgement("cancelled", record)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ControlRecord"]
+__all__ = ["ControlRecord", "RefusedRecord"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,3 +21,9 @@ class ControlRecord:
     error: str | None = None
     digest: str = ""
     """SHA-256 of the bytes read, so an outcome can say exactly which record it acted on."""
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedRecord(ControlRecord):
+    """A control record a source refused to vouch for (wrong owner, bad signature); ``error`` says
+    why. It never authorizes anything: the gate and the cancellation judgement treat it as such."""

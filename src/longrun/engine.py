@@ -43,12 +43,11 @@ from typing import Callable, Mapping, Protocol, Sequence
 from . import _crashpoints
 from .adapters import EffectRequest, Observation, ObservedState, Receipt
 from .approval import Approval, ApprovalRequest, GateVerdict, evaluate_gate
-from .authority import RefusedRecord, SignedApprovals, SignedCancellations
 from .budget import WORK_CHARGE_STEP_S, Backoff, BudgetCounters, Limits, RetryPolicy, describe_wall_gap
-from .cancellation import Cancellation
+from .cancellation import judge_cancellation
 from .canonical import MAX_VALUE_BYTES, JSONValue, canonical_bytes, digest_of, ensure_json, printable
 from .contract import INTERNAL_PREFIX, RunContract, Step, is_internal
-from .control import ControlRecord
+from .control import ControlRecord, RefusedRecord
 from .envelope import RunState
 from .errors import (
     CorruptStateError,
@@ -653,39 +652,26 @@ class Engine:
             return
         item = self._evidence.observed("control", _describe("cancellation record", raw))
         self._state.note_control(item)
-        if isinstance(raw, RefusedRecord):
+        judgement = judge_cancellation(raw, self.task_id)
+        if judgement.verdict == "refused":
             # Not an operator's word, so not a cancellation (which would end the run for good, in
             # someone's name); but someone wrote in the control area, so nothing new starts either.
-            self._evidence.unknown(
-                "control", f"whether an operator asked this run to stop: cancellation record {raw.name} was refused ({raw.error})"
-            )
-            signed = " with `longrun cancel --sign-key`" if isinstance(self.cancellations, SignedCancellations) else ""
+            self._evidence.unknown("control", f"whether an operator asked this run to stop: {judgement.problem}")
+            signed = " with `longrun cancel --sign-key`" if getattr(self.cancellations, "requires_signature", False) else ""
             raise self._stop(
                 Status.UNSAFE_TO_CONTINUE,
-                f"inspect the control area: cancellation record {raw.name} was refused ({raw.error}); remove it, "
-                f"or cancel{signed} if the run should stop, then run again",
+                f"inspect the control area: {judgement.problem}; remove it, or cancel{signed} if the run should stop, then run again",
             )
-        record: Cancellation | None = None
-        problem = None
-        if raw.error is not None:
-            problem = f"cancellation record {raw.name} is damaged ({raw.error})"
-        else:
-            try:
-                record = Cancellation.from_json(raw.body)
-            except CorruptStateError as exc:
-                problem = f"cancellation record {raw.name} is malformed ({exc})"
-            else:
-                if record.task_id != self.task_id:
-                    problem = f"cancellation record {raw.name} names task {record.task_id!r}"
-        if problem is not None:
+        if judgement.verdict == "damaged":
             # Damaged intent to stop: start nothing, but do not end the run for good on a record
             # nobody can read; an operator decides.
-            self._evidence.unknown("control", f"whether an operator asked this run to stop: {problem}")
+            self._evidence.unknown("control", f"whether an operator asked this run to stop: {judgement.problem}")
             raise self._stop(
                 Status.UNSAFE_TO_CONTINUE,
-                f"inspect the control area: {problem}; remove it, or write a valid cancellation if the run should stop, then run again",
+                f"inspect the control area: {judgement.problem}; remove it, or write a valid cancellation if the run should stop, then run again",
             )
-        assert record is not None  # no problem: the record was read and names this task
+        record = judgement.record
+        assert record is not None and judgement.verdict == "cancelled"
         raise self._stop(
             Status.CANCELLED, f"nothing: the run was cancelled by {record.requested_by}: {record.reason}; no new effect will start"
         )
@@ -1034,7 +1020,7 @@ class Engine:
                 Status.UNSAFE_TO_CONTINUE,
                 f"remove the over-broad approval records for step {step.step_id!r} and approve exactly the pending request",
             )
-        signed = " --sign-key <key file>" if isinstance(self.approvals, SignedApprovals) else ""
+        signed = " --sign-key <key file>" if getattr(self.approvals, "requires_signature", False) else ""
         note = f" ({refused} approval record{'s' if refused != 1 else ''} refused: see the unknowns)" if refused else ""
         if waiting is Status.AWAITING_INPUT:
             raise self._stop(

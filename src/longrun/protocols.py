@@ -129,7 +129,7 @@ class ApprovalSource(Protocol):
 
     Every ``Store`` is one (the default). ``longrun.authority`` has a strict file source and a
     signature-checking wrapper. A source hands over every record it found, raw; one it refuses
-    (wrong owner, bad signature) it hands over as a ``longrun.authority.RefusedRecord`` with the
+    (wrong owner, bad signature) it hands over as a ``longrun.control.RefusedRecord`` with the
     reason in ``error``, so the refusal becomes evidence rather than disappearing.
     """
 
@@ -141,7 +141,7 @@ class CancellationSource(Protocol):
     """Where the runner reads a task's cancellation record, fresh before each new effect.
 
     Every ``Store`` is one (the default). None means no record; a refused record comes back as a
-    ``longrun.authority.RefusedRecord`` (see ``ApprovalSource``).
+    ``longrun.control.RefusedRecord`` (see ``ApprovalSource``).
     """
 
     def read_cancellation(self, task_id: str) -> ControlRecord | None: ...

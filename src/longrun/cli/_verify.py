@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from ..cancellation import Cancellation
+from ..cancellation import judge_cancellation
 from ..envelope import RunState
 from ..errors import CorruptStateError, LongrunError
 from ..ledger import EffectState
@@ -209,21 +209,13 @@ def _check_cancellation(checks: _Checks, store: Store, task_id: str) -> None:
     if raw is None:
         checks.add("control", "ok", "no cancellation record")
         return
-    problem = raw.error
-    record = None
-    if problem is None:
-        try:
-            record = Cancellation.from_json(raw.body)
-        except CorruptStateError as exc:
-            problem = f"malformed: {exc}"
-        else:
-            if record.task_id != task_id:
-                problem = f"it names task {record.task_id!r}"
-    if problem is not None or record is None:
+    judgement = judge_cancellation(raw, task_id)
+    record = judgement.record
+    if judgement.verdict != "cancelled" or record is None:
         checks.add(
             "control",
             "action",
-            f"cancellation record {raw.name} ({raw.digest or 'no bytes'}) is unusable ({problem}): a resume stops "
+            f"cancellation record {raw.name} ({raw.digest or 'no bytes'}) is unusable ({judgement.problem}): a resume stops "
             "unsafe-to-continue until someone removes it or writes a valid one",
         )
         return
