@@ -81,6 +81,12 @@ class Limits:
         _non_negative(self, "max_block_s", self.max_block_s, optional=False)
         _non_negative(self, "approval_ttl_s", self.approval_ttl_s, optional=False)
 
+    def attempts_exhausted(self, key: str, attempts: int, last_error: str | None) -> str | None:
+        """Why one more attempt of effect ``key`` is not allowed, or None: the per-effect attempt limit."""
+        if attempts >= self.max_attempts:
+            return f"effect {key!r} used all {self.max_attempts} attempts (last error: {last_error})"
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import math
 import os
 import secrets
 import socket
@@ -41,7 +40,7 @@ from types import MappingProxyType
 from typing import Callable, Mapping, Protocol, Sequence
 
 from . import _crashpoints
-from .adapters import EffectRequest, Observation, ObservedState, Receipt
+from .adapters import EffectRequest, Observation, ObservedState
 from .approval import Approval, ApprovalRequest, GateVerdict, evaluate_gate
 from .budget import WORK_CHARGE_STEP_S, Backoff, BudgetCounters, Limits, RetryPolicy, describe_wall_gap
 from .cancellation import judge_cancellation
@@ -64,7 +63,7 @@ from .errors import (
 )
 from .clock import SystemClock
 from .lease import Lease, LeaseKeeper
-from .ledger import EffectRecord, EffectState, recordable_result
+from .ledger import EffectRecord, EffectState, check_receipt, recordable_result
 from .outcome import TERMINAL, WAITING, Evidence, RunOutcome, Status
 from .protocols import ApprovalSource, CancellationSource, Clock, EffectAdapter, Store
 from .recovery import Reconciled, Verdict, reconcile
@@ -340,7 +339,7 @@ class Engine:
             self._evidence.observed("lease", f"background renewal failed: {self._keeper.failure}")
             raise _Stop(Status.LEASE_LOST, "nothing on this runner: the lease was lost, no further write was made")
         lease = self._keeper.lease
-        if self._monotonic() - self._keeper.renewed_at > self.lease_ttl_s / 2:
+        if self._keeper.stale(self.lease_ttl_s):
             lease = self._renew(lease)
             self._keeper.replace(lease)
         return lease
@@ -874,8 +873,8 @@ class Engine:
     def _check_budget(self, record: EffectRecord | None, now: float) -> None:
         state = self.state
         exhausted = state.budget.exhausted(self.limits, pending_s=self._monotonic() - self._worked_mark)
-        if exhausted is None and record is not None and record.attempts >= self.limits.max_attempts:
-            exhausted = f"effect {record.key!r} used all {self.limits.max_attempts} attempts (last error: {record.last_error})"
+        if exhausted is None and record is not None:
+            exhausted = self.limits.attempts_exhausted(record.key, record.attempts, record.last_error)
         if exhausted is not None:
             self._evidence.observed("budget", exhausted)
             raise self._stop(Status.LIMITS_EXHAUSTED, f"review why the budget ran out ({exhausted}); the run is over")
@@ -1075,29 +1074,13 @@ class Engine:
         if _crashpoints.ARMED:
             _crashpoints.hit("effect.applied", f"{step.step_id}#{attempt}")
         self._current_lease()
-        if not isinstance(receipt, Receipt):
-            receipt = Receipt(evidence=f"apply returned {type(receipt).__name__}, not a Receipt")
-        cost = receipt.cost
-        if (
-            isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost < 0
-            or not math.isfinite(record.cost + state.budget.cost_spent + cost)
-        ):
-            # An adapter bug: recorded, not charged (a NaN would also poison every later commit).
-            self._evidence.unknown(f"adapter:{step.action}", f"receipt for {record.key} reports an invalid cost {cost!r}; not charged")
-            cost = 0.0
-        cost = float(cost)
-        self._evidence.observed(f"adapter:{step.action}", f"receipt for {record.key} attempt {attempt}: {receipt.evidence or 'no evidence'}")
-        result, omitted = recordable_result(receipt.result, what=f"the result of step {step.step_id!r}")
-        if omitted is not None:  # the effect took place and is recorded; its result is too large to keep
-            log.warning("%s: %s", record.key, omitted)
-            self._evidence.unknown(f"adapter:{step.action}", omitted)
-        record = record.move(
-            EffectState.ACKNOWLEDGED,
-            self.clock.now(),
-            receipt=receipt.evidence or "acknowledged",
-            result=result,
-            cost=record.cost + cost,
-        )
+        checked = check_receipt(receipt, key=record.key, step_id=step.step_id, already_spent=record.cost + state.budget.cost_spent)
+        for problem in checked.problems:  # an adapter bug, or a result too large to keep: evidence, never dropped
+            log.warning("%s: %s", record.key, problem)
+            self._evidence.unknown(f"adapter:{step.action}", problem)
+        self._evidence.observed(f"adapter:{step.action}", f"receipt for {record.key} attempt {attempt}: {checked.evidence}")
+        cost = checked.cost
+        record = record.move(EffectState.ACKNOWLEDGED, self.clock.now(), receipt=checked.evidence, result=checked.result, cost=record.cost + cost)
         self._put(record)
         state.budget = state.budget.spent(cost)
         self._settle(step, record)

@@ -233,6 +233,11 @@ class LeaseKeeper:
         with self._lock:
             return self._lease
 
+    def stale(self, ttl_s: float) -> bool:
+        """Whether the lease was last granted more than half its ``ttl_s`` ago (on the monotonic
+        clock): too old to write under without renewing first, whatever the background thread did."""
+        return self._monotonic() - self.renewed_at > ttl_s / 2
+
     def replace(self, lease: Lease) -> None:
         """Adopt a lease the caller renewed itself."""
         with self._lock:

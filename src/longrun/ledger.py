@@ -22,15 +22,17 @@ each adapter call; this module only says which records are legal.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping, Sequence
 
 from . import _fields as f
+from .adapters import Receipt
 from .budget import Backoff
 from .canonical import MAX_VALUE_BYTES, JSONValue, canonical_bytes, sha256_hex
 from .errors import LongrunError
 
-__all__ = ["EffectRecord", "EffectState", "IllegalTransitionError", "OMITTED", "recordable_result"]
+__all__ = ["CheckedReceipt", "EffectRecord", "EffectState", "IllegalTransitionError", "OMITTED", "check_receipt", "recordable_result"]
 
 
 class EffectState(str, enum.Enum):
@@ -236,3 +238,35 @@ def _checked_builder() -> Callable[[Sequence[Any]], EffectRecord]:
 
 _build_checked = _checked_builder()
 _FIELD_NAMES = frozenset(_FIELD_ORDER)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedReceipt:
+    """What the ledger records from an adapter's receipt: the cost to charge and the result to keep,
+    with the problems found (each one evidence of an adapter bug or a value too large, never dropped)."""
+
+    cost: float
+    result: JSONValue
+    evidence: str
+    problems: tuple[str, ...] = ()
+
+
+def check_receipt(receipt: object, *, key: str, step_id: str, already_spent: float) -> CheckedReceipt:
+    """The one rule for an acknowledgement: a non-receipt is recorded as such; a cost that is not a
+    finite number >= 0, or would make the run's total infinite, is recorded and not charged (a NaN
+    would poison every later commit); a result over ``MAX_VALUE_BYTES`` is kept by size and digest."""
+    problems: list[str] = []
+    if not isinstance(receipt, Receipt):
+        receipt = Receipt(evidence=f"apply returned {type(receipt).__name__}, not a Receipt")
+    cost: object = receipt.cost
+    if (
+        isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost < 0
+        or not math.isfinite(already_spent + cost)
+    ):  # fmt: skip
+        problems.append(f"receipt for {key} reports an invalid cost {cost!r}; not charged")
+        cost = 0.0
+    assert isinstance(cost, (int, float))
+    result, omitted = recordable_result(receipt.result, what=f"the result of step {step_id!r}")
+    if omitted is not None:
+        problems.append(omitted)
+    return CheckedReceipt(float(cost), result, receipt.evidence or "acknowledged", tuple(problems))
