@@ -137,6 +137,10 @@ class Stop(BaseException):
 
 _Stop = Stop
 
+_VERIFIED = frozenset({EffectState.VERIFIED})
+_SETTLED_CALL = frozenset({EffectState.VERIFIED, EffectState.FAILED})
+"""A call's record is settled either way: a recorded exception replays as ``CallFailed``."""
+
 
 class Plan(Protocol):
     """What a face hands the engine: the digest that pins the plan, and how to drive it.
@@ -689,17 +693,9 @@ class Engine:
         if retry is not None:
             self._policies[step.step_id] = retry
         while True:
-            record = state.effects.get(step.step_id)
-            if record is not None and record.state is EffectState.VERIFIED:
+            record, settled = self._ready(step, _VERIFIED)
+            if settled:
                 return record
-            self._check_cancellation()
-            state.current_step = step.step_id
-            now = self.clock.now()
-            self._check_budget(record, now)
-            if record is None:
-                record = self._plan(step, now)
-            if self._backing_off(record, now):
-                continue  # read cancellation afresh after waiting
             if state.reconcile_all:
                 record = self._reconcile_before_start(step, record)
                 if record.state is EffectState.VERIFIED:
@@ -725,17 +721,10 @@ class Engine:
         if retry is not None:
             self._policies[step.step_id] = retry
         while True:
-            record = state.effects.get(step.step_id)
-            if record is not None and record.state in (EffectState.VERIFIED, EffectState.FAILED):
+            record, settled = self._ready(step, _SETTLED_CALL)
+            if settled:
                 return record
-            self._check_cancellation()
-            state.current_step = step.step_id
             now = self.clock.now()
-            self._check_budget(record, now)
-            if record is None:
-                record = self._plan(step, now)
-            if self._backing_off(record, now):
-                continue
             lease = self._current_lease()
             attempt = record.attempts + 1
             self._working = True
@@ -869,6 +858,24 @@ class Engine:
         for reason in reasons:
             self._evidence.unknown("contract", reason)
         return self._outcome(Status.UNSAFE_TO_CONTINUE, next_action)
+
+    def _ready(self, step: Step, settled: frozenset[EffectState]) -> tuple[EffectRecord, bool]:
+        """The step's record and True if it is settled (replayed as it is); else the record ready
+        for its next attempt: cancellation read fresh, the budgets checked, the record planned,
+        and a short backoff waited out (then everything again: a wait is a new moment)."""
+        state = self.state
+        while True:
+            record = state.effects.get(step.step_id)
+            if record is not None and record.state in settled:
+                return record, True
+            self._check_cancellation()
+            state.current_step = step.step_id
+            now = self.clock.now()
+            self._check_budget(record, now)
+            if record is None:
+                record = self._plan(step, now)
+            if not self._backing_off(record, now):
+                return record, False
 
     def _check_budget(self, record: EffectRecord | None, now: float) -> None:
         state = self.state

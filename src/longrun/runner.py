@@ -11,27 +11,8 @@ plan digest is recorded, and pending approval requests are issued again under it
 change (a step changed, removed or reordered, another contract) stops ``plan-mismatch`` before
 anything is written.
 
-Durability rules the engine keeps for each step:
-
-- The first apply of every ``run()`` call is preceded by an observe of that effect, and of each
-  one after it until one is observed absent (an ``observe_first`` step: before its first apply
-  ever), so a state that lost revisions verifies their effects instead of repeating them.
-- ``started`` (attempt, payload digest, epoch) is committed before ``apply`` is called, always in
-  its own commit that precedes the call.
-- The verification of effect i is committed together with the start of effect i+1 (or with the
-  run's stop), so a sequential run costs one commit per effect. If the process dies in between,
-  recovery observes effect i again, finds it applied, and verifies it without re-applying.
-- A transient failure's backoff time is committed at once, so a restart honours it.
-- Cancellation and approvals are read before every new effect, never cached, through the runner's
-  cancellation and approval sources (by default the store; ``longrun.authority`` has strict and
-  signed ones). A refused approval record authorizes nothing and its reason is recorded; a refused
-  or unreadable cancellation record stops the run ``unsafe-to-continue``, which starts nothing but,
-  unlike a cancellation, does not end the run for good on a record nobody can vouch for.
-- The lease is renewed in the background while the run holds it; if a renewal fails the runner
-  makes no further write and returns ``lease-lost``.
-
-Not guaranteed: that an adapter call stops when the lease is lost or a deadline passes (threads
-cannot be killed; targets should check ``EffectRequest.epoch`` and ``deadline``).
+The durability rules (intent persisted before ``apply``, observation before any retry, fresh
+cancellation and approvals, the fenced lease) are the engine's: see ``longrun.engine``.
 """
 
 from __future__ import annotations
