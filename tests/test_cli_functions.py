@@ -11,6 +11,7 @@ import textwrap
 import unittest
 
 import support  # noqa: F401  (puts src on sys.path)
+from longrun import JsonFileStore
 from longrun.testing import read_outbox
 
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
@@ -37,6 +38,10 @@ MODULE = textwrap.dedent(
 
     def not_durable():
         return None
+
+    if __name__ == "__main__":
+        import sys
+        print(greet.run(sys.argv[1], ["cy"]).status.value)
     """
 )
 
@@ -101,6 +106,19 @@ class StartAndResumeTests(unittest.TestCase):
         again = self.cli("resume", self.tasks, "p1", "--path", self.code, "--json")
         self.assertEqual(json.loads(again.stdout)["result"], {"colour": "red", "count": 3})
         self.assertEqual(len(read_outbox(os.path.join(self.tasks, "outbox.jsonl"))), 1)
+
+    def test_a_task_started_with_python_dash_m_records_the_module_name_so_resume_finds_it(self) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, self.code]), "TASKS_DIR": self.tasks}
+        started = subprocess.run(
+            [sys.executable, "-m", "agents", "m1"], capture_output=True, text=True, env=env, timeout=60, check=False
+        )
+        self.assertEqual(started.stdout.strip(), "done", started.stderr)
+        record = JsonFileStore(self.tasks).load("m1").state
+        assert record is not None
+        self.assertEqual(record.effects["longrun.function"].payload["function"], "agents:greet", "not __main__:greet")
+        resumed = self.cli("resume", self.tasks, "m1", "--path", self.code, "--json")
+        self.assertEqual(resumed.returncode, 0, resumed.stderr)
+        self.assertEqual(json.loads(resumed.stdout)["result"], {"sent": 1})
 
     def test_bad_inputs_are_usage_errors_that_create_nothing(self) -> None:
         cases = [

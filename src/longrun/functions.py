@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import sys
 from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
 from .budget import Limits, RetryPolicy
@@ -63,6 +64,11 @@ def qualified_name(fn: Callable[..., Any]) -> str:
     """``module:qualname`` of a function: how a task record names the code that runs it."""
     target = getattr(fn, "__wrapped__", fn)
     module = getattr(target, "__module__", None) or "?"
+    if module == "__main__":
+        # Run with ``python -m package.module``: the name it is imported by elsewhere (a resume, a
+        # worker). A script run by path has no such name; its tasks resume only from that script.
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        module = getattr(spec, "name", None) or module
     qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or type(target).__name__
     return f"{module}:{qualname}"
 
