@@ -39,6 +39,7 @@ import math
 import sys
 from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
+from . import _crashpoints
 from .budget import Limits, RetryPolicy
 from .canonical import JSONValue, digest_of, ensure_json
 from .contract import ASK_ACTION, INTERNAL_PREFIX, RunContract, Step, check_step_id, check_task_id
@@ -234,7 +235,9 @@ class Run:
         record = engine.plan(Step(step_id, CHILD_ACTION, payload))
         if record.state is EffectState.PLANNED:
             engine._check_cancellation()  # a cancelled parent drives its child no further
-            outcome = function.run(task_id, *args, **kwargs)
+            outcome = function.run_child(task_id, self.task_id, args, kwargs)
+            if _crashpoints.ARMED:
+                _crashpoints.hit("child.returned", task_id)
             if outcome.status is Status.DONE:
                 record = engine.complete(step_id, outcome.result)
             elif outcome.status in ENDED_UNFINISHED:
@@ -255,10 +258,14 @@ class Run:
 class _FunctionPlan:
     """The ``Plan`` of a durable function: its code is the plan, its arguments pin it."""
 
-    def __init__(self, function: "DurableFunction[Any]", arguments: dict[str, JSONValue], contract: RunContract):
+    def __init__(
+        self, function: "DurableFunction[Any]", arguments: dict[str, JSONValue], contract: RunContract, parent: str | None = None
+    ):
         self._function = function
         self._arguments = arguments
         self._payload: dict[str, JSONValue] = {"function": function.name, **arguments}
+        if parent is not None:  # a child task names its parent; the link is not part of the plan digest
+            self._payload["parent"] = parent
         self.digest = digest_of({"contract": contract.to_json(), "function": function.name, "arguments": arguments})
 
     def initial(self, engine: Engine, state: RunState) -> None:
@@ -320,15 +327,22 @@ class DurableFunction(Generic[R]):
     def contract_for(self, task_id: str) -> RunContract:
         return dataclasses.replace(self._contract, task_id=check_task_id(task_id))
 
-    def _plan(self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Engine, _FunctionPlan]:
+    def _plan(
+        self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any], *, parent: str | None = None
+    ) -> tuple[Engine, _FunctionPlan]:
         contract = self.contract_for(task_id)
         arguments = ensure_json({"args": list(args), "kwargs": dict(kwargs)}, what=f"arguments of {self.name}")
         assert isinstance(arguments, dict)
-        return Engine(contract, **self._options), _FunctionPlan(self, arguments, contract)
+        return Engine(contract, **self._options), _FunctionPlan(self, arguments, contract, parent)
 
     def run(self, task_id: str, *args: Any, **kwargs: Any) -> RunOutcome:
         """Start the task with these arguments, or resume it; return why it stopped."""
         engine, plan = self._plan(task_id, args, kwargs)
+        return engine.run(plan)
+
+    def run_child(self, task_id: str, parent: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> RunOutcome:
+        """``run`` for a child task of ``parent`` (``Run.child``): its first record names the parent."""
+        engine, plan = self._plan(task_id, args, kwargs, parent=parent)
         return engine.run(plan)
 
     def __repr__(self) -> str:
