@@ -3,7 +3,9 @@ clean checkout with ``python -m unittest discover -s tests -v``, no install step
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -72,3 +74,41 @@ class ReadCountingDict(dict):  # type: ignore[type-arg]
     def values(self) -> Any:
         self.read += len(self)
         return super().values()
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+class ExpectedWarnings:
+    """For tests that damage state on purpose, thousands of times: the library's warnings are
+    captured instead of printed, and each must be one the test provokes (``patterns``), which the
+    test checks when it ends. An unexpected warning fails the test; so does none at all, when
+    ``at_least_one`` is set."""
+
+    def __init__(self, case: unittest.TestCase, *patterns: str, at_least_one: bool = True):
+        self._case = case
+        self._patterns = [re.compile(pattern) for pattern in patterns]
+        self._at_least_one = at_least_one
+        self._handler = _Collect()
+        self._logger = logging.getLogger("longrun")
+
+    def start(self) -> None:
+        self._propagate = self._logger.propagate
+        self._logger.addHandler(self._handler)
+        self._logger.propagate = False
+        self._case.addCleanup(self._stop)
+
+    def _stop(self) -> None:
+        self._logger.removeHandler(self._handler)
+        self._logger.propagate = self._propagate
+        warnings = [record.getMessage() for record in self._handler.records if record.levelno >= logging.WARNING]
+        unexpected = [text for text in warnings if not any(pattern.search(text) for pattern in self._patterns)]
+        self._case.assertEqual(unexpected[:5], [], "warnings this test did not provoke")
+        if self._at_least_one:
+            self._case.assertTrue(warnings, "the damage this test made was not reported in the log")

@@ -128,7 +128,9 @@ class LifecycleTests(RunnerCase):
 
     def test_uncertain_apply_is_observed_and_verified_without_a_second_apply(self) -> None:
         outbox = OutboxAdapter(self.path("outbox.jsonl"), raise_after_apply={"s1"})
-        outcome = self.runner(adapter=outbox).run()
+        with self.assertLogs("longrun", "WARNING") as logged:
+            outcome = self.runner(adapter=outbox).run()
+        self.assertIn("apply of task-1/s1 raised ConnectionError", "\n".join(logged.output))
         self.assertEqual(outcome.status, Status.DONE)
         self.assertEqual(outbox.calls["task-1/s1"], 1)
         self.assertEqual(outbox.counts()["task-1/s1"], 1)
@@ -869,7 +871,9 @@ class LeaseTests(RunnerCase):
             clock=self.clock,
             lease_ttl_s=0.09,  # the background keeper renews every 30 ms of real time
         )
-        outcome = runner.run()
+        with self.assertLogs("longrun", "WARNING") as logged:
+            outcome = runner.run()
+        self.assertIn("lease renewal for task-1 failed", "\n".join(logged.output))
         self.assertTrue(taken.is_set(), "the background renewal noticed the takeover")
         self.assertEqual(outcome.status, Status.LEASE_LOST)
         with open(state_path, "rb") as handle:
@@ -912,7 +916,9 @@ class LeaseTests(RunnerCase):
         runner_box["runner"] = runner
         commits_before_apply = []
         adapter.on_apply = lambda request: (commits_before_apply.append(len(store.commits)), break_renewals(request))
-        outcome = runner.run()
+        with self.assertLogs("longrun", "WARNING") as logged:
+            outcome = runner.run()
+        self.assertIn("disk unavailable", "\n".join(logged.output))
         self.assertEqual(outcome.status, Status.LEASE_LOST)
         self.assertEqual(len(store.commits), commits_before_apply[-1], "no write after the renewal failed")
         self.assertEqual(adapter.applied, ["task-1/s0", "task-1/s1"])
