@@ -367,7 +367,9 @@ class RetryTests(RunnerCase):
 
     def test_unknown_outcome_is_not_retried_unless_the_target_deduplicates(self) -> None:
         outbox = OutboxAdapter(self.path("outbox.jsonl"), raise_after_apply={"s0"}, unobservable={"s0"})
-        outcome = self.runner(adapter=outbox).run()
+        with self.assertLogs("longrun", "WARNING") as logged:
+            outcome = self.runner(adapter=outbox).run()
+        self.assertIn("apply of task-1/s0 raised ConnectionError", "\n".join(logged.output))
         self.assertEqual(outcome.status, Status.UNSAFE_TO_CONTINUE)
         self.assertEqual(outbox.calls["task-1/s0"], 1)
         self.assertTrue(any("task-1/s0" in item.detail for item in outcome.unknowns))
@@ -436,7 +438,9 @@ class BudgetTests(RunnerCase):
     def test_costs_that_would_add_up_to_infinity_are_recorded_not_charged(self) -> None:
         adapter = RecordingAdapter()
         adapter.apply = lambda request: (adapter.applied.append(request.key), Receipt(cost=1e308))[1]  # type: ignore[method-assign]
-        outcome = self.runner([Step("s0", "write", {}), Step("s1", "write", {})], adapter=adapter).run()
+        with self.assertLogs("longrun", "WARNING") as logged:
+            outcome = self.runner([Step("s0", "write", {}), Step("s1", "write", {})], adapter=adapter).run()
+        self.assertIn("invalid cost", "\n".join(logged.output))
         self.assertEqual(outcome.status, Status.DONE)
         self.assertTrue(any("invalid cost" in item.detail for item in outcome.unknowns))
         self.assertEqual(self.store.load("task-1").state.budget.cost_spent, 1e308)  # the first is charged, the sum is not
