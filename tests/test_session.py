@@ -94,6 +94,7 @@ class SessionFlowTests(FollowNext):
             (("next", self.store, "t2"), 2, "longrun init"),
             (("done", self.store, "t1"), 1, "completion evidence missing for notes, append-a, report, append-b"),
             (("exec", self.store, "t1", "append-a", "sh", "-c", "x"), 2, "after --"),
+            (("resume", self.store, "t1"), 2, "is a checkpointed session: `longrun next"),
         ]
         for args, code, message in cases:
             with self.subTest(args=args[0:4]):

@@ -75,13 +75,19 @@ class AgentInstructionsTests(SessionCase):
         self.assertEqual(self.lines("feed.txt"), ["week 48"], "the announcement was made once")
         self.assertEqual(self.cli_json("next", os.path.join(self.work, "runs"), "changelog-2026-48", code=0)["kind"], "finished")
 
-    def test_agent_md_names_only_commands_that_exist(self) -> None:
+    def test_agent_md_and_the_readme_name_only_commands_that_exist(self) -> None:
         from longrun.cli import build_parser
 
         known = set(build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
-        mentioned = set(re.findall(r"`longrun ([a-z]+)", read("AGENT.md")))
-        self.assertTrue(mentioned)
-        self.assertLessEqual(mentioned, known)
+        with open(os.path.join(support.ROOT, "README.md"), encoding="utf-8") as handle:
+            readme = handle.read()
+        for name, text in (("AGENT.md", read("AGENT.md")), ("README.md", readme)):
+            shell = "\n".join(re.findall(r"```sh\n(.*?)```", text, re.S))
+            mentioned = set(re.findall(r"`longrun ([a-z]+)\b", text)) | set(re.findall(r"(?m)^longrun ([a-z]+)\b", shell))
+            self.assertTrue(mentioned)
+            self.assertLessEqual(mentioned, known, name)
+        for command in ("init", "next", "exec", "checkpoint", "done", "stop"):
+            self.assertRegex(readme, rf"(?m)^longrun {command} ", f"the README's CLI summary lists {command}")
 
 
 if __name__ == "__main__":

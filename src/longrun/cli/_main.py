@@ -54,8 +54,9 @@ INTERNAL_ERROR = 70
 the task's own code inside ``run()``; the traceback is printed."""
 
 DESCRIPTION = (
-    "Inspect, verify, steer and resume durable longrun tasks. The store is a JSON-file store "
-    "directory, sqlite:PATH or a postgresql:// URL."
+    "Inspect, verify, steer and resume durable longrun tasks, and run checkpointed sessions from a terminal "
+    "(init, next, exec, checkpoint, done, stop). The store is a JSON-file store directory, sqlite:PATH or a "
+    "postgresql:// URL."
 )
 EPILOG = (
     STORE_HELP
@@ -281,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     answer = add(
         "answer",
-        "answer a durable function's pending question (run.ask) with a value, once",
+        "answer a pending question (a durable function's run.ask, a session's stop) with a value, once",
         "Write an answer bound to the task, plan digest, step and the question's digest, as an approval "
         "of that question that carries the value. VALUE is read as JSON if it parses (42, true, "
         '"text", [1, 2]), else as a plain string.',
