@@ -92,7 +92,7 @@ class SessionFlowTests(FollowNext):
             (("checkpoint", self.store, "t1", "notes", "--evidence", self.write("other.txt", "x")), 2, "notes.txt (the run contract says so)"),
             (("checkpoint", self.store, "t1", "notes", "--evidence", os.path.join(self.work, "missing.txt")), 2, "cannot read"),
             (("next", self.store, "t2"), 2, "longrun init"),
-            (("done", self.store, "t1"), 1, "completion evidence missing for notes, append-a, report, append-b"),
+            (("done", self.store, "t1"), 1, "not recorded yet: notes, append-a, report, append-b"),
             (("exec", self.store, "t1", "append-a", "sh", "-c", "x"), 2, "after --"),
             (("resume", self.store, "t1"), 2, "is a checkpointed session: `longrun next"),
         ]
@@ -190,6 +190,20 @@ class SessionFlowTests(FollowNext):
         settled = self.cli_json("exec", self.store, "t1", "append-a", "--observe", "grep -qx a target.txt", "--", *command)
         self.assertEqual(settled["record"]["state"], "verified", "observed applied: not run again")
         self.assertEqual(self.lines(), ["a"])
+
+    def test_done_refuses_while_a_begun_step_is_not_recorded_even_if_the_evidence_is(self) -> None:
+        self.contract_text = self.contract_text.replace(
+            'evidence = ["notes", "append-a", "report", "append-b"]', 'evidence = ["notes"]'
+        ).replace('command = "echo a >> target.txt"', 'command = "exit 3"')
+        self.write("run-contract.toml", self.contract_text)
+        self.init()
+        self.cli_json("checkpoint", self.store, "t1", "notes", "--evidence", self.write("notes.txt", "plan\n"))
+        self.assertEqual(self.cli_json("exec", self.store, "t1", "append-a", code=1)["status"], "retry-scheduled")
+        revision = self.revision()
+        code, out, err = self.cli("done", self.store, "t1")
+        self.assertEqual(code, 1, out + err)
+        self.assertIn("append-a", err)
+        self.assertEqual(self.revision(), revision)
 
     def test_cancellation_ends_the_session(self) -> None:
         self.init()

@@ -23,8 +23,8 @@ session's task unchanged:
 - ``checkpoint`` records work that is not an external effect with its evidence (a file's SHA-256 or
   a note), as a verified internal step (``longrun.checkpoint``) committed in one write; a step that
   needs approval goes through the approval gate first, bound to that evidence.
-- ``done`` ends the run ``done`` when the contract's completion evidence is recorded, and refuses,
-  naming what is missing, otherwise.
+- ``done`` ends the run ``done`` when the contract's completion evidence is recorded (and no step
+  that was begun is left unrecorded), and refuses, naming what is missing, otherwise.
 - ``stop`` records a legal stop: a question for a person (a ``longrun.ask`` step ``decision-N``),
   answered with ``longrun answer``. Until it is answered every command stops ``awaiting-input``.
 
@@ -193,7 +193,7 @@ class SessionResult:
     record: EffectRecord | None = None
     created: bool = False
     missing: tuple[str, ...] = ()
-    """``done``: required steps not recorded yet (nothing was written)."""
+    """``done``: steps not recorded yet (the completion evidence, and any step begun), so nothing was written."""
     notes: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, JSONValue]:
@@ -610,13 +610,13 @@ class Session:
         state, contract = self._session()
         if state.status is Status.DONE:
             return self._after(None, None, notes=("the task is already done",))
-        missing = tuple(step_id for step_id in contract.required if not _verified(state, step_id))
+        missing = self._unfinished(contract, state)
         if missing:
             return SessionResult(self._next(state, contract), None, missing=missing)
 
         def drive(engine: Engine) -> None:
             _settle_decisions(engine)
-            still = [step_id for step_id in contract.required if not _verified(engine.state, step_id)]
+            still = self._unfinished(contract, engine.state)
             if still:
                 raise engine.mismatch(f"completion evidence missing for {still}", "run `longrun next` again")
             raise engine.finish(list(contract.required))
@@ -624,6 +624,16 @@ class Session:
         outcome = self._run(self._engine(contract), _SessionPlan(contract, drive), contract)
         state, contract = self._session()
         return self._after(None, outcome, notes=self._evidence_drift(state, contract))
+
+    @staticmethod
+    def _unfinished(contract: SessionContract, state: RunState) -> tuple[str, ...]:
+        """What ``done`` waits for: the completion evidence, and every step begun (it has a record) but not recorded."""
+        begun = {step.step_id for step in contract.steps if step.step_id in state.effects}
+        return tuple(
+            step.step_id
+            for step in contract.steps
+            if (step.step_id in contract.required or step.step_id in begun) and not _verified(state, step.step_id)
+        )
 
     def stop(self, reason: str) -> SessionResult:
         """Record a legal stop: a question for a person (``longrun stop``), answered with ``longrun answer``."""

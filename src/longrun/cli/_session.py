@@ -212,13 +212,13 @@ def cmd_done(store: Store, spec: str, task_id: str, as_json: bool, out: TextIO, 
     result = _session(store, spec, task_id, out, err, as_json).done()
     if result.missing:
         code = ExitCode.NOT_AS_ASKED
-        head = [f"task {task_id}: not done: completion evidence missing for {', '.join(result.missing)}; nothing was written"]
+        head = [f"task {task_id}: not done: not recorded yet: {', '.join(result.missing)}; nothing was written"]
     else:
         code = _result_exit(result, expected=Status.DONE)
         status = result.outcome.status.value if result.outcome is not None else "done"
         head = [f"task {task_id}: {status}"]
     if result.missing and not as_json:
-        err.write(f"longrun done: not done: completion evidence missing for {', '.join(result.missing)}\n")
+        err.write(f"longrun done: not done: not recorded yet: {', '.join(result.missing)} (completion evidence, or steps begun)\n")
     return _emit(result, code, as_json, out, head)
 
 
