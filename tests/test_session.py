@@ -310,6 +310,57 @@ class OtherStoreTests(FollowNext):
         self.assertEqual(self.lines(), ["a", "b"])
 
 
+class ArgumentFuzzTests(SessionCase):
+    def test_odd_arguments_get_an_exit_code_never_a_traceback(self) -> None:
+        import random
+
+        self.init()
+        self.write("notes.txt", "plan\n")
+        rng = random.Random(4242)
+        weird = [
+            "", "\x00", "a\x00b", "x" * 5000, "../..", "/", "-", "--", "nan", "inf", "-1", "0", "1e400", "3600",
+            "\udcff", "ünï", "*", "t1", "notes", "append-a", "decision-1", "\n", "a\x01b", "--json", "-y",
+            os.path.join(self.work, "notes.txt"), self.contract,
+        ]  # fmt: skip
+        options = {
+            "init": ["--contract", "--create-store"],
+            "exec": ["--observe", "--timeout", "--approval"],
+            "checkpoint": ["--evidence", "--note"],
+            "stop": ["--reason"],
+        }
+        for case in range(300):
+            command = rng.choice(["init", "next", "exec", "checkpoint", "done", "stop"])
+            argv = [command, self.store if rng.random() < 0.8 else rng.choice(weird), "t1" if rng.random() < 0.7 else rng.choice(weird)]
+            if command in ("exec", "checkpoint"):
+                argv.append(rng.choice(["notes", "append-a", "report", *weird]))
+            for _ in range(rng.randint(0, 3)):
+                option = rng.choice(options.get(command, ["--json"]))
+                argv.append(option)
+                if option not in ("--json", "--approval", "--create-store"):
+                    argv.append(rng.choice(weird))
+            if command == "exec" and rng.random() < 0.5:
+                argv += ["--", *rng.sample(weird, rng.randint(1, 3))]
+            with self.subTest(case=case, argv=repr(argv)[:300]):
+                code, out, err = self.cli(*argv)
+                self.assertIn(code, (0, 1, 2, 3, 4), err[-2000:])
+                self.assertNotIn("Traceback", err)
+        self.assertEqual(self.lines(), [], "no odd command reached the target")
+
+    def test_a_command_that_cannot_be_given_to_a_program_is_refused_before_anything_is_recorded(self) -> None:
+        self.contract_text = self.contract_text.replace('command = "echo a >> target.txt"\n', "", 1)
+        self.write("run-contract.toml", self.contract_text)
+        self.init()
+        self.cli_json("checkpoint", self.store, "t1", "notes", "--evidence", self.write("notes.txt", "plan\n"))
+        revision = self.revision()
+        for command in (["sh", "-c", "echo a\x00b"], ["echo", "\udcff"], [""]):
+            with self.subTest(command=command):
+                code, out, err = self.cli("exec", self.store, "t1", "append-a", "--", *command)
+                self.assertEqual(code, 2, out + err)
+        self.assertEqual(self.revision(), revision)
+        ran = self.cli_json("exec", self.store, "t1", "append-a", "--", "sh", "-c", "echo a >> target.txt")
+        self.assertEqual(ran["record"]["state"], "verified")
+
+
 class BadContractTests(SessionCase):
     def test_a_bad_contract_creates_nothing(self) -> None:
         cases = {

@@ -238,6 +238,19 @@ def _text(value: str, what: str) -> str:
     return value
 
 
+def _check_argv(argv: Sequence[str]) -> None:
+    """A command that can be recorded and run: an argv of text with no NUL bytes, the first not empty."""
+    if not argv or not argv[0]:
+        raise InvalidInputError("the command is empty")
+    for item in argv:
+        if "\x00" in item:
+            raise InvalidInputError(f"the command's argument {item[:40]!r} holds a NUL byte, which no program can be given")
+        try:
+            item.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInputError(f"the command's argument {item[:40]!r} is not text (bytes that are not UTF-8)") from None
+
+
 def file_evidence(path: str) -> dict[str, JSONValue]:
     """A file as checkpoint evidence: its absolute path, SHA-256 and size."""
     full = os.path.abspath(path)
@@ -479,6 +492,8 @@ class Session:
                 f"`longrun checkpoint {self.store_spec} {self.task_id} {step_id} ...`"
             )
         argv = tuple(command) if command else None
+        if argv is not None:
+            _check_argv(argv)
         if step.command is not None and argv is not None and argv != step.command:
             raise InvalidInputError(
                 f"the run contract gives step {step_id!r} the command `{shlex.join(step.command)}`, not `{shlex.join(argv)}`; "
@@ -506,6 +521,7 @@ class Session:
             )
         if observe is not None:
             _text(observe, "the observe command")
+            _check_argv((observe,))
         if timeout_s is not None and not timeout_s > 0:
             raise InvalidInputError(f"the timeout must be a positive number of seconds, got {timeout_s!r}")
         wants_approval = approval or step.approval

@@ -227,8 +227,8 @@ class CommandAdapter:
                 stderr=subprocess.PIPE,
                 process_group=0,
             )
-        except OSError as exc:  # nothing was started, so nothing took effect
-            raise TransientError(f"could not start {command[0]!r}: {exc.strerror or exc}") from exc
+        except (OSError, ValueError) as exc:  # refused before anything was started (ValueError: a NUL byte), so nothing took effect
+            raise TransientError(f"could not start {command[0]!r}: {getattr(exc, 'strerror', None) or exc}") from exc
         assert process.stdout is not None and process.stderr is not None
         out, err = _Stream(process.stdout, self._stdout), _Stream(process.stderr, self._stderr)
         try:
@@ -293,8 +293,8 @@ class CommandAdapter:
                 stderr=subprocess.PIPE,
                 process_group=0,
             )
-        except OSError as exc:
-            return Observation.unknown(f"could not start the observe command: {exc.strerror or exc}")
+        except (OSError, ValueError) as exc:
+            return Observation.unknown(f"could not start the observe command: {getattr(exc, 'strerror', None) or exc}")
         assert process.stderr is not None
         err = _Stream(process.stderr, self._stderr)
         try:
