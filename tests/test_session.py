@@ -173,6 +173,22 @@ class SessionFlowTests(FollowNext):
         self.assertEqual((ran["record"]["state"], ran["record"]["attempts"]), ("verified", 2))
         self.assertEqual(self.lines(), ["a"])
 
+    def test_the_contracts_attempt_budget_ends_the_task_when_a_command_keeps_failing(self) -> None:
+        self.contract_text = self.contract_text.replace('command = "echo a >> target.txt"', 'command = "exit 3"').replace(
+            "max_attempts = 30", "max_attempts = 2"
+        )
+        self.write("run-contract.toml", self.contract_text)
+        self.init()
+        self.cli_json("checkpoint", self.store, "t1", "notes", "--evidence", self.write("notes.txt", "plan\n"))
+        failed = self.cli_json("exec", self.store, "t1", "append-a", code=1)
+        self.assertEqual((failed["status"], failed["record"]["attempts"]), ("retry-scheduled", 1))
+        time.sleep(0.25)  # the contract's retry delay: the wait it asks for, not a timing assertion
+        ended = self.cli_json("exec", self.store, "t1", "append-a", code=4)
+        self.assertEqual((ended["status"], ended["record"]["attempts"]), ("limits-exhausted", 2), "the last attempt failed: over")
+        self.assertEqual(self.cli_json("exec", self.store, "t1", "append-a", code=4)["record"]["attempts"], 2, "no third attempt")
+        advice = self.next(code=4)
+        self.assertEqual((advice["kind"], advice["who"]), ("ended", "nobody"))
+
     def test_a_command_that_times_out_is_unknown_without_an_observe_command(self) -> None:
         self.contract_text = self.contract_text.replace(
             'command = "echo a >> target.txt"\nobserve = "test -f target.txt && grep -qx a target.txt"\n', ""

@@ -119,7 +119,8 @@ class ContractLimits:
     max_elapsed_s: float | None = None
     max_no_progress_s: float | None = None
     approval_ttl_s: float = 86_400.0
-    lease_ttl_s: float = 30.0
+    lease_ttl_s: float = 10.0
+    """A killed command's lease runs out after this; until then the next command waits for it."""
     timeout_s: float = 3600.0
     """The longest a command may run (``longrun exec --timeout`` or the step's ``timeout_s`` say otherwise)."""
     observe_timeout_s: float = 60.0

@@ -417,7 +417,7 @@ class Session:
             wait = max(0.0, lease.remaining(self.clock.now(), self._monotonic_reading()))
             if time.monotonic() + wait > deadline:
                 return outcome
-            log.info("the lease on %s belongs to %s, which is gone: waiting %.2fs for it to expire", self.task_id, lease.owner, wait)
+            log.warning("the lease on %s belongs to %s, which is gone: waiting %.1fs for it to expire", self.task_id, lease.owner, wait)
             time.sleep(wait + 0.02)
 
     def _guard_order(self, engine: Engine, contract: SessionContract, step_id: str) -> None:
