@@ -155,6 +155,25 @@ class SessionFlowTests(FollowNext):
         self.cli_json("exec", self.store, "t1", "append-b")
         self.assertEqual(self.lines(), ["a", "b"])
 
+    def test_a_checkpoint_that_needs_approval_is_bound_to_its_evidence(self) -> None:
+        self.contract_text = self.contract_text.replace('path = "notes.txt"\n', 'path = "notes.txt"\napproval = true\n')
+        self.write("run-contract.toml", self.contract_text)
+        self.init()
+        notes = self.write("notes.txt", "plan\n")
+        asked = self.cli_json("checkpoint", self.store, "t1", "notes", "--evidence", notes, code=1)
+        self.assertEqual((asked["status"], asked["record"]["state"]), ("awaiting-approval", "planned"))
+        self.assertEqual(self.next(code=1)["who"], "operator")
+        self.cli_json("approve", self.store, "t1", "--step", "notes", "--yes")
+        self.write("notes.txt", "another plan\n")
+        code, _, err = self.cli("checkpoint", self.store, "t1", "notes", "--evidence", notes)
+        self.assertEqual(code, 2, "the approval is for the evidence as it was")
+        self.assertIn("put back what was asked to be approved", err)
+        self.write("notes.txt", "plan\n")
+        recorded = self.cli_json("checkpoint", self.store, "t1", "notes", "--evidence", notes)
+        self.assertEqual(recorded["record"]["state"], "verified")
+        self.assertIsNotNone(recorded["record"]["approval_id"])
+        self.assertEqual(recorded["next"]["step"], "append-a")
+
     def test_a_failed_command_comes_back_to_the_agent_and_counts_an_attempt(self) -> None:
         self.contract_text = self.contract_text.replace('command = "echo a >> target.txt"', 'command = "test -f ready && echo a >> target.txt"')
         self.contract_text = self.contract_text.replace('observe = "test -f target.txt && grep -qx a target.txt"\n', "", 1)
