@@ -365,8 +365,8 @@ class ArgumentFuzzTests(SessionCase):
         }
         # Relative names land in the temporary directory; no store outside it (init --create-store may make one).
         stores = [name for name in weird if name not in ("/", "../..") and not os.path.isabs(name)]
+        self.addCleanup(os.chdir, os.getcwd())
         os.chdir(self.work)
-        self.addCleanup(os.chdir, support.ROOT)
         for case in range(300):
             command = rng.choice(["init", "next", "exec", "checkpoint", "done", "stop"])
             argv = [command, self.store if rng.random() < 0.8 else rng.choice(stores), "t1" if rng.random() < 0.7 else rng.choice(weird)]
