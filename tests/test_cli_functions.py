@@ -106,6 +106,12 @@ class StartAndResumeTests(unittest.TestCase):
         again = self.cli("resume", self.tasks, "p1", "--path", self.code, "--json")
         self.assertEqual(json.loads(again.stdout)["result"], {"colour": "red", "count": 3})
         self.assertEqual(len(read_outbox(os.path.join(self.tasks, "outbox.jsonl"))), 1)
+        # Answers and the function's own record are settled by the engine, with no attempt at a target:
+        # a finished durable task is not damaged.
+        verify = self.cli("verify", self.tasks, "p1", "--json")
+        self.assertEqual(verify.returncode, 0, verify.stdout)
+        ledger = [check for check in json.loads(verify.stdout)["checks"] if check["name"] == "ledger"]
+        self.assertEqual([check["result"] for check in ledger], ["ok"], ledger)
 
     def test_a_task_started_with_python_dash_m_records_the_module_name_so_resume_finds_it(self) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, self.code]), "TASKS_DIR": self.tasks}

@@ -1,4 +1,4 @@
-"""The operator command line: ``longrun ls | status | history | verify | approve | cancel | repair | resume | demo``.
+"""The operator command line: ``longrun ls | status | history | verify | approve | answer | cancel | repair | resume | start | demo``, and a session's ``init | next | exec | checkpoint | done | stop``.
 
 The only part of longrun that prints. Every command but ``resume`` and ``demo`` works on a store
 named by the operator: a JSON-file store directory, ``sqlite:PATH`` or a ``postgresql://`` URL,
@@ -6,7 +6,8 @@ given as the ``STORE`` argument or with ``--store SPEC`` (never created by the C
 ``status``, ``history`` and ``verify`` are read-only; ``approve`` and ``cancel`` write one control
 record each; ``repair --lease`` sets a damaged lease record aside and writes a released lease; ``resume MODULE:FUNCTION`` imports a function that builds a ``Runner`` and runs it
 once (the recovery trigger for cron or systemd); ``demo`` runs a fictional task through a real
-SIGKILL and resume. Every command takes ``--json``.
+SIGKILL and resume. ``init``, ``next``, ``exec``, ``checkpoint``, ``done`` and ``stop`` run a
+checkpointed session for an agent with only a terminal (``_session``). Every command takes ``--json``.
 
 Exit codes:
 

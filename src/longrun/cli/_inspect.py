@@ -65,10 +65,13 @@ def _table(rows: Sequence[tuple[str, ...]], indent: str) -> list[str]:
 
 def step_kind(action: str) -> str:
     """What a ledger record is, for people: an effect, or a durable function's call, timer,
-    question, child task or own record."""
+    question, child task or own record, or a checkpointed session's checkpoint or contract."""
     if not is_internal(action):
         return "effect"
-    return {"call": "call", "sleep": "timer", "ask": "question", "child": "child", "function": "function"}.get(
+    return {
+        "call": "call", "sleep": "timer", "ask": "question", "child": "child", "function": "function",
+        "checkpoint": "checkpoint", "contract": "contract",
+    }.get(  # fmt: skip
         action[len(INTERNAL_PREFIX) :], "internal"
     )
 

@@ -56,8 +56,9 @@ INTERNAL_ERROR = 70
 the task's own code inside ``run()``; the traceback is printed."""
 
 DESCRIPTION = (
-    "Inspect, verify, steer and resume durable longrun tasks. The store is a JSON-file store "
-    "directory, sqlite:PATH or a postgresql:// URL."
+    "Inspect, verify, steer and resume durable longrun tasks, and run checkpointed sessions from a terminal "
+    "(init, next, exec, checkpoint, done, stop). The store is a JSON-file store directory, sqlite:PATH or a "
+    "postgresql:// URL."
 )
 EPILOG = (
     STORE_HELP
@@ -105,8 +106,22 @@ exit codes:
   3  storage error, or a lease record written by a newer longrun (upgrade longrun instead)
 """
 
-_STORE_COMMANDS = ("status", "history", "verify", "approve", "answer", "cancel", "repair", "ls")
-_TASK_COMMANDS = ("status", "history", "verify", "approve", "answer", "cancel", "repair")
+_SESSION_COMMANDS = ("init", "next", "exec", "checkpoint", "done", "stop")
+_STORE_COMMANDS = ("status", "history", "verify", "approve", "answer", "cancel", "repair", "ls", *_SESSION_COMMANDS)
+_TASK_COMMANDS = ("status", "history", "verify", "approve", "answer", "cancel", "repair", "init", "next", "done", "stop")
+_STEP_COMMANDS = ("exec", "checkpoint")
+"""Commands with a STEP after TASK (STORE must come first, or be given with --store)."""
+
+SESSION_EPILOG = """\
+exit codes:
+  0  next: there is an action for the agent (or the task is done); exec, checkpoint: the step is
+     recorded (now or before); init: started (or already, with this contract); done: done; stop: recorded
+  1  not now: wait, or a person must act (approve, answer, resolve); exec/checkpoint stopped short of
+     recording the step; done refused because completion evidence is missing (it names it)
+  2  usage or bad input: a bad run contract (with its line), unknown task or step, a step out of order
+  3  storage error or damaged state
+  4  the run ended without finishing (cancelled, limits-exhausted, blocked)
+"""
 
 
 MAX_TTL_S = 10 * 366 * 86_400.0
@@ -283,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     answer = add(
         "answer",
-        "answer a durable function's pending question (run.ask) with a value, once",
+        "answer a pending question (a durable function's run.ask, a session's stop) with a value, once",
         "Write an answer bound to the task, plan digest, step and the question's digest, as an approval "
         "of that question that carries the value. VALUE is read as JSON if it parses (42, true, "
         '"text", [1, 2]), else as a plain string.',
@@ -363,6 +378,89 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_json(start, "the outcome (RunOutcome.to_json())")
 
+    init = add(
+        "init",
+        "start a checkpointed session's task from a machine-readable run contract (TOML)",
+        "Validate the run contract (templates/run-contract.toml) and start TASK from it: the contract is recorded "
+        "with the task's first revision and pinned by its plan digest. The same contract again changes nothing; "
+        "another is refused. A bad contract is refused with the line that holds the problem, and nothing is created.",
+        SESSION_EPILOG,
+    )
+    _add_store(init, task=True)
+    init.add_argument("--contract", metavar="FILE", type=_path, required=True, help="the run contract (TOML)")
+    init.add_argument(
+        "--create-store", action="store_true", help="create the store if it does not exist (a directory, or sqlite:PATH's file)"
+    )
+    _add_json(init, "{created, next, ...} (see next --json for the next action's fields)")
+
+    next_ = add(
+        "next",
+        "say exactly one safe next action for a checkpointed session (the continuation rule; read-only)",
+        "From the store alone: the one safe next action for the agent (the commands to run), or the legal stop "
+        "and what would unblock it. An agent that lost its context runs this and nothing else to know what to do. "
+        "Read-only: takes no lease.",
+        SESSION_EPILOG,
+    )
+    _add_store(next_, task=True)
+    _add_json(next_, "{kind, who, next_action, commands, cwd, step, evidence, unblock, retry_after_s, notes, ...}")
+
+    exec_ = add(
+        "exec",
+        "run a session step's command as an effect through the ledger, exactly once",
+        "Run STEP's command (after --, or the one the run contract gives) through the effect ledger: the intent "
+        "is durable before it starts, the step's action must be allowed by the contract, cancellation and approval "
+        "are read fresh, the lease is held; the exit status and the digests of stdout and stderr are the receipt. "
+        "Run again after a crash, it observes (--observe CMD: exit 0 applied, 1 absent, else unknown) instead of "
+        "running the command again; without an observe command an interrupted command is unknown and the task "
+        "stops unsafe-to-continue.",
+        SESSION_EPILOG,
+    )
+    exec_.add_argument("store", metavar="STORE", nargs="?", type=_path, help="the store (or use --store)")
+    exec_.add_argument("task", metavar="TASK", help="the task id")
+    exec_.add_argument("step", metavar="STEP", type=_step_id, help="the step id, as the run contract names it")
+    exec_.add_argument("--store", dest="store_option", metavar="SPEC", type=_path, help="the store, instead of the STORE argument")
+    exec_.add_argument("--observe", metavar="CMD", type=_reason, help="a shell command: exit 0 if the effect took place, 1 if not")
+    exec_.add_argument("--approval", action="store_true", help="gate the command on `longrun approve` (also if the contract says so)")
+    exec_.add_argument("--timeout", metavar="SECONDS", type=_positive_seconds, help="kill the command after this long (its outcome is then observed)")
+    _add_json(exec_, "{status, step, record, outcome, next, exit_code} (the command's own output goes to stderr)")
+
+    checkpoint = add(
+        "checkpoint",
+        "record a session step that is not an external effect, with its evidence's digest",
+        "Record STEP (a file written, a test run) with its evidence: --evidence FILE records the file's SHA-256, "
+        "--note TEXT a note. A checkpoint is recorded once.",
+        SESSION_EPILOG,
+    )
+    checkpoint.add_argument("store", metavar="STORE", nargs="?", type=_path, help="the store (or use --store)")
+    checkpoint.add_argument("task", metavar="TASK", help="the task id")
+    checkpoint.add_argument("step", metavar="STEP", type=_step_id, help="the step id, as the run contract names it")
+    checkpoint.add_argument("--store", dest="store_option", metavar="SPEC", type=_path, help="the store, instead of the STORE argument")
+    evidence = checkpoint.add_mutually_exclusive_group(required=True)
+    evidence.add_argument("--evidence", metavar="FILE", type=_path, help="the file the step produced: its SHA-256 is recorded")
+    evidence.add_argument("--note", metavar="TEXT", type=_reason, help="what was done and how you know")
+    _add_json(checkpoint, "{status, step, record, outcome, next, exit_code}")
+
+    done = add(
+        "done",
+        "end a checkpointed session done, if the contract's completion evidence is recorded",
+        "Check the run contract's completion evidence against what was recorded: end the run done, or refuse "
+        "(exit 1), naming what is missing, and write nothing.",
+        SESSION_EPILOG,
+    )
+    _add_store(done, task=True)
+    _add_json(done, "{status, missing, notes, outcome, next, exit_code}")
+
+    stop = add(
+        "stop",
+        "record a legal stop in a checkpointed session (blocked, needs a decision) for a person to answer",
+        "Record a stop: a question for a person (step decision-N), so the next session sees it. Until a person "
+        "answers it with `longrun answer STORE TASK decision-N VALUE`, every command stops awaiting-input.",
+        SESSION_EPILOG,
+    )
+    _add_store(stop, task=True)
+    stop.add_argument("--reason", metavar="TEXT", type=_reason, required=True, help="why: what is blocked or must be decided")
+    _add_json(stop, "{status, step, outcome, next, exit_code}")
+
     demo = add(
         "demo",
         "run a fictional 5-step task, SIGKILL its worker mid-effect, resume, check exactly-once",
@@ -413,8 +511,15 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return cmd_start(args.target, args.task, args.args, args.kwargs, args.path, args.json, out, err, verbose=args.verbose > 0)
     spec = args.store_spec
-    if args.command in _TASK_COMMANDS:
+    if args.command in _TASK_COMMANDS or args.command in _STEP_COMMANDS:
         checked_task(args.task)  # an unsafe id is refused before the store is opened
+    if args.command == "init":
+        from ..contractfile import load_contract
+        from ._session import create_store
+
+        load_contract(args.contract)  # a bad contract is refused before anything is created
+        if args.create_store:
+            create_store(spec)
     store = open_store(spec)
     try:
         return _store_command(args, store, store_label(spec), out, err)
@@ -490,13 +595,47 @@ def _store_command(args: argparse.Namespace, store: Store, label: str, out: Text
         from ._control import cmd_repair
 
         return cmd_repair(store, args.task, repaired_by=f"longrun repair ({login_name()})", out=out, as_json=args.json)
+    if args.command in _SESSION_COMMANDS:
+        return _session_command(args, store, out, err)
     raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover
 
 
+def _session_command(args: argparse.Namespace, store: Store, out: TextIO, err: TextIO) -> int:
+    from . import _session as session
+
+    spec = args.store_spec
+    if args.command == "init":
+        return session.cmd_init(store, spec, args.task, args.contract, args.json, out, err)
+    if args.command == "next":
+        return session.cmd_next(store, spec, args.task, args.json, out, err)
+    if args.command == "exec":
+        return session.cmd_exec(
+            store, spec, args.task, args.step, args.command_argv,
+            observe=args.observe, timeout_s=args.timeout, approval=args.approval, as_json=args.json, out=out, err=err,
+        )  # fmt: skip
+    if args.command == "checkpoint":
+        return session.cmd_checkpoint(
+            store, spec, args.task, args.step, evidence=args.evidence, note=args.note, as_json=args.json, out=out, err=err
+        )
+    if args.command == "done":
+        return session.cmd_done(store, spec, args.task, args.json, out, err)
+    return session.cmd_stop(store, spec, args.task, args.reason, args.json, out, err)
+
+
 def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    """``parse_args``, except that ``STORE --option TASK`` (an option between the two) still parses."""
-    args, extras = parser.parse_known_args(argv)
+    """``parse_args``, except that ``STORE --option TASK`` (an option between the two) still parses,
+    and that everything after ``exec``'s ``--`` is its command, untouched."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    command_argv: list[str] = []
+    first = next((index for index, word in enumerate(words) if not word.startswith("-")), None)
+    if first is not None and words[first] == "exec" and "--" in words[first:]:
+        cut = words.index("--", first)
+        words, command_argv = words[:cut], words[cut + 1 :]
+    args, extras = parser.parse_known_args(words)
+    args.command_argv = command_argv
     command_parser = getattr(args, "command_parser", parser)
+    if extras and args.command == "exec":
+        command_parser.error(f"unrecognized arguments: {' '.join(extras)} (put the command after --)")
     if (
         extras
         and args.command in _TASK_COMMANDS

@@ -220,6 +220,7 @@ def cmd_resume_task(
 ) -> int:
     """``longrun resume STORE TASK``: run the durable function the task records, with its arguments."""
     from ..functions import FUNCTION_STEP
+    from ..session import CONTRACT_STEP
 
     checked_task(task_id)
     store = open_store(spec)
@@ -230,6 +231,11 @@ def cmd_resume_task(
         if callable(close):
             close()
     record = loaded.state.effects.get(FUNCTION_STEP) if loaded.state is not None else None
+    if loaded.state is not None and record is None and CONTRACT_STEP in loaded.state.effects:
+        raise CliError(
+            f"task {task_id!r} is a checkpointed session: `longrun next {spec} {task_id}` says what to do next",
+            ExitCode.USAGE,
+        )
     if loaded.state is None or record is None or not isinstance(record.payload, dict):
         raise CliError(
             f"task {task_id!r} records no durable function (it has no state yet, or runs a declared plan: "

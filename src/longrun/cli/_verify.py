@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from ..cancellation import judge_cancellation
+from ..contract import is_internal
 from ..envelope import RunState
 from ..errors import CorruptStateError, LongrunError
 from ..ledger import EffectState
@@ -116,7 +117,9 @@ def _check_ledger(checks: _Checks, state: RunState) -> list[str]:
             problems.append(f"the record under step {step_id!r} names step {record.step_id!r}")
         if record.state in (EffectState.STARTED, EffectState.ACKNOWLEDGED) and record.attempts < 1:
             problems.append(f"{record.key} is {record.state.value} with no attempt counted")
-        if record.state is EffectState.VERIFIED and record.attempts < 1:
+        # An internal record (a durable function's own record, an answer, a timer, a session's
+        # checkpoint) has no target to attempt or observe: the engine settles it itself.
+        if record.state is EffectState.VERIFIED and record.attempts < 1 and not is_internal(record.action):
             if record.evidence:
                 notes.append(
                     f"{record.key} was verified by observation with no attempt counted (a recovery from a backup: the "
