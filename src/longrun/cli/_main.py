@@ -190,6 +190,14 @@ def _step_id(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _add_module_options(command: argparse.ArgumentParser) -> None:
+    """``--path`` and ``--json`` of the commands that import a task's code and run it once."""
+    command.add_argument(
+        "--path", metavar="DIR", type=_path, action="append", default=[], help="search DIR for MODULE first (repeatable)"
+    )
+    _add_json(command, "the outcome (RunOutcome.to_json())")
+
+
 def _add_authority_options(command: argparse.ArgumentParser, record: str) -> None:
     command.add_argument(
         "--sign-key",
@@ -356,10 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
         "task", metavar="TASK", nargs="?",
         help="with STORE: resume the durable function the task records, with the arguments it records",
     )  # fmt: skip
-    resume.add_argument(
-        "--path", metavar="DIR", type=_path, action="append", default=[], help="search DIR for MODULE first (repeatable)"
-    )
-    _add_json(resume, "the outcome (RunOutcome.to_json())")
+    _add_module_options(resume)
 
     start = add(
         "start",
@@ -373,10 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("task", metavar="TASK")
     start.add_argument("--args", metavar="JSON", default="[]", help="positional arguments, a JSON array (default [])")
     start.add_argument("--kwargs", metavar="JSON", default="{}", help="keyword arguments, a JSON object (default {})")
-    start.add_argument(
-        "--path", metavar="DIR", type=_path, action="append", default=[], help="search DIR for MODULE first (repeatable)"
-    )
-    _add_json(start, "the outcome (RunOutcome.to_json())")
+    _add_module_options(start)
 
     init = add(
         "init",

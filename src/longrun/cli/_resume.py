@@ -161,6 +161,11 @@ def cmd_resume(target: str, paths: Sequence[str], as_json: bool, out: TextIO, er
         raise
     except Exception as exc:
         raise TaskCodeError(f"{target}: run() raised {_explain(exc)}") from exc
+    return _report(outcome, as_json, out)
+
+
+def _report(outcome: RunOutcome, as_json: bool, out: TextIO) -> int:
+    """Print the outcome (text or JSON) and return the exit code its status maps to."""
     code = STATUS_EXIT.get(outcome.status, ExitCode.NOT_AS_ASKED)
     if as_json:
         write_json(out, outcome.to_json())
@@ -186,12 +191,7 @@ def _run_durable(function: Any, task_id: str, args: list[Any], kwargs: dict[str,
         raise
     except Exception as exc:
         raise TaskCodeError(f"{name}: the function raised {_explain(exc)}") from exc
-    code = STATUS_EXIT.get(outcome.status, ExitCode.NOT_AS_ASKED)
-    if as_json:
-        write_json(out, outcome.to_json())
-    else:
-        out.write(_render(outcome, code))
-    return code
+    return _report(outcome, as_json, out)
 
 
 def _json_argument(text: str, option: str, kind: type) -> Any:
