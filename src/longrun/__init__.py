@@ -17,6 +17,7 @@ from .budget import Backoff, BudgetCounters, Limits, RetryPolicy
 from .cancellation import Cancellation
 from .contract import RunContract, Step, plan_digest
 from .envelope import RunState
+from .events import RunEvent
 from .errors import (
     AdapterError,
     CallFailed,
@@ -98,6 +99,7 @@ __all__ = [
     "RetryPolicy",
     "Run",
     "RunContract",
+    "RunEvent",
     "RunOutcome",
     "RunState",
     "Runner",

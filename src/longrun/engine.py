@@ -48,6 +48,7 @@ from .canonical import MAX_VALUE_BYTES, JSONValue, canonical_bytes, digest_of, e
 from .contract import INTERNAL_PREFIX, RunContract, Step, is_internal
 from .control import ControlRecord, RefusedRecord
 from .envelope import RunState
+from .events import EventHook, Reporter
 from .errors import (
     CorruptStateError,
     FencedError,
@@ -187,10 +188,12 @@ class Engine:
         lease_ttl_s: float = 30.0,
         approvals: ApprovalSource | None = None,
         cancellations: CancellationSource | None = None,
+        on_event: EventHook | None = None,
     ):
         if not isinstance(contract, RunContract):
             raise InvalidInputError("contract must be a RunContract")
         self.contract = contract
+        self._reporter = Reporter(contract.task_id, on_event)
         if not isinstance(adapters, Mapping):
             raise InvalidInputError("adapters must map action names to EffectAdapter objects")
         # The Protocol check is once per action, not once per step (a plan may have 100,000 steps).
@@ -271,6 +274,7 @@ class Engine:
         self._wake_at = None
         self._result = None
         self.plan_digest = plan.digest
+        self._reporter.begin(self.owner)
         try:
             self._lease = self.store.acquire_lease(
                 self.task_id, self.owner, self.lease_ttl_s, self.clock.now(), **self._monotonic_reading()
@@ -371,6 +375,7 @@ class Engine:
     def _put(self, record: EffectRecord) -> None:
         """Replace a step's effect record in the working state; it goes out with the next commit."""
         assert self._state is not None
+        self._reporter.moved(self._state.effects.get(record.step_id), record)
         self._state.effects[record.step_id] = record
         self._changed.add(record.step_id)
         self._dirty = True
@@ -405,6 +410,7 @@ class Engine:
         self._dirty = False
         if _crashpoints.ARMED:
             _crashpoints.hit("state.committed", state.revision)
+        self._reporter.committed(state)
 
     def _stop(self, status: Status, next_action: str, *, wake_at: float | None = None) -> _Stop:
         """Record a stop in the state (committed) and return the exception that unwinds to ``run``."""
@@ -1114,6 +1120,9 @@ class Engine:
 
     def _outcome(self, status: Status, next_action: str) -> RunOutcome:
         state = self._state
+        self._reporter.stopped(
+            status, next_action, revision=state.revision if state is not None else 0, epoch=self._lease.epoch if self._lease is not None else 0
+        )
         return RunOutcome(
             status=status,
             next_action=next_action,

@@ -45,6 +45,7 @@ from .canonical import JSONValue, digest_of, ensure_json
 from .contract import ASK_ACTION, INTERNAL_PREFIX, RunContract, Step, check_step_id, check_task_id
 from .engine import Engine
 from .envelope import RunState
+from .events import EventHook
 from .errors import CallFailed, InvalidInputError
 from .ledger import EffectState
 from .outcome import ENDED_UNFINISHED, RunOutcome, Status
@@ -364,11 +365,13 @@ def durable(
     lease_ttl_s: float = 30.0,
     approvals: ApprovalSource | None = None,
     cancellations: CancellationSource | None = None,
+    on_event: EventHook | None = None,
 ) -> Callable[[Callable[..., R]], DurableFunction[R]]:
     """Make ``fn(run, *args, **kwargs)`` a durable function (see the module docstring).
 
     ``contract`` is a ``RunContract`` whose task id is replaced by each run's; without one, a
-    contract is built from ``goal``, ``allowed_actions`` and ``forbidden_actions``.
+    contract is built from ``goal``, ``allowed_actions`` and ``forbidden_actions``. ``on_event``
+    receives a ``longrun.events.RunEvent`` after each commit that made a transition durable.
     """
     if contract is not None and (allowed_actions or forbidden_actions or goal is not None):
         raise InvalidInputError("give either contract= or goal/allowed_actions/forbidden_actions, not both")
@@ -394,6 +397,7 @@ def durable(
             lease_ttl_s=lease_ttl_s,
             approvals=approvals,
             cancellations=cancellations,
+            on_event=on_event,
         )
         Engine(base, **options)  # validates the options now, not at the first run
         return DurableFunction(fn, base, options)

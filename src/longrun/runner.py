@@ -25,6 +25,7 @@ from .clock import SystemClock
 from .contract import RunContract, Step, plan_digest, plan_prefix_digests, validate_plan
 from .engine import Engine, default_owner, utc
 from .envelope import RunState
+from .events import EventHook
 from .errors import UnknownActionError
 from .ledger import EffectState
 from .outcome import TERMINAL, RunOutcome
@@ -38,7 +39,9 @@ class Runner:
 
     Each call of ``run()`` is a recovery followed by as much progress as the run may make now. Keyword
     arguments configure the engine: ``owner`` (a label for people), ``clock``, ``limits``, ``retry``,
-    ``lease_ttl_s``, and the ``approvals`` / ``cancellations`` sources (the store by default).
+    ``lease_ttl_s``, the ``approvals`` / ``cancellations`` sources (the store by default), and
+    ``on_event``, called with a ``longrun.events.RunEvent`` after each commit that made a transition
+    durable (an exception it raises is logged, never breaks the run).
     """
 
     def __init__(
@@ -55,6 +58,7 @@ class Runner:
         lease_ttl_s: float = 30.0,
         approvals: ApprovalSource | None = None,
         cancellations: CancellationSource | None = None,
+        on_event: EventHook | None = None,
     ):
         self.steps = validate_plan(contract, steps)
         self.engine = Engine(
@@ -68,6 +72,7 @@ class Runner:
             lease_ttl_s=lease_ttl_s,
             approvals=approvals,
             cancellations=cancellations,
+            on_event=on_event,
         )
         for action in dict.fromkeys(step.action for step in self.steps):
             if action not in self.engine.adapters:

@@ -279,7 +279,7 @@ class BaseStore:
                 raise
             if self._holders is not None and claim is not None:
                 self._holders.assign(task_id, lease)
-        log.debug("lease on %s acquired by %s at epoch %d", task_id, owner, lease.epoch)
+        log.debug("lease on %s acquired by %s at epoch %d", task_id, owner, lease.epoch, extra={"task": task_id, "epoch": lease.epoch})
         if _crashpoints.ARMED:
             _crashpoints.hit("lease.acquired", lease.epoch)
         return lease
@@ -298,6 +298,7 @@ class BaseStore:
                 committed_revision=self._committed_revision(lease.task_id, current),
             )  # fmt: skip
             self._put_lease(renewed)
+        log.debug("lease on %s renewed by %s at epoch %d", lease.task_id, lease.owner, lease.epoch, extra={"task": lease.task_id, "epoch": lease.epoch})
         if _crashpoints.ARMED:
             _crashpoints.hit("lease.renewed", lease.epoch)
         return renewed
@@ -315,6 +316,7 @@ class BaseStore:
                     committed_revision=self._committed_revision(lease.task_id, current),
                 )
             )  # fmt: skip
+        log.debug("lease on %s released at epoch %d", lease.task_id, lease.epoch, extra={"task": lease.task_id, "epoch": lease.epoch})
         self._let_go(lease)
 
     def _committed_revision(self, task_id: str, current: Lease | None) -> int:

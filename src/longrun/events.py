@@ -1,0 +1,243 @@
+"""What a run tells the application while it runs: log records and an event hook.
+
+Two channels, both fed by the engine, for every face (``Runner`` and ``@durable``):
+
+- **Logging** on the ``longrun`` logger. INFO: a run's start and its stop with the status, and
+  every move of an effect or call record (planned, started, acknowledged, verified, uncertain,
+  retry scheduled, failed). DEBUG: each commit, lease and store detail. WARNING: anomalies (a
+  stop that needs a person, a permanent failure, an adapter that raised, a hook that raised).
+  Every record on that logger carries the same ``extra`` fields, ``task``, ``step``, ``key``,
+  ``state``, ``attempt``, ``epoch`` and ``revision`` (None where they do not apply: a filter on
+  the logger fills in what a record lacks), so a JSON log formatter can emit them as fields.
+  Library code never prints.
+- **Events**: ``on_event(event: RunEvent)``, called on the thread that runs the engine, after the
+  commit that made a transition durable, with one frozen ``RunEvent`` per effect record that the
+  commit changed (in the order the run changed them) and one per change of the run's status (and
+  at each invocation's first commit). An exception from the hook is logged at WARNING with its
+  traceback and never breaks the run.
+
+Not guaranteed: an event for every move a record makes in memory. Between two commits a record
+may pass several states (``planned`` then ``started``; ``acknowledged`` then ``verified``): the
+event reports the state that was committed, which is the one a crash would leave. Events are not
+stored: one is lost if the process dies between the commit and the hook (the store keeps the
+record; ``longrun status`` reads it there, from any process).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+from .canonical import JSONValue
+from .contract import INTERNAL_PREFIX, is_internal
+from .envelope import RunState
+from .errors import InvalidInputError
+from .ledger import EffectRecord, EffectState
+from .outcome import Status
+
+__all__ = ["EventHook", "LOG_FIELDS", "RunEvent", "Reporter", "kind_of"]
+
+log = logging.getLogger("longrun")
+
+LOG_FIELDS = ("task", "step", "key", "state", "attempt", "epoch", "revision")
+"""The ``extra`` fields every log record of a run carries (None where they do not apply)."""
+
+_KINDS = {"call": "call", "sleep": "timer", "ask": "question", "child": "child", "function": "function"}
+_NEEDS_A_PERSON = frozenset(
+    {Status.UNSAFE_TO_CONTINUE, Status.STATE_UNRECOVERABLE, Status.PLAN_MISMATCH, Status.LEASE_LOST, Status.BLOCKED,
+     Status.LIMITS_EXHAUSTED}
+)  # fmt: skip
+"""Stops logged at WARNING: the run cannot go on by itself, or ended without finishing its work."""
+
+
+def kind_of(action: str) -> str:
+    """What a ledger record is, for people: ``effect``, or a durable function's ``call``,
+    ``timer``, ``question``, ``child`` or ``function`` (its own record)."""
+    if not is_internal(action):
+        return "effect"
+    return _KINDS.get(action[len(INTERNAL_PREFIX) :], "internal")
+
+
+@dataclass(frozen=True, slots=True)
+class RunEvent:
+    """One durable transition of a run, as ``on_event`` receives it.
+
+    ``kind`` is ``"run"`` for a change of the run's status (``state`` is then the status, e.g.
+    ``"running"``, ``"awaiting-approval"``, ``"done"``; ``step`` and ``key`` are None and ``detail``
+    is the recorded next action), else what the record is (``kind_of``): ``state`` is the
+    record's ledger state and ``detail`` its last error, if any.
+    """
+
+    task: str
+    step: str | None
+    state: str
+    attempt: int
+    time: float
+    """When the commit was made, by the run's clock (seconds since the epoch)."""
+    revision: int
+    """The revision whose commit made the transition durable."""
+    kind: str = "effect"
+    key: str | None = None
+    epoch: int = 0
+    detail: str | None = None
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "task": self.task,
+            "step": self.step,
+            "state": self.state,
+            "attempt": self.attempt,
+            "time": self.time,
+            "revision": self.revision,
+            "kind": self.kind,
+            "key": self.key,
+            "epoch": self.epoch,
+            "detail": self.detail,
+        }
+
+
+EventHook = Callable[[RunEvent], None]
+"""The type of ``on_event``."""
+
+
+def _extra(
+    task: str,
+    *,
+    step: str | None = None,
+    key: str | None = None,
+    state: str | None = None,
+    attempt: int | None = None,
+    epoch: int | None = None,
+    revision: int | None = None,
+) -> dict[str, object]:
+    return {"task": task, "step": step, "key": key, "state": state, "attempt": attempt, "epoch": epoch, "revision": revision}
+
+
+class _WithFields(logging.Filter):
+    """Gives every record on the ``longrun`` logger the ``LOG_FIELDS`` (None unless set), so a
+    formatter may name them whichever module logged the record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        fields = record.__dict__
+        for name in LOG_FIELDS:
+            if name not in fields:
+                fields[name] = None
+        return True
+
+
+if not any(isinstance(item, _WithFields) for item in log.filters):
+    log.addFilter(_WithFields())
+
+
+class Reporter:
+    """The engine's side of both channels, for one task: it logs moves as the run makes them and
+    hands events to the hook after each commit. Not thread-safe (one per engine)."""
+
+    def __init__(self, task_id: str, hook: EventHook | None):
+        if hook is not None and not callable(hook):
+            raise InvalidInputError(f"on_event must be callable (it receives a RunEvent), got {hook!r}")
+        self.task_id = task_id
+        self.hook = hook
+        self._pending: dict[str, None] = {}
+        """Step ids whose records changed since the last commit, in the order they changed."""
+        self._status: Status | None = None
+
+    # -- the run ------------------------------------------------------------------------------
+
+    def begin(self, owner: str) -> None:
+        """A new invocation: nothing pending, its first commit reports the status."""
+        self._pending.clear()
+        self._status = None
+        log.info("task %s: run started by %s", self.task_id, owner, extra=_extra(self.task_id))
+
+    def stopped(self, status: Status, next_action: str, *, revision: int, epoch: int) -> None:
+        level = logging.WARNING if status in _NEEDS_A_PERSON else logging.INFO
+        if log.isEnabledFor(level):
+            log.log(
+                level,
+                "task %s: run stopped %s at revision %d; next: %s",
+                self.task_id, status.value, revision, next_action,
+                extra=_extra(self.task_id, state=status.value, epoch=epoch or None, revision=revision or None),
+            )  # fmt: skip
+
+    # -- records ------------------------------------------------------------------------------
+
+    def moved(self, previous: EffectRecord | None, record: EffectRecord) -> None:
+        """A record replaced in the working state (durable with the next commit)."""
+        self._pending[record.step_id] = None
+        if previous is not None and previous.state is record.state and previous.not_before == record.not_before:
+            return
+        level = logging.WARNING if record.state is EffectState.FAILED else logging.INFO
+        if not log.isEnabledFor(level):
+            return
+        what = f"{kind_of(record.action)} {record.step_id}"
+        state = record.state.value
+        if record.state is EffectState.PLANNED and previous is not None:
+            if record.not_before is not None:
+                state = "retry-scheduled"
+                text = f"retry scheduled (attempt {record.attempts} failed: {record.last_error})"
+            else:
+                text = f"may be applied again (attempt {record.attempts}: {record.last_error})"
+        elif record.state is EffectState.PLANNED:
+            text = f"planned (action {record.action})"
+        elif record.state is EffectState.STARTED:
+            text = f"attempt {record.attempts} started"
+        elif record.state is EffectState.ACKNOWLEDGED:
+            text = f"acknowledged: {record.receipt}"
+        elif record.state is EffectState.UNCERTAIN:
+            text = f"uncertain: {record.last_error or 'its outcome is not known'}"
+        elif record.state is EffectState.FAILED:
+            text = f"failed: {record.last_error}"
+        else:
+            text = "verified" + (f" ({record.evidence})" if record.evidence else "")
+        log.log(
+            level,
+            "task %s: %s %s",
+            self.task_id, what, text,
+            extra=_extra(self.task_id, step=record.step_id, key=record.key, state=state, attempt=record.attempts,
+                         epoch=record.epoch or None),
+        )  # fmt: skip
+
+    def committed(self, state: RunState) -> None:
+        """``state`` was just committed: log it, and hand the hook what became durable."""
+        pending, self._pending = self._pending, {}
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "task %s: revision %d committed at epoch %d (%d record%s changed, status %s)",
+                self.task_id, state.revision, state.lease_epoch, len(pending), "s" if len(pending) != 1 else "",
+                state.status.value,
+                extra=_extra(self.task_id, state=state.status.value, epoch=state.lease_epoch, revision=state.revision),
+            )  # fmt: skip
+        status_changed = state.status is not self._status
+        self._status = state.status
+        hook = self.hook
+        if hook is None:
+            return
+        events: list[RunEvent] = []
+        for step_id in pending:
+            record = state.effects.get(step_id)
+            if record is not None:
+                events.append(
+                    RunEvent(
+                        self.task_id, step_id, record.state.value, record.attempts, state.updated_at, state.revision,
+                        kind=kind_of(record.action), key=record.key, epoch=record.epoch, detail=record.last_error,
+                    )
+                )  # fmt: skip
+        if status_changed:
+            events.append(
+                RunEvent(
+                    self.task_id, None, state.status.value, 0, state.updated_at, state.revision,
+                    kind="run", epoch=state.lease_epoch, detail=state.next_action or None,
+                )
+            )  # fmt: skip
+        for event in events:
+            try:
+                hook(event)
+            except Exception:  # the application's code: logged, and the run goes on
+                log.warning(
+                    "task %s: the on_event hook raised on %s %s %s; the run goes on",
+                    self.task_id, event.kind, event.step or "", event.state, exc_info=True,
+                    extra=_extra(self.task_id, step=event.step, key=event.key, state=event.state, attempt=event.attempt,
+                                 epoch=event.epoch, revision=event.revision),
+                )  # fmt: skip
