@@ -200,5 +200,5 @@ class LoggingTests(EventCase):
             outcome = self.runner([Step("b", "send", {"n": 2})], adapter, task_id="u").run()
         self.assertIs(outcome.status, Status.UNSAFE_TO_CONTINUE)
         stop = logs.records[-1]
-        self.assertEqual((stop.levelno, stop.state), (logging.WARNING, "unsafe-to-continue"))  # type: ignore[attr-defined]
+        self.assertEqual((stop.levelno, stop.state), (logging.INFO, "unsafe-to-continue"))  # type: ignore[attr-defined]
         self.assertTrue(any(record.state == "uncertain" for record in logs.records))  # type: ignore[attr-defined]

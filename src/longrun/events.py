@@ -4,8 +4,10 @@ Two channels, both fed by the engine, for every face (``Runner`` and ``@durable`
 
 - **Logging** on the ``longrun`` logger. INFO: a run's start and its stop with the status, and
   every move of an effect or call record (planned, started, acknowledged, verified, uncertain,
-  retry scheduled, failed). DEBUG: each commit, lease and store detail. WARNING: anomalies (a
-  stop that needs a person, a permanent failure, an adapter that raised, a hook that raised).
+  retry scheduled, failed). DEBUG: each commit, lease and store detail. WARNING: anomalies, things
+  that went wrong around the run rather than legal outcomes of it (an adapter that raised, damage
+  found in the store, a hook that raised). Every stop is a legal outcome, logged at INFO with its
+  status in ``state``: filter on it to alert on ``unsafe-to-continue`` and the like.
   Every record on that logger carries the same ``extra`` fields, ``task``, ``step``, ``key``,
   ``state``, ``attempt``, ``epoch`` and ``revision`` (None where they do not apply: a filter on
   the logger fills in what a record lacks), so a JSON log formatter can emit them as fields.
@@ -44,11 +46,6 @@ LOG_FIELDS = ("task", "step", "key", "state", "attempt", "epoch", "revision")
 """The ``extra`` fields every log record of a run carries (None where they do not apply)."""
 
 _KINDS = {"call": "call", "sleep": "timer", "ask": "question", "child": "child", "function": "function"}
-_NEEDS_A_PERSON = frozenset(
-    {Status.UNSAFE_TO_CONTINUE, Status.STATE_UNRECOVERABLE, Status.PLAN_MISMATCH, Status.LEASE_LOST, Status.BLOCKED,
-     Status.LIMITS_EXHAUSTED}
-)  # fmt: skip
-"""Stops logged at WARNING: the run cannot go on by itself, or ended without finishing its work."""
 
 
 def kind_of(action: str) -> str:
@@ -152,10 +149,8 @@ class Reporter:
         log.info("task %s: run started by %s", self.task_id, owner, extra=_extra(self.task_id))
 
     def stopped(self, status: Status, next_action: str, *, revision: int, epoch: int) -> None:
-        level = logging.WARNING if status in _NEEDS_A_PERSON else logging.INFO
-        if log.isEnabledFor(level):
-            log.log(
-                level,
+        if log.isEnabledFor(logging.INFO):
+            log.info(
                 "task %s: run stopped %s at revision %d; next: %s",
                 self.task_id, status.value, revision, next_action,
                 extra=_extra(self.task_id, state=status.value, epoch=epoch or None, revision=revision or None),
@@ -168,8 +163,7 @@ class Reporter:
         self._pending[record.step_id] = None
         if previous is not None and previous.state is record.state and previous.not_before == record.not_before:
             return
-        level = logging.WARNING if record.state is EffectState.FAILED else logging.INFO
-        if not log.isEnabledFor(level):
+        if not log.isEnabledFor(logging.INFO):
             return
         what = f"{kind_of(record.action)} {record.step_id}"
         state = record.state.value
@@ -191,8 +185,7 @@ class Reporter:
             text = f"failed: {record.last_error}"
         else:
             text = "verified" + (f" ({record.evidence})" if record.evidence else "")
-        log.log(
-            level,
+        log.info(
             "task %s: %s %s",
             self.task_id, what, text,
             extra=_extra(self.task_id, step=record.step_id, key=record.key, state=state, attempt=record.attempts,
