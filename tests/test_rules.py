@@ -104,3 +104,27 @@ def threading_event_wait(seconds: float) -> None:
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class BackoffPrecisionTests(unittest.TestCase):
+    def test_a_backoff_waited_out_under_a_fake_clock_near_today_ends(self) -> None:
+        """A remainder below what a float near 1.7e9 can add used to loop for ever (sleep moved nothing)."""
+        import tempfile
+        import threading
+
+        from longrun import JsonFileStore, RunContract, Runner, Status, Step
+        from longrun.testing import FakeClock, OutboxAdapter
+
+        with tempfile.TemporaryDirectory() as root:
+            outbox = OutboxAdapter(f"{root}/outbox.jsonl", fail_transient=1)
+            runner = Runner(
+                RunContract("t", "retry once"), [Step("a", "send", {})], store=JsonFileStore(f"{root}/store", create=True),
+                adapters={"send": outbox}, clock=FakeClock(), limits=Limits(max_block_s=3600),
+            )  # fmt: skip  (the default retry policy's jitter is what leaves a remainder of about 2e-8 s)
+            outcomes: list[Status] = []
+            worker = threading.Thread(target=lambda: outcomes.append(runner.run().status), daemon=True)
+            worker.start()
+            worker.join(30)
+            self.assertFalse(worker.is_alive(), "the run must not spin on a backoff that cannot end")
+            self.assertEqual(outcomes, [Status.DONE])
+            self.assertEqual(outbox.counts(), {"t/a": 1})

@@ -138,6 +138,9 @@ class Stop(BaseException):
 
 _Stop = Stop
 
+_MIN_WAIT_S = 0.001
+"""A backoff with less than this left is over (see ``Engine._backing_off``)."""
+
 _VERIFIED = frozenset({EffectState.VERIFIED})
 _SETTLED_CALL = frozenset({EffectState.VERIFIED, EffectState.FAILED})
 """A call's record is settled either way: a recorded exception replays as ``CallFailed``."""
@@ -897,7 +900,9 @@ class Engine:
         if record.not_before is None:
             return False
         wait, record = self._backoff_wait(record, now)
-        if wait <= 0:
+        if wait < _MIN_WAIT_S:
+            # Over, or as good as over: a remainder this small can be below what a clock reading near
+            # 1.7e9 s can represent, so sleeping it would not move the clock and the wait never ends.
             return False
         if wait > self.limits.max_block_s:
             raise self._stop(
