@@ -11,7 +11,7 @@ beside the working tree, or ``--dir``):
 2. Per transition at ledger sizes of 10 to 100,000 effects (a direct store loop, one changed effect
    record per commit, amortized over a full compaction cycle), recovery time with an empty journal
    and with the longest journal a load can meet, bytes on disk per effect, and peak memory.
-3. The issue's targets, each met or missed, with the figures.
+3. The performance targets, each met or missed, with the figures.
 
 ``--quick`` is a smoke run (sizes up to 10,000, fewer rounds); its figures are noisier.
 Peers are optional: install ``langgraph langgraph-checkpoint-sqlite dbos`` into the interpreter
@@ -247,7 +247,7 @@ def print_report(rows: list[Row], ledgers: list[dict[str, Any]], context: dict[s
         single = " (1 round)" if row.rounds == 1 else ""
         print(f"  {row.label:58} {us(value):>9} {ratio:>19}{note}{single}")
     print("  not measured: Restate (needs its server), AWS Lambda Powertools idempotency (needs a")
-    print("  persistence layer of its own over SQLite); the issue quotes 0.95 ms and 0.37 ms on its machine.")
+    print("  persistence layer of its own over SQLite).")
     print()
     print("Per transition by ledger size (direct store loop: one changed effect record per commit;")
     print("amortized = every commit timed, compactions included, over a full compaction cycle of the largest)")
@@ -276,7 +276,7 @@ def print_report(rows: list[Row], ledgers: list[dict[str, Any]], context: dict[s
 
 def targets(by_key: dict[str, Row], ledgers: list[dict[str, Any]], floor: float | None) -> dict[str, Any]:
     print()
-    print("Targets (issue 4)")
+    print("Targets")
     verdicts: dict[str, Any] = {}
 
     def line(name: str, figure: str, met: bool | None) -> None:

@@ -24,7 +24,7 @@ itself at one of them; ``RecordingIO`` records what reached the disk for the pow
 moments that are not file operations; that costs one attribute lookup unless the process was
 started with ``LONGRUN_CRASH_AT`` or ``LONGRUN_CRASH_TRACE``.
 
-Named crash points (``POINTS``), and what the issue's names map to:
+Named crash points (``POINTS``), and the moments they stand for:
 
 ==========================  ========================================================================
 point                       the moment (the process is SIGKILLed right after it, unless "half")
