@@ -73,6 +73,25 @@ class ChildCrashTests(support.TempDirTest):
         self.assertEqual(parent_state.effects["longrun.child:kid-1"].result, {"sent": 3}, "the parent names the child")
 
 
+
+class PlanDigestTests(support.TempDirTest):
+    def test_the_digest_an_approval_binds_to_is_known_before_the_first_run(self) -> None:
+        import longrun
+
+        store = JsonFileStore(self.path("store"), create=True)
+
+        @longrun.durable(store=store, adapters={"send": OutboxAdapter(self.path("outbox.jsonl"))})
+        def greet(run: longrun.Run, name: str) -> str:
+            run.effect("hello", "send", {"to": name})
+            return name
+
+        before = greet.plan_digest("g1", "ann")
+        self.assertNotEqual(before, greet.plan_digest("g1", "bob"), "the arguments are pinned")
+        self.assertEqual(greet.run("g1", "ann").status, longrun.Status.DONE)
+        state = store.load("g1").state
+        assert state is not None
+        self.assertEqual(state.plan_digest, before)
+
 if __name__ == "__main__":
     import unittest
 

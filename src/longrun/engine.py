@@ -652,6 +652,10 @@ class Engine:
             {sid: rec.result for sid, rec in self._state.effects.items() if rec.state is EffectState.VERIFIED}
         )
 
+    def check_cancellation(self) -> None:
+        """Read the task's cancellation record fresh and stop if it says so (or cannot be trusted)."""
+        self._check_cancellation()
+
     def _check_cancellation(self) -> None:
         assert self._state is not None
         raw = self.cancellations.read_cancellation(self.task_id)
@@ -733,18 +737,8 @@ class Engine:
             record, settled = self._ready(step, _SETTLED_CALL)
             if settled:
                 return record
-            now = self.clock.now()
-            lease = self._current_lease()
-            attempt = record.attempts + 1
-            self._working = True
-            record = record.move(
-                EffectState.STARTED, now, attempts=attempt, epoch=lease.epoch, not_before=None, backoff=None, last_error=None
-            )
-            self._put(record)
-            state.budget = state.budget.started(now)
-            state.status = Status.RUNNING
-            state.next_action = f"call step {step.step_id!r} again (it was interrupted)"
-            self._commit()  # the attempt counts even if the process dies inside the call
+            record = self._start_attempt(step, record, f"call step {step.step_id!r} again (it was interrupted)")
+            attempt = record.attempts
             if _crashpoints.ARMED:
                 _crashpoints.hit("call.started", f"{step.step_id}#{attempt}")
             try:
@@ -762,10 +756,7 @@ class Engine:
                 self._transient(step, record, exc)
                 continue
             except PermanentError as exc:
-                self._current_lease()
-                self._put(record.move(EffectState.FAILED, self.clock.now(), last_error=printable(f"permanent: {exc}")))
-                self._evidence.observed(f"call:{step.step_id}", f"attempt {attempt} failed permanently: {exc}")
-                raise self._stop(Status.BLOCKED, f"fix the cause of the permanent failure of step {step.step_id!r} ({exc}); the run is over")
+                raise self._failed_for_good(step, record, exc, source=f"call:{step.step_id}") from None
             except Exception as exc:  # recorded as the call's outcome: replayed identically, never retried
                 self._current_lease()
                 failure: JSONValue = {"type": type(exc).__name__, "message": printable(str(exc))}
@@ -1051,12 +1042,12 @@ class Engine:
             f"with `longrun approve <store> {self.task_id} --step {step.step_id}{signed}`, then run again{note}",
         )
 
-    def _execute(self, step: Step, record: EffectRecord) -> None:
-        state = self._state
-        assert state is not None and self._keeper is not None
+    def _start_attempt(self, step: Step, record: EffectRecord, next_action: str) -> EffectRecord:
+        """Record the next attempt as started (attempt number, epoch, budget) and commit it, before
+        anything is called: the intent is durable, and the attempt counts even if the process dies."""
+        state = self.state
         now = self.clock.now()
         lease = self._current_lease()
-        self._observe_next = False
         self._working = True
         attempt = record.attempts + 1
         record = record.move(EffectState.STARTED, now, attempts=attempt, epoch=lease.epoch, not_before=None, backoff=None, last_error=None)
@@ -1065,8 +1056,23 @@ class Engine:
             _crashpoints.hit("attempt.incremented", f"{step.step_id}#{attempt}")
         state.budget = state.budget.started(now)
         state.status = Status.RUNNING
-        state.next_action = f"observe whether effect {record.key!r} took place"
-        self._commit()  # the intent is durable before the adapter is called
+        state.next_action = next_action
+        self._commit()
+        return record
+
+    def _failed_for_good(self, step: Step, record: EffectRecord, exc: PermanentError, *, source: str) -> _Stop:
+        """``PermanentError``: the step did not happen and never will; the run stops ``blocked``."""
+        self._current_lease()
+        self._put(record.move(EffectState.FAILED, self.clock.now(), last_error=printable(f"permanent: {exc}")))
+        self._evidence.observed(source, f"{record.key} attempt {record.attempts} failed permanently: {exc}")
+        return self._stop(Status.BLOCKED, f"fix the cause of the permanent failure of step {step.step_id!r} ({exc}); the run is over")
+
+    def _execute(self, step: Step, record: EffectRecord) -> None:
+        state = self._state
+        assert state is not None and self._keeper is not None
+        self._observe_next = False
+        record = self._start_attempt(step, record, f"observe whether effect {record.key!r} took place")
+        attempt = record.attempts
         if _crashpoints.ARMED:
             _crashpoints.hit("effect.intent-persisted", f"{step.step_id}#{attempt}")
         adapter = self.adapter_for(step.action, step_id=step.step_id)
@@ -1077,10 +1083,7 @@ class Engine:
             self._transient(step, record, exc)
             return
         except PermanentError as exc:
-            self._current_lease()
-            self._put(record.move(EffectState.FAILED, self.clock.now(), last_error=printable(f"permanent: {exc}")))
-            self._evidence.observed(f"adapter:{step.action}", f"{record.key} attempt {attempt} failed permanently: {exc}")
-            raise self._stop(Status.BLOCKED, f"fix the cause of the permanent failure of step {step.step_id!r} ({exc}); the run is over")
+            raise self._failed_for_good(step, record, exc, source=f"adapter:{step.action}") from None
         except Exception as exc:  # outcome unknown: recorded as uncertain and observed, never retried blind
             log.warning("apply of %s raised %r; observing", record.key, exc)
             self._current_lease()

@@ -235,7 +235,7 @@ class Run:
             raise self._diverged(step_id, "child digest", recorded.payload_digest, digest_of(payload))
         record = engine.plan(Step(step_id, CHILD_ACTION, payload))
         if record.state is EffectState.PLANNED:
-            engine._check_cancellation()  # a cancelled parent drives its child no further
+            engine.check_cancellation()  # a cancelled parent drives its child no further
             outcome = function.run_child(task_id, self.task_id, args, kwargs)
             if _crashpoints.ARMED:
                 _crashpoints.hit("child.returned", task_id)
@@ -340,6 +340,11 @@ class DurableFunction(Generic[R]):
         """Start the task with these arguments, or resume it; return why it stopped."""
         engine, plan = self._plan(task_id, args, kwargs)
         return engine.run(plan)
+
+    def plan_digest(self, task_id: str, *args: Any, **kwargs: Any) -> str:
+        """The plan digest a task of this function with these arguments has: what an approval written
+        ahead of the first run binds to (the contract, the function's name and the arguments)."""
+        return self._plan(task_id, args, kwargs)[1].digest
 
     def run_child(self, task_id: str, parent: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> RunOutcome:
         """``run`` for a child task of ``parent`` (``Run.child``): its first record names the parent."""

@@ -455,7 +455,7 @@ def pre_approve(root: str, task: str, steps: int, approvals: Sequence[int], *, f
     if face == "durable":
         function = durable_task(store, {})
         # The digest a durable task's approvals bind to: the contract, the function's name, its arguments.
-        digest = function._plan(task, durable_arguments(steps, approvals, call_log), {})[1].digest
+        digest = function.plan_digest(task, *durable_arguments(steps, approvals, call_log))
     else:
         contract, plan_steps = plan(task, steps, approvals)
         digest = plan_digest(contract, plan_steps)
