@@ -20,7 +20,8 @@ The ``EffectAdapter`` protocol itself lives in ``longrun.protocols`` with the ot
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 from . import _fields as f
 from .canonical import JSONValue, printable
@@ -41,6 +42,14 @@ class EffectRequest:
     epoch: int
     deadline: float
     """Wall-clock time (the runner's clock) by which the call should give up."""
+    cancel_event: threading.Event | None = field(default=None, compare=False, repr=False)
+    """Set when the task is cancelled while the call runs (see ``cancelled``)."""
+
+    def cancelled(self) -> bool:
+        """Whether an operator cancelled the task while this call runs: a long ``apply`` should
+        check it and give up (raising, so that the outcome is observed) when it can stop safely.
+        Async adapters are cancelled instead (``asyncio.CancelledError`` at an ``await``)."""
+        return self.cancel_event is not None and self.cancel_event.is_set()
 
 
 @dataclass(frozen=True, slots=True)

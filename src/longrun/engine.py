@@ -30,16 +30,21 @@ cannot be killed; targets should check ``EffectRequest.epoch`` and ``deadline``)
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import datetime
 import logging
+import math
 import os
 import secrets
 import socket
+import threading
 from dataclasses import replace
 from types import MappingProxyType
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, TypeVar
 
 from . import _crashpoints
+from ._io import COMMIT, Apply, ApplyTimedOut, Commit, Gather, Invoke, Observe, Op, Sleep, Steps, call_in_thread, drive, is_async_callable
 from .adapters import EffectRequest, Observation, ObservedState
 from .approval import Approval, ApprovalRequest, GateVerdict, evaluate_gate
 from .budget import WORK_CHARGE_STEP_S, Backoff, BudgetCounters, Limits, RetryPolicy, describe_wall_gap
@@ -67,11 +72,16 @@ from .lease import Lease, LeaseKeeper
 from .ledger import EffectRecord, EffectState, check_receipt, recordable_result
 from .outcome import TERMINAL, WAITING, Evidence, RunOutcome, Status
 from .protocols import ApprovalSource, CancellationSource, Clock, EffectAdapter, Store
-from .recovery import Reconciled, Verdict, reconcile
+from .recovery import Reconciled, Verdict, observe_safely, settle
 
-__all__ = ["INTERNAL_PREFIX", "Engine", "Plan", "Stop", "default_owner", "is_internal", "utc"]
+if TYPE_CHECKING:
+    from ._concurrency import AsyncDriver
+
+__all__ = ["INTERNAL_PREFIX", "AsyncPlan", "Engine", "Plan", "Stop", "check_timeout", "default_owner", "is_internal", "utc"]
 
 log = logging.getLogger("longrun")
+
+T = TypeVar("T")
 
 
 def utc(timestamp: float) -> str:
@@ -81,6 +91,19 @@ def utc(timestamp: float) -> str:
 
 def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+def check_timeout(value: object, what: str) -> float:
+    """A timeout in seconds: a finite number > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise InvalidInputError(f"{what}: timeout_s must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def check_parallel(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInputError(f"max_parallel must be an integer >= 1, got {value!r}")
+    return value
 
 
 class _Evidence:
@@ -135,6 +158,15 @@ class Stop(BaseException):
         self.next_action = next_action
         self.wake_at = wake_at
 
+    def again(self) -> "Stop":
+        """The same stop, to raise in another step that may not go on (parallel steps share one)."""
+        return Stop(self.status, self.next_action, wake_at=self.wake_at)
+
+    def outranks(self, other: "Stop") -> bool:
+        """Whether this stop should be the run's outcome rather than ``other``: a stop that ends or
+        blocks the run outranks one that waits (for a person, a timer, a child)."""
+        return self.status not in WAITING and other.status in WAITING
+
 
 _Stop = Stop
 
@@ -168,6 +200,12 @@ class Plan(Protocol):
     def progress(self, state: RunState) -> str: ...
 
 
+class AsyncPlan(Plan, Protocol):
+    """A ``Plan`` the async driver can drive: ``adrive`` awaits its steps (``Engine.arun``)."""
+
+    async def adrive(self, engine: "Engine") -> None: ...
+
+
 class Engine:
     """The recovery procedure and the per-step rules for one task, driven by a face's ``Plan``.
 
@@ -192,6 +230,9 @@ class Engine:
         approvals: ApprovalSource | None = None,
         cancellations: CancellationSource | None = None,
         on_event: EventHook | None = None,
+        timeout_s: float | None = None,
+        max_parallel: int = 16,
+        asynchronous: bool = False,
     ):
         if not isinstance(contract, RunContract):
             raise InvalidInputError("contract must be a RunContract")
@@ -203,6 +244,11 @@ class Engine:
         for action, adapter in adapters.items():
             if not isinstance(adapter, EffectAdapter):
                 raise InvalidInputError(f"adapter for {action!r} lacks apply, observe or deduplicates")
+            if not asynchronous and (is_async_callable(adapter.apply) or is_async_callable(adapter.observe)):
+                raise InvalidInputError(
+                    f"adapter for {action!r} is async (its apply or observe is a coroutine function): run it with the "
+                    "async face (an async durable function, or Runner.arun)"
+                )
         if isinstance(lease_ttl_s, bool) or not isinstance(lease_ttl_s, (int, float)) or not lease_ttl_s > 0:
             raise InvalidInputError(f"lease_ttl_s must be a positive number, got {lease_ttl_s!r}")
         if owner is not None and (not isinstance(owner, str) or not owner):
@@ -224,6 +270,9 @@ class Engine:
         self.limits = limits or Limits()
         self.retry = retry or RetryPolicy()
         self.lease_ttl_s = float(lease_ttl_s)
+        self.timeout_s = None if timeout_s is None else check_timeout(timeout_s, "the run")
+        self.max_parallel = check_parallel(max_parallel)
+        self.asynchronous = asynchronous
         self.plan_digest = ""
         self._lease: Lease | None = None
         self._keeper: LeaseKeeper | None = None
@@ -232,6 +281,14 @@ class Engine:
         self._changed: set[str] = set()
         self._cancellation_checked = False
         self._policies: dict[str, RetryPolicy] = {}
+        self._timeouts: dict[str, float] = {}
+        self._stopping: Stop | None = None
+        """The stop a step recorded while others may still be in flight: no new step starts."""
+        self._stragglers: list[concurrent.futures.Future[Any]] = []
+        """Timed-out attempts still running in a worker thread: the lease is kept until they end."""
+        self._driver: AsyncDriver | None = None
+        self.cancel_signal = threading.Event()
+        """Set when a cancellation is read while the run holds its lease (``EffectRequest.cancelled``)."""
         self._observe_next = True
         self._evidence = _Evidence(self.clock)
         self._worked_mark = 0.0
@@ -263,6 +320,44 @@ class Engine:
 
     def run(self, plan: Plan) -> RunOutcome:
         """Recover and let ``plan`` advance the run as far as it may go now; return why it stopped."""
+        if self.asynchronous:
+            raise InvalidInputError("this engine has async adapters: use `await engine.arun(plan)`")
+        early = self._open(plan)
+        if early is not None:
+            return early
+        assert self._keeper is not None
+        try:
+            with self._keeper:
+                status, next_action = self._recover_and_run(plan)
+        except FencedError as exc:
+            return self._fenced(exc)
+        except BaseException:
+            self._release(quiet=True)
+            raise
+        return self._close(plan, status, next_action)
+
+    async def arun(self, plan: AsyncPlan) -> RunOutcome:
+        """``run`` under the async driver: the plan's steps are awaited, parallel ones side by side
+        (at most ``max_parallel`` at once), and the starts that become ready together share a commit."""
+        from ._concurrency import AsyncDriver
+
+        early = self._open(plan)
+        if early is not None:
+            return early
+        assert self._keeper is not None
+        try:
+            with self._keeper:
+                async with AsyncDriver(self, self.max_parallel) as driver:
+                    status, next_action = await driver.recover_and_run(plan)
+        except FencedError as exc:
+            return self._fenced(exc)
+        except BaseException:
+            self._release(quiet=True)
+            raise
+        return self._close(plan, status, next_action)
+
+    def _open(self, plan: Plan) -> RunOutcome | None:
+        """Begin an invocation: reset, take the lease; an outcome if the lease cannot be taken."""
         self._evidence = _Evidence(self.clock)
         self._state = None
         self._dirty = False
@@ -276,6 +371,10 @@ class Engine:
         self._observe_next = True
         self._wake_at = None
         self._result = None
+        self._timeouts = {}
+        self._stopping = None
+        self._stragglers = []
+        self.cancel_signal = threading.Event()
         self.plan_digest = plan.digest
         self._reporter.begin(self.owner)
         try:
@@ -310,17 +409,17 @@ class Engine:
                 "record aside and the next run gets an epoch above every one recorded), then run again",
             )
         self._evidence.observed("store", f"lease acquired by {self.owner} at epoch {self._lease.epoch}")
-        self._keeper = LeaseKeeper(self._lease, self._renew, self.lease_ttl_s / 3, self._monotonic)
-        try:
-            with self._keeper:
-                status, next_action = self._recover_and_run(plan)
-        except FencedError as exc:
-            self._evidence.observed("store", f"write refused: {exc}")
-            self._evidence.unknown("lease", "another runner took over this task; its progress is not known here")
-            return self._outcome(Status.LEASE_LOST, "nothing on this runner: the newer lease holder continues the run")
-        except BaseException:
-            self._release(quiet=True)
-            raise
+        self._keeper = LeaseKeeper(
+            self._lease, self._renew, self.lease_ttl_s / 3, self._monotonic, on_renewed=self._watch_cancellation
+        )
+        return None
+
+    def _fenced(self, exc: FencedError) -> RunOutcome:
+        self._evidence.observed("store", f"write refused: {exc}")
+        self._evidence.unknown("lease", "another runner took over this task; its progress is not known here")
+        return self._outcome(Status.LEASE_LOST, "nothing on this runner: the newer lease holder continues the run")
+
+    def _close(self, plan: Plan, status: Status, next_action: str) -> RunOutcome:
         if status is not Status.LEASE_LOST:
             self._release(quiet=False)
         if self._state is not None:
@@ -364,6 +463,16 @@ class Engine:
         lease = self._keeper.lease if self._keeper is not None else self._lease
         if lease is None:
             return
+        running = [future for future in self._stragglers if not future.done()]
+        if running:
+            # A timed-out attempt is still running in a worker thread: no other run may start this
+            # task (and apply the effect again) before it ends, so the lease is kept, and renewed,
+            # until then. If this process exits first, the lease simply expires.
+            log.info("%s: keeping the lease until %d timed-out attempt(s) end", self.task_id, len(running))
+            threading.Thread(
+                target=self._release_after, args=(lease, running), name=f"longrun-straggler-{self.task_id}", daemon=True
+            ).start()
+            return
         try:
             self.store.release_lease(lease, self.clock.now(), **self._monotonic_reading())
         except FencedError as exc:
@@ -372,6 +481,128 @@ class Engine:
             if not quiet:
                 raise
             log.exception("releasing the lease on %s failed while another error propagates", self.task_id)
+
+    def _release_after(self, lease: Lease, running: list[concurrent.futures.Future[Any]]) -> None:
+        keeper = LeaseKeeper(lease, self._renew, self.lease_ttl_s / 3, self._monotonic)
+        with keeper:
+            concurrent.futures.wait(running)
+        if keeper.failure is not None:
+            return  # the lease is gone already: nothing to release
+        try:
+            self.store.release_lease(keeper.lease, self.clock.now(), **self._monotonic_reading())
+        except FencedError as exc:
+            log.info("lease on %s was already taken over: %s", self.task_id, exc)
+        except Exception:  # a background thread has no caller to raise to: logged with its traceback
+            log.exception("releasing the lease on %s after its timed-out attempts ended failed", self.task_id)
+
+    def _watch_cancellation(self) -> None:
+        """Called by the lease keeper after each renewal: a cancellation written while an effect
+        runs reaches it (``EffectRequest.cancelled()``; async applies are cancelled)."""
+        if self.cancel_signal.is_set():
+            return
+        raw = self.cancellations.read_cancellation(self.task_id)
+        if raw is None or judge_cancellation(raw, self.task_id).verdict != "cancelled":
+            return  # anything else is judged by the run itself before its next step
+        log.info("%s: cancellation read while steps run; signalling them", self.task_id)
+        self.cancel_signal.set()
+        driver = self._driver
+        if driver is not None:
+            driver.signal_cancelled()
+
+    # -- what the drivers call ----------------------------------------------------------------
+
+    def perform(self, op: Op) -> Any:
+        """Wait for ``op`` in this thread (the synchronous driver; the async one for what it does not await)."""
+        if isinstance(op, Commit):
+            self.flush()
+            return None
+        if isinstance(op, Observe):
+            return observe_safely(op.adapter, op.request)
+        if isinstance(op, Apply):
+            adapter = op.adapter
+            request = op.request
+            if op.timeout_s is None:
+                return adapter.apply(request)
+            return call_in_thread(lambda: adapter.apply(request), op.timeout_s)
+        if isinstance(op, Invoke):
+            return op.fn() if op.timeout_s is None else call_in_thread(op.fn, op.timeout_s)
+        if isinstance(op, Sleep):
+            self._wait_without_charge(op.seconds)
+            return None
+        assert isinstance(op, Gather)
+        return [drive(steps, self.perform) for steps in op.steps]
+
+    _perform = perform
+
+    def flush(self) -> None:
+        """Commit what the steps changed, if anything (a group commit under the async driver)."""
+        if self._dirty:
+            self._commit()
+
+    @property
+    def driver(self) -> "AsyncDriver":
+        """The async driver of the invocation under way (``Engine.arun``)."""
+        if self._driver is None:
+            raise InvalidInputError("no async invocation is under way: async steps need `await fn.arun(...)` or Runner.arun")
+        return self._driver
+
+    def run_parallel(self, procedures: Sequence[Steps[T]], max_parallel: int) -> list[T]:
+        """Run step procedures at once from synchronous code (``Run.map``), on an event loop of
+        their own; their adapters run in worker threads. Returns their values in order."""
+        from ._concurrency import AsyncDriver
+
+        check_parallel(max_parallel)
+        if self._driver is not None:
+            raise InvalidInputError("steps in parallel are already running: await them instead")
+
+        async def together() -> list[T]:
+            async with AsyncDriver(self, max_parallel) as driver:
+                try:
+                    return list(await asyncio.gather(*(driver.step(steps) for steps in procedures)))
+                except Stop:
+                    await driver.settle()
+                    raise self.settle_stop() from None
+                except Exception:
+                    await driver.settle()
+                    raise
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(together())
+        raise InvalidInputError("Run.map cannot run inside a running event loop: use an async durable function and asyncio.gather")
+
+    def attach(self, driver: "AsyncDriver | None") -> None:
+        """The async driver running this invocation's steps now, or None when it is done."""
+        self._driver = driver
+
+    @property
+    def stopping(self) -> Stop | None:
+        """The stop a step recorded while others were in flight (see ``Stop.outranks``)."""
+        return self._stopping
+
+    def settle_stop(self) -> Stop:
+        """After parallel steps settled: commit what they changed under the run's stop, and return it."""
+        stop = self._stopping
+        assert stop is not None and self._state is not None
+        if self._dirty:
+            self._state.status, self._state.next_action = stop.status, stop.next_action
+            self._commit()
+        return stop
+
+    def note_straggler(self, future: concurrent.futures.Future[Any]) -> None:
+        self._stragglers.append(future)
+
+    def waited(self, monotonic_before: float) -> None:
+        """A wait since ``monotonic_before`` (a ``monotonic_now()`` reading) is not work."""
+        self._worked_mark += self._monotonic() - monotonic_before
+
+    def monotonic_now(self) -> float:
+        return self._monotonic()
+
+    def _sequential(self) -> bool:
+        """Whether no other step of this run is in flight beside the one asking."""
+        return self._driver is None or self._driver.active <= 1
 
     # -- persistence --------------------------------------------------------------------------
 
@@ -416,8 +647,17 @@ class Engine:
         self._reporter.committed(state)
 
     def _stop(self, status: Status, next_action: str, *, wake_at: float | None = None) -> _Stop:
-        """Record a stop in the state (committed) and return the exception that unwinds to ``run``."""
+        """Record a stop in the state (committed) and return the exception that unwinds to ``run``.
+
+        With steps in parallel, the first stop stands unless a later one outranks it (a stop that
+        ends or blocks the run outranks one that waits); every step that has not started yet then
+        raises it instead of starting."""
         next_action = printable(next_action)  # it may quote control record names and error text
+        stop = _Stop(status, next_action, wake_at=wake_at)
+        if self._stopping is not None and not stop.outranks(self._stopping):
+            self._evidence.inferred(f"a parallel step would also stop the run {status.value}: {next_action}")
+            return self._stopping.again()
+        self._stopping = stop
         state = self._state
         assert state is not None
         state.status = status
@@ -431,26 +671,41 @@ class Engine:
         else:  # a run that only read the state and found it must wait: that was waiting, not work
             self._worked_mark = self._monotonic()
         self._commit()
-        return _Stop(status, next_action, wake_at=wake_at)
+        return stop.again()
 
     # -- the procedure ------------------------------------------------------------------------
 
     def _recover_and_run(self, plan: Plan) -> tuple[Status, str]:
         try:
-            self._recover(plan)
+            drive(self._recover(plan), self._perform)
             plan.drive(self)
         except _Stop as stop:
             self._wake_at = stop.wake_at
             return stop.status, stop.next_action
         except Exception:
-            # The plan's own code raised (a durable function's bug, say). What is settled so far
-            # is kept, so a corrected function resumes from it; the error goes to the caller.
-            if self._state is not None and self._dirty and self._keeper is not None and self._keeper.failure is None:
-                self._commit()
+            self.keep_settled()
             raise
         raise AssertionError("the plan ended without a stop")  # pragma: no cover
 
-    def _recover(self, plan: Plan) -> None:
+    def keep_settled(self) -> None:
+        """The plan's own code raised (a durable function's bug, say). What is settled so far is
+        kept, so a corrected function resumes from it; the error goes to the caller."""
+        if self._state is not None and self._dirty and self._keeper is not None and self._keeper.failure is None:
+            self._commit()
+
+    def recover_steps(self, plan: Plan) -> Steps[None]:
+        """The recovery procedure (load, validate, observe everything in flight) as a step procedure."""
+        return self._recover(plan)
+
+    def woke_at(self, wake_at: float | None) -> None:
+        """When the stopped run should run again (the outcome's ``wake_at``)."""
+        self._wake_at = wake_at
+
+    def policy_deadline(self, step_id: str) -> float:
+        """The retry policy's per-call deadline for a step, the async driver's bound on an apply."""
+        return self._policies.get(step_id, self.retry).deadline_s
+
+    def _recover(self, plan: Plan) -> Steps[None]:
         assert self._lease is not None
         self._worked_mark = self._monotonic()  # this run's work is charged from here
         try:
@@ -492,18 +747,19 @@ class Engine:
         if state.status in TERMINAL:
             self._evidence.inferred(f"the run already ended {state.status.value}; nothing more will be applied")
             raise _Stop(state.status, state.next_action)
-        unsafe = []
+        in_flight = []
         for record in list(state.effects.values()):
             if not record.in_flight:
                 continue
             if is_internal(record.action):
                 self._interrupted(record)
-                continue
-            settled = self._reconcile(record)
-            if settled.verdict is Verdict.UNSAFE:
-                unsafe.append(settled)
-            elif settled.verdict is Verdict.RETRY:
-                self._observe_next = False  # the effect this call applies first has just been observed
+            else:
+                in_flight.append(record)
+        # Every effect in flight is observed (at once, bounded, under the async driver) before anything else.
+        verdicts: list[Reconciled] = yield Gather(tuple(self._reconcile(record) for record in in_flight), self.max_parallel)
+        unsafe = [settled for settled in verdicts if settled.verdict is Verdict.UNSAFE]
+        if len(in_flight) == 1 and verdicts[0].verdict is Verdict.RETRY:
+            self._observe_next = False  # the effect this call applies first has just been observed
         if unsafe:
             raise self._unsafe(unsafe[0])
         if self._dirty:
@@ -554,6 +810,7 @@ class Engine:
     def _request(self, record: EffectRecord, attempt: int, *, deadline_s: float | None = None) -> EffectRequest:
         assert self._keeper is not None
         return EffectRequest(
+            cancel_event=self.cancel_signal,
             task_id=self.task_id,
             step_id=record.step_id,
             action=record.action,
@@ -562,10 +819,10 @@ class Engine:
             payload_digest=record.payload_digest,
             attempt=attempt,
             epoch=self._keeper.lease.epoch,
-            deadline=self.clock.now() + (self.retry.deadline_s if deadline_s is None else deadline_s),
+            deadline=self.clock.now() + (self._policy(record).deadline_s if deadline_s is None else deadline_s),
         )
 
-    def _reconcile(self, record: EffectRecord) -> Reconciled:
+    def _reconcile(self, record: EffectRecord) -> Steps[Reconciled]:
         assert self._state is not None
         self._working = True
         adapter = self.adapters.get(record.action)
@@ -575,7 +832,8 @@ class Engine:
             uncertain = record if record.state is EffectState.UNCERTAIN else record.move(EffectState.UNCERTAIN, self.clock.now())
             settled = Reconciled(uncertain, Verdict.UNSAFE, observation, f"outcome of {record.key!r} is unknown: {observation.evidence}")
         else:
-            settled = reconcile(record, adapter, self._request(record, max(record.attempts, 1)), self.clock.now())
+            observed = yield Observe(adapter, self._request(record, max(record.attempts, 1)))
+            settled = settle(record, observed, adapter.deduplicates, self.clock.now())
         self._evidence.observed(f"target:{record.action}", f"{record.key}: {settled.observation.state.value} ({settled.observation.evidence})")
         record = settled.record
         if settled.verdict is Verdict.VERIFIED:
@@ -694,34 +952,45 @@ class Engine:
 
     # -- the steps a plan drives ---------------------------------------------------------------
 
-    def effect(self, step: Step, *, retry: RetryPolicy | None = None) -> EffectRecord:
+    def effect(self, step: Step, *, retry: RetryPolicy | None = None, timeout_s: float | None = None) -> EffectRecord:
         """Make one step's effect verified, or stop; return its verified record.
 
         A verified step returns at once (that is replay). Otherwise, in order: cancellation read
         fresh, the budgets, the record planned, a backoff honoured, an observation first where the
         target may be ahead of the state, the approval gate, and then the intent persisted before
-        the adapter is called and the outcome settled by observation.
+        the adapter is called and the outcome settled by observation. ``timeout_s`` (else the
+        run's) bounds each ``apply``: the adapter then runs in a worker thread (see ``_execute``).
         """
+        return drive(self.effect_steps(step, retry=retry, timeout_s=timeout_s), self._perform)
+
+    def effect_steps(
+        self, step: Step, *, retry: RetryPolicy | None = None, timeout_s: float | None = None
+    ) -> Steps[EffectRecord]:
+        """``effect`` as a step procedure, for a driver to run (``effect`` drives it in this thread)."""
         state = self.state
         if retry is not None:
             self._policies[step.step_id] = retry
+        if timeout_s is not None:
+            self._timeouts[step.step_id] = check_timeout(timeout_s, f"step {step.step_id!r}")
         while True:
-            record, settled = self._ready(step, _VERIFIED)
+            record, settled = yield from self._ready(step, _VERIFIED)
             if settled:
                 return record
             if state.reconcile_all:
-                record = self._reconcile_before_start(step, record)
+                record = yield from self._reconcile_before_start(step, record)
                 if record.state is EffectState.VERIFIED:
                     continue
             elif record.state is EffectState.PLANNED and (self._observe_next or (step.observe_first and record.attempts == 0)):
-                record = self._observe_before_apply(step, record)
+                record = yield from self._observe_before_apply(step, record)
                 if record.state is EffectState.VERIFIED:
                     continue
             if step.approval and record.approval_id is None:
                 record = self._authorize(step, record)
-            self._execute(step, record)
+            yield from self._execute(step, record)
 
-    def call(self, step: Step, invoke: Callable[[], object], *, retry: RetryPolicy | None = None) -> EffectRecord:
+    def call(
+        self, step: Step, invoke: Callable[[], object], *, retry: RetryPolicy | None = None, timeout_s: float | None = None
+    ) -> EffectRecord:
         """Run ``invoke`` once for a step that is not an external effect; return its settled record.
 
         A recorded call returns its record without calling anything: ``verified`` with the value
@@ -729,22 +998,38 @@ class Engine:
         message). The attempt is committed before ``invoke`` runs, so retry budgets survive a
         restart; a call the process died in is simply called again (a call has nothing to
         observe). ``TransientError`` backs off and retries; ``PermanentError`` stops ``blocked``.
+        A call that runs past ``timeout_s`` counts as a transient failure.
         """
+        return drive(self.call_steps(step, invoke, retry=retry, timeout_s=timeout_s), self._perform)
+
+    def call_steps(
+        self,
+        step: Step,
+        invoke: Callable[[], object],
+        *,
+        retry: RetryPolicy | None = None,
+        timeout_s: float | None = None,
+        awaitable: bool = False,
+    ) -> Steps[EffectRecord]:
+        """``call`` as a step procedure, for a driver to run."""
         state = self.state
         if retry is not None:
             self._policies[step.step_id] = retry
+        if timeout_s is not None:
+            self._timeouts[step.step_id] = check_timeout(timeout_s, f"step {step.step_id!r}")
         while True:
-            record, settled = self._ready(step, _SETTLED_CALL)
+            record, settled = yield from self._ready(step, _SETTLED_CALL)
             if settled:
                 return record
-            record = self._start_attempt(step, record, f"call step {step.step_id!r} again (it was interrupted)")
+            record = yield from self._start_attempt(step, record, f"call step {step.step_id!r} again (it was interrupted)")
             attempt = record.attempts
             if _crashpoints.ARMED:
                 _crashpoints.hit("call.started", f"{step.step_id}#{attempt}")
             try:
                 # A value that cannot be recorded is the call's failure, like an exception it raised:
                 # replay must return exactly what the call returned, so no stand-in will do.
-                result = ensure_json(invoke(), what=f"the value returned by step {step.step_id!r}")
+                value = yield Invoke(invoke, self._timeouts.get(step.step_id, self.timeout_s), awaitable)
+                result = ensure_json(value, what=f"the value returned by step {step.step_id!r}")
                 if recordable_result(result, what=f"the value returned by step {step.step_id!r}")[1] is not None:
                     size = len(canonical_bytes(result))
                     raise SizeLimitError(
@@ -752,8 +1037,8 @@ class Engine:
                         f"({MAX_VALUE_BYTES}): return a reference (a path, a digest) instead",
                         size=size, limit=MAX_VALUE_BYTES, limit_name="MAX_VALUE_BYTES",
                     )  # fmt: skip
-            except TransientError as exc:
-                self._transient(step, record, exc)
+            except (TransientError, ApplyTimedOut) as exc:
+                yield from self._transient(step, record, exc)
                 continue
             except PermanentError as exc:
                 raise self._failed_for_good(step, record, exc, source=f"call:{step.step_id}") from None
@@ -781,6 +1066,10 @@ class Engine:
         Within ``Limits.max_block_s`` the engine waits; a longer wait stops the run ``sleeping``
         with ``wake_at``. Run it again at or after that time and the step completes.
         """
+        return drive(self.timer_steps(step, seconds), self._perform)
+
+    def timer_steps(self, step: Step, seconds: float) -> Steps[EffectRecord]:
+        """``timer`` as a step procedure, for a driver to run."""
         state = self.state
         record = state.effects.get(step.step_id)
         if record is not None and record.state is EffectState.VERIFIED:
@@ -796,9 +1085,8 @@ class Engine:
             wait = wake_at - now
             if wait > self.limits.max_block_s:
                 raise self._stop(Status.SLEEPING, f"run again at or after {utc(wake_at)} (step {step.step_id!r} sleeps until then)", wake_at=wake_at)
-            if self._dirty:
-                self._commit()  # the wake time outlives a process that stops during the wait
-            self._wait_without_charge(wait)
+            yield COMMIT  # the wake time outlives a process that stops during the wait
+            yield Sleep(wait)
             now = self.clock.now()
         record = record.move(EffectState.STARTED, now).move(EffectState.VERIFIED, now, not_before=None)
         self._put(record)
@@ -837,6 +1125,8 @@ class Engine:
 
     def finish(self, required: Sequence[str]) -> _Stop:
         """The stop ``done``, if every step in ``required`` is verified and nothing is in flight."""
+        if self._stopping is not None:  # a parallel step stopped the run, and the plan went on regardless
+            raise self._stopping.again()
         self._check_cancellation()
         state = self.state
         missing = [sid for sid in required if state.effects.get(sid) is None or state.effects[sid].state is not EffectState.VERIFIED]
@@ -859,7 +1149,7 @@ class Engine:
             self._evidence.unknown("contract", reason)
         return self._outcome(Status.UNSAFE_TO_CONTINUE, next_action)
 
-    def _ready(self, step: Step, settled: frozenset[EffectState]) -> tuple[EffectRecord, bool]:
+    def _ready(self, step: Step, settled: frozenset[EffectState]) -> Steps[tuple[EffectRecord, bool]]:
         """The step's record and True if it is settled (replayed as it is); else the record ready
         for its next attempt: cancellation read fresh, the budgets checked, the record planned,
         and a short backoff waited out (then everything again: a wait is a new moment)."""
@@ -874,7 +1164,7 @@ class Engine:
             self._check_budget(record, now)
             if record is None:
                 record = self._plan(step, now)
-            if not self._backing_off(record, now):
+            if not (yield from self._backing_off(record, now)):
                 return record, False
 
     def _check_budget(self, record: EffectRecord | None, now: float) -> None:
@@ -886,7 +1176,7 @@ class Engine:
             self._evidence.observed("budget", exhausted)
             raise self._stop(Status.LIMITS_EXHAUSTED, f"review why the budget ran out ({exhausted}); the run is over")
 
-    def _backing_off(self, record: EffectRecord, now: float) -> bool:
+    def _backing_off(self, record: EffectRecord, now: float) -> Steps[bool]:
         """True after waiting out a short backoff (the caller starts over); stops for a long one."""
         if record.not_before is None:
             return False
@@ -901,7 +1191,7 @@ class Engine:
                 f"run again at or after {utc(now + wait)} (effect {record.key!r} backs off after attempt {record.attempts})",
                 wake_at=now + wait,
             )
-        self._wait_without_charge(wait)
+        yield Sleep(wait)
         return True
 
     def _plan(self, step: Step, now: float) -> EffectRecord:
@@ -924,22 +1214,22 @@ class Engine:
         self._put(record)
         return record
 
-    def _reconcile_before_start(self, step: Step, record: EffectRecord) -> EffectRecord:
+    def _reconcile_before_start(self, step: Step, record: EffectRecord) -> Steps[EffectRecord]:
         """After recovery from a backup, the lost revision may have started this step: observe first."""
         assert self._state is not None
         record = record.move(
             EffectState.UNCERTAIN, self.clock.now(), last_error="state recovered from a backup: a start may have been lost"
         )
-        settled = self._reconcile(record)
+        settled = yield from self._reconcile(record)
         if settled.verdict is Verdict.UNSAFE:
             raise self._unsafe(settled)
-        if settled.verdict is Verdict.RETRY:
+        if settled.verdict is Verdict.RETRY and self._sequential():
             # Steps run in order, so nothing after the first step observed absent can have started.
             self._state.reconcile_all = False
             self._evidence.inferred("recovery from the backup is reconciled: later steps cannot have started")
         return self._state.effects[step.step_id]
 
-    def _observe_before_apply(self, step: Step, record: EffectRecord) -> EffectRecord:
+    def _observe_before_apply(self, step: Step, record: EffectRecord) -> Steps[EffectRecord]:
         """Observe a planned effect before applying it: the first apply of this call, or the first
         apply ever of an ``observe_first`` step. Applied: verified (committed with the next start or
         the stop), never applied again. Absent: applied, and the effects after it are not observed
@@ -952,7 +1242,8 @@ class Engine:
         # planned -> uncertain -> (verified | planned): the ledger's move for "a start may have been lost".
         probe = record.move(EffectState.UNCERTAIN, self.clock.now())
         adapter = self.adapter_for(step.action, step_id=step.step_id)
-        settled = reconcile(probe, adapter, self._request(record, max(record.attempts, 1)), self.clock.now())
+        observed = yield Observe(adapter, self._request(record, max(record.attempts, 1)))
+        settled = settle(probe, observed, adapter.deduplicates, self.clock.now())
         observation = settled.observation
         self._evidence.observed(f"target:{step.action}", f"{record.key}: {observation.state.value} ({observation.evidence}), {why}")
         if settled.verdict is Verdict.VERIFIED:
@@ -960,7 +1251,8 @@ class Engine:
             self._state.budget = self._state.budget.progressed(self.clock.now(), self._take_work())
             self._put(settled.record)
             return settled.record
-        self._observe_next = False
+        if self._sequential():  # effects in parallel may have started beside one that did not
+            self._observe_next = False
         if observation.state is ObservedState.ABSENT:
             return record
         if settled.verdict is Verdict.UNSAFE and strict:
@@ -1042,10 +1334,13 @@ class Engine:
             f"with `longrun approve <store> {self.task_id} --step {step.step_id}{signed}`, then run again{note}",
         )
 
-    def _start_attempt(self, step: Step, record: EffectRecord, next_action: str) -> EffectRecord:
+    def _start_attempt(self, step: Step, record: EffectRecord, next_action: str) -> Steps[EffectRecord]:
         """Record the next attempt as started (attempt number, epoch, budget) and commit it, before
-        anything is called: the intent is durable, and the attempt counts even if the process dies."""
+        anything is called: the intent is durable, and the attempt counts even if the process dies.
+        Under the async driver the starts of steps that become ready together share one commit."""
         state = self.state
+        if self._stopping is not None:  # a parallel step stopped the run: nothing new starts
+            raise self._stopping.again()
         now = self.clock.now()
         lease = self._current_lease()
         self._working = True
@@ -1057,7 +1352,7 @@ class Engine:
         state.budget = state.budget.started(now)
         state.status = Status.RUNNING
         state.next_action = next_action
-        self._commit()
+        yield COMMIT
         return record
 
     def _failed_for_good(self, step: Step, record: EffectRecord, exc: PermanentError, *, source: str) -> _Stop:
@@ -1067,30 +1362,35 @@ class Engine:
         self._evidence.observed(source, f"{record.key} attempt {record.attempts} failed permanently: {exc}")
         return self._stop(Status.BLOCKED, f"fix the cause of the permanent failure of step {step.step_id!r} ({exc}); the run is over")
 
-    def _execute(self, step: Step, record: EffectRecord) -> None:
+    def _execute(self, step: Step, record: EffectRecord) -> Steps[None]:
         state = self._state
         assert state is not None and self._keeper is not None
-        self._observe_next = False
-        record = self._start_attempt(step, record, f"observe whether effect {record.key!r} took place")
+        if self._sequential():
+            self._observe_next = False
+        record = yield from self._start_attempt(step, record, f"observe whether effect {record.key!r} took place")
         attempt = record.attempts
         if _crashpoints.ARMED:
             _crashpoints.hit("effect.intent-persisted", f"{step.step_id}#{attempt}")
         adapter = self.adapter_for(step.action, step_id=step.step_id)
-        request = self._request(record, attempt)
+        timeout_s = self._timeouts.get(step.step_id, self.timeout_s)
+        request = self._request(record, attempt, deadline_s=timeout_s)
         try:
-            receipt = adapter.apply(request)
+            receipt = yield Apply(adapter, request, timeout_s)
         except TransientError as exc:
-            self._transient(step, record, exc)
+            yield from self._transient(step, record, exc)
             return
         except PermanentError as exc:
             raise self._failed_for_good(step, record, exc, source=f"adapter:{step.action}") from None
+        except ApplyTimedOut as exc:
+            yield from self._timed_out(step, record, exc)
+            return
         except Exception as exc:  # outcome unknown: recorded as uncertain and observed, never retried blind
             log.warning("apply of %s raised %r; observing", record.key, exc)
             self._current_lease()
             self._evidence.observed(f"adapter:{step.action}", f"{record.key} attempt {attempt} raised {type(exc).__name__}: {exc}")
             record = record.move(EffectState.UNCERTAIN, self.clock.now(), last_error=printable(f"{type(exc).__name__}: {exc}"))
             self._put(record)
-            self._settle(step, record)
+            yield from self._settle(step, record)
             return
         if _crashpoints.ARMED:
             _crashpoints.hit("effect.applied", f"{step.step_id}#{attempt}")
@@ -1104,25 +1404,59 @@ class Engine:
         record = record.move(EffectState.ACKNOWLEDGED, self.clock.now(), receipt=checked.evidence, result=checked.result, cost=record.cost + cost)
         self._put(record)
         state.budget = state.budget.spent(cost)
-        self._settle(step, record)
+        yield from self._settle(step, record)
 
-    def _settle(self, step: Step, record: EffectRecord) -> None:
+    def _settle(self, step: Step, record: EffectRecord) -> Steps[None]:
         """Observe an acknowledged or uncertain effect right after ``apply``."""
-        settled = self._reconcile(record)
+        settled = yield from self._reconcile(record)
         if settled.verdict is Verdict.UNSAFE:
             raise self._unsafe(settled)
         if settled.verdict is Verdict.RETRY:
-            self._commit()  # the retry's backoff must survive a restart
+            yield COMMIT  # the retry's backoff must survive a restart
         # A verification is committed with the next step's start (or the stop): one commit per effect.
 
-    def _transient(self, step: Step, record: EffectRecord, exc: TransientError) -> None:
+    def _timed_out(self, step: Step, record: EffectRecord, exc: ApplyTimedOut) -> Steps[None]:
+        """An ``apply`` past its timeout: uncertain, and observed. An async one was cancelled, so it
+        settles like any unknown outcome. A synchronous one may still be running in its thread: it is
+        verified if the target already shows it, and otherwise never applied again by this run, which
+        stops; the lease is kept until that thread ends, so no other run can start it meanwhile."""
+        self._current_lease()
+        self._evidence.observed(f"adapter:{step.action}", f"{record.key} attempt {record.attempts} {exc}")
+        record = record.move(EffectState.UNCERTAIN, self.clock.now(), last_error=printable(f"timeout: {exc}"))
+        self._put(record)
+        if exc.pending is None:
+            yield from self._settle(step, record)
+            return
+        self._stragglers.append(exc.pending)
+        adapter = self.adapter_for(step.action, step_id=step.step_id)
+        observed = yield Observe(adapter, self._request(record, record.attempts))
+        self._evidence.observed(f"target:{step.action}", f"{record.key}: {observed.state.value} ({observed.evidence})")
+        if observed.state is ObservedState.APPLIED:
+            settled = settle(record, observed, adapter.deduplicates, self.clock.now())
+            self._evidence.inferred(f"{record.key} verified by observation; it will not be applied again")
+            assert self._state is not None
+            self._state.budget = self._state.budget.progressed(self.clock.now(), self._take_work())
+            self._put(settled.record)
+            return
+        self._put(replace(record, evidence=observed.evidence))
+        self._evidence.unknown(f"adapter:{step.action}", f"{record.key}: the timed-out attempt may still reach the target")
+        wake_at = self.clock.now() + self._policy(record).delay(record.key, record.attempts)
+        raise self._stop(
+            Status.RETRY_SCHEDULED,
+            f"run again at or after {utc(wake_at)}: effect {record.key!r} timed out after {exc.timeout_s:g} s and its "
+            "attempt may still be running here (this run keeps the lease until it ends); the next run observes it "
+            "before anything is applied again",
+            wake_at=wake_at,
+        )
+
+    def _transient(self, step: Step, record: EffectRecord, exc: Exception) -> Steps[None]:
         assert self._state is not None
         self._current_lease()
         self._evidence.observed(f"adapter:{step.action}", f"{record.key} attempt {record.attempts} failed transiently: {exc}")
         record = record.move(EffectState.PLANNED, self.clock.now(), last_error=printable(f"transient: {exc}"))
         record = self._with_backoff(record)
         self._put(record)
-        self._commit()
+        yield COMMIT
 
     # -- the outcome --------------------------------------------------------------------------
 

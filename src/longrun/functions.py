@@ -33,6 +33,7 @@ what was settled before it, and re-raised to the caller of ``run()``; the task s
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import math
@@ -40,6 +41,7 @@ import sys
 from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
 from . import _crashpoints
+from ._io import is_async_callable
 from .budget import Limits, RetryPolicy
 from .canonical import JSONValue, digest_of, ensure_json
 from .contract import ASK_ACTION, INTERNAL_PREFIX, RunContract, Step, check_step_id, check_task_id
@@ -47,11 +49,11 @@ from .engine import Engine
 from .envelope import RunState
 from .events import EventHook
 from .errors import CallFailed, InvalidInputError
-from .ledger import EffectState
+from .ledger import EffectRecord, EffectState
 from .outcome import ENDED_UNFINISHED, RunOutcome, Status
 from .protocols import ApprovalSource, CancellationSource, Clock, EffectAdapter, Store
 
-__all__ = ["ASK_ACTION", "CALL_ACTION", "CHILD_ACTION", "FUNCTION_STEP", "SLEEP_ACTION", "DurableFunction", "Run", "durable"]
+__all__ = ["ASK_ACTION", "CALL_ACTION", "CHILD_ACTION", "FUNCTION_STEP", "SLEEP_ACTION", "AsyncRun", "DurableFunction", "Run", "durable"]
 
 FUNCTION_STEP = INTERNAL_PREFIX + "function"
 """The step id (and action) of a durable task's own record: function name, arguments, return value."""
@@ -75,14 +77,8 @@ def qualified_name(fn: Callable[..., Any]) -> str:
     return f"{module}:{qualname}"
 
 
-class Run:
-    """What a durable function receives as its first argument: the steps it may take.
-
-    ``effect`` makes a side effect through the ledger; ``call`` records a read, a computation or a
-    model's answer; ``sleep`` waits durably; ``ask`` waits for a person's answer; ``child`` runs
-    another durable task to completion.
-    Each takes a step id first: unique within one run of the function, stable across runs.
-    """
+class _Steps:
+    """What ``Run`` and ``AsyncRun`` share: step ids, and each step checked against what is recorded."""
 
     def __init__(self, engine: Engine, function: "DurableFunction[Any]"):
         self._engine = engine
@@ -109,22 +105,9 @@ class Run:
             "nothing was applied",
         )
 
-    def effect(
-        self,
-        step_id: str,
-        action: str,
-        payload: Mapping[str, Any],
-        *,
-        approval: bool = False,
-        observe_first: bool = False,
-        retry: RetryPolicy | None = None,
-    ) -> JSONValue:
-        """Make a side effect through the ledger, exactly as a declared step; return its result.
-
-        ``started`` is durable before the adapter is called; an interrupted effect is observed
-        before any retry; ``approval=True`` gates it on a scoped approval; ``observe_first=True``
-        observes before the first apply (for effects an earlier system or task may have made).
-        """
+    def _effect_step(
+        self, step_id: str, action: str, payload: Mapping[str, Any], approval: bool, observe_first: bool
+    ) -> Step:
         self._claim(step_id)
         engine = self._engine
         if not isinstance(action, str) or action.startswith(INTERNAL_PREFIX):
@@ -141,31 +124,14 @@ class Run:
             digest = digest_of(step.evaluate_payload({}), what=f"payload of step {step_id!r}")
             if recorded.payload_digest != digest:
                 raise self._diverged(step_id, "payload digest", recorded.payload_digest, digest)
-        return engine.effect(step, retry=retry).result
+        return step
 
-    def call(
-        self,
-        step_id: str,
-        fn: Callable[..., Any],
-        *args: Any,
-        retry: RetryPolicy | None = None,
-        replay: str = "strict",
-        **kwargs: Any,
-    ) -> Any:
-        """Call ``fn(*args, **kwargs)`` once and record its JSON result; replay it afterwards.
-
-        ``TransientError`` is retried with backoff under the persistent attempt counter;
-        ``PermanentError`` stops the run ``blocked``; any other exception is recorded and raised
-        into the function as ``CallFailed``, identically on every replay. ``replay="by-id"``
-        accepts a recorded result even if the arguments changed (say, a timestamp among them).
-        """
+    def _call_step(self, step_id: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], replay: str) -> Step:
         self._claim(step_id)
         if replay not in ("strict", "by-id"):
             raise InvalidInputError(f"step {step_id!r}: replay must be 'strict' or 'by-id', got {replay!r}")
         if not callable(fn):
             raise InvalidInputError(f"step {step_id!r}: {fn!r} is not callable")
-        if inspect.iscoroutinefunction(fn):
-            raise InvalidInputError(f"step {step_id!r}: {qualified_name(fn)} is async; call it from an async durable function")
         arguments = ensure_json({"args": list(args), "kwargs": dict(kwargs)}, what=f"arguments of step {step_id!r}")
         payload = {"function": qualified_name(fn), "arguments": digest_of(arguments)}
         step = Step(step_id, CALL_ACTION, payload)
@@ -175,31 +141,25 @@ class Run:
                 raise self._diverged(step_id, "action", repr(recorded.action), "a call")
             if replay == "strict" and recorded.payload_digest != digest_of(payload):
                 raise self._diverged(step_id, "call digest", recorded.payload_digest, digest_of(payload))
-        record = self._engine.call(step, lambda: fn(*args, **kwargs), retry=retry)
+        return step
+
+    @staticmethod
+    def _call_result(step_id: str, record: EffectRecord) -> Any:
         if record.state is EffectState.FAILED:
             failure = record.result if isinstance(record.result, dict) else {}
             raise CallFailed(step_id, str(failure.get("type", "Exception")), str(failure.get("message", record.last_error)))
         return record.result
 
-    def sleep(self, step_id: str, seconds: float) -> None:
-        """Wait ``seconds`` durably: the wake time is recorded when the step is first reached.
-
-        A wait longer than ``Limits.max_block_s`` stops the run ``sleeping`` with ``wake_at``; run
-        the task again at or after that time (a worker does it by itself)."""
+    def _sleep_step(self, step_id: str, seconds: float) -> Step:
         self._claim(step_id)
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
             raise InvalidInputError(f"step {step_id!r}: seconds must be a finite number >= 0, got {seconds!r}")
         recorded = self._engine.state.effects.get(step_id)
         if recorded is not None and recorded.action != SLEEP_ACTION:
             raise self._diverged(step_id, "action", repr(recorded.action), "a sleep")
-        self._engine.timer(Step(step_id, SLEEP_ACTION, {"seconds": seconds}), float(seconds))
+        return Step(step_id, SLEEP_ACTION, {"seconds": seconds})
 
-    def ask(self, step_id: str, question: str, *, choices: Sequence[JSONValue] | None = None) -> JSONValue:
-        """A person's answer, as a value. Until it is given the run stops ``awaiting-input``.
-
-        ``longrun answer STORE TASK STEP VALUE`` records it, bound to the task, the plan, the step and
-        the question's digest, single use, through the same sources as approvals (the store, strict
-        files, signed records). With ``choices``, an answer outside them is refused and asked again."""
+    def _ask(self, step_id: str, question: str, choices: Sequence[JSONValue] | None) -> JSONValue:
         self._claim(step_id)
         if not isinstance(question, str) or not question.strip():
             raise InvalidInputError(f"step {step_id!r}: the question must be a non-empty string")
@@ -214,12 +174,10 @@ class Run:
         choice_list = listed if isinstance(listed, list) else None
         return self._engine.ask(Step(step_id, ASK_ACTION, payload), choice_list).result
 
-    def child(self, task_id: str, function: "DurableFunction[Any]", *args: Any, **kwargs: Any) -> Any:
-        """Start or resume another durable task (its own lease and ledger) and return its result.
-
-        While the child is not done, this run stops ``waiting-on-child`` with the child's next
-        action; run it again once the child has moved on. A child that ended without finishing is
-        raised into the function as ``CallFailed``. The parent's record names the child task."""
+    def _child_record(
+        self, task_id: str, function: "DurableFunction[Any]", args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[str, EffectRecord]:
+        """The child's record in this run (planned now if new); a planned one is still to be driven."""
         check_task_id(task_id)
         if not isinstance(function, DurableFunction):
             raise InvalidInputError(f"child {task_id!r}: {function!r} is not a durable function")
@@ -236,24 +194,204 @@ class Run:
         record = engine.plan(Step(step_id, CHILD_ACTION, payload))
         if record.state is EffectState.PLANNED:
             engine.check_cancellation()  # a cancelled parent drives its child no further
-            outcome = function.run_child(task_id, self.task_id, args, kwargs)
-            if _crashpoints.ARMED:
-                _crashpoints.hit("child.returned", task_id)
-            if outcome.status is Status.DONE:
-                record = engine.complete(step_id, outcome.result)
-            elif outcome.status in ENDED_UNFINISHED:
-                failure: JSONValue = {"type": "ChildEnded", "message": f"child task {task_id!r} ended {outcome.status.value}"}
-                record = engine.complete(step_id, failure, failed=True)
-            else:
-                raise engine.wait(
-                    Status.WAITING_ON_CHILD,
-                    f"child task {task_id!r} is {outcome.status.value} ({outcome.next_action}); run this task again after it",
-                    wake_at=outcome.wake_at,
-                )
+        return step_id, record
+
+    def _child_settled(self, step_id: str, task_id: str, outcome: RunOutcome) -> EffectRecord:
+        engine = self._engine
+        if _crashpoints.ARMED:
+            _crashpoints.hit("child.returned", task_id)
+        if outcome.status is Status.DONE:
+            return engine.complete(step_id, outcome.result)
+        if outcome.status in ENDED_UNFINISHED:
+            failure: JSONValue = {"type": "ChildEnded", "message": f"child task {task_id!r} ended {outcome.status.value}"}
+            return engine.complete(step_id, failure, failed=True)
+        raise engine.wait(
+            Status.WAITING_ON_CHILD,
+            f"child task {task_id!r} is {outcome.status.value} ({outcome.next_action}); run this task again after it",
+            wake_at=outcome.wake_at,
+        )
+
+    @staticmethod
+    def _child_result(step_id: str, record: EffectRecord) -> Any:
         if record.state is EffectState.FAILED:
             failure_record = record.result if isinstance(record.result, dict) else {}
             raise CallFailed(step_id, str(failure_record.get("type", "ChildEnded")), str(failure_record.get("message", "")))
         return record.result
+
+
+class Run(_Steps):
+    """What a durable function receives as its first argument: the steps it may take.
+
+    ``effect`` makes a side effect through the ledger; ``map`` makes several at once; ``call``
+    records a read, a computation or a model's answer; ``sleep`` waits durably; ``ask`` waits for a
+    person's answer; ``child`` runs another durable task to completion.
+    Each takes a step id first: unique within one run of the function, stable across runs.
+    """
+
+    def effect(
+        self,
+        step_id: str,
+        action: str,
+        payload: Mapping[str, Any],
+        *,
+        approval: bool = False,
+        observe_first: bool = False,
+        retry: RetryPolicy | None = None,
+        timeout_s: float | None = None,
+    ) -> JSONValue:
+        """Make a side effect through the ledger, exactly as a declared step; return its result.
+
+        ``started`` is durable before the adapter is called; an interrupted effect is observed
+        before any retry; ``approval=True`` gates it on a scoped approval; ``observe_first=True``
+        observes before the first apply (for effects an earlier system or task may have made).
+        ``retry`` and ``timeout_s`` override the run's for this effect: past ``timeout_s`` the
+        effect is uncertain and observed (``apply`` then runs in a worker thread).
+        """
+        step = self._effect_step(step_id, action, payload, approval, observe_first)
+        return self._engine.effect(step, retry=retry, timeout_s=timeout_s).result
+
+    def map(
+        self,
+        step_prefix: str,
+        action: str,
+        payloads: Sequence[Mapping[str, Any]],
+        *,
+        approval: bool = False,
+        retry: RetryPolicy | None = None,
+        timeout_s: float | None = None,
+        max_parallel: int | None = None,
+    ) -> list[JSONValue]:
+        """Make one effect per payload at once (step ids ``<step_prefix>/0``, ``/1``, ...), at most
+        ``max_parallel`` at a time (else the function's); return their results in order.
+
+        Each is an ``effect`` with its own key, digest, approval and attempts; the adapters run in
+        worker threads, and the starts that become ready together share one commit. If one stops
+        the run (say, it awaits approval), the others in flight settle and nothing new starts."""
+        if not isinstance(step_prefix, str) or not step_prefix:
+            raise InvalidInputError("map needs a non-empty step prefix")
+        steps = [
+            self._effect_step(f"{step_prefix}/{index}", action, payload, approval, False) for index, payload in enumerate(payloads)
+        ]
+        engine = self._engine
+        records = engine.run_parallel(
+            [engine.effect_steps(step, retry=retry, timeout_s=timeout_s) for step in steps],
+            max_parallel if max_parallel is not None else engine.max_parallel,
+        )
+        return [record.result for record in records]
+
+    def call(
+        self,
+        step_id: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retry: RetryPolicy | None = None,
+        replay: str = "strict",
+        timeout_s: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Call ``fn(*args, **kwargs)`` once and record its JSON result; replay it afterwards.
+
+        ``TransientError`` (and running past ``timeout_s``) is retried with backoff under the
+        persistent attempt counter; ``PermanentError`` stops the run ``blocked``; any other
+        exception is recorded and raised into the function as ``CallFailed``, identically on every
+        replay. ``replay="by-id"`` accepts a recorded result even if the arguments changed (say, a
+        timestamp among them).
+        """
+        if inspect.iscoroutinefunction(fn):
+            raise InvalidInputError(f"step {step_id!r}: {qualified_name(fn)} is async; call it from an async durable function")
+        step = self._call_step(step_id, fn, args, kwargs, replay)
+        record = self._engine.call(step, lambda: fn(*args, **kwargs), retry=retry, timeout_s=timeout_s)
+        return self._call_result(step_id, record)
+
+    def sleep(self, step_id: str, seconds: float) -> None:
+        """Wait ``seconds`` durably: the wake time is recorded when the step is first reached.
+
+        A wait longer than ``Limits.max_block_s`` stops the run ``sleeping`` with ``wake_at``; run
+        the task again at or after that time (a worker does it by itself)."""
+        self._engine.timer(self._sleep_step(step_id, seconds), float(seconds))
+
+    def ask(self, step_id: str, question: str, *, choices: Sequence[JSONValue] | None = None) -> JSONValue:
+        """A person's answer, as a value. Until it is given the run stops ``awaiting-input``.
+
+        ``longrun answer STORE TASK STEP VALUE`` records it, bound to the task, the plan, the step and
+        the question's digest, single use, through the same sources as approvals (the store, strict
+        files, signed records). With ``choices``, an answer outside them is refused and asked again."""
+        return self._ask(step_id, question, choices)
+
+    def child(self, task_id: str, function: "DurableFunction[Any]", *args: Any, **kwargs: Any) -> Any:
+        """Start or resume another durable task (its own lease and ledger) and return its result.
+
+        While the child is not done, this run stops ``waiting-on-child`` with the child's next
+        action; run it again once the child has moved on. A child that ended without finishing is
+        raised into the function as ``CallFailed``. The parent's record names the child task."""
+        step_id, record = self._child_record(task_id, function, args, kwargs)
+        if record.state is EffectState.PLANNED:
+            record = self._child_settled(step_id, task_id, function.run_child(task_id, self.task_id, args, kwargs))
+        return self._child_result(step_id, record)
+
+
+class AsyncRun(_Steps):
+    """What an ``async`` durable function receives: ``Run``'s steps, awaited.
+
+    Steps awaited together run at once (``asyncio.gather(*(run.effect(...) for ...))``), at most
+    ``max_parallel`` at a time, each with its own key, digest, approval and attempts; the starts
+    that become ready together share one commit. Adapters may be async (``apply`` and ``observe``
+    coroutines) or synchronous (run in worker threads). If one step stops the run, the others in
+    flight settle, and nothing new starts.
+    """
+
+    async def effect(
+        self,
+        step_id: str,
+        action: str,
+        payload: Mapping[str, Any],
+        *,
+        approval: bool = False,
+        observe_first: bool = False,
+        retry: RetryPolicy | None = None,
+        timeout_s: float | None = None,
+    ) -> JSONValue:
+        """``Run.effect``, awaited. Past ``timeout_s`` (else the run's, else the retry policy's
+        ``deadline_s``) the apply is cancelled, and the effect is uncertain and observed."""
+        step = self._effect_step(step_id, action, payload, approval, observe_first)
+        engine = self._engine
+        record = await engine.driver.step(engine.effect_steps(step, retry=retry, timeout_s=timeout_s))
+        return record.result
+
+    async def call(
+        self,
+        step_id: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retry: RetryPolicy | None = None,
+        replay: str = "strict",
+        timeout_s: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """``Run.call``, awaited; ``fn`` may be a coroutine function (awaited) or a plain one (run in
+        a worker thread, so that it does not block the other steps)."""
+        step = self._call_step(step_id, fn, args, kwargs, replay)
+        engine = self._engine
+        steps = engine.call_steps(step, lambda: fn(*args, **kwargs), retry=retry, timeout_s=timeout_s, awaitable=is_async_callable(fn))
+        return self._call_result(step_id, await engine.driver.step(steps))
+
+    async def sleep(self, step_id: str, seconds: float) -> None:
+        """``Run.sleep``, awaited."""
+        step = self._sleep_step(step_id, seconds)
+        engine = self._engine
+        await engine.driver.step(engine.timer_steps(step, float(seconds)))
+
+    async def ask(self, step_id: str, question: str, *, choices: Sequence[JSONValue] | None = None) -> JSONValue:
+        """``Run.ask``: reads the answer (it never waits for a person; without one the run stops)."""
+        return self._ask(step_id, question, choices)
+
+    async def child(self, task_id: str, function: "DurableFunction[Any]", *args: Any, **kwargs: Any) -> Any:
+        """``Run.child``, awaited: an async child runs on this event loop, a synchronous one in a thread."""
+        step_id, record = self._child_record(task_id, function, args, kwargs)
+        if record.state is EffectState.PLANNED:
+            outcome = await function.arun_child(task_id, self.task_id, args, kwargs)
+            record = self._child_settled(step_id, task_id, outcome)
+        return self._child_result(step_id, record)
 
 
 class _FunctionPlan:
@@ -284,13 +422,25 @@ class _FunctionPlan:
         )
 
     def drive(self, engine: Engine) -> None:
-        run = Run(engine, self._function)
+        args, kwargs = self._args()
+        value = self._function.fn(Run(engine, self._function), *args, **kwargs)
+        if inspect.isawaitable(value):
+            if inspect.iscoroutine(value):
+                value.close()  # never awaited: closed, so no "never awaited" warning hides the real error
+            raise InvalidInputError(f"{self._function.name} returned an awaitable: async functions need the async face")
+        self._returned(engine, value)
+
+    async def adrive(self, engine: Engine) -> None:
+        args, kwargs = self._args()
+        self._returned(engine, await self._function.fn(AsyncRun(engine, self._function), *args, **kwargs))
+
+    def _args(self) -> tuple[list[JSONValue], dict[str, JSONValue]]:
         args = self._arguments["args"]
         kwargs = self._arguments["kwargs"]
         assert isinstance(args, list) and isinstance(kwargs, dict)
-        value = self._function.fn(run, *args, **kwargs)
-        if inspect.isawaitable(value):
-            raise InvalidInputError(f"{self._function.name} returned an awaitable: async functions need the async face")
+        return args, kwargs
+
+    def _returned(self, engine: Engine, value: object) -> None:
         result = ensure_json(value, what=f"the return value of {self._function.name}")
         if engine.state.effects[FUNCTION_STEP].state is not EffectState.VERIFIED:
             engine.complete(FUNCTION_STEP, result)
@@ -336,10 +486,35 @@ class DurableFunction(Generic[R]):
         assert isinstance(arguments, dict)
         return Engine(contract, **self._options), _FunctionPlan(self, arguments, contract, parent)
 
+    @property
+    def is_async(self) -> bool:
+        """Whether the function is ``async def`` (its steps are awaited: ``AsyncRun``)."""
+        return inspect.iscoroutinefunction(self.fn)
+
     def run(self, task_id: str, *args: Any, **kwargs: Any) -> RunOutcome:
-        """Start the task with these arguments, or resume it; return why it stopped."""
+        """Start the task with these arguments, or resume it; return why it stopped.
+
+        An async function is run on an event loop of its own (``asyncio.run``); from async code,
+        ``await fn.arun(...)`` instead."""
+        if self.is_async:
+            return _run_coroutine(self.arun(task_id, *args, **kwargs), f"{self.name}.run")
         engine, plan = self._plan(task_id, args, kwargs)
         return engine.run(plan)
+
+    async def arun(self, task_id: str, *args: Any, **kwargs: Any) -> RunOutcome:
+        """``run``, awaited: an async function runs on this event loop, a synchronous one in a
+        worker thread (so that many tasks can run side by side)."""
+        return await self._arun(task_id, args, kwargs, None)
+
+    async def _arun(self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any], parent: str | None) -> RunOutcome:
+        engine, plan = self._plan(task_id, args, kwargs, parent=parent)
+        if not self.is_async:
+            return await asyncio.to_thread(engine.run, plan)
+        return await engine.arun(plan)
+
+    async def arun_child(self, task_id: str, parent: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> RunOutcome:
+        """``run_child``, awaited."""
+        return await self._arun(task_id, args, kwargs, parent)
 
     def plan_digest(self, task_id: str, *args: Any, **kwargs: Any) -> str:
         """The plan digest a task of this function with these arguments has: what an approval written
@@ -348,6 +523,8 @@ class DurableFunction(Generic[R]):
 
     def run_child(self, task_id: str, parent: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> RunOutcome:
         """``run`` for a child task of ``parent`` (``Run.child``): its first record names the parent."""
+        if self.is_async:
+            return _run_coroutine(self.arun_child(task_id, parent, args, kwargs), f"child {task_id!r}")
         engine, plan = self._plan(task_id, args, kwargs, parent=parent)
         return engine.run(plan)
 
@@ -371,8 +548,15 @@ def durable(
     approvals: ApprovalSource | None = None,
     cancellations: CancellationSource | None = None,
     on_event: EventHook | None = None,
+    timeout_s: float | None = None,
+    max_parallel: int = 16,
 ) -> Callable[[Callable[..., R]], DurableFunction[R]]:
     """Make ``fn(run, *args, **kwargs)`` a durable function (see the module docstring).
+
+    An ``async def`` function gets an ``AsyncRun`` and may use async adapters; a synchronous one
+    gets a ``Run`` and refuses them here. ``timeout_s`` bounds every ``apply`` and call (a step's
+    own overrides it); ``max_parallel`` bounds the steps in flight at once (``asyncio.gather`` in
+    an async function, ``run.map`` in a synchronous one).
 
     ``contract`` is a ``RunContract`` whose task id is replaced by each run's; without one, a
     contract is built from ``goal``, ``allowed_actions`` and ``forbidden_actions``. ``on_event``
@@ -384,8 +568,6 @@ def durable(
     def decorate(fn: Callable[..., R]) -> DurableFunction[R]:
         if not callable(fn):
             raise InvalidInputError(f"@durable needs a function, got {fn!r}")
-        if inspect.iscoroutinefunction(fn):
-            raise InvalidInputError(f"{qualified_name(fn)} is async: the synchronous durable face cannot run it")
         base = contract or RunContract(
             "durable-function",
             goal or f"run {qualified_name(fn)} to completion",
@@ -403,8 +585,21 @@ def durable(
             approvals=approvals,
             cancellations=cancellations,
             on_event=on_event,
+            timeout_s=timeout_s,
+            max_parallel=max_parallel,
+            asynchronous=inspect.iscoroutinefunction(fn),
         )
         Engine(base, **options)  # validates the options now, not at the first run
         return DurableFunction(fn, base, options)
 
     return decorate
+
+
+def _run_coroutine(coroutine: Any, what: str) -> RunOutcome:
+    """Run an async function's task from synchronous code, on an event loop of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)  # type: ignore[no-any-return]
+    coroutine.close()
+    raise InvalidInputError(f"{what}: an event loop is running in this thread; use `await fn.arun(...)`")

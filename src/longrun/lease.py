@@ -212,12 +212,21 @@ class LeaseKeeper:
 
     ``renew`` is called with the current lease and returns the renewed one, or raises. The first
     failure stops the keeper and is kept in ``failure``; ``lease`` is always the latest good lease.
+    ``on_renewed`` runs after each renewal (the engine reads cancellation there, so that it reaches
+    an effect that is running).
     """
 
     def __init__(
-        self, lease: Lease, renew: Callable[[Lease], Lease], interval_s: float, monotonic: Callable[[], float] = time.monotonic
+        self,
+        lease: Lease,
+        renew: Callable[[Lease], Lease],
+        interval_s: float,
+        monotonic: Callable[[], float] = time.monotonic,
+        *,
+        on_renewed: Callable[[], None] | None = None,
     ):
         self._lease = lease
+        self._on_renewed = on_renewed
         self._monotonic = monotonic
         self.renewed_at = monotonic()
         """When (on ``monotonic``) the lease was last granted: its freshness, immune to wall-clock skew."""
@@ -263,3 +272,8 @@ class LeaseKeeper:
             with self._lock:
                 self._lease = renewed
                 self.renewed_at = self._monotonic()
+            if self._on_renewed is not None:
+                try:
+                    self._on_renewed()
+                except Exception:  # the lease stays good; the failure is logged with its traceback, not dropped
+                    log.exception("after renewing the lease for %s, reading its cancellation failed", renewed.task_id)

@@ -35,7 +35,7 @@ from .adapters import EffectRequest, Observation, ObservedState
 from .ledger import EffectRecord, EffectState, recordable_result
 from .protocols import EffectAdapter
 
-__all__ = ["Reconciled", "Verdict", "observe_safely", "reconcile"]
+__all__ = ["Reconciled", "Verdict", "as_observation", "observe_safely", "reconcile", "settle"]
 
 log = logging.getLogger("longrun")
 
@@ -59,20 +59,31 @@ class Reconciled:
 def observe_safely(adapter: EffectAdapter, request: EffectRequest) -> Observation:
     """``adapter.observe``, with any exception turned into an ``unknown`` observation that names it."""
     try:
-        observation = adapter.observe(request)
+        observation: object = adapter.observe(request)
     except Exception as exc:  # the failure becomes evidence (an unknown), it is not dropped
+        return as_observation(request, exc)
+    return as_observation(request, observation)
+
+
+def as_observation(request: EffectRequest, returned: object) -> Observation:
+    """What an ``observe`` call returned, or the exception it raised, as an ``Observation``."""
+    if isinstance(returned, Exception):
         # An Observation the adapter built wrongly (a dict as evidence, a result that is not JSON)
-        # raises InvalidInputError here, inside observe: an adapter bug, so the outcome is unknown.
-        log.warning("observe of %s failed: %r", request.key, exc)
-        return Observation.unknown(f"observe raised {type(exc).__name__}: {exc}")
-    if not isinstance(observation, Observation):
-        return Observation.unknown(f"observe returned {type(observation).__name__}, not an Observation")
-    return observation
+        # raises InvalidInputError inside observe: an adapter bug, so the outcome is unknown.
+        log.warning("observe of %s failed: %r", request.key, returned)
+        return Observation.unknown(f"observe raised {type(returned).__name__}: {returned}")
+    if not isinstance(returned, Observation):
+        return Observation.unknown(f"observe returned {type(returned).__name__}, not an Observation")
+    return returned
 
 
 def reconcile(record: EffectRecord, adapter: EffectAdapter, request: EffectRequest, now: float) -> Reconciled:
     """Settle an in-flight effect (started, acknowledged or uncertain) by observing the target."""
-    observation = observe_safely(adapter, request)
+    return settle(record, observe_safely(adapter, request), adapter.deduplicates, now)
+
+
+def settle(record: EffectRecord, observation: Observation, deduplicates: bool, now: float) -> Reconciled:
+    """The verdict on an in-flight effect given what the target says (``observation``)."""
     if observation.state is ObservedState.APPLIED:
         result = observation.result if observation.result is not None else record.result
         result, omitted = recordable_result(result, what=f"the result of step {record.step_id!r}")
@@ -89,7 +100,7 @@ def reconcile(record: EffectRecord, adapter: EffectAdapter, request: EffectReque
         reason = f"the target acknowledged {record.key!r} ({record.receipt}) but observation says absent ({observation.evidence})"
     else:
         reason = f"outcome of {record.key!r} is unknown: {observation.evidence}"
-    if adapter.deduplicates:
+    if deduplicates:
         retry = record.move(EffectState.PLANNED, now, evidence=observation.evidence)
         return Reconciled(retry, Verdict.RETRY, observation, reason + "; the target deduplicates, so it may be sent again")
     if record.state is EffectState.UNCERTAIN:
