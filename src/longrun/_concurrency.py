@@ -75,7 +75,7 @@ class AsyncDriver:
             await plan.adrive(engine)
         except Stop as stop:
             await self.settle()
-            final = engine.settle_stop() if engine.stopping is not None else stop
+            final = engine.settle_stop(stop)
             engine.woke_at(final.wake_at)
             return final.status, final.next_action
         except Exception:
@@ -99,6 +99,20 @@ class AsyncDriver:
             self.active -= 1
             if task is not None:
                 self._tasks.discard(task)
+
+    async def settled(self, work: Awaitable[T]) -> T:
+        """Await ``work`` (steps in parallel); if it fails, first let the steps still in flight
+        settle. A stop comes out as the run's stop (``Engine.settle_stop``)."""
+        from .engine import Stop
+
+        try:
+            return await work
+        except Stop as stop:
+            await self.settle()
+            raise self.engine.settle_stop(stop) from None
+        except Exception:
+            await self.settle()
+            raise
 
     async def settle(self) -> None:
         """Wait until every step still in flight (a sibling of one that stopped the run) has settled.

@@ -20,10 +20,13 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from .canonical import MAX_VALUE_BYTES, JSONValue, canonical_bytes, digest_of, ensure_json
 from .errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from .budget import RetryPolicy
 
 __all__ = [
     "ASK_ACTION",
@@ -153,6 +156,15 @@ class Step:
     applied. Absent: it is applied. Unknown: the run stops ``unsafe-to-continue`` unless the adapter
     deduplicates. The observation asks for the step's effect key, so a step moved to a new task id
     keeps its old key (``key="<old task id>/<step id>"``) for the target to find it."""
+    after: tuple[str, ...] | None = None
+    """The steps this one starts after (each must come earlier in the plan). ``None``, the default,
+    means after the step before it, so a plan that never says ``after`` runs in order; ``()`` means
+    at once. A ``Runner`` starts every step whose steps before are verified, up to ``max_parallel``
+    at a time. Pinned by the plan digest when set."""
+    timeout_s: float | None = None
+    """Bounds each ``apply`` of this step (the run's ``timeout_s`` otherwise); not pinned by the digest."""
+    retry: RetryPolicy | None = None
+    """This step's retry policy (the run's otherwise); not pinned by the digest."""
 
     def __post_init__(self) -> None:
         check_step_id(self.step_id)
@@ -164,6 +176,20 @@ class Step:
             raise InvalidInputError(f"step {self.step_id!r}: observe_first must be True or False")
         if self.key is not None and (not isinstance(self.key, str) or not self.key):
             raise InvalidInputError(f"step {self.step_id!r}: key must be a non-empty string")
+        if self.after is not None:
+            if isinstance(self.after, str) or not isinstance(self.after, (tuple, list)):
+                raise InvalidInputError(f"step {self.step_id!r}: after must be a tuple of step ids, got {self.after!r}")
+            for name in self.after:
+                check_step_id(name)
+            object.__setattr__(self, "after", tuple(self.after))
+        if self.timeout_s is not None and (
+            isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or not 0 < self.timeout_s < float("inf")
+        ):
+            raise InvalidInputError(f"step {self.step_id!r}: timeout_s must be a finite number > 0, got {self.timeout_s!r}")
+        from .budget import RetryPolicy  # here: budget's records import this module's step id rules
+
+        if self.retry is not None and not isinstance(self.retry, RetryPolicy):
+            raise InvalidInputError(f"step {self.step_id!r}: retry must be a RetryPolicy")
         if not callable(self.payload):
             if not isinstance(self.payload, Mapping):
                 raise InvalidInputError(f"step {self.step_id!r}: payload must be a mapping or a callable")
@@ -193,6 +219,8 @@ class Step:
         }
         if self.observe_first:
             pinned["observe_first"] = True
+        if self.after is not None:
+            pinned["after"] = list(self.after)
         return pinned
 
     def evaluate_payload(self, results: Mapping[str, JSONValue]) -> dict[str, JSONValue]:
@@ -223,6 +251,12 @@ def validate_plan(contract: RunContract, steps: Sequence[Step]) -> tuple[Step, .
     keys = [step.effect_key(contract.task_id) for step in plan]
     if len(set(keys)) != len(keys):
         raise InvalidInputError(f"effect keys must be unique: {keys!r}")
+    seen: set[str] = set()
+    for step in plan:
+        later = [name for name in step.after or () if name not in seen]
+        if later:
+            raise InvalidInputError(f"step {step.step_id!r} is after {later!r}, which must be steps earlier in the plan")
+        seen.add(step.step_id)
     unknown = [name for name in contract.completion_evidence if name not in ids]
     if unknown:
         raise InvalidInputError(f"completion evidence names steps that are not in the plan: {unknown!r}")

@@ -41,7 +41,7 @@ import socket
 import threading
 from dataclasses import replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Protocol, Sequence, TypeVar
 
 from . import _crashpoints
 from ._io import COMMIT, Apply, ApplyTimedOut, Commit, Gather, Invoke, Observe, Op, Sleep, Steps, call_in_thread, drive, is_async_callable
@@ -161,6 +161,12 @@ class Stop(BaseException):
     def again(self) -> "Stop":
         """The same stop, to raise in another step that may not go on (parallel steps share one)."""
         return Stop(self.status, self.next_action, wake_at=self.wake_at)
+
+    @property
+    def waits(self) -> bool:
+        """Whether the stop waits for something (a person, a timer, a child): steps in parallel
+        that do not depend on the waiting one may still go on."""
+        return self.status in WAITING
 
     def outranks(self, other: "Stop") -> bool:
         """Whether this stop should be the run's outcome rather than ``other``: a stop that ends or
@@ -547,30 +553,31 @@ class Engine:
         return self._driver
 
     def run_parallel(self, procedures: Sequence[Steps[T]], max_parallel: int) -> list[T]:
-        """Run step procedures at once from synchronous code (``Run.map``), on an event loop of
-        their own; their adapters run in worker threads. Returns their values in order."""
+        """Run step procedures at once from synchronous code (``Run.map``); their values in order."""
+
+        async def together(driver: AsyncDriver) -> list[T]:
+            return list(await asyncio.gather(*(driver.step(steps) for steps in procedures)))
+
+        return self.concurrently(together, max_parallel)
+
+    def concurrently(self, work: Callable[["AsyncDriver"], Awaitable[T]], max_parallel: int) -> T:
+        """Await ``work`` from synchronous code, on an event loop of its own with an async driver
+        (adapters run in worker threads). If a step stops the run, the others settle first."""
         from ._concurrency import AsyncDriver
 
         check_parallel(max_parallel)
         if self._driver is not None:
             raise InvalidInputError("steps in parallel are already running: await them instead")
 
-        async def together() -> list[T]:
+        async def main() -> T:
             async with AsyncDriver(self, max_parallel) as driver:
-                try:
-                    return list(await asyncio.gather(*(driver.step(steps) for steps in procedures)))
-                except Stop:
-                    await driver.settle()
-                    raise self.settle_stop() from None
-                except Exception:
-                    await driver.settle()
-                    raise
+                return await driver.settled(work(driver))
 
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return asyncio.run(together())
-        raise InvalidInputError("Run.map cannot run inside a running event loop: use an async durable function and asyncio.gather")
+            return asyncio.run(main())
+        raise InvalidInputError("parallel steps cannot run from synchronous code inside a running event loop: use the async face")
 
     def attach(self, driver: "AsyncDriver | None") -> None:
         """The async driver running this invocation's steps now, or None when it is done."""
@@ -581,14 +588,21 @@ class Engine:
         """The stop a step recorded while others were in flight (see ``Stop.outranks``)."""
         return self._stopping
 
-    def settle_stop(self) -> Stop:
-        """After parallel steps settled: commit what they changed under the run's stop, and return it."""
-        stop = self._stopping
-        assert stop is not None and self._state is not None
-        if self._dirty:
-            self._state.status, self._state.next_action = stop.status, stop.next_action
+    def settle_stop(self, raised: Stop) -> Stop:
+        """After parallel steps settled: the run's stop, with what they changed committed under it.
+
+        ``raised`` is the stop that came out of the steps. A stop that was never recorded (a lost
+        lease, a plan mismatch) stands as it is, with nothing more written; otherwise the recorded
+        one (the first, unless a later one outranked it) is committed again with the settled steps."""
+        recorded = self._stopping
+        if recorded is None or raised.status is Status.LEASE_LOST or (raised.status is not recorded.status and raised.outranks(recorded)):
+            return raised
+        state = self._state
+        assert state is not None
+        if self._dirty or state.status is not recorded.status or state.next_action != recorded.next_action:
+            state.status, state.next_action = recorded.status, recorded.next_action
             self._commit()
-        return stop
+        return recorded
 
     def note_straggler(self, future: concurrent.futures.Future[Any]) -> None:
         self._stragglers.append(future)
@@ -650,8 +664,8 @@ class Engine:
         """Record a stop in the state (committed) and return the exception that unwinds to ``run``.
 
         With steps in parallel, the first stop stands unless a later one outranks it (a stop that
-        ends or blocks the run outranks one that waits); every step that has not started yet then
-        raises it instead of starting."""
+        ends or blocks the run outranks one that waits). After one that ends or blocks the run, no
+        step starts; after one that waits, steps that do not depend on the waiting one go on."""
         next_action = printable(next_action)  # it may quote control record names and error text
         stop = _Stop(status, next_action, wake_at=wake_at)
         if self._stopping is not None and not stop.outranks(self._stopping):
@@ -1339,8 +1353,8 @@ class Engine:
         anything is called: the intent is durable, and the attempt counts even if the process dies.
         Under the async driver the starts of steps that become ready together share one commit."""
         state = self.state
-        if self._stopping is not None:  # a parallel step stopped the run: nothing new starts
-            raise self._stopping.again()
+        if self._stopping is not None and not self._stopping.waits:
+            raise self._stopping.again()  # a parallel step ended or blocked the run: nothing new starts
         now = self.clock.now()
         lease = self._current_lease()
         self._working = True

@@ -1,7 +1,8 @@
 """The declared-plan face: ``Runner(contract, steps, ...)`` walks a plan known up front through the engine.
 
 ``Runner(contract, steps, store=..., adapters=...).run()`` takes the task's lease, recovers, and
-applies the plan's effects one at a time, in order, until the run is done or reaches a legal stop,
+applies the plan's effects in order (or, for steps that say ``after=``, each as soon as the steps
+it comes after are verified, up to ``max_parallel`` at once) until the run is done or reaches a legal stop,
 which it returns as a ``RunOutcome`` with one safe next action. Call it again (after a crash, an
 approval, a backoff) and it continues where the durable state says, never repeating a verified
 effect. Every rule of the run lives in ``longrun.engine``; this module only says what the plan is.
@@ -17,17 +18,19 @@ cancellation and approvals, the fenced lease) are the engine's: see ``longrun.en
 
 from __future__ import annotations
 
+import asyncio
 from typing import Mapping, Sequence
 
 from .budget import Limits, RetryPolicy
+from ._io import is_async_callable
 from .canonical import JSONValue
 from .clock import SystemClock
 from .contract import RunContract, Step, plan_digest, plan_prefix_digests, validate_plan
-from .engine import Engine, default_owner, utc
+from .engine import Engine, Stop, default_owner, utc
 from .envelope import RunState
 from .events import EventHook
-from .errors import UnknownActionError
-from .ledger import EffectState
+from .errors import InvalidInputError, UnknownActionError
+from .ledger import EffectRecord, EffectState
 from .outcome import TERMINAL, RunOutcome
 from .protocols import ApprovalSource, CancellationSource, Clock, EffectAdapter, Store
 
@@ -41,7 +44,10 @@ class Runner:
     arguments configure the engine: ``owner`` (a label for people), ``clock``, ``limits``, ``retry``,
     ``lease_ttl_s``, the ``approvals`` / ``cancellations`` sources (the store by default), and
     ``on_event``, called with a ``longrun.events.RunEvent`` after each commit that made a transition
-    durable (an exception it raises is logged, never breaks the run).
+    durable (an exception it raises is logged, never breaks the run), ``timeout_s`` (bounds every
+    ``apply``; a step's own overrides it) and ``max_parallel`` (steps in flight at once when the
+    plan says ``after=``). ``await runner.arun()`` runs it on the caller's event loop; adapters may
+    then be async. ``run()`` with async adapters runs an event loop of its own.
     """
 
     def __init__(
@@ -59,8 +65,13 @@ class Runner:
         approvals: ApprovalSource | None = None,
         cancellations: CancellationSource | None = None,
         on_event: EventHook | None = None,
+        timeout_s: float | None = None,
+        max_parallel: int = 16,
     ):
         self.steps = validate_plan(contract, steps)
+        adapter_map = adapters if isinstance(adapters, Mapping) else {}
+        self.asynchronous = any(is_async_callable(getattr(a, "apply", None)) or is_async_callable(getattr(a, "observe", None)) for a in adapter_map.values())
+        self.parallel = any(step.after is not None for step in self.steps)
         self.engine = Engine(
             contract,
             store=store,
@@ -73,6 +84,9 @@ class Runner:
             approvals=approvals,
             cancellations=cancellations,
             on_event=on_event,
+            timeout_s=timeout_s,
+            max_parallel=max_parallel,
+            asynchronous=self.asynchronous,
         )
         for action in dict.fromkeys(step.action for step in self.steps):
             if action not in self.engine.adapters:
@@ -107,10 +121,24 @@ class Runner:
     def run(self) -> RunOutcome:
         """Recover and advance the run as far as it may go now; return why it stopped."""
         if self.refusals:
-            return self.engine.refuse(
-                self.refusals, "change the plan so every step's action is allowed by the run contract; nothing was run"
-            )
+            return self._refuse()
+        if self.asynchronous:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                return asyncio.run(self.arun())
+            raise InvalidInputError("Runner.run with async adapters inside a running event loop: use `await runner.arun()`")
         return self.engine.run(_DeclaredPlan(self))
+
+    async def arun(self) -> RunOutcome:
+        """``run``, awaited on the caller's event loop: steps that may run at once do (``after=``),
+        async adapters are awaited and synchronous ones run in worker threads."""
+        if self.refusals:
+            return self._refuse()
+        return await self.engine.arun(_DeclaredPlan(self))
+
+    def _refuse(self) -> RunOutcome:
+        return self.engine.refuse(self.refusals, "change the plan so every step's action is allowed by the run contract; nothing was run")
 
 
 class _DeclaredPlan:
@@ -138,9 +166,61 @@ class _DeclaredPlan:
         engine.record_plan_growth(state, grown_from, len(runner.steps))
 
     def drive(self, engine: Engine) -> None:
-        for step in self._runner.steps:
-            engine.effect(step)
-        raise engine.finish(self._runner.contract.completion_evidence or [step.step_id for step in self._runner.steps])
+        if self._runner.parallel:
+            engine.concurrently(lambda driver: self._graph(engine), engine.max_parallel)
+        else:
+            for step in self._runner.steps:
+                engine.effect(step, retry=step.retry, timeout_s=step.timeout_s)
+        raise self._finish(engine)
+
+    async def adrive(self, engine: Engine) -> None:
+        await self._graph(engine)
+        raise self._finish(engine)
+
+    def _finish(self, engine: Engine) -> Stop:
+        return engine.finish(self._runner.contract.completion_evidence or [step.step_id for step in self._runner.steps])
+
+    async def _graph(self, engine: Engine) -> None:
+        """Start every step whose steps before are verified, up to ``max_parallel`` at once (the
+        driver's bound), in plan order among the ready ones. A step that waits (for an approval, a
+        backoff) holds back only the steps after it; after any other stop or failure nothing more
+        starts. The steps in flight settle, then the stop or failure is raised."""
+        driver = engine.driver
+        steps = self._runner.steps
+        waiting_on: dict[str, set[str]] = {}
+        followers: dict[str, list[str]] = {step.step_id: [] for step in steps}
+        by_id = {step.step_id: step for step in steps}
+        for index, step in enumerate(steps):
+            before = step.after if step.after is not None else ((steps[index - 1].step_id,) if index else ())
+            waiting_on[step.step_id] = set(before)
+            for name in before:
+                followers[name].append(step.step_id)
+        ready = [step.step_id for step in steps if not waiting_on[step.step_id]]
+        position = {step.step_id: index for index, step in enumerate(steps)}
+        running: dict[asyncio.Task[EffectRecord], str] = {}
+        failure: BaseException | None = None
+        while ready or running:
+            while ready and (failure is None or (isinstance(failure, Stop) and failure.waits)) and len(running) < engine.max_parallel:
+                step = by_id[ready.pop(0)]
+                task = asyncio.ensure_future(driver.step(engine.effect_steps(step, retry=step.retry, timeout_s=step.timeout_s)))
+                running[task] = step.step_id
+            if not running:
+                break
+            finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for task in finished:
+                step_id = running.pop(task)
+                error = task.exception()
+                if error is not None:
+                    if failure is None or (isinstance(error, Stop) and isinstance(failure, Stop) and error.outranks(failure)):
+                        failure = error
+                    continue
+                for name in followers[step_id]:
+                    waiting_on[name].discard(step_id)
+                    if not waiting_on[name]:
+                        ready.append(name)
+            ready.sort(key=position.__getitem__)
+        if failure is not None:
+            raise failure
 
     def result(self, state: RunState) -> JSONValue:
         return None
