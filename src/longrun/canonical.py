@@ -117,6 +117,18 @@ def _plain(value: object, depth: int) -> JSONValue:
         return value
     if type(value) is int and -_INT_LIMIT < value < _INT_LIMIT:
         return value
+    if type(value) is dict and depth < _MAX_DEPTH:  # a plain dict with ASCII keys: no ABC checks on the way
+        out: dict[str, JSONValue] = {}
+        for key, item in value.items():
+            if type(key) is not str or not key.isascii():
+                break  # the general path below names the problem, if there is one
+            try:
+                out[key] = _plain(item, depth + 1)
+            except _Refusal as refusal:
+                refusal.path.append(key)
+                raise
+        else:
+            return out
     if value is None or value is True or value is False:
         return value
     if isinstance(value, str):
@@ -136,7 +148,7 @@ def _plain(value: object, depth: int) -> JSONValue:
     if isinstance(value, Mapping):
         if depth >= _MAX_DEPTH and value:  # as deep as it may go: only an empty one fits
             raise _Refusal(f"is nested deeper than {_MAX_DEPTH} levels")
-        out: dict[str, JSONValue] = {}
+        out = {}
         for key, item in value.items():
             if not isinstance(key, str):
                 raise _Refusal(f"has a non-string key {shown(key)}")
@@ -202,10 +214,13 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def digest_of(value: object, *, what: str = "value", max_bytes: int | None = None, limit_name: str = "MAX_VALUE_BYTES") -> str:
-    """SHA-256 over the canonical JSON of ``value`` (validated first). With ``max_bytes``, an
-    encoding longer than that raises ``SizeLimitError`` naming ``limit_name``."""
-    data = canonical_bytes(ensure_json(value, what=what), what=what)
+def digest_of(
+    value: object, *, what: str = "value", max_bytes: int | None = None, limit_name: str = "MAX_VALUE_BYTES", checked: bool = False
+) -> str:
+    """SHA-256 over the canonical JSON of ``value`` (validated first, unless ``checked`` says it is
+    the plain JSON ``ensure_json`` returned). With ``max_bytes``, an encoding longer than that
+    raises ``SizeLimitError`` naming ``limit_name``."""
+    data = canonical_bytes(value if checked else ensure_json(value, what=what), what=what)  # type: ignore[arg-type]
     if max_bytes is not None and len(data) > max_bytes:
         raise SizeLimitError(
             f"{what} is {len(data)} bytes encoded, over the {max_bytes}-byte limit ({limit_name}); "

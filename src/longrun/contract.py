@@ -165,6 +165,8 @@ class Step:
     """Bounds each ``apply`` of this step (the run's ``timeout_s`` otherwise); not pinned by the digest."""
     retry: RetryPolicy | None = None
     """This step's retry policy (the run's otherwise); not pinned by the digest."""
+    _static: tuple[dict[str, JSONValue], str] | None = field(default=None, init=False, repr=False, compare=False)
+    """A static payload as plain JSON and its digest, made once when the step is built."""
 
     def __post_init__(self) -> None:
         check_step_id(self.step_id)
@@ -193,12 +195,21 @@ class Step:
         if not callable(self.payload):
             if not isinstance(self.payload, Mapping):
                 raise InvalidInputError(f"step {self.step_id!r}: payload must be a mapping or a callable")
-            # Plain JSON a load reads back, within the size a run records: refused here, before any run.
-            digest_of(self.payload, what=f"step {self.step_id!r} payload", max_bytes=MAX_VALUE_BYTES)
+            # Plain JSON a load reads back, within the size a run records: refused here, before any
+            # run. The payload is captured now: the plain copy and its digest serve every planning.
+            what = f"step {self.step_id!r} payload"
+            plain = ensure_json(self.payload, what=what)
+            object.__setattr__(self, "_static", (plain, digest_of(plain, what=what, max_bytes=MAX_VALUE_BYTES, checked=True)))
 
     @property
     def dynamic(self) -> bool:
         return callable(self.payload)
+
+    @property
+    def static_payload(self) -> tuple[dict[str, JSONValue], str] | None:
+        """A static step's payload as plain JSON and its digest (computed once, when the step was
+        built); None for a payload factory."""
+        return self._static
 
     def effect_key(self, task_id: str) -> str:
         return self.key if self.key is not None else f"{task_id}/{self.step_id}"
@@ -209,7 +220,7 @@ class Step:
         ``observe_first`` changes what a run does (an unknown observation stops it where it would
         otherwise apply), so it is pinned like the rest; it appears only when set, so the digest of
         every plan that does not use it is the one it always had."""
-        payload: JSONValue = {"$dynamic": True} if self.dynamic else ensure_json(self.payload)
+        payload: JSONValue = {"$dynamic": True} if self._static is None else self._static[0]
         pinned: dict[str, JSONValue] = {
             "step_id": self.step_id,
             "action": self.action,
@@ -225,6 +236,8 @@ class Step:
 
     def evaluate_payload(self, results: Mapping[str, JSONValue]) -> dict[str, JSONValue]:
         """The payload as plain JSON: the mapping itself, or what the factory returns for ``results``."""
+        if self._static is not None:
+            return self._static[0]
         value = self.payload(results) if callable(self.payload) else self.payload
         if not isinstance(value, Mapping):
             raise InvalidInputError(
@@ -271,6 +284,7 @@ def plan_digest(contract: RunContract, steps: Sequence[Step]) -> str:
             "steps": [step.static_json(contract.task_id) for step in steps],
         },
         what="plan",
+        checked=True,  # made of plain parts: the contract's fields and each step's checked payload
     )
 
 

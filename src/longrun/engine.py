@@ -31,6 +31,7 @@ cannot be killed; targets should check ``EffectRequest.epoch`` and ``deadline``)
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import datetime
 import logging
@@ -106,13 +107,43 @@ def check_parallel(value: object) -> int:
     return value
 
 
+class _Trail:
+    """One kind of evidence of a run: every item, up to ``head + tail`` of them; past that the
+    first ``head`` and the last ``tail``, with a note of how many between were left out. A run of
+    100,000 effects keeps a bounded trail in memory and in its outcome, never the first items'
+    context nor the latest."""
+
+    HEAD = 200
+    TAIL = 800
+
+    def __init__(self) -> None:
+        self._head: list[Evidence] = []
+        self._tail: collections.deque[Evidence] = collections.deque(maxlen=self.TAIL)
+        self._omitted = 0
+
+    def append(self, item: Evidence) -> None:
+        if len(self._head) < self.HEAD:
+            self._head.append(item)
+            return
+        if len(self._tail) == self.TAIL:
+            self._omitted += 1
+        self._tail.append(item)
+
+    def items(self) -> tuple[Evidence, ...]:
+        if not self._omitted:
+            return (*self._head, *self._tail)
+        gap = Evidence("runner", f"{self._omitted} more items of this kind are left out here", self._tail[0].at)
+        return (*self._head, gap, *self._tail)
+
+
 class _Evidence:
-    """Collects one run's observations, inferences and unknowns, stamped by the clock."""
+    """Collects one run's observations, inferences and unknowns, stamped by the clock. The first
+    two are bounded trails (``_Trail``); unknowns are kept whole, since each may need a person."""
 
     def __init__(self, clock: Clock):
         self._clock = clock
-        self.observations: list[Evidence] = []
-        self.inferences: list[Evidence] = []
+        self.observations = _Trail()
+        self.inferences = _Trail()
         self.unknowns: list[Evidence] = []
 
     def observed(self, source: str, detail: str) -> Evidence:
@@ -975,6 +1006,9 @@ class Engine:
         the adapter is called and the outcome settled by observation. ``timeout_s`` (else the
         run's) bounds each ``apply``: the adapter then runs in a worker thread (see ``_execute``).
         """
+        recorded = self.state.effects.get(step.step_id)
+        if recorded is not None and recorded.state is EffectState.VERIFIED:
+            return recorded  # replay: nothing to wait for
         return drive(self.effect_steps(step, retry=retry, timeout_s=timeout_s), self._perform)
 
     def effect_steps(
@@ -1211,18 +1245,23 @@ class Engine:
     def _plan(self, step: Step, now: float) -> EffectRecord:
         assert self._state is not None
         self._working = True
-        try:
-            payload = step.evaluate_payload(self._results() if step.dynamic else {})
-        except InvalidInputError:
-            raise
-        except Exception as exc:  # the factory is user code (an LLM call, say): name it and keep the cause
-            raise PayloadError(f"the payload factory of step {step.step_id!r} raised {type(exc).__name__}: {exc}") from exc
+        static = step.static_payload
+        if static is not None:
+            payload, digest = static
+        else:
+            try:
+                payload = step.evaluate_payload(self._results())
+            except InvalidInputError:
+                raise
+            except Exception as exc:  # the factory is user code (an LLM call, say): name it and keep the cause
+                raise PayloadError(f"the payload factory of step {step.step_id!r} raised {type(exc).__name__}: {exc}") from exc
+            digest = digest_of(payload, what=f"step {step.step_id!r} payload", max_bytes=MAX_VALUE_BYTES, checked=True)
         record = EffectRecord(
             key=step.effect_key(self.task_id),
             step_id=step.step_id,
             action=step.action,
             payload=payload,
-            payload_digest=digest_of(payload, what=f"step {step.step_id!r} payload", max_bytes=MAX_VALUE_BYTES),
+            payload_digest=digest,
             updated_at=now,
         )
         self._put(record)
@@ -1484,8 +1523,8 @@ class Engine:
             next_action=next_action,
             task_id=self.task_id,
             results=dict(self._results()) if state is not None else {},
-            observations=tuple(self._evidence.observations),
-            inferences=tuple(self._evidence.inferences),
+            observations=self._evidence.observations.items(),
+            inferences=self._evidence.inferences.items(),
             unknowns=tuple(self._evidence.unknowns),
             revision=state.revision if state is not None else 0,
             epoch=self._lease.epoch if self._lease is not None else 0,
