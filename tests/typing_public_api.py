@@ -126,3 +126,51 @@ def module_attributes() -> None:
     assert_type(longrun.SystemClock, type[SystemClockClass])
     assert_type(longrun.SystemClock().now(), float)
     assert_type(longrun.__version__, str)
+
+
+# -- README.md, "Async agents and parallel tool calls" -------------------------------------------
+
+
+class AsyncPoster:
+    deduplicates = False
+
+    async def apply(self, request: longrun.EffectRequest) -> longrun.Receipt:
+        return longrun.Receipt(result={"posted": request.key})
+
+    async def observe(self, request: longrun.EffectRequest) -> longrun.Observation:
+        return longrun.Observation.absent("not posted")
+
+
+async def fetch_inbox_async(day: str) -> list[dict[str, str]]:
+    return [{"id": "1"}]
+
+
+def ask_model(item: dict[str, str]) -> str:
+    return "label"
+
+
+async def async_agents(store: Store) -> RunOutcome:
+    import asyncio
+
+    @longrun.durable(store=store, adapters={"label.post": AsyncPoster()}, allowed_actions=("label.post",),
+                     max_parallel=16, timeout_s=30)
+    async def triage(run: longrun.AsyncRun, day: str) -> dict[str, int]:
+        items = await run.call("inbox", fetch_inbox_async, day)
+        labels = await asyncio.gather(*(run.call(f"label/{i['id']}", ask_model, i) for i in items))
+        await asyncio.gather(*(run.effect(f"post/{i['id']}", "label.post", {"id": i["id"], "label": label})
+                               for i, label in zip(items, labels)))
+        return {"labelled": len(items)}
+
+    @longrun.durable(store=store, adapters={"note": Renderer()}, allowed_actions=("note",))
+    def mapped(run: longrun.Run, n: int) -> list[JSONValue]:
+        return run.map("note", "note", [{"i": i} for i in range(n)], max_parallel=4)
+
+    adapter: longrun.AsyncEffectAdapter = AsyncPoster()
+    step = longrun.Step("b", "note", {}, after=("a",), timeout_s=5.0, retry=longrun.RetryPolicy())
+    runner = longrun.Runner(longrun.RunContract("t", "g"), [longrun.Step("a", "note", {}), step],
+                            store=store, adapters={"note": Renderer(), "post": adapter}, max_parallel=4)
+    assert_type(await runner.arun(), RunOutcome)
+    assert_type(mapped.run("m", 3), RunOutcome)
+    outcome = await triage.arun("triage-2026-11-30", "2026-11-30")
+    assert_type(outcome, RunOutcome)
+    return outcome

@@ -40,13 +40,13 @@ from .errors import (
 from .lease import Lease
 from .ledger import EffectRecord, EffectState
 from .outcome import Evidence, RunOutcome, Status
-from .protocols import Clock, EffectAdapter, LoadResult, Store
+from .protocols import AsyncEffectAdapter, Clock, EffectAdapter, LoadResult, Store
 from .stores import BaseStore, JsonFileStore, PostgresStore, SqliteStore
 
 if TYPE_CHECKING:
     # Type checkers see the real classes (so ``from longrun import Runner`` types as the class);
     # at run time they come from __getattr__ below.
-    from .functions import DurableFunction, Run, durable
+    from .functions import AsyncRun, DurableFunction, Run, durable
     from .runner import Runner, SystemClock
 
 
@@ -57,7 +57,7 @@ def __getattr__(name: str) -> object:
         from . import runner
 
         return getattr(runner, name)
-    if name in ("durable", "DurableFunction", "Run"):
+    if name in ("durable", "DurableFunction", "Run", "AsyncRun"):
         from . import functions
 
         return getattr(functions, name)
@@ -68,6 +68,8 @@ __all__ = [
     "AdapterError",
     "Approval",
     "ApprovalRequest",
+    "AsyncEffectAdapter",
+    "AsyncRun",
     "Backoff",
     "BaseStore",
     "BudgetCounters",

@@ -16,7 +16,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, TypeVar
 
-from .adapters import EffectRequest, Observation
+from .adapters import EffectRequest
 from .errors import LongrunError
 
 __all__ = [

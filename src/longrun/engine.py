@@ -72,7 +72,7 @@ from .clock import SystemClock
 from .lease import Lease, LeaseKeeper
 from .ledger import EffectRecord, EffectState, check_receipt, recordable_result
 from .outcome import TERMINAL, WAITING, Evidence, RunOutcome, Status
-from .protocols import ApprovalSource, CancellationSource, Clock, EffectAdapter, Store
+from .protocols import AnyEffectAdapter, ApprovalSource, CancellationSource, Clock, Store
 from .recovery import Reconciled, Verdict, observe_safely, settle
 
 if TYPE_CHECKING:
@@ -258,7 +258,7 @@ class Engine:
         contract: RunContract,
         *,
         store: Store,
-        adapters: Mapping[str, EffectAdapter],
+        adapters: Mapping[str, AnyEffectAdapter],
         owner: str | None = None,
         clock: Clock | None = None,
         limits: Limits | None = None,
@@ -279,7 +279,7 @@ class Engine:
             raise InvalidInputError("adapters must map action names to EffectAdapter objects")
         # The Protocol check is once per action, not once per step (a plan may have 100,000 steps).
         for action, adapter in adapters.items():
-            if not isinstance(adapter, EffectAdapter):
+            if not all(hasattr(adapter, name) for name in ("apply", "observe", "deduplicates")):
                 raise InvalidInputError(f"adapter for {action!r} lacks apply, observe or deduplicates")
             if not asynchronous and (is_async_callable(adapter.apply) or is_async_callable(adapter.observe)):
                 raise InvalidInputError(
@@ -345,7 +345,7 @@ class Engine:
         assert self._state is not None, "no invocation is under way"
         return self._state
 
-    def adapter_for(self, action: str, *, step_id: str) -> EffectAdapter:
+    def adapter_for(self, action: str, *, step_id: str) -> AnyEffectAdapter:
         adapter = self.adapters.get(action)
         if adapter is None:
             raise UnknownActionError(

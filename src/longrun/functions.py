@@ -51,7 +51,7 @@ from .events import EventHook
 from .errors import CallFailed, InvalidInputError
 from .ledger import EffectRecord, EffectState
 from .outcome import ENDED_UNFINISHED, RunOutcome, Status
-from .protocols import ApprovalSource, CancellationSource, Clock, EffectAdapter, Store
+from .protocols import AnyEffectAdapter, ApprovalSource, CancellationSource, Clock, Store
 
 __all__ = ["ASK_ACTION", "CALL_ACTION", "CHILD_ACTION", "FUNCTION_STEP", "SLEEP_ACTION", "AsyncRun", "DurableFunction", "Run", "durable"]
 
@@ -535,7 +535,7 @@ class DurableFunction(Generic[R]):
 def durable(
     *,
     store: Store,
-    adapters: Mapping[str, EffectAdapter] | None = None,
+    adapters: Mapping[str, AnyEffectAdapter] | None = None,
     contract: RunContract | None = None,
     allowed_actions: tuple[str, ...] = (),
     forbidden_actions: tuple[str, ...] = (),

@@ -17,7 +17,7 @@ from .envelope import RunState
 from .lease import Lease
 from .outcome import Evidence
 
-__all__ = ["ApprovalSource", "CancellationSource", "Clock", "EffectAdapter", "LoadResult", "Store"]
+__all__ = ["AnyEffectAdapter", "ApprovalSource", "AsyncEffectAdapter", "CancellationSource", "Clock", "EffectAdapter", "LoadResult", "Store"]
 
 
 @runtime_checkable
@@ -36,6 +36,23 @@ class EffectAdapter(Protocol):
     def apply(self, request: EffectRequest) -> Receipt: ...
 
     def observe(self, request: EffectRequest) -> Observation: ...
+
+
+@runtime_checkable
+class AsyncEffectAdapter(Protocol):
+    """``EffectAdapter`` with coroutine methods, for the async face (an async durable function,
+    ``Runner.arun``): ``apply`` and ``observe`` are awaited, and cancelled past their timeout or
+    when the task is cancelled (an apply cancelled so is uncertain, and observed)."""
+
+    deduplicates: bool
+
+    async def apply(self, request: EffectRequest) -> Receipt: ...
+
+    async def observe(self, request: EffectRequest) -> Observation: ...
+
+
+AnyEffectAdapter = EffectAdapter | AsyncEffectAdapter
+"""What ``adapters=`` maps action names to: synchronous adapters, and async ones where the face is async."""
 
 
 class Clock(Protocol):

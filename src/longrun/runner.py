@@ -32,7 +32,7 @@ from .events import EventHook
 from .errors import InvalidInputError, UnknownActionError
 from .ledger import EffectRecord, EffectState
 from .outcome import TERMINAL, RunOutcome
-from .protocols import ApprovalSource, CancellationSource, Clock, EffectAdapter, Store
+from .protocols import AnyEffectAdapter, ApprovalSource, CancellationSource, Clock, Store
 
 __all__ = ["Runner", "SystemClock", "default_owner", "utc"]
 
@@ -56,7 +56,7 @@ class Runner:
         steps: Sequence[Step],
         *,
         store: Store,
-        adapters: Mapping[str, EffectAdapter],
+        adapters: Mapping[str, AnyEffectAdapter],
         owner: str | None = None,
         clock: Clock | None = None,
         limits: Limits | None = None,
