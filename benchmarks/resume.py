@@ -53,6 +53,8 @@ def build(root: str, size: int) -> tuple[RunContract, list[Step]]:
     store = JsonFileStore(root, create=True)
     lease = store.acquire_lease(task_id, "bench", 30.0, time.time())
     store.commit(lease, state)
+    state.updated_at = time.time()
+    store.commit(lease, state, ())  # as a run leaves it: a snapshot with its backup, and a journal
     store.release_lease(lease, time.time())
     return contract, plan
 

@@ -210,6 +210,8 @@ _Stop = Stop
 _MIN_WAIT_S = 0.001
 """A backoff with less than this left is over (see ``Engine._backing_off``)."""
 
+_VERIFIED_STATE = EffectState.VERIFIED
+"""A plain reference: reading an enum member off its class costs a descriptor call each time."""
 _VERIFIED = frozenset({EffectState.VERIFIED})
 _SETTLED_CALL = frozenset({EffectState.VERIFIED, EffectState.FAILED})
 """A call's record is settled either way: a recorded exception replays as ``CallFailed``."""
@@ -1007,7 +1009,7 @@ class Engine:
         run's) bounds each ``apply``: the adapter then runs in a worker thread (see ``_execute``).
         """
         recorded = self.state.effects.get(step.step_id)
-        if recorded is not None and recorded.state is EffectState.VERIFIED:
+        if recorded is not None and recorded.state is _VERIFIED_STATE:
             return recorded  # replay: nothing to wait for
         return drive(self.effect_steps(step, retry=retry, timeout_s=timeout_s), self._perform)
 
