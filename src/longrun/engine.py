@@ -569,6 +569,9 @@ class Engine:
             self._wait_without_charge(op.seconds)
             return None
         assert isinstance(op, Gather)
+        if len(op.steps) > 1 and self._driver is None:
+            # Several effects left in flight (by parallel steps): observed at once, in worker threads.
+            return self.run_parallel(op.steps, op.limit)
         return [drive(steps, self.perform) for steps in op.steps]
 
     _perform = perform
