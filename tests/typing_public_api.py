@@ -126,3 +126,20 @@ def module_attributes() -> None:
     assert_type(longrun.SystemClock, type[SystemClockClass])
     assert_type(longrun.SystemClock().now(), float)
     assert_type(longrun.__version__, str)
+
+
+# -- README.md, "Events and logs" (the hook; the OpenTelemetry recipe itself runs in test_readme_otel.py) --
+
+
+def events_and_logs(contract: longrun.RunContract, steps: list[longrun.Step], store: Store,
+                    adapters: dict[str, EffectAdapter]) -> None:
+    seen: list[longrun.RunEvent] = []
+
+    def hook(event: longrun.RunEvent) -> None:
+        assert_type(event.step, str | None)
+        assert_type(event.revision, int)
+        seen.append(event)
+
+    runner = longrun.Runner(contract, steps, store=store, adapters=adapters, on_event=hook)
+    durable = longrun.durable(store=store, adapters=adapters, on_event=seen.append)
+    print(runner.run().status, durable, [event.to_json() for event in seen])
