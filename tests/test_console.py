@@ -164,6 +164,31 @@ class SecurityTests(ConsoleCase):
         self.assertEqual((record.body["reason"], record.body["requested_by"]), ("wrong audience", "alice"))  # type: ignore[index]
         self.assertIs(runner.run().status, Status.CANCELLED)
 
+    def test_approvals_go_signed_into_a_strict_control_root_as_the_cli_writes_them(self) -> None:
+        from longrun.authority import FileControlSource, SignedApprovals, SignedCancellations, generate_key_file, load_key
+
+        key_file = self.path("approver.key")
+        generate_key_file(key_file)
+        control = self.path("control")
+        os.mkdir(control, 0o755)
+        os.chmod(control, 0o755)
+        source = FileControlSource(control, approver_uid=os.geteuid())
+        key = load_key(key_file)
+        steps = [Step("draft", "send", {"text": "hello"}), Step("publish", "send", PAYLOAD, approval=True)]
+        sources = {"approvals": SignedApprovals(source, key), "cancellations": SignedCancellations(source, key)}
+        self.assertIs(self.runner("gated", steps, **sources).run().status, Status.AWAITING_APPROVAL)
+        server = self.serve(sign_key=key_file, control_root=control)
+        page = self.request(server, "GET", "/task/gated", cookie=server.console.token)
+        self.assertIn("(signed)", page.body)
+        state = JsonFileStore(self.store_dir).load("gated").state
+        assert state is not None
+        form = {"csrf": server.console.csrf, "step": "publish", "payload_digest": state.approval_requests["publish"].payload_digest}
+        self.assertEqual(self.request(server, "POST", "/task/gated/approve", cookie=server.console.token, form=form).status, 303)
+        self.assertEqual(self.approvals(), [], "nothing was written into the store")
+        self.assertEqual(len(os.listdir(os.path.join(control, "gated", "control", "approvals"))), 1)
+        self.assertIs(self.runner("gated", steps, **sources).run().status, Status.DONE)
+        self.assertEqual(OutboxAdapter(self.outbox).counts()["gated/publish"], 1)
+
     def console_process(self, *options: str) -> subprocess.Popen[str]:
         process = subprocess.Popen(
             [sys.executable, "-m", "longrun", "console", self.store_dir, *options],
