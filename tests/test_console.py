@@ -272,9 +272,12 @@ class BrowserTests(ConsoleCase):
         self.driver.get(url)
 
     def by(self, selector: str) -> Any:
+        """The element, once the page that has it has loaded (a click's navigation may still be under way)."""
         from selenium.webdriver.common.by import By
+        from selenium.webdriver.support import expected_conditions
+        from selenium.webdriver.support.ui import WebDriverWait
 
-        return self.driver.find_element(By.CSS_SELECTOR, selector)
+        return WebDriverWait(self.driver, WAIT_S).until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, selector)))
 
     def all(self, selector: str) -> list[Any]:
         from selenium.webdriver.common.by import By
