@@ -17,11 +17,11 @@ from typing import Any
 from test_cli import CliCase, cli
 from test_cli_ops import TESTS, OpsCase
 
-from longrun import JsonFileStore, RunEvent, Status, Step
+from longrun import JsonFileStore, Run, RunEvent, Status, Step, durable
 from longrun.adapters import EffectRequest, Observation, Receipt
 from longrun.cli import main
 from longrun.cli._payload import payload_lines, safe_text
-from longrun.cli._watch import cmd_watch
+from longrun.cli._watch import cmd_watch, render_frame
 from longrun.envelope import PlanOutline
 from longrun.progress import progress_of
 from longrun.testing import OutboxAdapter
@@ -221,6 +221,40 @@ class WatchTests(CliCase):
     def test_an_unknown_task_is_a_usage_error(self) -> None:
         self.finished_task()
         self.assert_fails(cli("watch", self.store_dir, "nope"), 2, "nope")
+
+    def test_the_view_shows_the_rate_and_time_left_of_a_plan_and_counts_for_a_durable_function(self) -> None:
+        steps = [Step(f"s{i}", "send", {"n": i}) for i in range(4)] + [Step("gate", "send", {}, approval=True), Step("last", "send", {})]
+        runner = self.runner("plan", steps)
+        original = runner.engine.adapters["send"].apply
+
+        def slow_apply(request: EffectRequest) -> Receipt:
+            self.clock.advance(2.0)
+            return original(request)
+
+        runner.engine.adapters["send"].apply = slow_apply  # type: ignore[method-assign]
+        self.assertIs(runner.run().status, Status.AWAITING_APPROVAL)
+        store = JsonFileStore(self.store_dir)
+        state = store.load("plan").state
+        assert state is not None
+        state.current_step = "gate"  # as while the gate's record is being worked on
+        frame = "\n".join(render_frame("plan", state, store.read_lease("plan"), self.clock.now() + 3.0))
+        self.assertIn("4/6 verified (67%)  0.50/s  about 4.0s left", frame)
+        self.assertIn("current  effect gate (send), planned, attempt 0, for 3.0s", frame)
+        self.assertIn("1 waiting", frame)
+
+        @durable(store=JsonFileStore(self.store_dir), adapters={"send": OutboxAdapter(self.outbox)}, clock=self.clock)
+        def agent(run: Run) -> int:
+            run.effect("a", "send", {"n": 1})
+            run.effect("b", "send", {"n": 2})
+            return run.call("pick", lambda: 7)
+
+        self.assertIs(agent.run("fn").status, Status.DONE)
+        state = store.load("fn").state
+        assert state is not None
+        self.assertIsNone(state.plan_outline)  # the plan of a durable function is not known ahead
+        frame = "\n".join(render_frame("fn", state, None, self.clock.now()))
+        self.assertIn("3 verified of 3 recorded (2 effects, 1 call)", frame)
+        self.assertNotIn("/3 verified", frame)
 
 
 class ProgressTests(CliCase):
