@@ -19,6 +19,7 @@ from test_cli import CliCase
 
 import longrun
 from longrun import Approval, JsonFileStore, Runner, Status, Step
+from longrun.authority import FileControlSource
 from longrun.cli._console import CSP, ConsoleServer, start_console
 from longrun.cli._payload import payload_lines
 from longrun.testing import OutboxAdapter, read_outbox
@@ -34,14 +35,25 @@ class Response:
 
 
 class ConsoleCase(CliCase):
+    """The console writes into a strict control root (without one it is read-only), which the
+    runners here read their approvals and cancellations from."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.control = self.path("control")
+        os.mkdir(self.control, 0o755)
+        os.chmod(self.control, 0o755)  # whatever the umask: strict mode refuses a group-writable root
+        self.source = FileControlSource(self.control, approver_uid=os.geteuid())
+
     def gated(self, task_id: str = "gated", payload: dict[str, Any] = PAYLOAD) -> Runner:
         steps = [Step("draft", "send", {"text": "hello"}), Step("publish", "send", payload, approval=True)]
-        runner = self.runner(task_id, steps)
+        runner = self.runner(task_id, steps, approvals=self.source, cancellations=self.source)
         self.assertIs(runner.run().status, Status.AWAITING_APPROVAL)
         return runner
 
     def serve(self, **options: Any) -> ConsoleServer:
         options.setdefault("approver", "alice")
+        options.setdefault("control_root", self.control)
         server = start_console(JsonFileStore(self.store_dir), self.store_dir, **options)
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
@@ -71,6 +83,10 @@ class ConsoleCase(CliCase):
             connection.close()
 
     def approvals(self, task_id: str = "gated") -> list[Approval]:
+        """The approvals in the control root."""
+        return [Approval.from_json(record.body) for record in self.source.read_approvals(task_id)]
+
+    def store_approvals(self, task_id: str = "gated") -> list[Approval]:
         return [Approval.from_json(record.body) for record in JsonFileStore(self.store_dir).read_approvals(task_id)]
 
 
@@ -105,7 +121,7 @@ class SecurityTests(ConsoleCase):
         assert state is not None
         digest = state.approval_requests["publish"].payload_digest
         form = {"csrf": server.console.csrf, "step": "publish", "payload_digest": digest}
-        before = support_fingerprint(self.store_dir)
+        before = support_fingerprint(self.store_dir), support_fingerprint(self.control)
         cases = [
             ("no token", None, form, {}),
             ("no csrf", token, {k: v for k, v in form.items() if k != "csrf"}, {}),
@@ -120,7 +136,7 @@ class SecurityTests(ConsoleCase):
                 self.assertEqual(self.approvals(), [])
                 response = self.request(server, "POST", "/task/gated/cancel", cookie=cookie, form={**body, "reason": "x"}, headers=headers)
                 self.assertEqual(response.status, 403)
-        self.assertEqual(support_fingerprint(self.store_dir), before)
+        self.assertEqual((support_fingerprint(self.store_dir), support_fingerprint(self.control)), before)
         stale = self.request(server, "POST", "/task/gated/approve", cookie=token, form={**form, "payload_digest": "sha256:" + "0" * 64})
         self.assertEqual(stale.status, 409)
         self.assertIn("nothing was written", stale.body)
@@ -129,6 +145,7 @@ class SecurityTests(ConsoleCase):
         self.assertEqual(done.status, 303)
         self.assertEqual([a.payload_digest for a in self.approvals()], [digest])
         self.assertEqual(self.approvals()[0].approver, "alice")
+        self.assertEqual(self.store_approvals(), [])
 
     def test_store_values_are_escaped(self) -> None:
         self.gated("evil", EVIL)
@@ -142,16 +159,26 @@ class SecurityTests(ConsoleCase):
 
     def test_read_only_shows_no_form_and_refuses_posts(self) -> None:
         self.gated()
-        server = self.serve(read_only=True)
-        token = server.console.token
-        page = self.request(server, "GET", "/task/gated", cookie=token)
-        self.assertNotIn("<form class=\"inline\"", page.body)
-        self.assertIn("read-only", page.body)
-        state = JsonFileStore(self.store_dir).load("gated").state
-        assert state is not None
-        form = {"csrf": server.console.csrf, "step": "publish", "payload_digest": state.approval_requests["publish"].payload_digest}
-        self.assertEqual(self.request(server, "POST", "/task/gated/approve", cookie=token, form=form).status, 403)
-        self.assertEqual(self.approvals(), [])
+        for label, options, shown in [
+            ("--read-only", {"read_only": True}, "read-only"),
+            ("no control root", {"control_root": None}, "read-only: no --control-root"),
+        ]:
+            with self.subTest(label):
+                server = self.serve(**options)
+                self.assertTrue(server.console.read_only)
+                token = server.console.token
+                page = self.request(server, "GET", "/task/gated", cookie=token)
+                self.assertNotIn("<form class=\"inline\"", page.body)
+                self.assertIn(shown, page.body)
+                state = JsonFileStore(self.store_dir).load("gated").state
+                assert state is not None
+                form = {"csrf": server.console.csrf, "step": "publish", "payload_digest": state.approval_requests["publish"].payload_digest}
+                before = support_fingerprint(self.store_dir), support_fingerprint(self.control)
+                self.assertEqual(self.request(server, "POST", "/task/gated/approve", cookie=token, form=form).status, 403)
+                cancel = {"csrf": server.console.csrf, "reason": "x"}
+                self.assertEqual(self.request(server, "POST", "/task/gated/cancel", cookie=token, form=cancel).status, 403)
+                self.assertEqual((support_fingerprint(self.store_dir), support_fingerprint(self.control)), before)
+                self.assertEqual((self.approvals(), self.store_approvals()), ([], []))
 
     def test_cancel_writes_the_cancellation_the_cli_would(self) -> None:
         runner = self.gated()
@@ -159,20 +186,18 @@ class SecurityTests(ConsoleCase):
         response = self.request(server, "POST", "/task/gated/cancel", cookie=server.console.token,
                                 form={"csrf": server.console.csrf, "reason": "wrong audience"})  # fmt: skip
         self.assertEqual(response.status, 303)
-        record = JsonFileStore(self.store_dir).read_cancellation("gated")
+        self.assertIsNone(JsonFileStore(self.store_dir).read_cancellation("gated"))
+        record = self.source.read_cancellation("gated")
         assert record is not None
         self.assertEqual((record.body["reason"], record.body["requested_by"]), ("wrong audience", "alice"))  # type: ignore[index]
         self.assertIs(runner.run().status, Status.CANCELLED)
 
     def test_approvals_go_signed_into_a_strict_control_root_as_the_cli_writes_them(self) -> None:
-        from longrun.authority import FileControlSource, SignedApprovals, SignedCancellations, generate_key_file, load_key
+        from longrun.authority import SignedApprovals, SignedCancellations, generate_key_file, load_key
 
         key_file = self.path("approver.key")
         generate_key_file(key_file)
-        control = self.path("control")
-        os.mkdir(control, 0o755)
-        os.chmod(control, 0o755)
-        source = FileControlSource(control, approver_uid=os.geteuid())
+        control, source = self.control, self.source
         key = load_key(key_file)
         steps = [Step("draft", "send", {"text": "hello"}), Step("publish", "send", PAYLOAD, approval=True)]
         sources = {"approvals": SignedApprovals(source, key), "cancellations": SignedCancellations(source, key)}
@@ -184,8 +209,9 @@ class SecurityTests(ConsoleCase):
         assert state is not None
         form = {"csrf": server.console.csrf, "step": "publish", "payload_digest": state.approval_requests["publish"].payload_digest}
         self.assertEqual(self.request(server, "POST", "/task/gated/approve", cookie=server.console.token, form=form).status, 303)
-        self.assertEqual(self.approvals(), [], "nothing was written into the store")
+        self.assertEqual(self.store_approvals(), [], "nothing was written into the store")
         self.assertEqual(len(os.listdir(os.path.join(control, "gated", "control", "approvals"))), 1)
+        self.assertTrue(self.approvals()[0].signature)
         self.assertIs(self.runner("gated", steps, **sources).run().status, Status.DONE)
         self.assertEqual(OutboxAdapter(self.outbox).counts()["gated/publish"], 1)
 
@@ -199,7 +225,7 @@ class SecurityTests(ConsoleCase):
 
     def test_with_json_the_command_prints_its_url_and_settings_as_one_line(self) -> None:
         self.gated()
-        process = self.console_process("--json", "--approver", "bob")
+        process = self.console_process("--json", "--approver", "bob", "--control-root", self.control)
         assert process.stdout is not None
         line = process.stdout.readline()
         if not line:
@@ -208,11 +234,24 @@ class SecurityTests(ConsoleCase):
         self.assertEqual(urllib.parse.urlsplit(settings["url"]).hostname, "127.0.0.1")
         self.assertEqual(
             {key: settings[key] for key in ("store", "read_only", "approver", "control_root", "signed")},
-            {"store": self.store_dir, "read_only": False, "approver": "bob", "control_root": None, "signed": False},
+            {"store": self.store_dir, "read_only": False, "approver": "bob", "control_root": self.control, "signed": False},
         )
         process.send_signal(signal.SIGINT)
         output, errors = process.communicate(timeout=WAIT_S)
         self.assertEqual((process.returncode, output), (0, ""), errors)
+
+    def test_without_a_control_root_the_command_serves_read_only(self) -> None:
+        self.gated()
+        process = self.console_process("--json")
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if not line:
+            self.fail(f"nothing printed; stderr: {process.communicate(timeout=WAIT_S)[1]}")
+        settings = json.loads(line)
+        self.assertEqual((settings["read_only"], settings["approver"], settings["control_root"]), (True, None, None))
+        process.send_signal(signal.SIGINT)
+        _, errors = process.communicate(timeout=WAIT_S)
+        self.assertEqual(process.returncode, 0, errors)
 
     def test_the_command_prints_a_url_with_a_token_and_binds_to_localhost(self) -> None:
         self.gated()
@@ -339,7 +378,9 @@ class BrowserTests(ConsoleCase):
     def test_a_question_is_answered_in_the_browser(self) -> None:
         store = JsonFileStore(self.store_dir, create=True)
 
-        @longrun.durable(store=store, adapters={"send": OutboxAdapter(self.outbox)}, clock=self.clock)
+        @longrun.durable(
+            store=store, adapters={"send": OutboxAdapter(self.outbox)}, clock=self.clock, approvals=self.source, cancellations=self.source
+        )
         def survey(run: longrun.Run) -> Any:
             size = run.ask("size", "How many <b>seats</b>?", choices=[10, 20])
             run.effect("book", "send", {"seats": size})

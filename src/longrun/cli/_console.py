@@ -14,9 +14,11 @@ Pages (server-rendered HTML and one stylesheet; no JavaScript at all):
 
 Writes are exactly the CLI's: an approval is ``cmd_approve`` with the payload digest the page
 showed as ``expected_digest`` (a request that changed since is refused, nothing written), an answer
-is ``cmd_approve(answer=...)``, a cancellation is ``cmd_cancel``; into ``--control-root`` when
-given (a strict control area, so the console must run as the approver account), signed with
-``--sign-key`` when given, else into the store. ``--read-only`` shows no form and refuses every POST.
+is ``cmd_approve(answer=...)``, a cancellation is ``cmd_cancel``; into ``--control-root`` (a strict
+control area, so the console must run as the approver account), signed with ``--sign-key`` when
+given. Without ``--control-root`` the console is read-only, as with ``--read-only``: it shows no
+form and refuses every POST. A page served over HTTP never writes into the store itself, where an
+approval is worth no more than the agent's own writes (see the README's threat model).
 
 Security, for a console that can approve effects on the machine it runs on:
 
@@ -163,7 +165,8 @@ class Console:
     ):
         self.store = store
         self.label = label
-        self.read_only = read_only
+        self.read_only = read_only or control_root is None
+        self.read_only_reason = "" if not self.read_only else "read-only" if read_only else "read-only: no --control-root"
         self.approver = approver
         self.sign_key = sign_key
         self.control_root = control_root
@@ -177,10 +180,9 @@ class Console:
 
     def layout(self, title: str, body: str) -> str:
         mode = (
-            "read-only"
+            e(self.read_only_reason)
             if self.read_only
-            else f"approving as {e(self.approver)} into {e(self.control_root) if self.control_root else 'the store'}"
-            + (" (signed)" if self.sign_key else "")
+            else f"approving as {e(self.approver)} into {e(self.control_root)}" + (" (signed)" if self.sign_key else "")
         )
         return (
             "<!doctype html><html lang=en><head><meta charset=utf-8>"
@@ -421,7 +423,7 @@ class Console:
     def act(self, task_id: str, action: str, form: Mapping[str, list[str]]) -> str:
         """Carry out a POST (the CSRF token already checked); return the notice key for the redirect."""
         if self.read_only:
-            raise ConsoleError(403, "this console is read-only")
+            raise ConsoleError(403, f"this console is {self.read_only_reason}")
 
         def field(name: str) -> str:
             values = form.get(name) or [""]
@@ -661,16 +663,21 @@ def cmd_console(
     server = start_console(
         store, label, port=port, read_only=read_only, approver=approver, sign_key=sign_key, control_root=control_root
     )
+    console = server.console
     # Ctrl-C stops the console at any moment once it is bound, the first line printed or not.
     with server, contextlib.suppress(KeyboardInterrupt):
         if as_json:  # one line, so that a program can read the URL before the server runs
             settings = {
-                "url": server.url, "store": label, "read_only": read_only, "approver": None if read_only else approver,
-                "control_root": control_root, "signed": bool(sign_key) and not read_only,
+                "url": server.url, "store": label, "read_only": console.read_only,
+                "approver": None if console.read_only else approver, "control_root": control_root,
+                "signed": bool(sign_key) and not console.read_only,
             }  # fmt: skip
             out.write(json.dumps(settings, sort_keys=True) + "\n")
         else:
-            where = "read-only" if read_only else f"approvals by {approver} go to {control_root or 'the store'}" + (" (signed)" if sign_key else "")
+            where = (
+                console.read_only_reason if console.read_only
+                else f"approvals by {approver} go to {control_root}" + (" (signed)" if sign_key else "")
+            )  # fmt: skip
             out.write(f"longrun console for {label} ({where})\n  open {server.url}\n  stop with Ctrl-C\n")
         out.flush()
         server.serve_forever()

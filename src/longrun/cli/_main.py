@@ -423,14 +423,16 @@ def build_parser() -> argparse.ArgumentParser:
         "Serve a web console on 127.0.0.1 (standard library only, no JavaScript): the task list with status, "
         "progress and filters; each task's timeline, effects and evidence (observations, inferences, unknowns); "
         "its pending approvals and questions with the payload shown in full, and forms to approve, answer or "
-        "cancel, which write the same records as `longrun approve`, `answer` and `cancel` (into --control-root "
-        "when given, signed with --sign-key when given, else into the store): run it as the approver. It prints "
+        "cancel, which write the same records as `longrun approve`, `answer` and `cancel` into --control-root "
+        "(signed with --sign-key when given): run it as the approver. Without --control-root it is read-only. It prints "
         "a URL with a random token; requests without the token are refused, every change is a POST with a "
         "CSRF token, and pages forbid scripts (Content-Security-Policy). Stop it with Ctrl-C.",
     )
     _add_store(console, task=False)
     console.add_argument("--port", metavar="P", type=_port, default=0, help="the port on 127.0.0.1 (default 0: any free port)")
-    console.add_argument("--read-only", action="store_true", help="show only: no approve, answer or cancel")
+    console.add_argument(
+        "--read-only", action="store_true", help="show only: no approve, answer or cancel (the default without --control-root)"
+    )
     console.add_argument("--approver", metavar="NAME", type=_non_empty, help="who approves (default: the login name)")
     _add_authority_options(console, "approvals, answers and cancellations")
     _add_json(console, "one line {url, store, read_only, approver, control_root, signed} before serving")
