@@ -299,10 +299,10 @@ class ListTest(CliCase):
         result = cli("ls", self.store_dir)
         self.assertEqual(result.returncode, 0, result.stderr)
         lines = result.stdout.splitlines()
-        self.assertEqual(lines[0].split(), ["TASK", "STATUS", "REV", "NEXT", "ACTION"])
+        self.assertEqual(lines[0].split(), ["TASK", "STATUS", "PROGRESS", "REV", "UPDATED", "NEXT", "ACTION"])
         rows = {line.split()[0]: line for line in lines[1:]}
         self.assertEqual(sorted(rows), ["broken", "finished", "gated"])
-        self.assertRegex(rows["finished"], r"done\s+\d+\s+nothing")
+        self.assertRegex(rows["finished"], r"done\s+2/2\s+\d+\s+\S+ ago\s+nothing")
         self.assertIn("awaiting-approval", rows["gated"])
         self.assertIn("DAMAGED", rows["broken"])
 

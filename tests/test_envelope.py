@@ -6,10 +6,10 @@ import json
 import unittest
 
 import support  # noqa: F401
-from longrun import CorruptStateError, ForeignStateError, RunState, SchemaVersionError
+from longrun import CorruptStateError, ForeignStateError, InvalidInputError, RunState, SchemaVersionError
 from longrun.approval import ApprovalRequest
 from longrun.budget import BudgetCounters
-from longrun.envelope import decode, encode
+from longrun.envelope import PlanOutline, decode, encode
 from longrun.ledger import EffectRecord, EffectState
 from longrun.outcome import Evidence
 
@@ -22,6 +22,53 @@ def sample() -> RunState:
     state.consumed_approvals.append("ap-1")
     state.note_control(Evidence("control", "cancel absent", 1.5))
     return state
+
+
+class PlanOutlineTests(unittest.TestCase):
+    def test_round_trip(self) -> None:
+        outline = PlanOutline(tuple(f"s{i}" for i in range(6)), ("render",) + ("mail",) * 4 + ("render",))
+        body = outline.to_json()
+        self.assertEqual(body, {"steps": [f"s{i}" for i in range(6)], "actions": ["render", "mail", "mail", "mail", "mail", "render"]})
+        self.assertEqual(PlanOutline.from_json(json.loads(json.dumps(body))), outline)
+        self.assertEqual(len(outline), 6)
+        self.assertEqual(PlanOutline.from_json({"steps": [], "actions": []}), PlanOutline((), ()))
+        self.assertEqual(PlanOutline(["label/42"], ["mail"]).steps, ("label/42",))  # held as tuples, as read
+
+    BAD = [
+        {"steps": ["a", "a"], "actions": ["x", "x"]}, {"steps": ["../a"], "actions": ["x"]},
+        {"steps": ["a", "b"], "actions": ["x"]}, {"steps": ["a"], "actions": ["x", "y"]}, {"steps": ["a"], "actions": [""]},
+        {"steps": ["a"], "actions": [1]}, {"steps": [1], "actions": ["x"]}, {"steps": "a", "actions": ["x"]},
+        {"steps": ["a"], "actions": ["\ud800"]},
+    ]  # fmt: skip
+
+    def test_one_schema_refuses_a_malformed_outline_when_read_and_when_built(self) -> None:
+        for body in [[], {"steps": ["a"]}, {"steps": ["a"], "actions": ["x"], "extra": 1}, *self.BAD]:
+            with self.subTest(body=body), self.assertRaises(CorruptStateError):
+                PlanOutline.from_json(body)
+        for body in self.BAD:
+            with self.subTest(built=body), self.assertRaises(InvalidInputError):
+                PlanOutline(body["steps"], body["actions"])  # type: ignore[arg-type]
+
+    def test_a_state_without_an_outline_encodes_as_before_and_one_with_it_round_trips(self) -> None:
+        state = sample()
+        self.assertNotIn("plan_outline", state.to_json())
+        state.plan_outline = PlanOutline(("a", "b", "c"), ("write", "write", "mail"))
+        again = decode(encode(state), expected_task="t")
+        self.assertEqual(again.plan_outline, state.plan_outline)
+        self.assertEqual(again.to_json(), state.to_json())
+        body = state.to_json()
+        body["plan_outline"] = {"steps": ["a"], "actions": []}
+        with self.assertRaises(CorruptStateError):
+            RunState.from_json(body)
+        body["plan_outline"] = ["a"]
+        with self.assertRaises(CorruptStateError):
+            RunState.from_json(body)
+
+    def test_a_state_holding_something_else_as_its_outline_is_refused_before_a_commit(self) -> None:
+        state = sample()
+        state.plan_outline = {"steps": ["a"], "actions": ["x"]}  # type: ignore[assignment]
+        with self.assertRaises(InvalidInputError):
+            state.check_header()
 
 
 class EnvelopeTests(unittest.TestCase):

@@ -39,6 +39,27 @@ class PlanGrowthTests(test_runner.RunnerCase):
         self.assertEqual(self.runner(grown).run().status, Status.DONE)
         self.assertEqual(self.outbox.counts(), {f"task-1/s{i}": 1 for i in range(4)})
 
+    def test_the_outline_is_recorded_with_the_first_revision_and_again_when_the_plan_grows(self) -> None:
+        gated = self.steps(2) + [Step("s2", "write", {"n": 2}, approval=True)]
+        self.assertEqual(self.runner(gated).run().status, Status.AWAITING_APPROVAL)
+        outline = self.store.load("task-1").state.plan_outline
+        self.assertEqual((outline.steps, outline.actions), (("s0", "s1", "s2"), ("write",) * 3))
+        self.runner(gated + [Step("s3", "write", {"n": 3})]).run()
+        self.assertEqual(self.store.load("task-1").state.plan_outline.steps, ("s0", "s1", "s2", "s3"))
+
+    def test_a_state_written_without_an_outline_gets_one_on_its_next_run(self) -> None:
+        gated = self.steps(2) + [Step("s2", "write", {"n": 2}, approval=True)]
+        self.assertEqual(self.runner(gated).run().status, Status.AWAITING_APPROVAL)
+        lease = self.store.acquire_lease("task-1", "old-code", 30.0, self.clock.now() + 60)
+        state = self.store.load("task-1", lease=lease).state
+        state.plan_outline = None  # as code before outlines left it
+        self.store.commit(lease, state, ())
+        self.store.release_lease(lease, self.clock.now() + 60)
+        self.assertIsNone(self.store.load("task-1").state.plan_outline)
+        self.clock.advance(120)
+        self.assertEqual(self.runner(gated).run().status, Status.AWAITING_APPROVAL)
+        self.assertEqual(self.store.load("task-1").state.plan_outline.steps, ("s0", "s1", "s2"))
+
     def test_changing_removing_or_reordering_a_recorded_step_is_a_mismatch_that_applies_nothing(self) -> None:
         first = self.steps(2) + [Step("s2", "write", {"n": 2}, approval=True)]
         self.assertEqual(self.runner(first).run().status, Status.AWAITING_APPROVAL)

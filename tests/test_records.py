@@ -35,7 +35,7 @@ from longrun.canonical import (
     parse_json,
     printable,
 )
-from longrun.envelope import MAX_STATE_BYTES, RunState, decode, encode
+from longrun.envelope import MAX_STATE_BYTES, PlanOutline, RunState, decode, encode
 from longrun.errors import CorruptStateError, InvalidInputError, SizeLimitError
 from longrun.lease import Lease
 from longrun.ledger import EffectRecord, EffectState
@@ -153,6 +153,11 @@ def budget(rng: random.Random) -> BudgetCounters:
     return BudgetCounters(number(rng), optional(rng, lambda: number(rng)), integer(rng), abs(number(rng)), number(rng))
 
 
+def plan_outline(rng: random.Random) -> PlanOutline:
+    steps = list(dict.fromkeys(f"{name(rng)}/{index}" for index in range(rng.randint(0, 6))))
+    return PlanOutline(tuple(steps), tuple(text(rng) or "a" for _ in steps))
+
+
 def run_state(rng: random.Random, task_id: str | None = None, effects: int | None = None) -> RunState:
     task_id = task_id or name(rng)
     records = {}
@@ -179,6 +184,7 @@ def run_state(rng: random.Random, task_id: str | None = None, effects: int | Non
         lease_epoch=integer(rng),
         lease_expires_at=optional(rng, lambda: number(rng)),
         reconcile_all=rng.random() < 0.5,
+        plan_outline=optional(rng, lambda: plan_outline(rng)),
     )
     state.validate()
     return state
@@ -192,6 +198,7 @@ RECORDS: dict[type, Callable[[random.Random], Any]] = {
     Cancellation: cancellation,
     Lease: lease,
     BudgetCounters: budget,
+    PlanOutline: plan_outline,
 }
 
 
@@ -228,6 +235,7 @@ BAD: dict[Kind, list[Any]] = {
     Kind.OBJECT: [[], "x", 5, None, *[{"v": value} for value in BAD_JSON]],
     Kind.JSON: BAD_JSON,
     Kind.TEXTS: ["abc", [1], ["\udcff"], None, [None]],
+    Kind.TUPLE: ["abc", 5, {"a": 1}, [1], ["\udcff"], None, [None], ["ok", ""]],
 }
 READABLE = (type(None), bool, int, float, str, list, dict)
 
@@ -243,7 +251,7 @@ def readable(value: Any) -> bool:
 
 def spec_of(kind: type) -> tuple[Field, ...]:
     from longrun import approval as approval_module, budget as budget_module, cancellation as cancellation_module
-    from longrun import lease as lease_module, ledger, outcome
+    from longrun import envelope, lease as lease_module, ledger, outcome
 
     return {
         EffectRecord: ledger._SPEC,
@@ -253,6 +261,7 @@ def spec_of(kind: type) -> tuple[Field, ...]:
         Cancellation: cancellation_module._SPEC,
         Lease: lease_module._LEASE_SPEC,
         BudgetCounters: budget_module._COUNTER_SPEC,
+        PlanOutline: envelope._OUTLINE_SPEC,
     }[kind]
 
 

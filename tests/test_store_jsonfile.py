@@ -386,6 +386,32 @@ class CommitTests(StoreCase):
         self.assertEqual(reloaded.state.effects, state.effects)
 
 
+class PlanOutlineTests(StoreCase):
+    def test_the_outline_is_written_with_the_snapshot_and_again_only_when_it_changes(self) -> None:
+        from longrun.envelope import PlanOutline
+
+        lease, state = self.committed(effects=2)
+        state.plan_outline = PlanOutline(("s0", "s1", "s2"), ("write", "write", "mail"))
+        self.store.commit(lease, state, ())
+        for index in range(3):
+            state.next_action = f"commit {index}"
+            self.store.commit(lease, state, ())
+        lines = [line for name in self.journals() for line in self.read(name).rstrip(b"\0").splitlines()[1:]]
+        self.assertEqual([json.loads(line.split(b" ", 1)[1])["rev"] for line in lines if b"plan_outline" in line], [2])
+        self.assertEqual(JsonFileStore(self.store.root).load("t").state.plan_outline, state.plan_outline)
+        history = JsonFileStore(self.store.root).history("t")
+        self.assertTrue(any("plan outline recorded (3 steps)" in str(entry["description"]) for entry in history))
+        # A store object that loaded the task writes it only if it changes, and a snapshot keeps it.
+        store = JsonFileStore(self.store.root)
+        lease = store.acquire_lease("t", "me", 30.0, 100.0)  # the first lease is over: a new one, epoch 2
+        loaded = store.load("t", lease=lease).state
+        loaded.next_action = "after a reload"
+        store.commit(lease, loaded, ())
+        journal = self.read(self.journals()[-1]).rstrip(b"\0").splitlines()
+        self.assertNotIn(b"plan_outline", journal[-1])
+        self.assertEqual(JsonFileStore(self.store.root).load("t").state.plan_outline, state.plan_outline)
+
+
 class DamageTests(StoreCase):
     def test_damaged_snapshot_is_quarantined_and_the_backup_chain_used_with_every_step_observed(self) -> None:
         lease, state = self.committed(3, effects=2)

@@ -59,6 +59,18 @@ class SqliteCase(support.TempDirTest):
         self.store.commit(lease, state, set(state.effects))
         return lease, state
 
+    def downgrade(self, version: int) -> None:
+        """Make the database look as longrun schema ``version`` left it (its lease rows included)."""
+        dropped = {3: ("token", "holder_lock"), 2: ("monotonic_clock", "monotonic_expires_at")}
+        if version < 4:
+            self.sql("DROP TABLE longrun_plans")
+            self.sql("DELETE FROM longrun_schema WHERE version = 4")
+        for newer in sorted(dropped, reverse=True):
+            if newer > version:
+                for column in dropped[newer]:
+                    self.sql(f"ALTER TABLE longrun_leases DROP COLUMN {column}")
+                self.sql("DELETE FROM longrun_schema WHERE version = ?", (newer,))
+
 
 class FileTests(SqliteCase):
     def test_the_database_and_its_journal_files_are_owner_only(self) -> None:
@@ -448,15 +460,6 @@ class MonotonicLeaseTests(SqliteCase):
         stored = self.open().read_lease("t")
         self.assertEqual((stored.monotonic_clock, stored.monotonic_expires_at), ("boot:x", 110.0))
 
-    def downgrade(self, version: int) -> None:
-        """Make the database look as longrun schema ``version`` left it (its lease rows included)."""
-        dropped = {3: ("token", "holder_lock"), 2: ("monotonic_clock", "monotonic_expires_at")}
-        for newer in sorted(dropped, reverse=True):
-            if newer > version:
-                for column in dropped[newer]:
-                    self.sql(f"ALTER TABLE longrun_leases DROP COLUMN {column}")
-                self.sql("DELETE FROM longrun_schema WHERE version = ?", (newer,))
-
     def test_a_version_1_database_is_migrated_and_its_leases_still_load(self) -> None:
         self.store.acquire_lease("t", "holder", 30.0, 1000.0)
         self.store.close()
@@ -487,6 +490,52 @@ class MonotonicLeaseTests(SqliteCase):
         self.assertIsNotNone(taken.token)
         with self.assertRaises(FencedError):
             migrated.renew_lease(old, 30.0, 5000.0)
+
+
+class PlanOutlineTests(SqliteCase):
+    def test_a_version_3_database_is_migrated_and_a_runner_records_the_outline(self) -> None:
+        outbox = self.path("outbox.jsonl")
+        steps = [Step("a", "send", {"n": 1}), Step("b", "send", {"n": 2}, approval=True)]
+
+        def runner() -> Runner:
+            return Runner(RunContract("t", "migrate"), steps, store=self.open(), adapters={"send": OutboxAdapter(outbox)},
+                          clock=FakeClock())
+
+        self.assertIs(runner().run().status, Status.AWAITING_APPROVAL)
+        self.store.close()
+        self.downgrade(3)  # what version 3 left: no outline table, a task with a state
+        old = self.open().load("t").state
+        self.assertIsNone(old.plan_outline)
+        self.assertEqual(self.sql("SELECT MAX(version) FROM longrun_schema"), [(SCHEMA_VERSION,)])
+        self.assertEqual(self.sql("SELECT COUNT(*) FROM longrun_plans"), [(0,)])
+        self.assertIs(runner().run().status, Status.AWAITING_APPROVAL)
+        outline = self.open().load("t").state.plan_outline
+        self.assertEqual((outline.steps, outline.actions), (("a", "b"), ("send", "send")))
+
+    def test_the_outline_row_is_written_once_not_with_every_commit(self) -> None:
+        lease, state = self.committed()
+        self.assertEqual(self.sql("SELECT revision FROM longrun_plans"), [(1,)])
+        header = self.sql("SELECT header FROM longrun_states")[0][0]
+        self.assertNotIn("plan_outline", header)
+        for _ in range(3):
+            self.store.commit(lease, state, ())
+        self.assertEqual(self.sql("SELECT revision FROM longrun_plans"), [(1,)])
+        self.assertEqual(self.open().load("t").state.plan_outline, state.plan_outline)
+
+    def test_a_damaged_outline_row_is_reported_and_set_aside_and_the_state_still_loads(self) -> None:
+        lease, state = self.committed()
+        self.sql("UPDATE longrun_plans SET body = replace(body, 'later/1', 'later/9')")
+        with self.assertLogs("longrun", "WARNING"):
+            loaded = self.open().load("t")
+        self.assertIsNone(loaded.state.plan_outline)
+        self.assertTrue(any("plan outline row" in item.detail for item in loaded.observations))
+        self.assertEqual(self.sql("SELECT COUNT(*) FROM longrun_plans"), [(1,)])  # a read moves nothing
+        store = self.open()
+        lease = store.acquire_lease("t", "me", 30.0, 2000.0)  # the first lease is over
+        with self.assertLogs("longrun", "WARNING"):
+            store.load("t", lease=lease)
+        self.assertEqual(self.sql("SELECT COUNT(*) FROM longrun_plans"), [(0,)])
+        self.assertEqual(self.sql("SELECT kind, name FROM longrun_quarantine"), [("plan", "longrun_plans")])
 
 
 if __name__ == "__main__":

@@ -174,3 +174,20 @@ async def async_agents(store: Store) -> RunOutcome:
     outcome = await triage.arun("triage-2026-11-30", "2026-11-30")
     assert_type(outcome, RunOutcome)
     return outcome
+
+
+# -- README.md, "Events and logs" (the hook; the OpenTelemetry recipe itself runs in test_readme_otel.py) --
+
+
+def events_and_logs(contract: longrun.RunContract, steps: list[longrun.Step], store: Store,
+                    adapters: dict[str, EffectAdapter]) -> None:
+    seen: list[longrun.RunEvent] = []
+
+    def hook(event: longrun.RunEvent) -> None:
+        assert_type(event.step, str | None)
+        assert_type(event.revision, int)
+        seen.append(event)
+
+    runner = longrun.Runner(contract, steps, store=store, adapters=adapters, on_event=hook)
+    durable = longrun.durable(store=store, adapters=adapters, on_event=seen.append)
+    print(runner.run().status, durable, [event.to_json() for event in seen])

@@ -190,6 +190,9 @@ class Kind(enum.Enum):
     """A list of strings without lone surrogates."""
     CHOICE = "choice"
     """A member of ``Field.choices`` (an enum), stored as its value."""
+    TUPLE = "tuple"
+    """A tuple of values of kind ``Field.item`` (one that needs no other setting: ``TEXT``, ``NAME``,
+    ``STEP``, ...), stored as a JSON list."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +205,15 @@ class Field:
     choices: type[enum.Enum] | None = None
     record: Any = None
     """For ``Kind.RECORD``: the record class, with ``from_json`` (raising ``CorruptStateError``)."""
+    item: Kind | None = None
+    """For ``Kind.TUPLE``: the kind of each value."""
+
+
+_PLAIN_ITEMS: dict[Kind, Callable[[str], object]] = {
+    Kind.TEXT: str.isascii, Kind.NAME: _SAFE_NAME.fullmatch, Kind.STEP: STEP_ID_PATTERN.fullmatch
+}  # fmt: skip
+"""For a ``TUPLE`` of strings of these kinds: a test that passes every plain item (ASCII text, a
+name, a step id), for a quick pass over all of them before ``_problem`` looks at each."""
 
 
 def _problem(field: Field, value: object, *, reading: bool) -> str | None:
@@ -253,6 +265,19 @@ def _problem(field: Field, value: object, *, reading: bool) -> str | None:
             if problem is not None:
                 return f"holds a string that {problem}"
         return None
+    if kind is Kind.TUPLE:
+        if not isinstance(value, (list, tuple)):
+            return f"must be a list, got {type(value).__name__}"
+        assert field.item is not None
+        plain = _PLAIN_ITEMS.get(field.item)
+        if plain is not None and set(map(type, value)) <= {str} and all(map(plain, value)):
+            return None  # the common case, in C loops: an outline holds a plan's every step id
+        item = Field(field.name, field.item)
+        for index, element in enumerate(value):
+            problem = _problem(item, element, reading=reading)
+            if problem is not None:
+                return f"item {index}: {problem}"
+        return None
     if kind is Kind.OBJECT and not isinstance(value, dict if reading else Mapping):
         return "must be a JSON object"
     return None
@@ -288,6 +313,8 @@ def read(spec: Sequence[Field], data: Mapping[str, Any], what: str) -> dict[str,
             values[name] = float(value)
         elif kind is Kind.TEXTS:
             values[name] = list(cast("list[str]", value))
+        elif kind is Kind.TUPLE:
+            values[name] = tuple(cast("list[Any]", value))
         else:
             values[name] = value
     return values
@@ -318,6 +345,16 @@ def check(spec: Sequence[Field], record: object, what: str, *, shallow: bool = F
             object.__setattr__(record, name, float(value))
         elif kind is Kind.TEXTS and type(value) is not list:
             object.__setattr__(record, name, list(cast("tuple[str, ...]", value)))
+        elif kind is Kind.TUPLE and type(value) is not tuple:
+            object.__setattr__(record, name, tuple(cast("list[Any]", value)))
+
+
+_FAST_ITEM_TESTS = {
+    Kind.TEXT: "type(x) is str and (x.isascii() or _text(x))",
+    Kind.NAME: "type(x) is str and _safe_name(x) is not None",
+    Kind.STEP: "type(x) is str and _step_id(x) is not None",
+}
+"""``fast_check``'s test of one value ``x`` of a ``TUPLE``, by the kind of its items."""
 
 
 def fast_check(spec: Sequence[Field], *, shallow: bool = False) -> Callable[[object], bool]:
@@ -366,6 +403,9 @@ def fast_check(spec: Sequence[Field], *, shallow: bool = False) -> Callable[[obj
             test = f"{none_ok}(type(v) is list and all(type(x) is str and (x.isascii() or _text(x)) for x in v))"
         elif kind is Kind.OBJECT:
             test = f"{none_ok}type(v) is dict"
+        elif kind is Kind.TUPLE:
+            item = _FAST_ITEM_TESTS.get(field.item) if field.item is not None else None  # else ``check`` decides
+            test = f"{none_ok}(type(v) is tuple and all({item} for x in v))" if item else "False"
         else:
             test = ""
         if test:
@@ -425,6 +465,8 @@ def fast_read(spec: Sequence[Field]) -> Callable[[Mapping[str, Any]], "list[Any]
             test = f"{value} is not None"
         elif kind is Kind.TEXTS:
             test = f"{none_ok}(type({value}) is list and all(type(x) is str and x.isascii() for x in {value}))"
+        elif kind is Kind.TUPLE:
+            test = "False"  # read turns the list into a tuple
         else:
             test = ""  # JSON: parse_json has checked it
         if test:

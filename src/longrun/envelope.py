@@ -14,23 +14,29 @@ depth, strict UTF-8, no NaN), and refuses a field no record knows (see ``longrun
 ``RunState`` is the runner's working copy: a mutable aggregate of frozen records. Stores persist
 it whole (the JSON-file store) or by the records that changed. Atomic replacement and the backup
 are the store's job, not this module's.
+
+``PlanOutline`` is a declared plan's step ids and actions, recorded with the first revision (and
+again when the plan grows), so that a reader knows how many steps remain before they are planned.
+It is optional: states written before it, and durable functions' states, have none. The key
+``plan_outline`` is written only when there is one, so such states encode exactly as before.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from . import _fields as f
 from .approval import ApprovalRequest
 from .budget import BudgetCounters
 from .canonical import JSONValue, canonical_bytes, parse_json, sha256_hex
+from .contract import Step
 from .errors import CorruptStateError, ForeignStateError, InvalidInputError, SchemaVersionError
 from .ledger import EffectRecord, EffectState
 from .outcome import Evidence, Status
 
-__all__ = ["FORMAT", "MAX_STATE_BYTES", "SCHEMA_VERSION", "RunState", "decode", "encode"]
+__all__ = ["FORMAT", "MAX_STATE_BYTES", "SCHEMA_VERSION", "PlanOutline", "RunState", "decode", "encode"]
 
 FORMAT = "longrun.state"
 SCHEMA_VERSION = 1
@@ -39,8 +45,68 @@ MAX_CONTROL_OBSERVATIONS = 50
 _STATE_FIELDS = frozenset(
     ("task_id", "plan_digest", "revision", "created_at", "updated_at", "status", "current_step", "next_action",
      "completed_steps", "effects", "budget", "approval_requests", "consumed_approvals", "control_observations",
-     "unknowns", "lease", "reconcile_all")
+     "unknowns", "lease", "reconcile_all", "plan_outline")
 )  # fmt: skip
+_OUTLINE_SPEC = (
+    f.Field("steps", f.Kind.TUPLE, item=f.Kind.STEP),
+    f.Field("actions", f.Kind.TUPLE, item=f.Kind.TEXT),
+)
+"""The one schema of a plan outline: what ``from_json`` reads and the constructor checks."""
+_OUTLINE_FIELDS = frozenset(field.name for field in _OUTLINE_SPEC)
+
+
+def _outline_problem(steps: tuple[str, ...], actions: tuple[str, ...]) -> str | None:
+    """What is wrong with an outline whose fields each fit ``_OUTLINE_SPEC``, or None."""
+    if len(actions) != len(steps):
+        return f"field 'actions' holds {len(actions)} actions for {len(steps)} steps"
+    if len(set(steps)) != len(steps):
+        return "field 'steps' names a step id twice"
+    if not all(actions):
+        return "field 'actions' holds an empty action name"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOutline:
+    """A declared plan as a reader needs it for progress: its step ids and each step's action, in
+    plan order. As JSON, ``{"steps": [id, ...], "actions": [action, ...]}``."""
+
+    steps: tuple[str, ...]
+    actions: tuple[str, ...]
+    """Parallel to ``steps``."""
+
+    def __post_init__(self) -> None:
+        f.check(_OUTLINE_SPEC, self, "plan outline")
+        problem = _outline_problem(self.steps, self.actions)
+        if problem is not None:
+            raise InvalidInputError(f"plan outline: {problem}")
+
+    @classmethod
+    def of(cls, steps: Sequence[Step]) -> "PlanOutline":
+        return cls(tuple(step.step_id for step in steps), tuple(step.action for step in steps))
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {"steps": list(self.steps), "actions": list(self.actions)}
+
+    @classmethod
+    def from_json(cls, data: object) -> "PlanOutline":
+        what = "plan outline"
+        d: Mapping[str, Any] = f.require_mapping(data, what)
+        f.check_fields(d, _OUTLINE_FIELDS, what)
+        values = f.read(_OUTLINE_SPEC, d, what)
+        problem = _outline_problem(values["steps"], values["actions"])
+        if problem is not None:
+            raise CorruptStateError(f"{what}: {problem}")
+        # Read with the very rules the constructor checks (a plan's every step id): built as read.
+        outline = object.__new__(cls)
+        for name, value in values.items():
+            object.__setattr__(outline, name, value)
+        return outline
+
+
 _HEADER_SPEC = (
     f.Field("task_id", f.Kind.NAME),
     f.Field("plan_digest", f.Kind.TEXT),
@@ -51,6 +117,7 @@ _HEADER_SPEC = (
     f.Field("next_action", f.Kind.TEXT),
     f.Field("consumed_approvals", f.Kind.TEXTS),
     f.Field("reconcile_all", f.Kind.BOOL),
+    f.Field("plan_outline", f.Kind.RECORD, optional=True, record=PlanOutline),
 )
 """The state's own fields, as read (``from_json``) and as checked (``check_header``, ``validate``)."""
 _SCALAR_SPEC = tuple(field for field in _HEADER_SPEC if field.kind is not f.Kind.TEXTS)
@@ -89,6 +156,8 @@ class RunState:
     lease_expires_at: float | None = None
     reconcile_all: bool = False
     """Set when the state was recovered from a backup: every unverified step is observed before it is applied."""
+    plan_outline: PlanOutline | None = None
+    """The declared plan's step ids and actions (None for a durable function, or a state written before it)."""
 
     def check_header(self) -> None:
         """Refuse (``InvalidInputError``) a state whose own fields the loader would refuse: what a
@@ -129,7 +198,7 @@ class RunState:
         del self.control_observations[:-MAX_CONTROL_OBSERVATIONS]
 
     def to_json(self) -> dict[str, JSONValue]:
-        return {
+        body: dict[str, JSONValue] = {
             "task_id": self.task_id,
             "plan_digest": self.plan_digest,
             "revision": self.revision,
@@ -148,6 +217,9 @@ class RunState:
             "lease": {"owner": self.lease_owner, "epoch": self.lease_epoch, "expires_at": self.lease_expires_at},
             "reconcile_all": self.reconcile_all,
         }
+        if self.plan_outline is not None:
+            body["plan_outline"] = self.plan_outline.to_json()
+        return body
 
     @classmethod
     def from_json(cls, data: object) -> "RunState":

@@ -27,7 +27,7 @@ from .canonical import JSONValue
 from .clock import SystemClock
 from .contract import RunContract, Step, plan_digest, plan_prefix_digests, validate_plan
 from .engine import Engine, Stop, default_owner, utc
-from .envelope import RunState
+from .envelope import PlanOutline, RunState
 from .events import EventHook
 from .errors import InvalidInputError, UnknownActionError
 from .ledger import EffectRecord, EffectState
@@ -149,10 +149,13 @@ class _DeclaredPlan:
         self.digest = runner.plan_digest
 
     def initial(self, engine: Engine, state: RunState) -> None:
-        return None
+        state.plan_outline = PlanOutline.of(self._runner.steps)  # so a reader knows what remains
 
     def accept(self, engine: Engine, state: RunState) -> None:
         if state.plan_digest == self.digest:
+            if state.plan_outline is None and state.status not in TERMINAL:
+                # A state written before outlines were recorded: it goes out with the next commit.
+                state.plan_outline = PlanOutline.of(self._runner.steps)
             return
         runner = self._runner
         grown_from = None if state.status in TERMINAL else plan_prefix_digests(runner.contract, runner.steps).get(state.plan_digest)
@@ -164,6 +167,7 @@ class _DeclaredPlan:
                 f"(Step(..., key='{engine.task_id}/<step id>') unless it has one) so effects already made are observed, not repeated",
             )
         engine.record_plan_growth(state, grown_from, len(runner.steps))
+        state.plan_outline = PlanOutline.of(runner.steps)
 
     def drive(self, engine: Engine) -> None:
         if self._runner.parallel:

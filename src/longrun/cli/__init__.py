@@ -1,10 +1,12 @@
-"""The operator command line: ``longrun ls | status | history | verify | approve | answer | cancel | repair | resume | start | demo``, and a session's ``init | next | exec | checkpoint | done | stop``.
+"""The operator command line: ``longrun ls | status | history | verify | watch | console | approve | answer | cancel | repair | resume | start | demo``, and a session's ``init | next | exec | checkpoint | done | stop``.
 
 The only part of longrun that prints. Every command but ``resume`` and ``demo`` works on a store
 named by the operator: a JSON-file store directory, ``sqlite:PATH`` or a ``postgresql://`` URL,
 given as the ``STORE`` argument or with ``--store SPEC`` (never created by the CLI). ``ls``,
-``status``, ``history`` and ``verify`` are read-only; ``approve`` and ``cancel`` write one control
-record each; ``repair --lease`` sets a damaged lease record aside and writes a released lease; ``resume MODULE:FUNCTION`` imports a function that builds a ``Runner`` and runs it
+``status``, ``history``, ``verify`` and ``watch`` (a live view that polls the store) are
+read-only; ``approve``, ``answer`` and ``cancel`` write one control record each; ``console``
+serves a local web console that shows the store and writes the same records; ``repair --lease``
+sets a damaged lease record aside and writes a released lease; ``resume MODULE:FUNCTION`` imports a function that builds a ``Runner`` and runs it
 once (the recovery trigger for cron or systemd); ``demo`` runs a fictional task through a real
 SIGKILL and resume. ``init``, ``next``, ``exec``, ``checkpoint``, ``done`` and ``stop`` run a
 checkpointed session for an agent with only a terminal (``_session``). Every command takes ``--json``.

@@ -4,9 +4,11 @@
 touches the state. ``repair --lease`` replaces a damaged lease record through the store's
 ``repair_lease`` (the damaged record is moved aside, never deleted; see ``stores.base``).
 
-``approve`` copies the scope of a pending ``ApprovalRequest`` (task, plan digest, step, payload
-digest, action) into a new ``Approval`` with a fresh random id, so it authorizes exactly that
-effect, once, until its expiry. It refuses to guess: with several pending requests it needs
+``approve`` first shows the pending request in full: the task, step and action, the payload the
+step will apply (pretty-printed from the state's record, long values elided with their size, every
+control character escaped: see ``_payload``), its digest and the expiry. It then copies the
+request's scope (task, plan digest, step, payload digest, action) into a new ``Approval`` with a
+fresh random id, so it authorizes exactly that effect, once, until its expiry. It refuses to guess: with several pending requests it needs
 ``--step``. ``cancel`` writes the task's cancellation record, which the runner reads before every
 new effect.
 
@@ -38,15 +40,17 @@ from typing import Callable, TextIO
 from ..approval import Approval, ApprovalRequest
 from ..authority import FileControlSource, key_id, load_key, sign_approval, sign_cancellation
 from ..cancellation import Cancellation
-from ..canonical import JSONValue, ensure_json, parse_json
+from ..canonical import JSONValue, digest_of, ensure_json, parse_json
 from ..contract import ASK_ACTION
+from ..envelope import RunState
 from ..errors import CorruptStateError, InvalidInputError, LeaseHeldError, LongrunError, UnknownTaskError
 from ..lease import LeaseRepair
 from ..outcome import TERMINAL
 from ..protocols import ApprovalSource, Store
 from ._common import CliError, ExitCode, checked_task, format_time, relative, write_json
+from ._payload import payload_lines, safe_text
 
-__all__ = ["cmd_approve", "cmd_cancel", "cmd_repair", "parse_answer", "unconsumed_matches"]
+__all__ = ["cmd_approve", "cmd_cancel", "cmd_repair", "parse_answer", "payload_view", "request_lines", "unconsumed_matches"]
 
 def parse_answer(text: str) -> JSONValue:
     """An answer as the operator typed it: JSON if it parses as JSON, else the plain string."""
@@ -115,18 +119,54 @@ def _confirm(stdin: TextIO, err: TextIO) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
-def _request_text(task_id: str, request: ApprovalRequest, now: float) -> str:
-    text = (
-        f"pending approval request of task {task_id}:\n"
-        f"  step            {request.step_id}\n"
-        f"  action          {request.action}\n"
-        f"  payload digest  {request.payload_digest}\n"
-        f"  plan digest     {request.plan_digest}\n"
-        f"  requested       {format_time(request.requested_at)}, expires {format_time(request.expires_at)} ({relative(request.expires_at, now)})\n"
-    )
+def payload_view(state: RunState, request: ApprovalRequest) -> tuple[JSONValue, list[str]]:
+    """The payload the request's step will apply, as recorded, and notes on it for the approver.
+
+    The payload shown is the one the runner planned and persisted; a note says if its digest is
+    not the one the request (and so the approval) binds, which a runner re-issuing the request
+    resolves. None (with a note) if the state holds no record of the step."""
+    record = state.effects.get(request.step_id)
+    if record is None:
+        return None, ["the payload is not recorded in the state: do not approve blind; check the task's code"]
+    notes = []
+    if digest_of(record.payload) != request.payload_digest or record.payload_digest != request.payload_digest:
+        notes.append(
+            "the recorded payload's digest is not the one the request binds: the approval would not match it; "
+            "run the task again so that it re-issues the request"
+        )
+    return record.payload, notes
+
+
+def request_lines(task_id: str, state: RunState, request: ApprovalRequest, now: float) -> list[str]:
+    """What an approver must see before approving: the request's scope and the payload in full."""
+    payload, notes = payload_view(state, request)
+    question = request.action == ASK_ACTION
+    lines = [
+        f"pending {'question' if question else 'approval request'} of task {task_id}:",
+        f"  task            {task_id}",
+        f"  step            {safe_text(request.step_id)}",
+        f"  action          {safe_text(request.action)}",
+    ]
+    if question and isinstance(payload, dict):
+        lines.append(f"  question        {safe_text(str(payload.get('question')))}")
+        if payload.get("choices") is not None:
+            lines.append(f"  choices         {safe_text(json.dumps(payload.get('choices'), ensure_ascii=False))}")
+    else:
+        lines.append("  payload         (what the step will apply, as planned and recorded)")
+        lines += ["    " + line for line in payload_lines(payload)] if payload is not None else []
+    lines += [
+        f"  payload digest  {request.payload_digest}",
+        f"  plan digest     {request.plan_digest}",
+        f"  requested       {format_time(request.requested_at)}, expires {format_time(request.expires_at)} ({relative(request.expires_at, now)})",
+    ]
+    lines += [f"  note: {note}" for note in notes]
     if request.expired(now):
-        text += "  note: the request has expired; the runner re-issues it with the same scope, which this approval covers\n"
-    return text
+        lines.append("  note: the request has expired; the runner re-issues it with the same scope, which this approval covers")
+    return lines
+
+
+def _request_text(task_id: str, state: RunState, request: ApprovalRequest, now: float) -> str:
+    return "".join(line + "\n" for line in request_lines(task_id, state, request, now))
 
 
 def cmd_approve(
@@ -144,9 +184,12 @@ def cmd_approve(
     control_root: str | None = None,
     as_json: bool = False,
     answer: JSONValue = None,
+    expected_digest: str | None = None,
 ) -> int:
     """Approve the task's pending request (with ``answer``: answer the pending question). With ``as_json`` the request and the approval are one
-    JSON object on ``out`` at the end; the request is shown on ``err`` only if confirmation is asked."""
+    JSON object on ``out`` at the end; the request is shown on ``err`` only if confirmation is asked.
+    With ``expected_digest`` (the console passes the payload digest the operator was shown), a
+    pending request with another payload digest is refused and nothing is written."""
     task_id = checked_task(task_id)
     key = load_key(sign_key) if sign_key is not None else None  # a bad key file fails before any question
     control = _control_root(control_root)
@@ -156,13 +199,19 @@ def cmd_approve(
     if state.status in TERMINAL:
         raise CliError(f"the run of {task_id!r} already ended {state.status.value}; nothing to approve", ExitCode.NOT_AS_ASKED)
     request = _pick_request(state.approval_requests, step, task_id)
+    if expected_digest is not None and request.payload_digest != expected_digest:
+        raise CliError(
+            f"the pending request of step {request.step_id!r} now binds payload {request.payload_digest}, not the "
+            f"{expected_digest} that was shown; nothing was written: look at it again",
+            ExitCode.NOT_AS_ASKED,
+        )
     if (answer is not None) != (request.action == ASK_ACTION):
         if answer is None:
             raise CliError(f"step {request.step_id!r} asks a question: answer it with `longrun answer`", ExitCode.USAGE)
         raise CliError(f"step {request.step_id!r} is an effect, not a question: approve it with `longrun approve`", ExitCode.USAGE)
     now = time.time()
     existing = unconsumed_matches(control or store, request, state.consumed_approvals, now)
-    shown = _request_text(task_id, request, now) + "".join(
+    shown = _request_text(task_id, state, request, now) + "".join(
         f"  note: approval {approval_id} already covers this request and is unused; only one will be consumed\n"
         for approval_id in existing
     )
@@ -188,6 +237,7 @@ def cmd_approve(
             out,
             {
                 "request": request.to_json(),
+                "payload": payload_view(state, request)[0],
                 "approval": approval.to_json(),
                 "signed_with_key": key_id(key) if key is not None else None,
                 "written_to": written,

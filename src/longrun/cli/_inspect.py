@@ -1,5 +1,10 @@
 """The read-only commands: ``status`` (one task) and ``ls`` (every task in a store).
 
+``ls`` lists each task's status, progress (``4/6`` verified of a declared plan, else the verified
+step count), revision, when it was last updated and its next action, most recently updated first;
+``--status`` (repeatable), ``--since`` and ``--limit`` narrow it. ``status`` shows the pending
+approval requests with their payloads in human form (``_payload``).
+
 Guarantees: they never take a lease and never write state. They load without a lease, so the
 store leaves damaged files where they are (it only quarantines under a lease), and they read the
 lease record as it is. They work on any ``Store``. The CLI refuses a SQLite file that holds no
@@ -12,15 +17,19 @@ state is still current when printed (a runner may commit right after).
 
 from __future__ import annotations
 
+import datetime
+import math
+import re
 import time
 from typing import Sequence, TextIO
 
 from ..contract import INTERNAL_PREFIX, is_internal
 from ..envelope import RunState
-from ..errors import CorruptStateError, LongrunError
+from ..errors import CorruptStateError, InvalidInputError, LongrunError
 from ..lease import Lease
 from ..ledger import EffectState
 from ..outcome import Status
+from ..progress import Progress, progress_of
 from ..protocols import LoadResult, Store
 from ._common import (
     checked_task,
@@ -31,8 +40,10 @@ from ._common import (
     short_digest,
     write_json,
 )
+from ._control import payload_view
+from ._payload import payload_lines, safe_text
 
-__all__ = ["NO_STATE_ACTION", "cmd_ls", "cmd_status", "status_json"]
+__all__ = ["LS_STATUSES", "NO_STATE_ACTION", "cmd_ls", "cmd_status", "ls_entry", "parse_since", "progress_line", "select", "status_json"]
 
 NO_STATE_ACTION = "run the task: no revision has been committed yet"
 
@@ -55,6 +66,7 @@ def status_json(task_id: str, loaded: LoadResult, lease: Lease | None, now: floa
         "observations": [item.to_json() for item in loaded.observations],
     }
     body["checked_at"] = now
+    body["progress"] = progress_of(state).to_json() if state is not None else None
     return body
 
 
@@ -100,13 +112,34 @@ def _request_lines(state: RunState, now: float) -> list[str]:
     lines = [f"  approvals    {len(state.approval_requests)} pending"]
     for request in state.approval_requests.values():
         expiry = "expired" if request.expired(now) else "expires"
+        payload, notes = payload_view(state, request)
         lines += [
-            f"    step {request.step_id} (action {request.action})",
+            f"    step {safe_text(request.step_id)} (action {safe_text(request.action)})",
+            "      payload",
+            *("        " + line for line in (payload_lines(payload) if payload is not None else [])),
             f"      payload digest {request.payload_digest}",
             f"      plan digest    {request.plan_digest}",
             f"      requested {format_time(request.requested_at)}, {expiry} {format_time(request.expires_at)} ({relative(request.expires_at, now)})",
+            *(f"      note: {note}" for note in notes),
         ]
     return lines
+
+
+def progress_line(progress: Progress) -> str:
+    """``4/6 verified (67%), 1 in flight, 1 waiting, 0 planned, 0 not yet planned`` and the like."""
+    parts = []
+    if progress.total is not None:
+        percent = f" ({100 * (progress.fraction or 0.0):.0f}%)"
+        parts.append(f"{progress.verified}/{progress.total} verified{percent}")
+    else:
+        kinds = ", ".join(f"{count} {kind}{'s' if count != 1 else ''}" for kind, count in progress.kinds.items())
+        parts.append(f"{progress.verified} verified of {progress.recorded} recorded ({kinds or 'none'})")
+    parts += [f"{progress.in_flight} in flight", f"{progress.waiting} waiting", f"{progress.planned} ready"]
+    if progress.failed:
+        parts.append(f"{progress.failed} failed")
+    if progress.remaining is not None:
+        parts.append(f"{progress.remaining} not yet planned")
+    return ", ".join(parts)
 
 
 def render_status(task_id: str, loaded: LoadResult, lease: Lease | None, now: float) -> list[str]:
@@ -126,6 +159,7 @@ def render_status(task_id: str, loaded: LoadResult, lease: Lease | None, now: fl
         f"  plan digest  {state.plan_digest}",
         f"  updated      {format_time(state.updated_at)} ({relative(state.updated_at, now)})",
         f"  lease        {lease_summary(lease, now)}",
+        f"  progress     {progress_line(progress_of(state))}",
     ]
     lines += _effect_lines(state)
     lines += _request_lines(state, now)
@@ -153,9 +187,13 @@ def cmd_status(store: Store, task_id: str, as_json: bool, out: TextIO) -> int:
     return 0
 
 
-def _ls_entry(store: Store, task_id: str) -> dict[str, object]:
-    """One task's row: status (or DAMAGED / UNREADABLE), revision, next action, where it was read from."""
-    entry: dict[str, object] = {"task_id": task_id, "status": None, "revision": 0, "next_action": "", "source": None, "error": None}
+def ls_entry(store: Store, task_id: str) -> dict[str, object]:
+    """One task's row: status (or DAMAGED / UNREADABLE), revision, next action, where it was read
+    from, when it was last updated and its progress (``Progress.to_json()``, with ``label``)."""
+    entry: dict[str, object] = {
+        "task_id": task_id, "status": None, "revision": 0, "next_action": "", "source": None, "error": None,
+        "updated_at": None, "progress": None,
+    }  # fmt: skip
     try:
         loaded = store.load(task_id)
     except CorruptStateError as exc:
@@ -165,28 +203,87 @@ def _ls_entry(store: Store, task_id: str) -> dict[str, object]:
     state = loaded.state
     if state is None:
         return {**entry, "status": "new", "next_action": NO_STATE_ACTION, "source": loaded.source}
+    progress = progress_of(state)
     return {
         **entry,
         "status": state.status.value,
         "revision": state.revision,
         "next_action": state.next_action,
         "source": loaded.source,
+        "updated_at": state.updated_at,
+        "progress": {**progress.to_json(), "label": progress.label()},
     }
 
 
-def cmd_ls(store: Store, label: str, as_json: bool, out: TextIO) -> int:
+LS_STATUSES = (*(status.value for status in Status), "new", "DAMAGED", "UNREADABLE")
+"""What ``ls --status`` accepts: a run status, ``new`` (no revision yet), ``DAMAGED`` or ``UNREADABLE``."""
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
+
+def parse_since(text: str, now: float) -> float:
+    """``--since``: a duration back from now (``90s``, ``15m``, ``2h``, ``3d``, ``1w``, or several:
+    ``1h30m``) or a time (ISO 8601, ``2026-11-30`` or ``2026-11-30T14:00``; UTC unless it says).
+    Returns seconds since the epoch; ``InvalidInputError`` otherwise."""
+    text = text.strip()
+    parts = _DURATION.findall(text)
+    if parts and "".join(number + unit for number, unit in parts) == text.replace(" ", ""):
+        return now - sum(float(number) * _UNITS[unit] for number, unit in parts)
+    try:
+        moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidInputError(
+            f"--since {text[:40]!r} is neither a duration (90s, 15m, 2h, 3d, 1w) nor a time (2026-11-30T14:00Z)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return moment.timestamp()
+
+
+def select(
+    entries: list[dict[str, object]], *, statuses: Sequence[str] = (), since: float | None = None, limit: int | None = None
+) -> list[dict[str, object]]:
+    """``ls``'s filters, in order: by status, by last update (a task whose state cannot be read has
+    no time and is kept: it needs a look), most recently updated first, then at most ``limit``."""
+    chosen = [entry for entry in entries if not statuses or entry["status"] in statuses]
+    if since is not None:
+        chosen = [
+            entry for entry in chosen
+            if entry["status"] in ("DAMAGED", "UNREADABLE") or (isinstance(entry["updated_at"], float) and entry["updated_at"] >= since)
+        ]  # fmt: skip
+    chosen.sort(key=lambda entry: -entry["updated_at"] if isinstance(entry["updated_at"], float) else math.inf)
+    return chosen[:limit] if limit is not None else chosen
+
+
+def cmd_ls(
+    store: Store,
+    label: str,
+    as_json: bool,
+    out: TextIO,
+    *,
+    statuses: Sequence[str] = (),
+    since: str | None = None,
+    limit: int | None = None,
+) -> int:
+    now = time.time()
+    threshold = parse_since(since, now) if since is not None else None
     tasks = store.list_tasks()
-    entries = [_ls_entry(store, task_id) for task_id in tasks]
+    entries = select([ls_entry(store, task_id) for task_id in tasks], statuses=statuses, since=threshold, limit=limit)
     if as_json:
         write_json(out, entries)
         return 0
     if not entries:
-        out.write(f"no tasks in {label}\n")
+        filtered = " matching the filters" if statuses or since is not None else ""
+        out.write(f"no tasks{filtered} in {label}\n")
         return 0
-    rows = [("TASK", "STATUS", "REV", "NEXT ACTION")]
+    rows = [("TASK", "STATUS", "PROGRESS", "REV", "UPDATED", "NEXT ACTION")]
     for entry in entries:
         status = str(entry["status"]) + (" (from backup)" if entry["source"] == "backup" else "")
         revision = str(entry["revision"]) if entry["status"] not in ("DAMAGED", "UNREADABLE") else "-"
-        rows.append((str(entry["task_id"]), status, revision, str(entry["next_action"])))
+        progress = entry["progress"]
+        shown = str(progress["label"]) if isinstance(progress, dict) else "-"
+        updated = entry["updated_at"]
+        when = relative(updated, now) if isinstance(updated, float) else "-"
+        rows.append((str(entry["task_id"]), status, shown, revision, when, safe_text(str(entry["next_action"]))))
     out.write("\n".join(_table(rows, "")) + "\n")
     return 0

@@ -35,6 +35,7 @@ from .. import __version__
 from ..contract import check_step_id
 from ..errors import CorruptStateError, InvalidInputError, LongrunError, StorageError
 from ..protocols import Store
+from ._inspect import LS_STATUSES
 from ._common import (
     EXIT_CODES_HELP,
     STORE_HELP,
@@ -107,8 +108,10 @@ exit codes:
 """
 
 _SESSION_COMMANDS = ("init", "next", "exec", "checkpoint", "done", "stop")
-_STORE_COMMANDS = ("status", "history", "verify", "approve", "answer", "cancel", "repair", "ls", *_SESSION_COMMANDS)
-_TASK_COMMANDS = ("status", "history", "verify", "approve", "answer", "cancel", "repair", "init", "next", "done", "stop")
+_STORE_COMMANDS = (
+    "status", "history", "verify", "approve", "answer", "cancel", "repair", "ls", "watch", "console", *_SESSION_COMMANDS
+)  # fmt: skip
+_TASK_COMMANDS = ("status", "history", "verify", "approve", "answer", "cancel", "repair", "watch", "init", "next", "done", "stop")
 _STEP_COMMANDS = ("exec", "checkpoint")
 """Commands with a STEP after TASK (STORE must come first, or be given with --store)."""
 
@@ -183,6 +186,43 @@ def _path(text: str) -> str:
     return text
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} must be at least 1")
+    return value
+
+
+def _since(text: str) -> str:
+    from ._inspect import parse_since
+
+    try:
+        parse_since(text, 0.0)
+    except InvalidInputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _interval(text: str) -> float:
+    value = _positive_seconds(text)
+    if value < 0.05 or value > 3600:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: the interval must be between 0.05 and 3600 seconds")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a port number (0-65535)")
+    return value
+
+
 def _step_id(text: str) -> str:
     try:
         return check_step_id(text)
@@ -252,9 +292,24 @@ def build_parser() -> argparse.ArgumentParser:
         command.set_defaults(command_parser=command)
         return command
 
-    listing = add("ls", "list the tasks in a store with status, revision and next action (read-only)")
+    listing = add(
+        "ls",
+        "list the tasks in a store with status, progress, revision and next action (read-only)",
+        "List the tasks in a store, most recently updated first: status, progress (verified/total for a "
+        "declared plan, else the verified step count), revision, last update and next action. Read-only.",
+    )
     _add_store(listing, task=False)
-    _add_json(listing, "a list of {task_id, status, revision, next_action, source, error}")
+    listing.add_argument(
+        "--status", dest="statuses", metavar="S", action="append", default=[], choices=LS_STATUSES,
+        help="only tasks with this status (repeatable): a run status, new, DAMAGED or UNREADABLE",
+    )  # fmt: skip
+    listing.add_argument(
+        "--since", metavar="DURATION|TIME", type=_since,
+        help="only tasks updated since: a duration back from now (90s, 15m, 2h, 3d, 1w) or a time "
+        "(2026-11-30T14:00Z; UTC unless it says); tasks whose state cannot be read are kept",
+    )
+    listing.add_argument("--limit", metavar="N", type=_positive_int, help="at most N tasks (after sorting)")
+    _add_json(listing, "a list of {task_id, status, revision, next_action, source, error, updated_at, progress}")
 
     status = add(
         "status",
@@ -346,6 +401,41 @@ def build_parser() -> argparse.ArgumentParser:
     _add_store(repair, task=True)
     repair.add_argument("--lease", action="store_true", help="repair the lease record (the one repair there is)")
     _add_json(repair, "{task_id, damage, quarantined, epoch, next_epoch, lease} (the lease without its holder's token)")
+
+    watch = add(
+        "watch",
+        "follow a task live until its run stops: progress, the current effect, the last events (read-only)",
+        "Poll the store (from any process or machine that can read it) and show the task's progress live: "
+        "verified/total with the rate and the time left for a declared plan, counts for a durable function, "
+        "the current effect and its age, and the last events. On a terminal the view is redrawn in place; "
+        "otherwise (a pipe, a file) one plain line per event. Exits when the run stops (any status but "
+        "running): 0 done, 1 another stop, 4 ended without finishing. Read-only.",
+    )
+    _add_store(watch, task=True)
+    watch.add_argument(
+        "--interval", metavar="SECONDS", type=_interval, default=1.0, help="seconds between two reads of the store (default 1)"
+    )
+    _add_json(watch, "one JSON object per line: each event, then the stop")
+
+    console = add(
+        "console",
+        "serve a local web console: tasks, timelines, evidence, and pending approvals and questions to act on",
+        "Serve a web console on 127.0.0.1 (standard library only, no JavaScript): the task list with status, "
+        "progress and filters; each task's timeline, effects and evidence (observations, inferences, unknowns); "
+        "its pending approvals and questions with the payload shown in full, and forms to approve, answer or "
+        "cancel, which write the same records as `longrun approve`, `answer` and `cancel` into --control-root "
+        "(signed with --sign-key when given): run it as the approver. Without --control-root it is read-only. It prints "
+        "a URL with a random token; requests without the token are refused, every change is a POST with a "
+        "CSRF token, and pages forbid scripts (Content-Security-Policy). Stop it with Ctrl-C.",
+    )
+    _add_store(console, task=False)
+    console.add_argument("--port", metavar="P", type=_port, default=0, help="the port on 127.0.0.1 (default 0: any free port)")
+    console.add_argument(
+        "--read-only", action="store_true", help="show only: no approve, answer or cancel (the default without --control-root)"
+    )
+    console.add_argument("--approver", metavar="NAME", type=_non_empty, help="who approves (default: the login name)")
+    _add_authority_options(console, "approvals, answers and cancellations")
+    _add_json(console, "one line {url, store, read_only, approver, control_root, signed} before serving")
 
     resume = add(
         "resume",
@@ -537,7 +627,25 @@ def _store_command(args: argparse.Namespace, store: Store, label: str, out: Text
     if args.command == "ls":
         from ._inspect import cmd_ls
 
-        return cmd_ls(store, label, args.json, out)
+        return cmd_ls(store, label, args.json, out, statuses=args.statuses, since=args.since, limit=args.limit)
+    if args.command == "watch":
+        from ._watch import cmd_watch
+
+        return cmd_watch(store, args.task, interval=args.interval, out=out, as_json=args.json)
+    if args.command == "console":
+        from ._console import cmd_console
+
+        return cmd_console(
+            store,
+            label,
+            port=args.port,
+            read_only=args.read_only,
+            approver=args.approver or login_name(),
+            sign_key=args.sign_key,
+            control_root=args.control_root,
+            out=out,
+            as_json=args.json,
+        )
     if args.command == "history":
         from ._history import cmd_history
 

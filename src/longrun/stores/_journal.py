@@ -15,6 +15,8 @@ records, as a flat object: ``budget.attempts_total`` and so on); each further li
 to ``ROWS_PER_LINE`` effect records, each a row of values in ``EFFECT_FIELDS`` order, in plan order.
 Files written before rows had a ``backoff`` (their meta's ``fields`` say so, a journal row is one
 value shorter) and before the header had the budget's worked time still load, those values absent.
+The header holds ``plan_outline`` only when the state has one (a declared plan's, see
+``envelope.PlanOutline``); a journal record sets it only when it changed, compared by identity.
 
 A journal (format ``longrun.journal``) continues a chain of revisions from its meta's ``base``.
 Each framed line is one commit and names only what changed since the previous one::
@@ -120,9 +122,10 @@ _scalar_values = operator.attrgetter(*_SCALAR_KEYS)
 _EVIDENCE_LISTS = ("control_observations", "unknowns")
 _LIST_KEYS = frozenset(("consumed_approvals", *_EVIDENCE_LISTS))
 _BUDGET_KEYS = tuple("budget." + field.name for field in dataclasses.fields(BudgetCounters))
-HEADER_KEYS = frozenset((*_SCALAR_KEYS, *_BUDGET_KEYS, "approval_requests", *_LIST_KEYS))
-_LATER_HEADER_KEYS = frozenset(("budget.worked_s", "budget.worked_at_progress_s"))
-"""Header fields that states written before them lack (``BudgetCounters.from_json`` fills them in)."""
+HEADER_KEYS = frozenset((*_SCALAR_KEYS, *_BUDGET_KEYS, "approval_requests", *_LIST_KEYS, "plan_outline"))
+_LATER_HEADER_KEYS = frozenset(("budget.worked_s", "budget.worked_at_progress_s", "plan_outline"))
+"""Header fields that states written before them lack (``BudgetCounters.from_json`` fills them in;
+``plan_outline`` is written only when the state has one)."""
 _FIRST_HEADER_KEYS = HEADER_KEYS - _LATER_HEADER_KEYS
 _RECORD_KEYS = frozenset(("rev", "epoch", "set", "extend", "effects"))
 
@@ -131,7 +134,7 @@ _RECORD_KEYS = frozenset(("rev", "epoch", "set", "extend", "effects"))
 if {field.name for field in dataclasses.fields(EffectRecord)} != set(EFFECT_FIELDS):
     raise ImportError("EffectRecord's fields changed: update EFFECT_FIELDS and row_of in stores/_journal.py")
 if {field.name for field in dataclasses.fields(RunState)} != {
-    *_SCALAR_KEYS, "budget", "approval_requests", *_LIST_KEYS, "effects", "revision"
+    *_SCALAR_KEYS, "budget", "approval_requests", *_LIST_KEYS, "effects", "revision", "plan_outline"
 }:
     raise ImportError("RunState's fields changed: update the header codec in stores/_journal.py")
 
@@ -422,6 +425,8 @@ def _header_of(state: RunState) -> dict[str, Any]:
     header["consumed_approvals"] = list(state.consumed_approvals)
     for key in _EVIDENCE_LISTS:
         header[key] = [item.to_json() for item in getattr(state, key)]
+    if state.plan_outline is not None:  # absent otherwise: such a header is what older code wrote
+        header["plan_outline"] = state.plan_outline.to_json()
     return header
 
 
@@ -444,6 +449,8 @@ def build_state(header: Mapping[str, Any], revision: int, rows: Mapping[str, lis
         effects=[],
         completed_steps=[],
     )
+    if header.get("plan_outline") is not None:
+        document["plan_outline"] = header["plan_outline"]
     state = RunState.from_json(document)
     effects: dict[str, EffectRecord] = {}
     for step_id, row in rows.items():
@@ -595,6 +602,9 @@ def describe_record(body: bytes) -> dict[str, Any]:
     for key in ("status", "current_step", "lease_owner", "lease_epoch", "reconcile_all"):
         if key in assignments:
             changes.append(f"{key} -> {assignments[key]}")
+    outline = assignments.get("plan_outline")
+    if isinstance(outline, dict) and isinstance(outline.get("steps"), list):
+        changes.append(f"plan outline recorded ({len(outline['steps'])} steps)")
     extensions = record.get("extend") or {}
     if isinstance(extensions, dict):
         for key, change in extensions.items():
@@ -782,6 +792,7 @@ class Shadow:
             "consumed_approvals": list(state.consumed_approvals),
             "control_observations": list(state.control_observations),
             "unknowns": list(state.unknowns),
+            "plan_outline": state.plan_outline,
         }
 
     def tracks(self, state: RunState) -> bool:
@@ -861,6 +872,12 @@ class Shadow:
                 if value is not old and (type(value) is not type(old) or value != old):
                     assignments[flat] = header[flat] = value
             objects["budget"] = state.budget
+        if state.plan_outline is not objects["plan_outline"]:
+            # Compared by identity: the outline is written once (and when the plan grows), never
+            # compared element by element on a commit.
+            outline = state.plan_outline
+            assignments["plan_outline"] = header["plan_outline"] = outline.to_json() if outline is not None else None
+            objects["plan_outline"] = outline
         requests = tuple(state.approval_requests.items())
         if requests != objects["approval_requests"]:
             assignments["approval_requests"] = header["approval_requests"] = [r.to_json() for _, r in requests]

@@ -25,12 +25,17 @@ database whose version is newer than this code knows is refused with ``SchemaVer
     longrun_states         task_id, revision, epoch, plan_digest, status, next_action,
                            effect_count, header (a state envelope with no effects), checksum
     longrun_effects        task_id, step_id, position, revision, record, checksum
+    longrun_plans          task_id, revision, body (a declared plan's outline), checksum (version 4)
     longrun_cancellations  task_id, body (raw JSON text), written_at
     longrun_approvals      task_id, approval_id, body (raw JSON text), written_at
     longrun_quarantine     id, task_id, kind, name, reason, quarantined_at, data
 
 A commit writes the header row and only the effect rows the runner says changed (plus any row the
-store has not written yet), so its cost grows with the change, not with the ledger. Every row
+store has not written yet), so its cost grows with the change, not with the ledger. A declared
+plan's outline (``RunState.plan_outline``: every step id, so as long as the plan) is kept out of
+the header in its own row, written only when it changes (the first revision, a grown plan). It is
+informational: a damaged outline row is reported in the load's observations and the state loads
+without it (a repairing load moves the row to the quarantine); the runner records it again. Every row
 carries a SHA-256 checksum and names its task; a load validates every row and the header's effect
 count before it returns anything.
 
@@ -62,7 +67,7 @@ from ..cancellation import Cancellation
 from ..canonical import MAX_JSON_DEPTH, canonical_bytes, json_too_deep, parse_json, sha256_hex
 from ..contract import check_task_id
 from ..control import ControlRecord
-from ..envelope import MAX_STATE_BYTES, RunState, decode, encode
+from ..envelope import MAX_STATE_BYTES, PlanOutline, RunState, decode, encode
 from ..errors import (
     CorruptStateError,
     FencedError,
@@ -85,7 +90,7 @@ __all__ = ["SCHEMA_VERSION", "SqlStore"]
 
 log = logging.getLogger("longrun")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 MAX_APPROVALS = 1000
 MAX_RECORD_BYTES = 64 * 1024
 
@@ -181,6 +186,17 @@ def _migrations(types: dict[str, str]) -> list[tuple[int, str, list[str]]]:
                 "ALTER TABLE longrun_leases ADD COLUMN holder_lock TEXT",
             ],
         ),
+        (
+            4,
+            "a declared plan's outline (step ids and actions), apart from the state header",
+            [
+                f"""CREATE TABLE IF NOT EXISTS longrun_plans (
+                    task_id TEXT PRIMARY KEY REFERENCES longrun_tasks (task_id),
+                    revision {t['int']} NOT NULL,
+                    body TEXT NOT NULL,
+                    checksum TEXT NOT NULL)""",
+            ],
+        ),
     ]
 
 
@@ -257,6 +273,8 @@ class SqlStore(BaseStore):
         self._keep_writes = False
         self._stored_steps: dict[str, dict[str, int]] = {}
         """Per task, the effect rows this instance knows exist, step id -> position (after a repairing load)."""
+        self._stored_outlines: dict[str, PlanOutline | None] = {}
+        """Per task, the outline object this instance knows is stored (absent: not known)."""
 
     # -- dialect: a subclass provides these ---------------------------------------------------
 
@@ -577,17 +595,57 @@ class SqlStore(BaseStore):
             )
         assert state is not None
         state.effects = {record.step_id: record for _, record in records}
+        notes = [Evidence("store", f"state revision {state.revision} validated: header and {len(records)} effect rows in {self!r}", now)]
+        state.plan_outline = self._load_outline(task_id, state.revision, repair=repair, notes=notes, now=now)
         if repair:
             self._stored_steps[task_id] = {record.step_id: position for position, record in records}
+            self._stored_outlines[task_id] = state.plan_outline
         digest = _checksum(encode(state))
-        note = Evidence("store", f"state revision {state.revision} validated: header and {len(records)} effect rows in {self!r}", now)
         return LoadResult(
             state=state,
             source="primary",
             digest=digest,
-            observations=(note,),
+            observations=tuple(notes),
             revision_floor=max(floor, state.revision),
         )
+
+    def _load_outline(self, task_id: str, revision: int, *, repair: bool, notes: list[Evidence], now: float) -> PlanOutline | None:
+        """The task's plan outline row, validated; a damaged one is noted (and, repairing, set aside)."""
+        row = self._one("SELECT revision, body, checksum FROM longrun_plans WHERE task_id = ?", (task_id,))
+        if row is None:
+            return None
+        written_at, body, checksum = row
+        text = _text(body)
+        data = _utf8(text)
+        problem = None
+        outline = None
+        if data is None or checksum != _checksum(data):
+            problem = "its checksum does not match"
+        elif not isinstance(written_at, int) or written_at > revision:
+            problem = f"it names revision {written_at!r}, newer than the state's {revision}"
+        else:
+            try:
+                document = parse_json(data, what="the plan outline row", max_bytes=MAX_STATE_BYTES)
+                if not isinstance(document, dict) or set(document) != {"task_id", "plan_outline"}:
+                    raise CorruptStateError("a plan outline row holds {task_id, plan_outline}")
+                if document["task_id"] != task_id:
+                    raise CorruptStateError(f"it names task {document['task_id']!r:.80}")
+                outline = PlanOutline.from_json(document["plan_outline"])
+            except CorruptStateError as exc:
+                problem = str(exc)
+        if problem is None:
+            return outline
+        detail = f"the plan outline row of {task_id!r} is damaged ({problem}); the state loads without it"
+        if repair:
+            self._run(
+                "INSERT INTO longrun_quarantine (task_id, kind, name, reason, quarantined_at, data) VALUES (?, ?, ?, ?, ?, ?)",
+                (task_id, "plan", "longrun_plans", problem[:2000], now, _raw(body)),
+            )
+            self._run("DELETE FROM longrun_plans WHERE task_id = ?", (task_id,))
+            detail += " (the row was moved to the quarantine; the runner records the outline again)"
+        log.warning("%s", detail, extra={"task": task_id})
+        notes.append(Evidence("store", detail, now))
+        return None
 
     def _decode_header(self, task_id: str, row: Sequence[Any], damage: list[_Damage]) -> RunState | None:
         revision, _, header, checksum = row
@@ -667,12 +725,13 @@ class SqlStore(BaseStore):
             # The moves are evidence: keep them even though the load raises.
             self._keep_writes = True
             self._stored_steps.pop(task_id, None)
+            self._stored_outlines.pop(task_id, None)
             log.warning("task %s: moved damaged rows to the quarantine: %s", task_id, moved)
         return moved
 
     def _put_state(self, state: RunState, changed: Collection[str] | None) -> None:
         task_id = state.task_id
-        header = encode(dataclasses.replace(state, effects={}))
+        header = encode(dataclasses.replace(state, effects={}, plan_outline=None))
         _check_size(header, f"task {task_id!r}: the state header")
         stored = self._stored_steps.get(task_id)
         delta = None if stored is None or changed is None else self._effect_delta(stored, state.effects, changed)
@@ -690,6 +749,12 @@ class SqlStore(BaseStore):
             body = canonical_bytes({"task_id": task_id, "record": state.effects[step_id].to_json()}, what=f"effect record {step_id!r}")
             _check_size(body, f"task {task_id!r}: the effect record of step {step_id!r}")
             bodies[step_id] = body
+        outline = state.plan_outline
+        outline_body = None  # the outline row is written only when the outline is not the one stored
+        outline_changed = task_id not in self._stored_outlines or self._stored_outlines[task_id] is not outline
+        if outline_changed and outline is not None:
+            outline_body = canonical_bytes({"task_id": task_id, "plan_outline": outline.to_json()})
+            _check_size(outline_body, f"task {task_id!r}: the plan outline")
         # The database checks the fence and the revision itself, in this transaction.
         cursor = self._run(
             "UPDATE longrun_tasks SET revision_floor = ? WHERE task_id = ? AND revision_floor < ? "
@@ -733,10 +798,20 @@ class SqlStore(BaseStore):
                 "revision = excluded.revision, record = excluded.record, checksum = excluded.checksum",
                 rows,
             )
+        if outline_body is not None:
+            self._run(
+                "INSERT INTO longrun_plans (task_id, revision, body, checksum) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (task_id) DO UPDATE SET revision = excluded.revision, body = excluded.body, "
+                "checksum = excluded.checksum",
+                (task_id, state.revision, outline_body.decode("utf-8"), _checksum(outline_body)),
+            )
+        elif outline_changed:
+            self._run("DELETE FROM longrun_plans WHERE task_id = ?", (task_id,))
         # Known only once this transaction commits; if the commit fails, BaseStore poisons the task
         # and the repairing load it then requires resets this.
         now_stored.update(to_write)
         self._stored_steps[task_id] = now_stored
+        self._stored_outlines[task_id] = outline
 
     @staticmethod
     def _effect_delta(

@@ -51,7 +51,7 @@ from typing import Any, Callable, Generator
 from ..approval import Approval, ApprovalRequest
 from ..budget import Backoff, BudgetCounters
 from ..cancellation import Cancellation
-from ..envelope import RunState
+from ..envelope import PlanOutline, RunState
 from ..errors import (
     CorruptStateError,
     FencedError,
@@ -119,6 +119,7 @@ def sample_state(task_id: str, *, effects: int = 3) -> RunState:
         consumed_approvals=["ap-0"],
         control_observations=[Evidence("control", "approval record x (sha256:1)", 1_700_000_002.5)],
         unknowns=[Evidence("target:write", "whether step-003 landed", 1_700_000_002.75)],
+        plan_outline=PlanOutline((*records, "later/1", "later/2"), ("write",) * len(records) + ("mail", "write")),
     )
 
 
@@ -533,6 +534,28 @@ class StoreContract:
         reloaded = self.store().load("t").state
         case.assertEqual(reloaded.to_json(), state.to_json())
         case.assertEqual(list(reloaded.effects), [f"step-{i:03d}" for i in range(6)], "plan order is kept")
+
+    def test_contract_the_plan_outline_round_trips_is_replaced_and_may_be_absent(self) -> None:
+        case, store = self._case, self.store()
+        lease, state = self.committed(store, effects=2)
+        case.assertEqual(self.store().load("t").state.plan_outline, state.plan_outline)
+        assert state.plan_outline is not None
+        state.next_action = "a commit that leaves the outline as it was"
+        store.commit(lease, state, ())
+        case.assertEqual(self.store().load("t").state.plan_outline, state.plan_outline)
+        grown = PlanOutline((*state.plan_outline.steps, "later/3"), (*state.plan_outline.actions, "mail"))
+        state.plan_outline = grown  # a plan that grew
+        store.commit(lease, state, ())
+        reloaded = self.store().load("t").state
+        case.assertEqual(reloaded.plan_outline, grown)
+        case.assertEqual(reloaded.to_json(), state.to_json())
+        lease_u = self.leased(store, "u")
+        bare = sample_state("u", effects=2)
+        bare.plan_outline = None  # a durable function's state, or one written before outlines
+        store.commit(lease_u, bare, set(bare.effects))
+        loaded = self.store().load("u").state
+        case.assertIsNone(loaded.plan_outline)
+        case.assertNotIn("plan_outline", loaded.to_json())
 
     def test_contract_a_commit_that_does_not_say_what_changed_loses_nothing(self) -> None:
         """``changed=None`` means "not known": every replaced record must still be persisted."""
