@@ -194,11 +194,22 @@ class AsyncDriver:
             inner.cancel()
             if thread is not None and not thread.done():
                 self.engine.note_straggler(thread)
+                self._retire_pool()
                 raise ApplyTimedOut(timeout_s or 0.0, pending=thread)
             raise ApplyTimedOut(timeout_s or 0.0)
         if inner.cancelled():
             raise ApplyInterrupted("the apply was cancelled: the task was cancelled while it ran")
         return inner.result()
+
+    def _retire_pool(self) -> None:
+        """A timed-out call goes on in its worker thread, which the pool cannot have back: the
+        steps after it (the observe of that very effect first) get a fresh pool, else with
+        ``max_parallel`` such threads (or one, at ``max_parallel=1``) they would wait for a thread
+        that may never end. The old pool's threads end when their calls do."""
+        assert self._pool is not None
+        retired = self._pool
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.max_parallel, thread_name_prefix="longrun-step")
+        retired.shutdown(wait=False)
 
     async def _invoke(self, op: Invoke) -> Any:
         assert self._pool is not None
@@ -213,6 +224,8 @@ class AsyncDriver:
         try:
             return await asyncio.wait_for(asyncio.shield(future), op.timeout_s)
         except asyncio.TimeoutError:
+            if not future.done():
+                self._retire_pool()
             raise ApplyTimedOut(op.timeout_s or 0.0) from None
 
     async def _sleep(self, seconds: float) -> None:
