@@ -1,0 +1,246 @@
+"""Effects in parallel: ``python benchmarks/parallel.py [--quick] [--dir DIR]`` (standard library only).
+
+Prints, every figure measured in the same run on the same disk (a temporary directory beside the
+checkout, or ``--dir``), medians of interleaved rounds:
+
+1. Effects per second of one task whose async durable function makes E no-op effects with
+   ``asyncio.gather`` and ``max_parallel`` = 1, 4, 16 and 64 (so that many are in flight at once),
+   on the JSON-file store and on SQLite, each as a ratio to one sequential writer at the floor: one
+   append of 256 B + ``fdatasync`` per effect for the JSON-file store, one committed row per
+   transaction (WAL, ``synchronous=FULL``) for SQLite (``floors.py``). Task creation, the lease and
+   its release are included, amortized over E effects.
+2. The sequential synchronous face (``run.effect`` in a loop, a plain no-op adapter): seconds per
+   effect and the ratio to the append + ``fdatasync`` floor.
+3. A 1 MB payload: seconds per effect of a task of sequential effects that each carry a distinct
+   1 MB payload, and the ratio to one ``pwrite`` of 1 MB + ``fdatasync``.
+
+Unit tests never time anything; this script only prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import gc
+import os
+import platform
+import secrets
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "src"))
+sys.path.insert(0, HERE)
+
+import floors  # noqa: E402
+from stores import NoopAdapter  # noqa: E402
+
+import longrun  # noqa: E402
+from longrun import JsonFileStore, Observation, Receipt, SqliteStore, Status, Store  # noqa: E402
+
+CONCURRENCY = (1, 4, 16, 64)
+MEGABYTE = 1024 * 1024
+
+
+class AsyncNoop:
+    """``NoopAdapter`` with coroutine methods: the async face awaits it, no thread involved."""
+
+    deduplicates = False
+
+    def __init__(self) -> None:
+        self.applied: set[str] = set()
+
+    async def apply(self, request: Any) -> Receipt:
+        self.applied.add(request.key)
+        return Receipt(result=None, evidence="ok")
+
+    async def observe(self, request: Any) -> Observation:
+        if request.key in self.applied:
+            return Observation.applied("seen")
+        return Observation.absent("not seen")
+
+
+def _finished(outcome: longrun.RunOutcome) -> None:
+    if outcome.status is not Status.DONE:
+        raise RuntimeError(f"the benchmark run ended {outcome.status.value}: {outcome.next_action}")
+
+
+def parallel_per_second(store: Store, effects: int, max_parallel: int) -> float:
+    """Effects per second for a fresh task of ``effects`` no-op effects awaited together."""
+
+    @longrun.durable(store=store, adapters={"noop": AsyncNoop()}, allowed_actions=("noop",), owner="bench", max_parallel=max_parallel)
+    async def fan_out(run: longrun.AsyncRun, count: int) -> int:
+        await asyncio.gather(*(run.effect(f"e/{i}", "noop", {"i": i}) for i in range(count)))
+        return count
+
+    gc.collect()
+    started = time.perf_counter()
+    outcome = fan_out.run(f"bench-{secrets.token_hex(4)}", effects)
+    elapsed = time.perf_counter() - started
+    _finished(outcome)
+    return effects / elapsed
+
+
+def sequential_per_effect(store: Store, effects: int, payload: Callable[[int], dict[str, Any]]) -> float:
+    """Seconds per effect for a fresh task of ``effects`` effects made one after another (sync face)."""
+
+    @longrun.durable(store=store, adapters={"noop": NoopAdapter()}, allowed_actions=("noop",), owner="bench")
+    def one_by_one(run: longrun.Run, count: int) -> int:
+        for i in range(count):
+            run.effect(f"e/{i}", "noop", payload(i))
+        return count
+
+    gc.collect()
+    started = time.perf_counter()
+    outcome = one_by_one.run(f"bench-{secrets.token_hex(4)}", effects)
+    elapsed = time.perf_counter() - started
+    _finished(outcome)
+    return elapsed / effects
+
+
+def megabyte_payload(i: int) -> dict[str, Any]:
+    """A distinct 1 MB payload (a string of 1,048,576 ASCII characters)."""
+    head = f"{i:08d}"
+    return {"blob": head + "x" * (MEGABYTE - len(head))}
+
+
+def pwrite_fdatasync(directory: str, ops: int, size: int) -> float:
+    """``floors.overwrite_fdatasync`` with ``size`` bytes per write: ``pwrite`` them over zeros
+    written (and synced) ahead, then ``fdatasync``. Seconds per write."""
+    path = os.path.join(directory, "overwrite-large.bin")
+    fdatasync = getattr(os, "fdatasync", os.fsync)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    block = b"y" * size
+    try:
+        os.write(fd, bytes(size))
+        os.fsync(fd)
+        started = time.perf_counter()
+        for _ in range(ops):
+            os.pwrite(fd, block, 0)
+            fdatasync(fd)
+        return (time.perf_counter() - started) / ops
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+class Row:
+    def __init__(self, key: str, measure: Callable[[str], float]):
+        self.key, self.measure = key, measure
+        self.samples: list[float] = []
+
+    @property
+    def value(self) -> float:
+        return statistics.median(self.samples)
+
+
+def rows_for(workdir: str, quick: bool) -> tuple[list[Row], list[Callable[[], None]]]:
+    effects = 128 if quick else 512
+    sequential = 200 if quick else 1000
+    large = 4 if quick else 16
+    ops = 500 if quick else 2000
+    json_store = JsonFileStore(os.path.join(workdir, "json"), create=True)
+    sqlite_store = SqliteStore(os.path.join(workdir, "bench.sqlite"), create=True)
+    cleanups: list[Callable[[], None]] = [json_store.close, sqlite_store.close]
+    rows = [
+        Row("floor-append", lambda d: floors.append_fdatasync(d, ops)),
+        Row("floor-sqlite", lambda d: floors.sqlite_wal_full(d, ops)),
+        Row("floor-1mb", lambda d: pwrite_fdatasync(d, max(4, ops // 50), MEGABYTE)),
+        Row("sequential-json", lambda d: sequential_per_effect(json_store, sequential, lambda i: {"i": i})),
+        Row("sequential-1mb", lambda d: sequential_per_effect(json_store, large, megabyte_payload)),
+    ]
+    for name, store in (("json", json_store), ("sqlite", sqlite_store)):
+        for level in CONCURRENCY:
+            rows.append(Row(f"{name}-{level}", lambda d, s=store, n=level: parallel_per_second(s, effects, n)))
+    return rows, cleanups
+
+
+def measure(rows: list[Row], workdir: str, rounds: int) -> None:
+    for number in range(rounds):
+        order = rows[number % len(rows) :] + rows[: number % len(rows)]  # drift favours no row
+        for row in order:
+            directory = os.path.join(workdir, f"round-{number}-{row.key}")
+            os.makedirs(directory)
+            row.samples.append(row.measure(directory))
+            shutil.rmtree(directory, ignore_errors=True)
+        print(f"  round {number + 1}/{rounds} done", file=sys.stderr, flush=True)
+
+
+def report(rows: list[Row], context: dict[str, str], rounds: int) -> None:
+    by_key = {row.key: row for row in rows}
+    append_s = by_key["floor-append"].value
+    sqlite_s = by_key["floor-sqlite"].value
+    print(f"longrun parallel benchmark, {context['when']}, {context['python']}, {context['system']}, {context['cpus']} CPUs")
+    print(f"directory {context['dir']} ({context['fs']}); medians of {rounds} interleaved rounds")
+    print()
+    print(f"floor, one append of 256 B + fdatasync:          {append_s * 1e6:9.0f} us  = {1 / append_s:8.0f} writes/s")
+    print(f"floor, SQLite WAL synchronous=FULL, 1 row/txn:   {sqlite_s * 1e6:9.0f} us  = {1 / sqlite_s:8.0f} commits/s")
+    print()
+    print("effects per second, one task, async face, no-op async adapter (ratio: to one sequential writer at the floor)")
+    print(f"{'in flight':>10}  {'JsonFileStore':>14} {'x floor':>8}   {'SqliteStore':>12} {'x floor':>8}")
+    for level in CONCURRENCY:
+        json_rate = by_key[f"json-{level}"].value
+        sqlite_rate = by_key[f"sqlite-{level}"].value
+        print(f"{level:>10}  {json_rate:>14.0f} {json_rate * append_s:>7.2f}x   {sqlite_rate:>12.0f} {sqlite_rate * sqlite_s:>7.2f}x")
+    print()
+    sequential_s = by_key["sequential-json"].value
+    print(
+        f"sequential, sync face, JsonFileStore: {sequential_s * 1e6:.0f} us per effect = "
+        f"{sequential_s / append_s:.2f}x one append + fdatasync (target <= 1.5x)"
+    )
+    large_s = by_key["sequential-1mb"].value
+    floor_large_s = by_key["floor-1mb"].value
+    print(
+        f"1 MB payload, sync face, JsonFileStore: {large_s * 1e3:.1f} ms per effect = "
+        f"{large_s / floor_large_s:.1f}x one pwrite of 1 MB + fdatasync ({floor_large_s * 1e3:.1f} ms; target <= 3x)"
+    )
+    print()
+    json_64 = by_key["json-64"].value * append_s
+    sqlite_64 = by_key["sqlite-64"].value * sqlite_s
+    print(f"target: 64 in flight >= 3x the floor's effects/s on the JSON-file store: {json_64:.2f}x, {'met' if json_64 >= 3 else 'missed'}")
+    print(f"target: 64 in flight >= 2x the floor's effects/s on SQLite: {sqlite_64:.2f}x, {'met' if sqlite_64 >= 2 else 'missed'}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run: fewer effects and rounds")
+    parser.add_argument("--dir", default=None, help="where to put the files (default: a temporary directory beside the checkout)")
+    parser.add_argument("--rounds", type=int, default=None)
+    args = parser.parse_args()
+    workdir = tempfile.mkdtemp(prefix="longrun-parallel-", dir=args.dir or os.path.dirname(ROOT))
+    context = {
+        "when": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "python": f"Python {platform.python_version()}",
+        "system": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "cpus": str(os.cpu_count()),
+        "dir": workdir,
+        "fs": _filesystem_of(workdir),
+    }
+    rounds = args.rounds or (1 if args.quick else 3)
+    started = time.perf_counter()
+    rows, cleanups = rows_for(workdir, args.quick)
+    try:
+        measure(rows, workdir, rounds)
+        report(rows, context, rounds)
+    finally:
+        for cleanup in cleanups:
+            cleanup()
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(f"\n(benchmark took {time.perf_counter() - started:.0f} s; command: python benchmarks/parallel.py{' --quick' if args.quick else ''})")
+    return 0
+
+
+def _filesystem_of(path: str) -> str:
+    from run import filesystem_of  # the same description benchmarks/run.py prints
+
+    return filesystem_of(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
