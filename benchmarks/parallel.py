@@ -131,13 +131,19 @@ def pwrite_fdatasync(directory: str, ops: int, size: int) -> float:
 
 
 class Row:
-    def __init__(self, key: str, measure: Callable[[str], float]):
-        self.key, self.measure = key, measure
+    def __init__(self, key: str, measure: Callable[[str], float], *, effects: int = 0):
+        self.key, self.measure, self.effects = key, measure, effects
         self.samples: list[float] = []
+        self.cpu: list[float] = []
+        """This process's CPU seconds per effect (``time.process_time``: every thread, no disk wait)."""
 
     @property
     def value(self) -> float:
         return statistics.median(self.samples)
+
+    @property
+    def cpu_per_effect(self) -> float:
+        return statistics.median(self.cpu)
 
 
 def rows_for(workdir: str, quick: bool) -> tuple[list[Row], list[Callable[[], None]]]:
@@ -157,7 +163,7 @@ def rows_for(workdir: str, quick: bool) -> tuple[list[Row], list[Callable[[], No
     ]
     for name, store in (("json", json_store), ("sqlite", sqlite_store)):
         for level in CONCURRENCY:
-            rows.append(Row(f"{name}-{level}", lambda d, s=store, n=level: parallel_per_second(s, effects, n)))
+            rows.append(Row(f"{name}-{level}", lambda d, s=store, n=level: parallel_per_second(s, effects, n), effects=effects))
     return rows, cleanups
 
 
@@ -167,7 +173,10 @@ def measure(rows: list[Row], workdir: str, rounds: int) -> None:
         for row in order:
             directory = os.path.join(workdir, f"round-{number}-{row.key}")
             os.makedirs(directory)
+            cpu = time.process_time()
             row.samples.append(row.measure(directory))
+            if row.effects:
+                row.cpu.append((time.process_time() - cpu) / row.effects)
             shutil.rmtree(directory, ignore_errors=True)
         print(f"  round {number + 1}/{rounds} done", file=sys.stderr, flush=True)
 
@@ -183,11 +192,14 @@ def report(rows: list[Row], context: dict[str, str], rounds: int) -> None:
     print(f"floor, SQLite WAL synchronous=FULL, 1 row/txn:   {sqlite_s * 1e6:9.0f} us  = {1 / sqlite_s:8.0f} commits/s")
     print()
     print("effects per second, one task, async face, no-op async adapter (ratio: to one sequential writer at the floor)")
-    print(f"{'in flight':>10}  {'JsonFileStore':>14} {'x floor':>8}   {'SqliteStore':>12} {'x floor':>8}")
+    print("and this process's CPU time per effect (every thread; no disk wait): the ceiling on effects/s it sets")
+    print(f"{'in flight':>10}  {'JsonFileStore':>14} {'x floor':>8} {'CPU/effect':>11}   {'SqliteStore':>12} {'x floor':>8} {'CPU/effect':>11}")
     for level in CONCURRENCY:
-        json_rate = by_key[f"json-{level}"].value
-        sqlite_rate = by_key[f"sqlite-{level}"].value
-        print(f"{level:>10}  {json_rate:>14.0f} {json_rate * append_s:>7.2f}x   {sqlite_rate:>12.0f} {sqlite_rate * sqlite_s:>7.2f}x")
+        json_row, sqlite_row = by_key[f"json-{level}"], by_key[f"sqlite-{level}"]
+        print(
+            f"{level:>10}  {json_row.value:>14.0f} {json_row.value * append_s:>7.2f}x {json_row.cpu_per_effect * 1e6:>8.0f} us"
+            f"   {sqlite_row.value:>12.0f} {sqlite_row.value * sqlite_s:>7.2f}x {sqlite_row.cpu_per_effect * 1e6:>8.0f} us"
+        )
     print()
     sequential_s = by_key["sequential-json"].value
     print(
