@@ -24,8 +24,10 @@ Durability rules the loop keeps:
 - The lease is renewed in the background while the run holds it; if a renewal fails the runner
   makes no further write and returns ``lease-lost``.
 
-Not guaranteed: that an adapter call stops when the lease is lost or a deadline passes (threads
-cannot be killed; targets should check ``EffectRequest.epoch`` and ``deadline``).
+Not guaranteed: that a synchronous adapter call stops when the lease is lost, its timeout passes
+or the task is cancelled (threads cannot be killed: the run stops waiting, keeps the lease until the
+thread ends, and the call can check ``EffectRequest.cancelled()``; targets should check
+``EffectRequest.epoch`` and ``deadline``). Async applies are cancelled.
 """
 
 from __future__ import annotations
