@@ -23,7 +23,7 @@ from ..contract import check_task_id
 from ..errors import CorruptStateError, InvalidInputError, StorageError
 from ..lease import Lease
 from ..outcome import Evidence
-from ..protocols import Store
+from ..protocols import ClosableStore, Store
 
 __all__ = [
     "EXIT_CODES_HELP",
@@ -137,10 +137,9 @@ def open_store(spec: str) -> Store:
 
 
 def close_store(store: object) -> None:
-    """Close a store that holds a connection (the SQL stores); the JSON-file store holds none."""
-    close = getattr(store, "close", None)
-    if callable(close):
-        close()
+    """Close a store that holds descriptors or a connection (``ClosableStore``)."""
+    if isinstance(store, ClosableStore):
+        store.close()
 
 
 def store_label(spec: str) -> str:
