@@ -11,9 +11,11 @@ returns a fully validated ``RunState`` or raises ``CorruptStateError`` (or its s
 ``TypeError`` leaks out. It parses with ``canonical.parse_json`` (size limit ``MAX_STATE_BYTES``,
 depth, strict UTF-8, no NaN), and refuses a field no record knows (see ``longrun._fields``).
 
-``RunState`` is the runner's working copy: a mutable aggregate of frozen records. Stores persist
-it whole (the JSON-file store) or by the records that changed. Atomic replacement and the backup
-are the store's job, not this module's.
+``RunState`` is the runner's working copy: a mutable aggregate of frozen records. The stores
+persist it by what changed (the JSON-file store: a journal line per commit and, now and then, a
+whole snapshot; the SQL stores: the rows that changed); this envelope is the format of a state
+exported whole, and of the JSON-file store's snapshots before it kept a journal. Atomic
+replacement and backups are the stores' job, not this module's.
 
 ``PlanOutline`` is a declared plan's step ids and actions, recorded with the first revision (and
 again when the plan grows), so that a reader knows how many steps remain before they are planned.
@@ -136,6 +138,18 @@ _ENVELOPE_FIELDS = frozenset({"format", "schema_version", "checksum", "state"})
 
 @dataclass
 class RunState:
+    """A task's state of record at one revision: the run's header (plan digest, status, the next
+    action, budget counters, the lease it was written under) and its effect ledger, one
+    ``EffectRecord`` per step in plan order, with the approvals asked for and used and the control
+    records seen.
+
+    The runner's working copy: mutable, while the records it holds are frozen (a change replaces a
+    record). It becomes durable only through ``Store.commit``, which refuses what its loader would
+    not read back; ``decode`` and the stores' loaders hand back only a fully validated one.
+    ``reconcile_all`` is set on a state rebuilt from damage, so nothing unverified is applied
+    before it is observed.
+    """
+
     task_id: str
     plan_digest: str
     budget: BudgetCounters

@@ -15,6 +15,7 @@
     |   +-- ForeignStateError         valid state that belongs to another task
     |   +-- SchemaVersionError        a schema version this code does not know
     |   +-- StateUnrecoverableError   neither the state nor its backup validates
+    +-- IllegalTransitionError        a ledger move the effect lifecycle does not allow: a bug in the caller
     +-- PayloadError                  a step's payload factory raised; its exception is the cause
     +-- CallFailed                    a durable function's recorded call raised: replayed as recorded
     +-- AdapterError                  base of the two classified adapter failures
@@ -33,6 +34,7 @@ __all__ = [
     "CorruptStateError",
     "FencedError",
     "ForeignStateError",
+    "IllegalTransitionError",
     "InvalidInputError",
     "LeaseHeldError",
     "LongrunError",
@@ -113,6 +115,11 @@ class SchemaVersionError(CorruptStateError):
 
 class StateUnrecoverableError(CorruptStateError):
     """Neither the state nor its backup validates; damaged files were quarantined."""
+
+
+class IllegalTransitionError(LongrunError):
+    """A ledger move that the lifecycle does not allow (``EffectRecord.move``); a bug in the
+    caller, never retried. Also importable from ``longrun.ledger``."""
 
 
 class PayloadError(LongrunError):

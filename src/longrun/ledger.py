@@ -30,7 +30,7 @@ from . import _fields as f
 from .adapters import Receipt
 from .budget import Backoff
 from .canonical import MAX_VALUE_BYTES, JSONValue, canonical_bytes, sha256_hex
-from .errors import LongrunError
+from .errors import IllegalTransitionError
 
 __all__ = ["CheckedReceipt", "EffectRecord", "EffectState", "IllegalTransitionError", "OMITTED", "check_receipt", "recordable_result"]
 
@@ -64,12 +64,19 @@ IN_FLIGHT = frozenset({EffectState.STARTED, EffectState.ACKNOWLEDGED, EffectStat
 """States whose outcome at the target is not yet known to the ledger: reconcile before anything else."""
 
 
-class IllegalTransitionError(LongrunError):
-    """A ledger move that the lifecycle does not allow; a bug in the caller, never retried."""
-
-
 @dataclass(frozen=True, slots=True)
 class EffectRecord:
+    """What the ledger knows of one step's side effect: its idempotency ``key`` and payload (with
+    its digest), where it is in the lifecycle (``state``), the attempts made, the fencing epoch of
+    the latest one, and what the adapter and observation said (``receipt``, ``evidence``,
+    ``result``, ``last_error``).
+
+    Frozen: it changes only by ``move`` (a legal move of the lifecycle above, or
+    ``IllegalTransitionError``) or ``with_changes``, each returning a new record. The constructor
+    refuses (``InvalidInputError``) a value its loader would not read back; ``move`` and
+    ``with_changes`` trust theirs (see the module docstring).
+    """
+
     key: str
     step_id: str
     action: str
