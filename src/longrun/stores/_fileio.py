@@ -1,7 +1,9 @@
-"""The one I/O layer the file stores use: every open, read, write, fsync, truncation and rename.
+"""The one I/O layer the file stores use: every open, read, write, fsync, truncation and rename,
+and every look at the file system (``lstat``, ``fstat``, listings) and lock (``flock``).
 
 Routing file I/O through one small object gives the crash and fault tests a single place to
-count, fail or record calls (``FileIO`` can be subclassed or wrapped). Two durable-write protocols
+count, fail or record calls (``FileIO`` can be subclassed or wrapped); the helpers below call the
+file system only through it too. Two durable-write protocols
 live here. Writing into a journal is ``write_all_at`` followed by ``FileIO.fdatasync``, which
 flushes the data and any metadata needed to read it back (a new file size); the journal's name was
 made durable when it was created, so no directory fsync is needed. Replacing a whole file is
