@@ -12,10 +12,10 @@ returns a fully validated ``RunState`` or raises ``CorruptStateError`` (or its s
 depth, strict UTF-8, no NaN), and refuses a field no record knows (see ``longrun._fields``).
 
 ``RunState`` is the runner's working copy: a mutable aggregate of frozen records. The stores
-persist it by what changed (the JSON-file store: a journal line per commit and, now and then, a
-whole snapshot; the SQL stores: the rows that changed); this envelope is the format of a state
-exported whole, and of the JSON-file store's snapshots before it kept a journal. Atomic
-replacement and backups are the stores' job, not this module's.
+persist it by what changed: the JSON-file store as a journal line per commit and, now and then, a
+whole snapshot; the SQL stores as the header (in this envelope, without the effects) and the
+effect rows that changed. The JSON-file store wrote whole envelopes before it kept a journal, and
+still reads them. Atomic replacement and backups are the stores' job, not this module's.
 
 ``PlanOutline`` is a declared plan's step ids and actions, recorded with the first revision (and
 again when the plan grows), so that a reader knows how many steps remain before they are planned.
@@ -138,16 +138,12 @@ _ENVELOPE_FIELDS = frozenset({"format", "schema_version", "checksum", "state"})
 
 @dataclass
 class RunState:
-    """A task's state of record at one revision: the run's header (plan digest, status, the next
-    action, budget counters, the lease it was written under) and its effect ledger, one
-    ``EffectRecord`` per step in plan order, with the approvals asked for and used and the control
-    records seen.
+    """A task's state of record: what a store commits at each revision and a run recovers from.
 
-    The runner's working copy: mutable, while the records it holds are frozen (a change replaces a
-    record). It becomes durable only through ``Store.commit``, which refuses what its loader would
-    not read back; ``decode`` and the stores' loaders hand back only a fully validated one.
-    ``reconcile_all`` is set on a state rebuilt from damage, so nothing unverified is applied
-    before it is observed.
+    One aggregate per task: the plan digest it is pinned to, the budget counters, the status and
+    next action, one ``EffectRecord`` per step (in plan order), the open approval requests and the
+    approvals consumed, what control records and observations were seen, and the lease it was
+    written under. Mutable (the runner's working copy); everything it holds is a frozen record.
     """
 
     task_id: str

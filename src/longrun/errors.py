@@ -15,9 +15,9 @@
     |   +-- ForeignStateError         valid state that belongs to another task
     |   +-- SchemaVersionError        a schema version this code does not know
     |   +-- StateUnrecoverableError   neither the state nor its backup validates
-    +-- IllegalTransitionError        a ledger move the effect lifecycle does not allow: a bug in the caller
     +-- PayloadError                  a step's payload factory raised; its exception is the cause
     +-- CallFailed                    a durable function's recorded call raised: replayed as recorded
+    +-- IllegalTransitionError        a ledger move the effect lifecycle does not allow: a bug, never retried
     +-- AdapterError                  base of the two classified adapter failures
         +-- TransientError            the effect did not take place; retry within budget
         +-- PermanentError            the effect did not take place and never will; stop `blocked`
@@ -117,11 +117,6 @@ class StateUnrecoverableError(CorruptStateError):
     """Neither the state nor its backup validates; damaged files were quarantined."""
 
 
-class IllegalTransitionError(LongrunError):
-    """A ledger move that the lifecycle does not allow (``EffectRecord.move``); a bug in the
-    caller, never retried. Also importable from ``longrun.ledger``."""
-
-
 class PayloadError(LongrunError):
     """A step's payload callable raised. Nothing was planned for the step; the cause is chained."""
 
@@ -140,6 +135,10 @@ class CallFailed(LongrunError):
         self.step_id = step_id
         self.type_name = type_name
         self.message = message
+
+
+class IllegalTransitionError(LongrunError):
+    """A ledger move that the effect lifecycle does not allow; a bug in the caller, never retried."""
 
 
 class AdapterError(LongrunError):

@@ -100,15 +100,8 @@ def boot_clock_id() -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """One grant of a task's lease, as a store records it: who holds it (``owner``, a label; the
-    secret ``token`` is what counts), its fencing ``epoch``, when it was acquired and when it
-    expires (on the wall clock, and on a monotonic timeline when the grant had one), the revision
-    known committed when it was written, and the holder's kernel lock.
-
-    Frozen; a store issues a new one on every acquisition and renewal. A copy read by anyone but
-    the holder carries no token (``without_token``). See the module docstring for how expiry is
-    judged and what the epoch fences.
-    """
+    """A grant of one task to one holder until ``expires_at``, fenced by ``epoch`` (see the module
+    docstring): the holder writes under it, and a store refuses a write whose epoch is not current."""
 
     task_id: str
     owner: str

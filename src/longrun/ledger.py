@@ -66,16 +66,10 @@ IN_FLIGHT = frozenset({EffectState.STARTED, EffectState.ACKNOWLEDGED, EffectStat
 
 @dataclass(frozen=True, slots=True)
 class EffectRecord:
-    """What the ledger knows of one step's side effect: its idempotency ``key`` and payload (with
-    its digest), where it is in the lifecycle (``state``), the attempts made, the fencing epoch of
-    the latest one, and what the adapter and observation said (``receipt``, ``evidence``,
-    ``result``, ``last_error``).
+    """One side effect in the ledger: its stable key, payload and digest, where it is in the
+    lifecycle (see the module docstring), its attempts and epoch, and what the target said.
 
-    Frozen: it changes only by ``move`` (a legal move of the lifecycle above, or
-    ``IllegalTransitionError``) or ``with_changes``, each returning a new record. The constructor
-    refuses (``InvalidInputError``) a value its loader would not read back; ``move`` and
-    ``with_changes`` trust theirs (see the module docstring).
-    """
+    Frozen; it changes only by ``move`` (a legal transition) or ``with_changes``."""
 
     key: str
     step_id: str
