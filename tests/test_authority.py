@@ -533,7 +533,7 @@ class OwnershipTests(StrictModeCase):
         request = self.pending(approvals=source)
         self.approve(request)
         self.chown_tree(APPROVER_UID)
-        with mock.patch("longrun.authority.os.geteuid", return_value=APPROVER_UID):
+        with mock.patch("longrun.stores.controlfiles.os.geteuid", return_value=APPROVER_UID):
             self.assert_refused("runner's own account", source=source)
             explicit = FileControlSource(self.control_root, approver_uid=APPROVER_UID)
             self.assertIs(self.runner(approvals=explicit).run().status, Status.DONE, "an explicit choice is honoured")

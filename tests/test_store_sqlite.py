@@ -128,6 +128,27 @@ class FileTests(SqliteCase):
         self.addCleanup(reopened.close)
         self.assertEqual(reopened.list_tasks(), ["t"])
 
+    def test_without_create_a_database_of_another_application_is_refused_unchanged(self) -> None:
+        other = self.path("other.db")
+        connection = sqlite3.connect(other)
+        connection.execute("CREATE TABLE invoices (id INTEGER)")
+        connection.commit()
+        connection.close()
+        with open(other, "rb") as handle:
+            before = handle.read()
+        store = SqliteStore(other)
+        self.addCleanup(store.close)
+        for name, call in (("list_tasks", store.list_tasks), ("load", lambda: store.load("t")),
+                           ("acquire_lease", lambda: store.acquire_lease("t", "me", 30.0, 0.0))):  # fmt: skip
+            with self.subTest(call=name), self.assertRaisesRegex(InvalidInputError, "holds no longrun store"):
+                call()
+        with open(other, "rb") as handle:
+            self.assertEqual(handle.read(), before, "not even the journal mode was changed")
+        self.assertEqual(os.listdir(self.tmp), ["other.db"], "no -wal, -shm, witness or lock files")
+        adopted = SqliteStore(other, create=True)  # asked for: longrun's tables beside the others
+        self.addCleanup(adopted.close)
+        self.assertEqual(adopted.list_tasks(), [])
+
     def test_a_file_that_is_not_a_database_is_a_storage_error(self) -> None:
         with open(self.path("other.db"), "wb") as handle:
             handle.write(b"this is not an SQLite database, just some bytes " * 100)

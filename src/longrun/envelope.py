@@ -11,9 +11,11 @@ returns a fully validated ``RunState`` or raises ``CorruptStateError`` (or its s
 ``TypeError`` leaks out. It parses with ``canonical.parse_json`` (size limit ``MAX_STATE_BYTES``,
 depth, strict UTF-8, no NaN), and refuses a field no record knows (see ``longrun._fields``).
 
-``RunState`` is the runner's working copy: a mutable aggregate of frozen records. Stores persist
-it whole (the JSON-file store) or by the records that changed. Atomic replacement and the backup
-are the store's job, not this module's.
+``RunState`` is the runner's working copy: a mutable aggregate of frozen records. The stores
+persist it by what changed: the JSON-file store as a journal line per commit and, now and then, a
+whole snapshot; the SQL stores as the header (in this envelope, without the effects) and the
+effect rows that changed. The JSON-file store wrote whole envelopes before it kept a journal, and
+still reads them. Atomic replacement and backups are the stores' job, not this module's.
 
 ``PlanOutline`` is a declared plan's step ids and actions, recorded with the first revision (and
 again when the plan grows), so that a reader knows how many steps remain before they are planned.
@@ -136,6 +138,14 @@ _ENVELOPE_FIELDS = frozenset({"format", "schema_version", "checksum", "state"})
 
 @dataclass
 class RunState:
+    """A task's state of record: what a store commits at each revision and a run recovers from.
+
+    One aggregate per task: the plan digest it is pinned to, the budget counters, the status and
+    next action, one ``EffectRecord`` per step (in plan order), the open approval requests and the
+    approvals consumed, what control records and observations were seen, and the lease it was
+    written under. Mutable (the runner's working copy); everything it holds is a frozen record.
+    """
+
     task_id: str
     plan_digest: str
     budget: BudgetCounters

@@ -17,6 +17,7 @@
     |   +-- StateUnrecoverableError   neither the state nor its backup validates
     +-- PayloadError                  a step's payload factory raised; its exception is the cause
     +-- CallFailed                    a durable function's recorded call raised: replayed as recorded
+    +-- IllegalTransitionError        a ledger move the effect lifecycle does not allow: a bug, never retried
     +-- AdapterError                  base of the two classified adapter failures
         +-- TransientError            the effect did not take place; retry within budget
         +-- PermanentError            the effect did not take place and never will; stop `blocked`
@@ -33,6 +34,7 @@ __all__ = [
     "CorruptStateError",
     "FencedError",
     "ForeignStateError",
+    "IllegalTransitionError",
     "InvalidInputError",
     "LeaseHeldError",
     "LongrunError",
@@ -133,6 +135,10 @@ class CallFailed(LongrunError):
         self.step_id = step_id
         self.type_name = type_name
         self.message = message
+
+
+class IllegalTransitionError(LongrunError):
+    """A ledger move that the effect lifecycle does not allow; a bug in the caller, never retried."""
 
 
 class AdapterError(LongrunError):

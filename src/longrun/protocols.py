@@ -14,10 +14,13 @@ from .approval import Approval
 from .cancellation import Cancellation
 from .control import ControlRecord
 from .envelope import RunState
-from .lease import Lease
+from .lease import Lease, LeaseRepair
 from .outcome import Evidence
 
-__all__ = ["AnyEffectAdapter", "ApprovalSource", "AsyncEffectAdapter", "CancellationSource", "Clock", "EffectAdapter", "LoadResult", "Store"]
+__all__ = [
+    "AnyEffectAdapter", "ApprovalSource", "AsyncEffectAdapter", "CancellationSource", "Clock", "ClosableStore",
+    "EffectAdapter", "HistoryStore", "LoadResult", "RepairableStore", "Store",
+]  # fmt: skip
 
 
 @runtime_checkable
@@ -138,6 +141,34 @@ class Store(Protocol):
     def write_approval(self, approval: Approval) -> None: ...
 
     def list_tasks(self) -> list[str]: ...
+
+
+# -- what a store may also offer: each declared, so callers ask for it by name ------------------
+
+
+@runtime_checkable
+class ClosableStore(Protocol):
+    """A store that holds something to let go of (descriptors, a connection); every store longrun
+    ships is one. After ``close`` the store stays usable: the next call opens what it needs."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class HistoryStore(Protocol):
+    """A store that still holds a task's recent commits and lists them, oldest first (the JSON-file
+    store, from its journals). Each entry is a mapping with at least ``revision``, ``epoch`` and
+    ``at``, and a ``description``; ``longrun history`` shows them beside what the state records."""
+
+    def history(self, task_id: str) -> list[dict[str, object]]: ...
+
+
+@runtime_checkable
+class RepairableStore(Protocol):
+    """A store that can repair a damaged lease record: set it aside and write a released lease at
+    the highest epoch recorded elsewhere (``stores.base``, invariant 8; ``longrun repair``)."""
+
+    def repair_lease(self, task_id: str, now: float, *, repaired_by: str = "longrun repair") -> LeaseRepair: ...
 
 
 @runtime_checkable

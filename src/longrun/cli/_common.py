@@ -23,7 +23,7 @@ from ..contract import check_task_id
 from ..errors import CorruptStateError, InvalidInputError, StorageError
 from ..lease import Lease
 from ..outcome import Evidence
-from ..protocols import Store
+from ..protocols import ClosableStore, Store
 
 __all__ = [
     "EXIT_CODES_HELP",
@@ -110,7 +110,8 @@ def open_store(spec: str) -> Store:
     """The store ``spec`` names (see ``STORE_HELP``), which must already exist; else exit 2.
 
     A ``sqlite:`` or ``postgresql://`` spec goes to ``longrun.stores.open_store`` with
-    ``create=False``; anything else is a JSON-file store directory, checked here so that a
+    ``create=False`` (so a SQLite file that holds another application's tables is refused by the
+    store, unchanged); anything else is a JSON-file store directory, checked here so that a
     missing directory or a plain file gets a message that says which.
     """
     from ..stores import open_store as open_spec  # the SQL stores load only when named
@@ -118,11 +119,7 @@ def open_store(spec: str) -> Store:
     if not spec:
         raise CliError("the store is empty: give a directory, sqlite:PATH or postgresql://...", ExitCode.USAGE)
     if spec.startswith(("sqlite:", "postgresql://", "postgres://")):
-        store = open_spec(spec, create=False)
-        path = getattr(store, "path", None)
-        if spec.startswith("sqlite:") and isinstance(path, str):
-            _check_longrun_database(path)
-        return store
+        return open_spec(spec, create=False)
     if not os.path.exists(spec):
         if _URL.match(spec):
             raise CliError(
@@ -139,41 +136,10 @@ def open_store(spec: str) -> Store:
     return open_spec(spec, create=False)
 
 
-def _check_longrun_database(path: str) -> None:
-    """Refuse a SQLite file that holds no longrun schema, before the store would add one to it.
-
-    The SQL store creates its tables on first contact, which is right for a runner and wrong for
-    an operator who named the wrong file: a read-only command must not turn another application's
-    database into a longrun store. The probe opens the file read-only; if SQLite cannot open it
-    that way (a WAL database with no shared-memory file, on a directory this user cannot write),
-    the check is skipped and the store's own errors apply.
-    """
-    import sqlite3
-
-    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
-    try:
-        connection = sqlite3.connect(uri, uri=True)
-    except sqlite3.Error:
-        return
-    try:
-        row = connection.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'longrun_schema'"
-        ).fetchone()
-    except sqlite3.OperationalError:
-        return
-    except sqlite3.DatabaseError as exc:
-        raise CliError(f"sqlite:{path} is not a SQLite database ({exc})", ExitCode.USAGE) from None
-    finally:
-        connection.close()
-    if row is None:
-        raise CliError(f"sqlite:{path} holds no longrun store (no longrun_schema table); nothing was changed", ExitCode.USAGE)
-
-
 def close_store(store: object) -> None:
-    """Close a store that holds a connection (the SQL stores); the JSON-file store holds none."""
-    close = getattr(store, "close", None)
-    if callable(close):
-        close()
+    """Close a store that holds descriptors or a connection (``ClosableStore``)."""
+    if isinstance(store, ClosableStore):
+        store.close()
 
 
 def store_label(spec: str) -> str:

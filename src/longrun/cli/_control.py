@@ -35,7 +35,7 @@ import os
 import secrets
 import sys
 import time
-from typing import Callable, TextIO
+from typing import TextIO
 
 from ..approval import Approval, ApprovalRequest
 from ..authority import FileControlSource, key_id, load_key, sign_approval, sign_cancellation
@@ -44,9 +44,8 @@ from ..canonical import JSONValue, digest_of, ensure_json, parse_json
 from ..contract import ASK_ACTION
 from ..envelope import RunState
 from ..errors import CorruptStateError, InvalidInputError, LeaseHeldError, LongrunError, UnknownTaskError
-from ..lease import LeaseRepair
 from ..outcome import TERMINAL
-from ..protocols import ApprovalSource, Store
+from ..protocols import ApprovalSource, RepairableStore, Store
 from ._common import CliError, ExitCode, checked_task, format_time, relative, write_json
 from ._payload import payload_lines, safe_text
 
@@ -327,11 +326,10 @@ def cmd_cancel(
 def cmd_repair(store: Store, task_id: str, *, repaired_by: str, out: TextIO, as_json: bool = False) -> int:
     """Repair the task's damaged lease record. A refusal (not damaged, a live holder) is exit 1."""
     task_id = checked_task(task_id)
-    repair: Callable[..., LeaseRepair] | None = getattr(store, "repair_lease", None)
-    if not callable(repair):
+    if not isinstance(store, RepairableStore):
         raise CliError(f"{type(store).__name__} cannot repair a lease record (it has no repair_lease)", ExitCode.USAGE)
     try:
-        result = repair(task_id, time.time(), repaired_by=repaired_by)
+        result = store.repair_lease(task_id, time.time(), repaired_by=repaired_by)
     except UnknownTaskError:
         raise
     except (InvalidInputError, LeaseHeldError) as exc:

@@ -31,7 +31,7 @@ from typing import Any, TextIO
 from ..envelope import RunState
 from ..lease import Lease
 from ..ledger import EffectRecord
-from ..protocols import Store
+from ..protocols import HistoryStore, Store
 from ._common import CliError, ExitCode, checked_task, format_time, short_digest, write_json
 
 __all__ = ["cmd_history", "timeline"]
@@ -191,8 +191,7 @@ def timeline(store: Store, task_id: str, now: float) -> tuple[RunState | None, l
     """The task's state (None before its first commit) and its timeline, oldest first."""
     state = store.load(task_id).state  # no lease: read-only; a damaged state raises (exit 3)
     lease = store.read_lease(task_id)
-    history = getattr(store, "history", None)
-    journal = _journal_entries(history(task_id)) if callable(history) else []
+    journal = _journal_entries(store.history(task_id)) if isinstance(store, HistoryStore) else []
     entries = journal + (_state_entries(state, with_commits=not journal) if state is not None else [])
     entries += _lease_entries(lease, now)
     order = {id(entry): index for index, entry in enumerate(entries)}

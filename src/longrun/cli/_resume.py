@@ -48,7 +48,7 @@ from ..canonical import parse_json
 from ..engine import utc
 from ..errors import CorruptStateError, LongrunError, PayloadError
 from ..outcome import ENDED_UNFINISHED, RunOutcome, Status
-from ._common import CliError, ExitCode, TaskCodeError, checked_task, evidence_line, open_store, write_json
+from ._common import CliError, ExitCode, TaskCodeError, checked_task, close_store, evidence_line, open_store, write_json
 
 __all__ = ["STATUS_EXIT", "cmd_resume", "cmd_resume_task", "cmd_start", "load_target"]
 
@@ -227,9 +227,7 @@ def cmd_resume_task(
     try:
         loaded = store.load(task_id)
     finally:
-        close = getattr(store, "close", None)
-        if callable(close):
-            close()
+        close_store(store)
     record = loaded.state.effects.get(FUNCTION_STEP) if loaded.state is not None else None
     if loaded.state is not None and record is None and CONTRACT_STEP in loaded.state.effects:
         raise CliError(

@@ -35,7 +35,7 @@ from ..outcome import ENDED_UNFINISHED, Status
 from ..protocols import Store
 from ..session import NextAction, Session, SessionResult
 from ..shell import OutputSink
-from ._common import CliError, ExitCode, checked_task, write_json
+from ._common import CliError, ExitCode, checked_task, close_store, write_json
 
 __all__ = ["cmd_checkpoint", "cmd_done", "cmd_exec", "cmd_init", "cmd_next", "cmd_stop", "create_store", "next_exit"]
 
@@ -143,9 +143,7 @@ def create_store(spec: str) -> None:
         try:
             store.list_tasks()  # the SQL stores create their tables on first use
         finally:
-            close = getattr(store, "close", None)
-            if callable(close):
-                close()
+            close_store(store)
         return
     if os.path.exists(spec) and not os.path.isdir(spec):
         raise CliError(f"{spec!r} exists and is not a directory", ExitCode.USAGE)

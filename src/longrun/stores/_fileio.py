@@ -1,7 +1,9 @@
-"""The one I/O layer the file stores use: every open, read, write, fsync, truncation and rename.
+"""The one I/O layer the file stores use: every open, read, write, fsync, truncation and rename,
+and every look at the file system (``lstat``, ``fstat``, listings) and lock (``flock``).
 
 Routing file I/O through one small object gives the crash and fault tests a single place to
-count, fail or record calls (``FileIO`` can be subclassed or wrapped). Two durable-write protocols
+count, fail or record calls (``FileIO`` can be subclassed or wrapped); the helpers below call the
+file system only through it too. Two durable-write protocols
 live here. Writing into a journal is ``write_all_at`` followed by ``FileIO.fdatasync``, which
 flushes the data and any metadata needed to read it back (a new file size); the journal's name was
 made durable when it was created, so no directory fsync is needed. Replacing a whole file is
@@ -22,12 +24,16 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import secrets
 import stat
 from typing import Sequence
 
-__all__ = ["FileIO", "ensure_dir", "ensure_dirs", "read_file", "read_prefix", "read_small", "write_all", "write_all_at", "write_atomic"]
+__all__ = [
+    "FileIO", "ensure_dir", "ensure_dirs", "lexists", "read_file", "read_prefix", "read_small", "read_upto", "write_all",
+    "write_all_at", "write_atomic",
+]  # fmt: skip
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -86,6 +92,35 @@ class FileIO:
     def listdir(self, path: str) -> list[str]:
         return os.listdir(path)
 
+    def listdir_at(self, dir_fd: int) -> list[str]:
+        """The names in the directory open as ``dir_fd`` (the directory checked is the one listed)."""
+        return os.listdir(dir_fd)
+
+    def open_at(self, dir_fd: int | None, name: str, flags: int, mode: int = 0o600, *, follow: bool = False) -> int:
+        """``open`` relative to the directory open as ``dir_fd`` (None: ``name`` is a path). A
+        symbolic link is refused (``O_NOFOLLOW``) unless ``follow``."""
+        return os.open(name, flags | _CLOEXEC | (0 if follow else _NOFOLLOW), mode, dir_fd=dir_fd)
+
+    def lstat(self, path: str, *, dir_fd: int | None = None) -> os.stat_result:
+        return os.lstat(path, dir_fd=dir_fd)
+
+    def stat(self, path: str) -> os.stat_result:
+        """``stat`` following symbolic links (only the store root may be one)."""
+        return os.stat(path)
+
+    def fstat(self, fd: int) -> os.stat_result:
+        return os.fstat(fd)
+
+    def chmod(self, path: str, mode: int) -> None:
+        os.chmod(path, mode)
+
+    def fchmod(self, fd: int, mode: int) -> None:
+        os.fchmod(fd, mode)
+
+    def flock(self, fd: int, operation: int) -> None:
+        """``flock(2)``; the store holds its task locks through it."""
+        fcntl.flock(fd, operation)
+
     def fsync_dir(self, path: str) -> None:
         fd = os.open(path, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
         try:
@@ -94,16 +129,17 @@ class FileIO:
             os.close(fd)
 
 
-def ensure_dir(io: FileIO, path: str) -> None:
-    """Create ``path`` owner-only if missing; refuse a symlink or a non-directory in its place."""
+def ensure_dir(io: FileIO, path: str, mode: int = 0o700) -> None:
+    """Create ``path`` with ``mode`` (owner-only by default) if missing; refuse a symlink or a
+    non-directory in its place."""
     try:
-        io.mkdir(path, 0o700)
+        io.mkdir(path, mode)
     except FileExistsError:
-        info = os.lstat(path)
+        info = io.lstat(path)
         if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
             raise OSError(errno.ENOTDIR, "exists and is not a plain directory", path) from None
         return
-    os.chmod(path, 0o700)  # mkdir's mode is filtered by the umask
+    io.chmod(path, mode)  # mkdir's mode is filtered by the umask
     io.fsync_dir(os.path.dirname(path) or ".")
 
 
@@ -111,7 +147,7 @@ def ensure_dirs(io: FileIO, path: str) -> None:
     """``ensure_dir`` for ``path`` and every missing directory above it, top down (existing ones,
     links included, are left as they are)."""
     missing = []
-    while not os.path.lexists(path):
+    while not lexists(io, path):
         missing.append(path)
         parent = os.path.dirname(path)
         if parent == path:
@@ -121,6 +157,15 @@ def ensure_dirs(io: FileIO, path: str) -> None:
         ensure_dir(io, directory)
 
 
+def lexists(io: FileIO, path: str) -> bool:
+    """Whether anything (a symbolic link included) has the name ``path``."""
+    try:
+        io.lstat(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def read_file(io: FileIO, path: str, limit: int) -> bytes | None:
     """The file's bytes, or None if it does not exist. Refuses symlinks and files over ``limit``."""
     try:
@@ -128,7 +173,7 @@ def read_file(io: FileIO, path: str, limit: int) -> bytes | None:
     except FileNotFoundError:
         return None
     try:
-        info = os.fstat(fd)
+        info = io.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", path)
         if info.st_size > limit:
@@ -166,7 +211,7 @@ def read_prefix(io: FileIO, path: str, size: int) -> bytes | None:
     except FileNotFoundError:
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        if not stat.S_ISREG(io.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", path)
         return read_upto(io, fd, size)
     finally:
@@ -208,15 +253,17 @@ def write_all_at(io: FileIO, fd: int, data: bytes, offset: int) -> None:
 
 
 def write_atomic(
-    io: FileIO, directory: str, name: str, data: bytes | Sequence[bytes], *, backup: str | None = None
+    io: FileIO, directory: str, name: str, data: bytes | Sequence[bytes], *, backup: str | None = None, mode: int = 0o600
 ) -> None:
     """Durably replace ``directory/name`` with ``data`` (bytes, or chunks written in order); see the
-    module docstring for the steps."""
+    module docstring for the steps. The file gets ``mode`` (owner-only by default)."""
     destination = os.path.join(directory, name)
     temp = os.path.join(directory, f"{name}{TEMP_MARK}{secrets.token_hex(6)}")
-    fd = io.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = io.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         try:
+            if mode != 0o600:
+                io.fchmod(fd, mode)  # the umask filters the mode open gives; owner-only needs no fix
             for chunk in (data,) if isinstance(data, (bytes, bytearray)) else data:
                 write_all(io, fd, chunk)
             io.fsync(fd)
@@ -235,6 +282,6 @@ def write_atomic(
         # The original error is what the caller needs; a leftover temp file is harmless (it is
         # never read as state and the store sweeps it on load), so a failed unlink is not raised.
         with contextlib.suppress(OSError):
-            os.unlink(temp)
+            io.unlink(temp)
         raise
     io.fsync_dir(directory)

@@ -262,10 +262,6 @@ class Scan:
     content_end: int = 0
     """Where the content ends: the file's size, or in a padded journal the first zero byte."""
 
-    @property
-    def valid_end(self) -> int:
-        return self.offsets[-1] if self.offsets else 0
-
 
 def scan(data: bytes, *, padded: bool = False) -> Scan:
     """Split a file into its meta line and checksum-valid framed lines, stopping at the first bad one.
@@ -773,8 +769,8 @@ class Shadow:
     naming only what changed. Effect records are compared only for the step ids the caller says
     changed (the runner passes them) plus any new or removed ones, which the count reveals; so a
     commit costs work in proportion to what it changed, not to the size of the ledger. A caller
-    that does not say (``changed`` is the empty tuple, the protocol's default) gets every record
-    compared, which is correct and costs O(n).
+    that does not say (``changed`` is None, the protocol's default) gets every record compared,
+    which is correct and costs O(n). An empty collection says that no record changed.
     """
 
     def __init__(self, state: RunState):

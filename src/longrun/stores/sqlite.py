@@ -87,7 +87,8 @@ class SqliteStore(SqlStore):
     ``InvalidInputError`` and nothing is created, so a path that names the wrong place (a typo, a
     volume that is not mounted) cannot start every task afresh in a new, empty database; a missing
     directory is refused already here. An empty file is a new store: the tables are created on
-    first use.
+    first use. A database that holds tables but not longrun's (another application's) is refused
+    the same way, unchanged, unless ``create=True``.
 
     One store object may be shared by threads: it holds one connection (``check_same_thread``
     off) and a lock lets one thread at a time use it, for one whole transaction.
@@ -147,6 +148,8 @@ class SqliteStore(SqlStore):
             target, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False, uri=not self.create
         )
         try:
+            if not self.create:
+                self._refuse_foreign(connection)
             mode = self._enter_wal(connection)
             if str(mode).lower() != "wal":
                 raise StorageError(f"{self!r}: SQLite refused WAL mode (journal_mode is {mode!r})")
@@ -157,6 +160,17 @@ class SqliteStore(SqlStore):
             connection.close()
             raise
         return connection
+
+    def _refuse_foreign(self, connection: sqlite3.Connection) -> None:
+        """Without ``create``, refuse a database whose tables are all another application's, before
+        anything is written to it (even the switch to WAL): a path that names the wrong file must
+        not turn that file into a longrun store. A database with no table yet is a new store."""
+        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if tables and "longrun_schema" not in tables:
+            raise InvalidInputError(
+                f"SQLite store {self.path!r} holds no longrun store (no longrun_schema table); nothing was changed. "
+                "Open it with create=True to add longrun's tables to it"
+            )
 
     def _enter_wal(self, connection: sqlite3.Connection) -> str:
         """Switch to WAL (a setting kept in the file), retrying while other connections hold locks.

@@ -173,14 +173,15 @@ class FaultyIO(FileIO):
     """Fails the ``fail_at``-th I/O call (and, if ``persistent``, every later one) with ``OSError(error)``.
 
     Counts every operation that can fail on a real disk: open, read, pread, write, pwrite, fsync,
-    fdatasync, truncate, replace, link, unlink, mkdir, listdir and the directory fsync. ``kinds``
-    restricts counting to some of them. It also watches the rule a store must keep after a failed
+    fdatasync, truncate, replace, link, unlink, mkdir, listdir, the directory fsync, lstat, stat,
+    fstat, chmod, fchmod and flock (``open_at`` and ``listdir_at`` count as open and listdir).
+    ``kinds`` restricts counting to some of them. It also watches the rule a store must keep after a failed
     flush (SQLite's pager, and PostgreSQL's "fsyncgate"): a file whose fsync failed is never fsynced
     again and reported durable; ``synced_after_failure`` names any that was.
     """
 
     OPERATIONS = ("open", "read", "pread", "write", "pwrite", "fsync", "fdatasync", "truncate", "replace", "link",
-                  "unlink", "mkdir", "listdir", "fsync_dir")  # fmt: skip
+                  "unlink", "mkdir", "listdir", "fsync_dir", "lstat", "stat", "fstat", "chmod", "fchmod", "flock")  # fmt: skip
 
     def __init__(self, fail_at: int = 0, error: int = errno_module.EIO, *, persistent: bool = False, kinds: Iterable[str] | None = None):
         self.fail_at = fail_at
@@ -271,6 +272,41 @@ class FaultyIO(FileIO):
     def fsync_dir(self, path: str) -> None:
         self._tick("fsync_dir", path)
         super().fsync_dir(path)
+
+    def open_at(self, dir_fd: int | None, name: str, flags: int, mode: int = 0o600, *, follow: bool = False) -> int:
+        path = name if dir_fd is None else os.path.join(self.paths.get(dir_fd, ""), name)
+        self._tick("open", path)
+        fd = super().open_at(dir_fd, name, flags, mode, follow=follow)
+        self.paths[fd] = path
+        return fd
+
+    def listdir_at(self, dir_fd: int) -> list[str]:
+        self._tick("listdir", self.paths.get(dir_fd, ""))
+        return super().listdir_at(dir_fd)
+
+    def lstat(self, path: str, *, dir_fd: int | None = None) -> os.stat_result:
+        self._tick("lstat", path if dir_fd is None else os.path.join(self.paths.get(dir_fd, ""), path))
+        return super().lstat(path, dir_fd=dir_fd)
+
+    def stat(self, path: str) -> os.stat_result:
+        self._tick("stat", path)
+        return super().stat(path)
+
+    def fstat(self, fd: int) -> os.stat_result:
+        self._tick("fstat", self.paths.get(fd, ""))
+        return super().fstat(fd)
+
+    def chmod(self, path: str, mode: int) -> None:
+        self._tick("chmod", path)
+        super().chmod(path, mode)
+
+    def fchmod(self, fd: int, mode: int) -> None:
+        self._tick("fchmod", self.paths.get(fd, ""))
+        super().fchmod(fd, mode)
+
+    def flock(self, fd: int, operation: int) -> None:
+        self._tick("flock", self.paths.get(fd, ""))
+        super().flock(fd, operation)
 
 
 def _kind(name: str) -> str | None:

@@ -1,0 +1,333 @@
+"""Where the JSON-file store keeps a task's files, the checks every path passes, and the locks.
+
+``TaskFiles`` is the store root and the task directories in it: names, the plain-directory checks
+(``lstat``), listings, quarantine. ``Gates`` and ``Transaction`` are the locks that order writers:
+a task's gate among one store object's threads, then ``flock(2)`` on the task's lock file among
+processes (see the package docstring, "Threads"). Every file-system call goes through the store's
+``FileIO``.
+
+The limits and tunables are module attributes read when used, so that setting one on the package
+(``jsonfile.COMPACT_MIN_BYTES = 0``, as the tests do) takes effect (see the package ``__init__``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import stat
+import threading
+import time
+from typing import Protocol
+
+from ...contract import check_task_id
+from ...envelope import MAX_STATE_BYTES
+from ...errors import InvalidInputError, LongrunError, StorageError, UnknownTaskError
+from .._fileio import TEMP_MARK, FileIO, ensure_dir, ensure_dirs
+from ..controlfiles import APPROVALS, CANCEL, CONTROL, MAX_APPROVAL_FILES, MAX_RECORD_BYTES
+
+__all__ = [
+    "APPROVALS", "BACKUP", "CANCEL", "COMPACT_MIN_BYTES", "COMPACT_RATIO", "CONTROL", "HOLDER_LOCK", "LEASE", "LOCK",
+    "MAX_APPROVAL_FILES", "MAX_JOURNAL_BYTES", "MAX_OPEN_JOURNALS", "MAX_RECORD_BYTES", "MAX_STATE_BYTES",
+    "PREALLOCATE_MAX", "PREALLOCATE_MIN", "QUARANTINE", "STATE", "Gate", "Gates", "TaskFiles", "Transaction", "journal_name",
+]  # fmt: skip
+
+STATE = "state.json"
+BACKUP = "state.json.bak"
+LEASE = "lease.json"
+HOLDER_LOCK = "lease.lock"
+LOCK = "lock"
+QUARANTINE = "quarantine"
+MAX_JOURNAL_BYTES = MAX_STATE_BYTES
+COMPACT_MIN_BYTES = 1 << 20
+"""A journal shorter than this is never compacted: below it, replaying costs less than a snapshot."""
+COMPACT_RATIO = 0.5
+"""Compact when the journal holds more than this many bytes per byte of snapshot."""
+MAX_OPEN_JOURNALS = 64
+"""Journal descriptors a store keeps open (least recently committed closed first). A descriptor of
+a task that a thread of the store is using is never closed for this bound (see ``Gate``)."""
+PREALLOCATE_MIN = 64 * 1024
+PREALLOCATE_MAX = 1 << 20
+"""A journal is zero-filled ahead of its end by its own size, between these bounds. Writing into
+blocks that are already allocated and written lets ``fdatasync`` skip the metadata flush that an
+append needs (the file size), which is most of its cost; the padding costs that once per extension."""
+
+NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+JOURNAL_NAME = re.compile(r"journal\.(0|[1-9][0-9]{0,17})\.log")
+STATE_FILE_PREFIXES = (STATE, "journal.")
+"""Names of the files that hold state (snapshots, their backups and journals), also in quarantine."""
+
+
+def journal_name(base: int) -> str:
+    return f"journal.{base}.log"
+
+
+class TaskFiles:
+    """The store root and its task directories, reached through ``io``."""
+
+    def __init__(self, root: str, io: FileIO, *, create: bool):
+        self.root = root
+        self.io = io
+        self.create = create
+        self._dirs: dict[str, str] = {}
+
+    def task_dir(self, task_id: str) -> str:
+        directory = self._dirs.get(task_id)
+        if directory is None:
+            # Validated once per task id; the hot path (every commit) then costs a lookup.
+            directory = os.path.join(self.root, check_task_id(task_id))
+            if len(self._dirs) < 10_000:
+                self._dirs[task_id] = directory
+        return directory
+
+    def path(self, task_id: str, name: str) -> str:
+        return self.task_dir(task_id) + os.sep + name
+
+    def lstat(self, task_id: str, name: str) -> os.stat_result | None:
+        """The ``lstat`` of a file in the task directory, or None if it does not exist."""
+        try:
+            return self.io.lstat(self.path(task_id, name))
+        except FileNotFoundError:
+            return None
+
+    def inode(self, task_id: str, name: str) -> int | None:
+        info = self.lstat(task_id, name)
+        return None if info is None else info.st_ino
+
+    def exists(self, task_id: str) -> bool:
+        try:
+            info = self.io.lstat(self.task_dir(task_id))
+        except FileNotFoundError:
+            return False
+        if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+            raise StorageError(f"{self.task_dir(task_id)} is not a plain directory (symlinks are refused)")
+        return True
+
+    def unknown(self, task_id: str) -> UnknownTaskError:
+        try:
+            root_is_dir = stat.S_ISDIR(self.io.stat(self.root).st_mode)
+        except (FileNotFoundError, NotADirectoryError):
+            root_is_dir = False
+        where = "" if root_is_dir else f" (the store root {self.root} does not exist)"
+        return UnknownTaskError(f"no task {task_id!r} in {self.root}{where}")
+
+    def missing_root(self) -> InvalidInputError:
+        return InvalidInputError(f"store root {self.root} does not exist; create it, or open the store with create=True")
+
+    def ensure_root(self) -> None:
+        """Check the root before a task is created in it; make it if missing and ``create``.
+
+        A plain directory is used as it is. A symbolic link is followed only to a directory owned
+        by this user, through a link owned by this user or root: anyone else could point it at a
+        directory of their choosing. Everything else is refused (``StorageError``)."""
+        try:
+            info = self.io.lstat(self.root)
+        except FileNotFoundError:
+            if not self.create:
+                raise self.missing_root() from None
+            ensure_dirs(self.io, self.root)  # owner-only, each made durable in its parent
+            return
+        if stat.S_ISDIR(info.st_mode):
+            return
+        if stat.S_ISLNK(info.st_mode):
+            try:
+                target = self.io.stat(self.root)
+            except FileNotFoundError:
+                raise StorageError(f"store root {self.root} is a symbolic link to nothing") from None
+            user = os.geteuid()
+            if stat.S_ISDIR(target.st_mode) and target.st_uid == user and info.st_uid in (user, 0):
+                return
+            raise StorageError(
+                f"store root {self.root} is a symbolic link, accepted only to a directory owned by this user "
+                f"(uid {user}) through a link owned by this user or root"
+            )
+        raise StorageError(f"store root {self.root} exists and is not a directory")
+
+    def open_lock(self, task_id: str, *, create: bool, write: bool) -> int:
+        """Open (and make, with ``create``) the task's lock file; -1 for a reader of a task whose
+        lock file is gone."""
+        directory = self.task_dir(task_id)
+        try:
+            if create:
+                self.ensure_root()
+                ensure_dir(self.io, directory)
+                ensure_dir(self.io, os.path.join(directory, CONTROL))
+                ensure_dir(self.io, os.path.join(directory, CONTROL, APPROVALS))
+                ensure_dir(self.io, os.path.join(directory, QUARANTINE))
+            elif not self.exists(task_id):
+                raise self.unknown(task_id)
+            lock_path = directory + os.sep + LOCK
+            try:
+                # Readers take a shared lock through a read-only descriptor, so an operator's
+                # `status` works on a store it cannot write and never creates files.
+                # O_NONBLOCK: a FIFO planted as the lock file must not hang a reader.
+                return self.io.open(lock_path, os.O_RDWR | os.O_CREAT if write else os.O_RDONLY | NONBLOCK, 0o600)
+            except FileNotFoundError:
+                return -1  # a reader of a task whose lock file is gone: there is no writer to exclude
+        except LongrunError:
+            raise
+        except OSError as exc:
+            raise StorageError(f"cannot open task {task_id!r} in {self.root}: {exc}") from exc
+
+    def journals(self, task_id: str) -> dict[int, str]:
+        """The task's journal files by base revision; other names are ignored."""
+        journals = {}
+        for name in self.io.listdir(self.task_dir(task_id)):
+            match = JOURNAL_NAME.fullmatch(name)
+            if match:
+                journals[int(match.group(1))] = name
+        return journals
+
+    def state_files(self, task_id: str) -> list[str]:
+        """Every snapshot and journal name in the task directory and (as ``quarantine/<name>``) in
+        its quarantine, temporary files left out."""
+        names = [name for name in self.io.listdir(self.task_dir(task_id)) if name.startswith(STATE_FILE_PREFIXES)]
+        names += [os.path.join(QUARANTINE, name) for name in self.quarantined_states(task_id)]
+        return [name for name in names if TEMP_MARK not in name]
+
+    def quarantined_states(self, task_id: str) -> list[str]:
+        try:
+            names = self.io.listdir(os.path.join(self.task_dir(task_id), QUARANTINE))
+        except FileNotFoundError:
+            return []
+        return sorted(name for name in names if name.startswith(STATE_FILE_PREFIXES))
+
+    def sweep_temporaries(self, task_id: str) -> None:
+        directory = self.task_dir(task_id)
+        for name in self.io.listdir(directory):
+            if TEMP_MARK in name:
+                self.io.unlink(os.path.join(directory, name))
+
+    def quarantine(self, task_id: str, name: str, reason: str) -> str:
+        """Move a file of the task into its quarantine (durably); returns its new relative name."""
+        directory = self.task_dir(task_id)
+        ensure_dir(self.io, os.path.join(directory, QUARANTINE))  # never a link out of the task directory
+        target_name = f"{name}.{time.time_ns()}.{reason}"
+        self.io.replace(os.path.join(directory, name), os.path.join(directory, QUARANTINE, target_name))
+        self.io.fsync_dir(os.path.join(directory, QUARANTINE))
+        self.io.fsync_dir(directory)
+        return os.path.join(QUARANTINE, target_name)
+
+    def list_tasks(self) -> list[str]:
+        try:
+            names = self.io.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise StorageError(f"cannot list {self.root}: {exc}") from exc
+        tasks = []
+        for name in sorted(names):
+            try:
+                check_task_id(name)
+            except LongrunError:
+                continue  # not a task directory (the root may hold other files)
+            try:
+                info = self.io.lstat(os.path.join(self.root, name))
+            except FileNotFoundError:
+                continue  # deleted while listed
+            except OSError as exc:
+                raise StorageError(f"cannot list {self.root}: {exc}") from exc
+            if stat.S_ISDIR(info.st_mode):  # a plain directory: links are not tasks
+                tasks.append(name)
+        return tasks
+
+
+# -- locking -------------------------------------------------------------------------------------
+
+
+class Gate:
+    """A task's turn inside one store object: one thread at a time, and a count of the threads that
+    hold or wait for it. The count is what makes a journal descriptor safe to close: the store
+    closes a task's descriptor only while no thread holds or waits for that task's gate."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+
+
+class Gates:
+    """The tasks a thread of one store object holds or waits for; a gate goes when its count is 0.
+
+    ``mutex`` guards the gates and also the store's journal-descriptor cache (see ``_writing``),
+    so a descriptor is closed only while no thread holds or waits for its task."""
+
+    def __init__(self) -> None:
+        self.mutex = threading.Lock()
+        self._gates: dict[str, Gate] = {}
+
+    def busy(self, task_id: str) -> bool:
+        """Whether a thread holds or waits for the task's gate; call with ``mutex`` held."""
+        return task_id in self._gates
+
+    def enter(self, task_id: str) -> Gate:
+        """Wait for the task's turn among this store object's threads."""
+        with self.mutex:
+            gate = self._gates.get(task_id)
+            if gate is None:
+                gate = self._gates[task_id] = Gate()
+            gate.users += 1  # counted before waiting: from here on its descriptor stays open
+        try:
+            gate.lock.acquire()
+        except BaseException:
+            self._uncount(task_id, gate)
+            raise
+        return gate
+
+    def leave(self, task_id: str, gate: Gate) -> None:
+        gate.lock.release()
+        self._uncount(task_id, gate)
+
+    def _uncount(self, task_id: str, gate: Gate) -> None:
+        with self.mutex:
+            gate.users -= 1
+            if gate.users == 0:
+                del self._gates[task_id]
+
+
+class Turns(Protocol):
+    """How a transaction takes and leaves a task's turn: the store's own methods, so that a
+    subclass can watch them (the thread tests pause a thread there)."""
+
+    def _enter_gate(self, task_id: str) -> Gate: ...
+
+    def _leave_gate(self, task_id: str, gate: Gate) -> None: ...
+
+
+class Transaction:
+    """The task's gate and flock held for one read-modify-write (a class, not a generator: it runs
+    on every commit). The gate orders this store object's threads, the flock other processes and
+    other store objects. OS errors inside become ``StorageError``; closing the descriptor unlocks."""
+
+    __slots__ = ("turns", "files", "task_id", "create", "write", "fd", "gate")
+
+    def __init__(self, turns: Turns, files: TaskFiles, task_id: str, *, create: bool, write: bool):
+        self.turns, self.files, self.task_id, self.create, self.write, self.fd = turns, files, task_id, create, write, -1
+        self.gate: Gate | None = None
+
+    def __enter__(self) -> None:
+        self.gate = self.turns._enter_gate(self.task_id)
+        try:
+            self.fd = self.files.open_lock(self.task_id, create=self.create, write=self.write)
+            if self.fd >= 0:
+                try:
+                    self.files.io.flock(self.fd, fcntl.LOCK_EX if self.write else fcntl.LOCK_SH)
+                except BaseException as exc:
+                    self.files.io.close(self.fd)
+                    if isinstance(exc, OSError) and not isinstance(exc, LongrunError):
+                        raise StorageError(f"task {self.task_id!r}: cannot lock: {exc}") from exc
+                    raise
+        except BaseException:
+            self.turns._leave_gate(self.task_id, self.gate)
+            raise
+
+    def __exit__(self, kind: object, exc: BaseException | None, traceback: object) -> None:
+        try:
+            if self.fd >= 0:
+                self.files.io.close(self.fd)  # closing the descriptor releases the flock
+        finally:
+            assert self.gate is not None
+            self.turns._leave_gate(self.task_id, self.gate)
+        if isinstance(exc, OSError) and not isinstance(exc, LongrunError):
+            raise StorageError(f"task {self.task_id!r}: {exc}") from exc

@@ -1,0 +1,253 @@
+"""Loading a task from the JSON-file store: the chain from ``state.json`` when it is whole, the
+longest valid chain when it is not, and, for a repairing load, making the recovery durable
+(invariants 3 and 4 of the package docstring).
+
+``Load`` is one load of one task: what it read, the evidence it gathered, and, when repairing, the
+files it moved aside. A read-only load changes no byte and no name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from ...errors import StateUnrecoverableError
+from ...outcome import Evidence
+from ...protocols import LoadResult
+from .. import _journal as journal
+from .._fileio import write_atomic
+from ._layout import BACKUP, STATE, TaskFiles, journal_name
+from ._reading import Chain, JournalFile, backup_revision, holds_records, read_journal, read_snapshot, stray_journals, walk
+from ._writing import Writers
+
+__all__ = ["Load"]
+
+log = logging.getLogger("longrun")
+
+
+class Load:
+    """One load of one task: read everything once, then judge it (``result``).
+
+    With ``repair`` (a load under the lease), damaged files are moved to quarantine and a recovered
+    state is written as a new snapshot, and ``writers`` follows what the load validated or wrote."""
+
+    def __init__(self, files: TaskFiles, writers: Writers, task_id: str, *, repair: bool):
+        self.files = files
+        self.writers = writers
+        self.task_id = task_id
+        self.repair = repair
+        self.now = time.time()
+        self.notes: list[Evidence] = []
+        self.moved: list[str] = []
+        self.journals = files.journals(task_id)
+        self.primary, self.primary_error = read_snapshot(files, task_id, STATE)
+        self.backup_revision, self.backup_error = backup_revision(files, task_id)
+        self.rolled_back = (
+            self.primary is not None
+            and self.backup_revision is not None
+            and self.backup_revision >= self.primary.raw.revision
+            # The same file under both names is the moment inside a compaction between linking the
+            # backup and replacing the snapshot, not a rollback.
+            and files.inode(task_id, STATE) != files.inode(task_id, BACKUP)
+        )
+        self.chain = walk(files, task_id, self.primary, self.journals) if self.primary is not None else None
+        """The chain from ``state.json``, if it validated."""
+
+    def note(self, text: str) -> None:
+        self.notes.append(Evidence("store", text, self.now))
+
+    def set_aside(self, name: str, reason: str, why: str) -> None:
+        """Say what is wrong with ``name`` and, when repairing, move it to quarantine."""
+        self.note(f"{name} {why}")
+        if self.repair:
+            self.moved.append(self.files.quarantine(self.task_id, name, reason))
+            self.note(f"{name} quarantined to {self.moved[-1]}")
+
+    def result(self) -> LoadResult:
+        chain, primary = self.chain, self.primary
+        if chain is not None and not self.rolled_back:
+            stray, _ = stray_journals(self.files, self.task_id, self.journals, chain)
+            if chain.problem in (None, "torn") and chain.state is not None and not stray:
+                if self.backup_error is not None:
+                    self.set_aside(BACKUP, "damaged", f"is damaged: {self.backup_error}")
+                return self._clean(chain)
+
+        # Damage somewhere: rebuild from the longest valid chain, observing every unverified step.
+        if self.primary_error is not None:
+            self.note(f"{STATE} is damaged: {self.primary_error}")
+        elif self.rolled_back:
+            assert primary is not None
+            self.note(
+                f"{STATE} (revision {primary.raw.revision}) is not newer than its backup (revision {self.backup_revision}): rolled back"
+            )
+        elif primary is None:
+            self.note(f"{STATE} is missing")
+        if chain is not None and not self.rolled_back:
+            self.note(_describe_problem(chain))
+        candidates = [chain] if chain is not None else []  # a rolled-back snapshot is still valid data
+        backup = None
+        if self.backup_revision is not None:
+            backup, error = read_snapshot(self.files, self.task_id, BACKUP)
+            self.backup_error = self.backup_error or error
+        if backup is not None:
+            candidates.append(walk(self.files, self.task_id, backup, self.journals))
+        if self.backup_error is not None:
+            self.note(f"{BACKUP} is damaged: {self.backup_error}")
+        if not candidates:
+            return self._nothing_valid()
+        # The longest chain wins; on a tie the one from state.json, unless that one was rolled back.
+        best = max(
+            candidates,
+            key=lambda item: (item.end if item.state is not None else item.snapshot.raw.revision, item is chain and not self.rolled_back),
+        )
+        if best.state is None:  # checksum-valid records that do not build a valid state: the snapshot alone
+            self.note(f"the journal after {best.snapshot.name} does not build a valid state: {best.error}")
+            again, _ = read_snapshot(self.files, self.task_id, best.snapshot.name)  # the walk changed the first copy
+            if again is None:
+                return self._nothing_valid()
+            best = Chain(again, journal.Replay(again.raw), [], problem="damaged")
+            best.state = best.replay.build()
+        return self._recovered(best, candidates)
+
+    def _clean(self, chain: Chain) -> LoadResult:
+        state = chain.state
+        assert state is not None
+        last = chain.files[-1] if chain.files else None
+        detail = f"{STATE} revision {chain.snapshot.raw.revision}"
+        if chain.records:
+            detail += f" and {chain.records} journal record{'s' if chain.records != 1 else ''} validated: revision {chain.end}"
+        else:
+            detail += " validated"
+        self.notes.insert(0, Evidence("store", detail, self.now))
+        if last is not None and last.problem == "torn":
+            cut = last.found.content_end - last.end
+            log.warning("task %s: dropped an incomplete last record (%d bytes) of %s", self.task_id, cut, last.name)
+            self.note(f"dropped an incomplete last record ({cut} bytes) of {last.name}: its write was cut short, so it was never acknowledged")
+        if self.repair:
+            if last is not None and last.problem == "torn":
+                self._cut_torn_tail(last)
+            self.writers.follow_chain(self.task_id, state, chain, has_backup=self.backup_revision is not None)
+        return LoadResult(
+            state=state,
+            source="primary",
+            digest=chain.digest(),
+            observations=tuple(self.notes),
+            quarantined=tuple(self.moved),
+            revision_floor=chain.end,
+        )
+
+    def _nothing_valid(self) -> LoadResult:
+        """Neither snapshot validates (or neither exists)."""
+        task_id = self.task_id
+        if self.primary_error is None and self.backup_error is None:
+            with_records = [
+                name for base, name in self.journals.items()
+                if (item := read_journal(self.files, task_id, name, base)) is not None and holds_records(item)
+            ]  # fmt: skip
+            quarantined = self.files.quarantined_states(task_id)
+            if with_records or quarantined:
+                # Damaged state was set aside earlier, or its snapshots were lost, and nothing valid
+                # replaced it: starting afresh would repeat every effect the lost state recorded.
+                raise StateUnrecoverableError(
+                    f"task {task_id!r} has no valid state (neither {STATE} nor {BACKUP} exists) but "
+                    f"{'its quarantine holds ' + str(quarantined) if quarantined else 'journals ' + str(with_records) + ' hold records'}; "
+                    f"restore a validated {STATE} or retire the task id"
+                )
+            return LoadResult(state=None, observations=tuple(self.notes))  # a task that never committed
+        if self.primary_error is not None:
+            self.set_aside(STATE, "damaged", "is set aside")
+        if self.backup_error is not None:
+            self.set_aside(BACKUP, "damaged", "is set aside")
+        raise StateUnrecoverableError(
+            f"task {task_id!r}: neither {STATE} nor {BACKUP} validates; damaged files "
+            + ("were quarantined" if self.repair else "were left in place (read-only load)")
+        )
+
+    def _recovered(self, best: Chain, candidates: list[Chain]) -> LoadResult:
+        task_id, files = self.task_id, self.files
+        state = best.state
+        assert state is not None
+        state.reconcile_all = True
+        primary = self.primary
+        primary_damaged = self.primary_error is not None or self.rolled_back
+        backup_damaged = self.backup_error is not None
+        # Every revision that may have been committed lies at or below the floor: the chains' ends,
+        # the snapshots' revisions and, for every journal not read to a clean end, as many
+        # revisions as its bytes could hold.
+        floor = max(best.end, self.backup_revision or 0, primary.raw.revision if primary else 0)
+        # Revisions in a journal are contiguous from its base, so one read to a clean (or torn) end
+        # held exactly base + applied; of any other, each record takes at least MIN_RECORD_BYTES.
+        read_cleanly = {item.name: item.base + item.applied for chain in candidates for item in chain.files if item.problem != "damaged"}
+        for base, name in self.journals.items():
+            if name in read_cleanly:
+                floor = max(floor, read_cleanly[name])
+                continue
+            info = files.lstat(task_id, name)
+            if info is not None:
+                floor = max(floor, base + info.st_size // journal.MIN_RECORD_BYTES + 1)
+        what = f"{best.snapshot.name} revision {best.snapshot.raw.revision}"
+        if best.records:
+            what += f" and {best.records} journal records (revision {best.end})"
+        self.note(f"recovered from {what}; every unverified step will be observed first")
+        log.warning("task %s: state recovered from %s; every unverified step will be observed first", task_id, what)
+        digest = best.digest()
+        if not self.repair:
+            return LoadResult(state, "backup", digest, tuple(self.notes), tuple(self.moved), revision_floor=floor)
+        # Make the recovery durable before moving anything the next load could need, in this order:
+        # damaged snapshots aside (so the new snapshot does not link one as its backup), a new
+        # journal, damaged and unreachable journals aside, then the recovered state as a snapshot
+        # at a revision no commit can have used.
+        state.revision = floor + 1
+        lines = journal.encode_snapshot(state)
+        if primary_damaged and files.lstat(task_id, STATE) is not None:
+            self.set_aside(STATE, "rolled-back" if primary is not None else "damaged", "is set aside")
+        if backup_damaged and files.lstat(task_id, BACKUP) is not None:
+            self.set_aside(BACKUP, "damaged", "is set aside")
+        directory = files.task_dir(task_id)
+        new_journal = journal_name(state.revision)
+        write_atomic(files.io, directory, new_journal, journal.encode_journal_meta(task_id, state.revision))
+        reached = {item.name for chain in candidates for item in chain.files if item.problem != "damaged"}
+        for base, name in sorted(self.journals.items()):
+            if name == new_journal or name in reached or files.lstat(task_id, name) is None:
+                continue
+            item = read_journal(files, task_id, name, base)
+            if item is None:
+                continue
+            if item.problem == "damaged":
+                self.set_aside(name, "damaged", f"is damaged at byte {item.problem_at}")
+            elif item.found.bodies and base > best.snapshot.raw.revision:
+                self.set_aside(name, "unreachable", "holds records the chain does not reach")
+        keep_primary = primary is not None and not primary_damaged
+        write_atomic(files.io, directory, STATE, lines, backup=BACKUP if keep_primary else None)
+        has_backup = keep_primary or (self.backup_revision is not None and not backup_damaged)
+        self.writers.follow_new_generation(task_id, state, lines, has_backup=has_backup)
+        return LoadResult(state, "backup", digest, tuple(self.notes), tuple(self.moved), revision_floor=state.revision)
+
+    def _cut_torn_tail(self, item: JournalFile) -> None:
+        task_id, io = self.task_id, self.files.io
+        if item.end == 0:  # not even its first line: write it again
+            meta = journal.encode_journal_meta(task_id, item.base)
+            write_atomic(io, self.files.task_dir(task_id), item.name, meta)
+            item.found.offsets = [len(meta)]
+            item.found.size = len(meta)
+            return
+        fd = io.open(os.path.join(self.files.task_dir(task_id), item.name), os.O_WRONLY)
+        try:
+            io.truncate(fd, item.end)
+            io.fdatasync(fd)
+        finally:
+            io.close(fd)
+        item.found.size = item.end
+
+
+def _describe_problem(chain: Chain) -> str:
+    name = chain.snapshot.name
+    if chain.problem == "missing":
+        return f"the journal of {name} (revision {chain.snapshot.raw.revision}) is missing"
+    if chain.state is None:
+        return f"the records after {name} do not build a valid state: {chain.error}"
+    damaged = next((item for item in chain.files if item.problem == "damaged"), None)
+    if damaged is not None:
+        return f"{damaged.name} is damaged at byte {damaged.problem_at} (after revision {chain.end})"
+    return f"a journal the chain from {name} does not reach holds records"

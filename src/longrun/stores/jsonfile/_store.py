@@ -1,0 +1,235 @@
+"""``JsonFileStore``: the ``BaseStore`` primitives over the parts of this package.
+
+The store object owns the task locks' turns (``_enter_gate``/``_leave_gate``), the lease record,
+and what it remembers between calls (its writers, the lease bytes last parsed); it hands loading
+to ``_recovery``, committing to ``_writing``, control records to ``controlfiles`` and the
+timeline to ``_history``.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from typing import Collection
+
+from ...approval import Approval
+from ...cancellation import Cancellation
+from ...canonical import canonical_bytes, parse_json, sha256_hex
+from ...control import ControlRecord
+from ...envelope import RunState
+from ...errors import CorruptStateError, ForeignStateError, LongrunError, SchemaVersionError, StorageError
+from ...lease import Lease
+from ...protocols import LoadResult
+from .. import _journal as journal
+from .._fileio import FileIO, read_small, write_atomic
+from .._holders import HolderLocks
+from ..base import BaseStore
+from ..controlfiles import ControlFiles
+from ._history import history
+from ._layout import HOLDER_LOCK, LEASE, MAX_RECORD_BYTES, Gate, Gates, TaskFiles, Transaction
+from ._reading import epoch_floor
+from ._recovery import Load
+from ._writing import Writer, Writers
+
+__all__ = ["JsonFileStore"]
+
+
+def _checked_lease(document: object) -> object:
+    """A lease file's fields without its checksum, which must match them.
+
+    The checksum (SHA-256 over the canonical JSON of the other fields) makes a flipped digit in the
+    epoch or the expiry damage rather than a different lease; without it a bit flip could lower the
+    epoch and let the store issue one twice. A file written before the checksum existed has none
+    and is read as it is (damage to the key's name leaves an unknown field, which is refused)."""
+    if not isinstance(document, dict) or "checksum" not in document:
+        return document
+    body = {key: value for key, value in document.items() if key != "checksum"}
+    try:
+        expected = "sha256:" + sha256_hex(canonical_bytes(body))
+    except (TypeError, ValueError) as exc:
+        raise CorruptStateError(f"lease record cannot be re-encoded: {exc}") from exc
+    if document["checksum"] != expected:
+        raise CorruptStateError("lease record checksum does not match its content")
+    return body
+
+
+class JsonFileStore(BaseStore):
+    """A store that keeps each task in a directory of its own, for the processes of one machine.
+
+    A commit is one journal line and one ``fdatasync``; the package docstring
+    (``longrun.stores.jsonfile``) gives the layout, the invariants and what is not guaranteed.
+
+    ``root`` must exist, unless ``create=True``: then it is made (with any missing parents,
+    owner-only) when a lease is first taken. Without it, taking a lease in a missing root raises
+    ``InvalidInputError`` and creates nothing, so a path that names the wrong place (a typo, a
+    volume that is not mounted) cannot start every task afresh in a new, empty store. Reading a
+    missing root finds no task (``UnknownTaskError``, an empty ``list_tasks``). Opening the store
+    touches nothing. ``root`` may be a symbolic link to a plain directory owned by this user (the
+    link itself owned by this user or root); links inside the store are refused.
+
+    ``io`` is the one way the store reaches the file system (``FileIO``; the fault and crash tests
+    pass one that fails or records calls).
+
+    One store object may be shared by threads (the Runner renews its lease from a thread of its
+    own; a pool may run many tasks through one store). Its threads take turns per task, inside the
+    flock that orders processes, and a journal descriptor is closed only when no thread holds or
+    waits for its task. Different tasks proceed in parallel. ``close`` (or leaving a ``with``
+    block) closes the descriptors it keeps; the store stays usable.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, io: FileIO | None = None, create: bool = False):
+        super().__init__()
+        self.root = os.path.abspath(os.fspath(root))
+        self.io = io if io is not None else FileIO()
+        self.create = bool(create)
+        self._files = TaskFiles(self.root, self.io, create=self.create)
+        self._gates = Gates()
+        self._writing = Writers(self._files, self._gates)
+        self._control = ControlFiles(self.root, io=self.io)
+        self._leases: dict[str, tuple[bytes, Lease]] = {}
+        self._holders = HolderLocks(lambda task_id: os.path.join(self.task_dir(task_id), HOLDER_LOCK))
+
+    def __repr__(self) -> str:
+        return f"JsonFileStore({self.root!r})"
+
+    @property
+    def _writers(self) -> dict[str, Writer]:
+        """What this store object last wrote, by task (read by tests and benchmarks)."""
+        return self._writing.writers
+
+    @property
+    def _open_journals(self) -> collections.OrderedDict[str, None]:
+        return self._writing.open_journals
+
+    def close(self) -> None:
+        """Close the journal descriptors this store keeps open. The store stays usable.
+
+        Safe while other threads use the store: a task's descriptor is closed in that task's turn,
+        so this waits for a commit in flight on it to end."""
+        with self._gates.mutex:
+            open_now = list(self._writing.open_journals)
+        for task_id in open_now:
+            gate = self._enter_gate(task_id)
+            try:
+                self._writing.close_journal(task_id)
+            finally:
+                self._leave_gate(task_id, gate)
+
+    def __enter__(self) -> "JsonFileStore":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def task_dir(self, task_id: str) -> str:
+        """The task's directory (the task id is checked first: it must be a safe path component)."""
+        return self._files.task_dir(task_id)
+
+    # -- transaction: the task's turn among threads, then flock among processes ----------------
+
+    def _transaction(self, task_id: str, *, create: bool, write: bool = True) -> Transaction:
+        return Transaction(self, self._files, task_id, create=create, write=write)
+
+    def _enter_gate(self, task_id: str) -> Gate:
+        """Wait for the task's turn among this store object's threads (see ``Gate``)."""
+        return self._gates.enter(task_id)
+
+    def _leave_gate(self, task_id: str, gate: Gate) -> None:
+        self._gates.leave(task_id, gate)
+
+    # -- lease --------------------------------------------------------------------------------
+
+    def _get_lease(self, task_id: str) -> Lease | None:
+        data = read_small(self.io, self._files.path(task_id, LEASE), MAX_RECORD_BYTES)
+        if data is None:
+            return None
+        # The record is read on every commit (the fence); parsing it again is only needed when its
+        # bytes differ from the ones last parsed, so the check compares bytes, never timestamps.
+        cached = self._leases.get(task_id)
+        if cached is not None and cached[0] == data:
+            return cached[1]
+        try:
+            document = parse_json(data, what="lease record", max_bytes=MAX_RECORD_BYTES, unique_keys=True)
+            lease = Lease.from_json(_checked_lease(document))
+        except SchemaVersionError:
+            raise
+        except CorruptStateError as exc:
+            raise CorruptStateError(f"lease record of {task_id!r} is damaged: {exc}") from exc
+        if lease.task_id != task_id:
+            raise ForeignStateError(f"lease record in {task_id!r} names task {lease.task_id!r}")
+        self._leases[task_id] = (data, lease)
+        return lease
+
+    def _put_lease(self, lease: Lease) -> None:
+        body = lease.to_json()
+        data = canonical_bytes({**body, "checksum": "sha256:" + sha256_hex(canonical_bytes(body))})
+        write_atomic(self.io, self.task_dir(lease.task_id), LEASE, data)
+        self._leases[lease.task_id] = (data, lease)
+
+    def _epoch_floor(self, task_id: str) -> int:
+        return epoch_floor(self._files, task_id)
+
+    def _set_lease_aside(self, task_id: str, reason: str) -> str:
+        self._leases.pop(task_id, None)
+        return self._files.quarantine(task_id, LEASE, reason)
+
+    # -- state --------------------------------------------------------------------------------
+
+    def _get_state(self, task_id: str, *, repair: bool) -> LoadResult:
+        if not self._files.exists(task_id):
+            return LoadResult(state=None)
+        if repair:
+            self._files.sweep_temporaries(task_id)
+            self._writing.drop(task_id)
+        with journal.no_gc():
+            return Load(self._files, self._writing, task_id, repair=repair).result()
+
+    def _put_state(self, state: RunState, changed: Collection[str] | None) -> None:
+        self._writing.commit(state, changed)
+
+    # -- control records ----------------------------------------------------------------------
+
+    def _known(self, task_id: str) -> None:
+        """Raise ``UnknownTaskError`` unless the task exists (control records need no lock)."""
+        try:
+            if self._files.exists(task_id):
+                return
+            unknown = self._files.unknown(task_id)
+        except LongrunError:
+            raise
+        except OSError as exc:
+            raise StorageError(f"cannot open task {task_id!r} in {self.root}: {exc}") from exc
+        raise unknown
+
+    def read_cancellation(self, task_id: str) -> ControlRecord | None:
+        self._known(task_id)
+        return self._control.read_cancellation(task_id)
+
+    def write_cancellation(self, record: Cancellation) -> None:
+        self._known(record.task_id)
+        self._control.write_cancellation(record)
+
+    def read_approvals(self, task_id: str) -> tuple[ControlRecord, ...]:
+        self._known(task_id)
+        return self._control.read_approvals(task_id)
+
+    def write_approval(self, approval: Approval) -> None:
+        self._known(approval.task_id)
+        self._control.write_approval(approval)
+
+    # -- listing ------------------------------------------------------------------------------
+
+    def history(self, task_id: str) -> list[dict[str, object]]:
+        """The commits the store still holds for a task, oldest first, read-only.
+
+        Each entry: ``revision``, ``epoch``, ``at`` (the commit's ``updated_at``), ``changes`` (one
+        phrase per changed effect or header field) and ``description``. Compaction deletes journals
+        older than the previous generation, so this is the recent timeline, not the task's whole
+        life; the state itself still says where every effect ended. A damaged line ends its
+        journal's part of the timeline (``load`` says why).
+        """
+        with self._transaction(task_id, create=False, write=False):
+            return history(self._files, task_id)
+
+    def list_tasks(self) -> list[str]:
+        return self._files.list_tasks()
