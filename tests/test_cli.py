@@ -1,7 +1,5 @@
 """The operator CLI, driven through subprocesses as a user would: status, approve, cancel, ls, errors."""
 
-import support  # noqa: F401
-
 import contextlib
 import io
 import json
@@ -9,7 +7,7 @@ import os
 import unittest
 from dataclasses import replace
 
-from support import TempDirTest, run_python
+from helpers.support import TempDirTest, run_python
 
 import longrun
 from longrun import JsonFileStore, Limits, RunContract, Runner, Status, Step

@@ -1,8 +1,6 @@
 """The operator CLI as a cron job or an operator uses it: history, verify, resume, --json on every
 command, and --store specs, driven through subprocesses, including every wrong-argument path."""
 
-import support  # noqa: F401
-
 import contextlib
 import json
 import os
@@ -13,12 +11,11 @@ import time
 import unittest
 from unittest import mock
 
-from support import TempDirTest, child_env, run_python
+from helpers.support import HELPERS, TempDirTest, child_env, run_python
 
 from longrun import JsonFileStore, Limits, RunContract, Runner, Status, Step
 from longrun.testing import FakeClock, OutboxAdapter, read_outbox
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
 
 try:
     from longrun.stores.sqlite import SqliteStore
@@ -34,8 +31,8 @@ def cli(*args: str, input: str | None = None):
 
 
 def resume(target: str, *args: str):
-    """``longrun resume`` of a target in tests/cli_tasks.py."""
-    return cli("resume", "--path", TESTS, f"cli_tasks:{target}", *args)
+    """``longrun resume`` of a target in tests/helpers/cli_tasks.py."""
+    return cli("resume", "--path", HELPERS, f"cli_tasks:{target}", *args)
 
 
 class OpsCase(TempDirTest):
@@ -44,7 +41,7 @@ class OpsCase(TempDirTest):
         self.store_dir = self.path("store")
         self.outbox = self.path("outbox.jsonl")
         self.clock = FakeClock()
-        environment = mock.patch.dict(os.environ, {"LONGRUN_CLI_ROOT": self.tmp})  # read by tests/cli_tasks.py
+        environment = mock.patch.dict(os.environ, {"LONGRUN_CLI_ROOT": self.tmp})  # read by tests/helpers/cli_tasks.py
         environment.start()
         self.addCleanup(environment.stop)
         os.environ.pop("LONGRUN_CLI_STORE", None)
@@ -407,7 +404,7 @@ class ResumeTest(OpsCase):
         self.assertIn("Traceback", bug.stderr)
 
     def test_the_module_is_found_from_the_current_directory(self) -> None:
-        result = cli("resume", "tests.cli_tasks:finished")  # the tests run from the repository root
+        result = cli("resume", "tests.helpers.cli_tasks:finished")  # the tests run from the repository root
         self.assert_exit(result, 0)
         self.assert_fails(cli("resume", "cli_tasks:finished"), 2, "no module named 'cli_tasks'")
 
@@ -485,7 +482,7 @@ class PostgresStoreTest(OpsCase):
         super().setUp()
         import urllib.parse
 
-        import pg_support
+        from helpers import pg_support
         from longrun.stores import PostgresStore
 
         pg_support.check("psycopg")  # the URL carries the schema as a libpq option, which pg8000 cannot take
@@ -723,16 +720,16 @@ class WrongArgumentsTest(OpsCase):
             (["--path", self.tmp, "broken_module:build"], "raised RuntimeError: boom at import"),
             (["--path", self.tmp, "needs_dep:build"], "No module named 'not_installed_dependency_xyz'"),
             (["--path", self.path("nowhere"), "cli_tasks:finished"], "is not an existing directory"),
-            (["--path", TESTS, "cli_tasks:no_such_function"], "has no attribute 'no_such_function'"),
-            (["--path", TESTS, "cli_tasks:NOT_CALLABLE"], "is a str, not a function"),
-            (["--path", TESTS, "cli_tasks:not_a_runner"], "returned int, not a longrun.runner.Runner"),
-            (["--path", TESTS, "cli_tasks:raises"], "raised RuntimeError: the task's configuration is missing"),
-            (["--path", TESTS, "cli_tasks:needs_an_argument"], "it must take no arguments"),
+            (["--path", HELPERS, "cli_tasks:no_such_function"], "has no attribute 'no_such_function'"),
+            (["--path", HELPERS, "cli_tasks:NOT_CALLABLE"], "is a str, not a function"),
+            (["--path", HELPERS, "cli_tasks:not_a_runner"], "returned int, not a longrun.runner.Runner"),
+            (["--path", HELPERS, "cli_tasks:raises"], "raised RuntimeError: the task's configuration is missing"),
+            (["--path", HELPERS, "cli_tasks:needs_an_argument"], "it must take no arguments"),
         ]
         for args, fragment in cases:
             with self.subTest(args=args):
                 self.assert_fails(cli("resume", *args), 2, fragment)
-        verbose = cli("-v", "resume", "--path", TESTS, "cli_tasks:raises")
+        verbose = cli("-v", "resume", "--path", HELPERS, "cli_tasks:raises")
         self.assert_exit(verbose, 2)
         self.assertIn("Traceback", verbose.stderr, "-v shows the target's traceback")
 

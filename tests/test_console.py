@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import support  # noqa: F401
+from helpers import support
 
 import http.client
 import json
@@ -14,7 +14,7 @@ import threading
 import urllib.parse
 from typing import Any
 
-import browser_support
+from helpers import browser_support
 from test_cli import CliCase
 
 import longrun

@@ -14,22 +14,11 @@ import json
 import os
 import unittest
 
-import support
+from helpers import support
+from helpers.fault_case import FaultGroupCase
 from longrun import JsonFileStore
 from longrun.functions import FUNCTION_STEP
 from longrun.testing import faults
-
-
-class FaultGroupCase(unittest.TestCase):
-    def run_group(self, number: int, face: str = "runner") -> faults.GroupResult:
-        result = faults.run_group(number, full=faults.full_scale(), face=face)
-        self.assertEqual(result.face, face if number in faults.FACED_GROUPS else "")
-        details = "\n".join(result.failures + result.notes)
-        self.assertGreater(result.cases, 0, details)
-        self.assertGreater(result.faults, 0, details)
-        self.assertEqual((result.duplicates, result.lost, result.resets), (0, 0, 0), details)
-        self.assertEqual(result.failures, [], details)
-        return result
 
 
 def mid_run_kills(result: faults.GroupResult) -> int:

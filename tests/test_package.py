@@ -6,7 +6,7 @@ import ast
 import os
 import unittest
 
-import support
+from helpers import support
 import longrun
 
 

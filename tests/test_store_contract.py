@@ -17,8 +17,8 @@ import time
 import unittest
 from typing import Any, Iterator
 
-import pg_support
-import support
+from helpers import pg_support
+from helpers import support
 from longrun import JsonFileStore, PostgresStore, SqliteStore
 from longrun.lease import Lease
 from longrun.stores._fileio import FileIO

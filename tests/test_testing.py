@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import unittest
 
-import support
+from helpers import support
 from longrun import EffectRequest, PermanentError, TransientError
 from longrun.testing import FakeClock, OutboxAdapter
 

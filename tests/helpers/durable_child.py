@@ -35,7 +35,7 @@ import time
 import traceback
 from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src"))  # run by path: longrun from src
 
 import longrun  # noqa: E402
 from longrun import JsonFileStore, Limits, RetryPolicy, SqliteStore, SystemClock  # noqa: E402

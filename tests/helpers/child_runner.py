@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src"))  # run by path: longrun from src
 
 from longrun import JsonFileStore, Limits, SqliteStore, RetryPolicy, RunContract, Runner, Step, SystemClock  # noqa: E402
 from longrun.adapters import EffectRequest, Observation, Receipt  # noqa: E402
