@@ -104,7 +104,7 @@ class SeamTests(support.TempDirTest):
         state = JsonFileStore(root).load("fault-task").state
         assert state is not None
         record = state.effects[FUNCTION_STEP]
-        self.assertEqual(record.payload["function"], "longrun.testing.faults:fault_function", "not __main__: the parent pre-approves by it")
+        self.assertEqual(record.payload["function"], "longrun.testing.faults.task:fault_function", "not __main__: the parent pre-approves by it")
         self.assertEqual(record.result, faults.function_result(2))
         self.assertEqual(faults.call_counts(faults.call_log_of(outbox)), {"call-000": 1, "call-001": 1})
         self.assertTrue(os.path.exists(outbox))

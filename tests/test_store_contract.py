@@ -22,6 +22,7 @@ from helpers import support
 from longrun import JsonFileStore, PostgresStore, SqliteStore
 from longrun.lease import Lease
 from longrun.stores._fileio import FileIO
+from longrun.testing import FaultyIO
 from longrun.testing.store_contract import StoreContract
 
 
@@ -30,59 +31,6 @@ def _injected(n: int) -> OSError:
 
 
 # -- JSON-file store ------------------------------------------------------------------------------
-
-
-class _FailingIO(FileIO):
-    """Delegates to ``inner`` and fails the ``n``-th operation that reads or changes the disk."""
-
-    def __init__(self, inner: FileIO, n: int):
-        self.inner = inner
-        self.n = n
-        self.count = 0
-
-    def _tick(self) -> None:
-        self.count += 1
-        if self.count == self.n:
-            raise _injected(self.n)
-
-    def open(self, path: str, flags: int, mode: int = 0o600) -> int:
-        self._tick()
-        return self.inner.open(path, flags, mode)
-
-    def write(self, fd: int, data: bytes) -> int:
-        self._tick()
-        return self.inner.write(fd, data)
-
-    def read(self, fd: int, size: int) -> bytes:
-        self._tick()
-        return self.inner.read(fd, size)
-
-    def fsync(self, fd: int) -> None:
-        self._tick()
-        self.inner.fsync(fd)
-
-    def close(self, fd: int) -> None:
-        self.inner.close(fd)
-
-    def replace(self, source: str, destination: str) -> None:
-        self._tick()
-        self.inner.replace(source, destination)
-
-    def link(self, source: str, destination: str) -> None:
-        self._tick()
-        self.inner.link(source, destination)
-
-    def unlink(self, path: str) -> None:
-        self._tick()
-        self.inner.unlink(path)
-
-    def mkdir(self, path: str, mode: int = 0o700) -> None:
-        self._tick()
-        self.inner.mkdir(path, mode)
-
-    def fsync_dir(self, path: str) -> None:
-        self._tick()
-        self.inner.fsync_dir(path)
 
 
 class JsonFileStoreContract(StoreContract, support.TempDirTest):
@@ -158,7 +106,7 @@ class JsonFileStoreContract(StoreContract, support.TempDirTest):
         if not isinstance(getattr(store, "io", None), FileIO):
             self.skipTest("the JSON-file store no longer routes its I/O through store.io")
         inner = store.io
-        store.io = _FailingIO(inner, n)
+        store.io = FaultyIO(n)  # the n-th operation that reads or changes the disk fails with EIO
         try:
             yield
         finally:
