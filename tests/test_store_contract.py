@@ -1,7 +1,8 @@
 """The store contract (``longrun.testing.store_contract``), run by every store longrun ships.
 
-JSON-file and SQLite always run; PostgreSQL runs once per installed driver when
-``LONGRUN_TEST_POSTGRES_DSN`` is set (and fails rather than skips under ``LONGRUN_REQUIRE_POSTGRES=1``).
+JSON-file, SQLite and the in-memory store (``longrun.testing.MemoryStore``) always run; PostgreSQL
+runs once per installed driver when ``LONGRUN_TEST_POSTGRES_DSN`` is set (and fails rather than
+skips under ``LONGRUN_REQUIRE_POSTGRES=1``).
 The hooks below are the only store-specific code: how to damage, plant or fail what a store keeps.
 The JSON-file hooks avoid naming state files, so they survive a change of that store's layout.
 """
@@ -22,7 +23,7 @@ from helpers import support
 from longrun import JsonFileStore, PostgresStore, SqliteStore
 from longrun.lease import Lease
 from longrun.stores._fileio import FileIO
-from longrun.testing import FaultyIO
+from longrun.testing import FaultyIO, MemoryStore
 from longrun.testing.store_contract import StoreContract
 
 
@@ -111,6 +112,58 @@ class JsonFileStoreContract(StoreContract, support.TempDirTest):
             yield
         finally:
             store.io = inner
+
+
+# -- the in-memory store (longrun.testing.MemoryStore) ---------------------------------------------
+
+
+class MemoryStoreContract(StoreContract, unittest.TestCase):
+    """The hooks reach the task's raw records (``MemoryStore.records``) and the store's ``fault`` seam."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.failing: list[int] = []
+        """While a test fails the n-th operation: [n, operations seen so far]."""
+        self.first = MemoryStore(fault=self.count)
+
+    def count(self, operation: str, task_id: str) -> None:
+        if self.failing:
+            self.failing[1] += 1
+            if self.failing[1] == self.failing[0]:
+                raise _injected(self.failing[0])
+
+    def make_store(self) -> MemoryStore:
+        return MemoryStore(self.first, fault=self.count)
+
+    def damage_state(self, store: Any, task_id: str) -> None:
+        store.records(task_id).state = b"garbage, not a state"
+
+    def plant_foreign_state(self, store: Any, task_id: str, source_task_id: str) -> None:
+        store.records(task_id).state = store.records(source_task_id).state
+
+    def plant_future_schema(self, store: Any, task_id: str) -> None:
+        records = store.records(task_id)
+        document = json.loads(records.state)
+        document["schema_version"] = 999
+        records.state = json.dumps(document).encode()
+
+    def plant_control_text(self, store: Any, task_id: str, kind: str, text: bytes) -> None:
+        if kind == "cancellation":
+            store.records(task_id).cancellation = text
+        else:
+            store.records(task_id).approvals["planted"] = text
+
+    def damage_lease(self, store: Any, task_id: str) -> None:
+        records = store.records(task_id)
+        records.lease = records.lease[: len(records.lease) // 2]
+
+    @contextlib.contextmanager
+    def fail_nth_operation(self, store: Any, n: int) -> Iterator[None]:
+        self.failing[:] = [n, 0]
+        try:
+            yield
+        finally:
+            self.failing.clear()
 
 
 # -- the SQL stores -------------------------------------------------------------------------------
