@@ -1,13 +1,19 @@
-"""The package's public names: each one importable, and each one visible to a type checker."""
+"""The package's public names: each one importable, each one visible to a type checker, the central
+ones documented, and every error the library raises drawn in its one exception tree."""
 
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 import os
+import pkgutil
+import re
 import unittest
 
 from helpers import support
 import longrun
+from longrun import errors
 
 
 class PublicNameTests(unittest.TestCase):
@@ -23,6 +29,56 @@ class PublicNameTests(unittest.TestCase):
             tree = ast.parse(handle.read())
         bound = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
         self.assertEqual(sorted(set(longrun.__all__) - bound), [])
+
+
+def public_modules() -> list[str]:
+    """Every module of the package that is not private (no part of its name starts with ``_``)."""
+    names = []
+    for module in pkgutil.walk_packages(longrun.__path__, "longrun."):
+        if not any(part.startswith("_") for part in module.name.split(".")[1:]):
+            names.append(module.name)
+    return names
+
+
+class DocumentationTests(unittest.TestCase):
+    CENTRAL = ("Runner", "durable", "DurableFunction", "Run", "JsonFileStore", "RunState", "EffectRecord", "Lease",
+               "EffectRequest", "RunOutcome")  # fmt: skip
+
+    def test_the_central_names_say_what_they_are_in_their_own_docstring(self) -> None:
+        for name in self.CENTRAL:
+            with self.subTest(name):
+                value = getattr(longrun, name)
+                doc = value.__dict__.get("__doc__") if inspect.isclass(value) else value.__doc__
+                self.assertTrue(doc and doc.strip(), f"{name} has no docstring")
+                # A dataclass without one gets its signature as its docstring: that says nothing.
+                self.assertFalse(doc.startswith(f"{name}("), f"{name}'s docstring is the generated signature")
+
+
+class ExceptionTreeTests(unittest.TestCase):
+    OUTSIDE = {
+        "longrun.engine.Stop": "a BaseException that unwinds a face to the engine, never an error a caller sees",
+        "longrun.shell.CommandFailed": "raised inside the shell adapter to mean outcome unknown, like any other exception",
+        "longrun.shell.CommandInterrupted": "likewise",
+    }
+
+    def test_every_error_a_public_module_defines_is_drawn_in_the_tree_of_longrun_errors(self) -> None:
+        drawn = set(re.findall(r"\+-- (\w+)", errors.__doc__ or ""))
+        found = []
+        for module_name in public_modules():
+            module = importlib.import_module(module_name)
+            for name, value in vars(module).items():
+                if (inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == module_name
+                        and not name.startswith("_")):  # fmt: skip
+                    found.append(value)
+        self.assertIn(errors.LongrunError, found)
+        for error in found:
+            qualified = f"{error.__module__}.{error.__name__}"
+            if qualified in self.OUTSIDE:
+                continue
+            with self.subTest(qualified):
+                self.assertTrue(issubclass(error, errors.LongrunError), "every error longrun raises is a LongrunError")
+                self.assertTrue(error is errors.LongrunError or error.__name__ in drawn, "drawn in longrun.errors' tree")
+                self.assertIs(getattr(errors, error.__name__, None), error, "importable from longrun.errors")
 
 
 if __name__ == "__main__":

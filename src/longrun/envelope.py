@@ -136,6 +136,14 @@ _ENVELOPE_FIELDS = frozenset({"format", "schema_version", "checksum", "state"})
 
 @dataclass
 class RunState:
+    """A task's state of record: what a store commits at each revision and a run recovers from.
+
+    One aggregate per task: the plan digest it is pinned to, the budget counters, the status and
+    next action, one ``EffectRecord`` per step (in plan order), the open approval requests and the
+    approvals consumed, what control records and observations were seen, and the lease it was
+    written under. Mutable (the runner's working copy); everything it holds is a frozen record.
+    """
+
     task_id: str
     plan_digest: str
     budget: BudgetCounters

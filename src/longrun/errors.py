@@ -8,6 +8,7 @@
     |   +-- SizeLimitError            a value or the state is over a size limit; nothing was written
     |   +-- UnknownActionError        a step names an action with no adapter
     |   +-- UnknownTaskError(LookupError) no such task in the store
+    |   +-- ContractFileError         a run-contract file that cannot be used (its file and line)
     +-- StorageError(OSError)         the store could not read or write; __cause__ holds the OSError
     |   +-- FencedError               a write carried an epoch other than the store's current one
     |   +-- LeaseHeldError            another live owner holds the task's lease
@@ -17,6 +18,7 @@
     |   +-- StateUnrecoverableError   neither the state nor its backup validates
     +-- PayloadError                  a step's payload factory raised; its exception is the cause
     +-- CallFailed                    a durable function's recorded call raised: replayed as recorded
+    +-- IllegalTransitionError        a ledger move the effect lifecycle does not allow: a bug, never retried
     +-- AdapterError                  base of the two classified adapter failures
         +-- TransientError            the effect did not take place; retry within budget
         +-- PermanentError            the effect did not take place and never will; stop `blocked`
@@ -30,9 +32,11 @@ from __future__ import annotations
 __all__ = [
     "AdapterError",
     "CallFailed",
+    "ContractFileError",
     "CorruptStateError",
     "FencedError",
     "ForeignStateError",
+    "IllegalTransitionError",
     "InvalidInputError",
     "LeaseHeldError",
     "LongrunError",
@@ -73,6 +77,17 @@ class UnknownActionError(InvalidInputError):
 
 class UnknownTaskError(InvalidInputError, LookupError):
     """The store holds no task by that id."""
+
+
+class ContractFileError(InvalidInputError):
+    """A run-contract file that cannot be used, with the file and line that hold the problem."""
+
+    def __init__(self, source: str, line: int | None, message: str):
+        where = f"{source}, line {line}" if line is not None else source
+        super().__init__(f"{where}: {message}")
+        self.source = source
+        self.line = line
+        self.problem = message
 
 
 class StorageError(LongrunError, OSError):
@@ -133,6 +148,10 @@ class CallFailed(LongrunError):
         self.step_id = step_id
         self.type_name = type_name
         self.message = message
+
+
+class IllegalTransitionError(LongrunError):
+    """A ledger move that the effect lifecycle does not allow; a bug in the caller, never retried."""
 
 
 class AdapterError(LongrunError):

@@ -100,6 +100,9 @@ def boot_clock_id() -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Lease:
+    """A grant of one task to one holder until ``expires_at``, fenced by ``epoch`` (see the module
+    docstring): the holder writes under it, and a store refuses a write whose epoch is not current."""
+
     task_id: str
     owner: str
     epoch: int

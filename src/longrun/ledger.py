@@ -30,7 +30,7 @@ from . import _fields as f
 from .adapters import Receipt
 from .budget import Backoff
 from .canonical import MAX_VALUE_BYTES, JSONValue, canonical_bytes, sha256_hex
-from .errors import LongrunError
+from .errors import IllegalTransitionError
 
 __all__ = ["CheckedReceipt", "EffectRecord", "EffectState", "IllegalTransitionError", "OMITTED", "check_receipt", "recordable_result"]
 
@@ -64,12 +64,13 @@ IN_FLIGHT = frozenset({EffectState.STARTED, EffectState.ACKNOWLEDGED, EffectStat
 """States whose outcome at the target is not yet known to the ledger: reconcile before anything else."""
 
 
-class IllegalTransitionError(LongrunError):
-    """A ledger move that the lifecycle does not allow; a bug in the caller, never retried."""
-
-
 @dataclass(frozen=True, slots=True)
 class EffectRecord:
+    """One side effect in the ledger: its stable key, payload and digest, where it is in the
+    lifecycle (see the module docstring), its attempts and epoch, and what the target said.
+
+    Frozen; it changes only by ``move`` (a legal transition) or ``with_changes``."""
+
     key: str
     step_id: str
     action: str
