@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from typing import Any, Callable
 
 from ...errors import CorruptStateError
 from ...stores import jsonfile
@@ -18,6 +19,18 @@ from .results import GroupResult
 from .store_history import TASK, build_history, content, copy_tree, scratch_base
 
 __all__ = ["run"]
+
+
+def _read_damaged(read: Callable[[], Any], result: GroupResult, where: str) -> tuple[bool, Any]:
+    """``(True, what read() returned)``; or ``(False, None)`` if it refused the damage with
+    ``CorruptStateError`` (right) or raised anything else (a failure, noted in ``result``)."""
+    try:
+        return True, read()
+    except CorruptStateError:
+        return False, None
+    except Exception as exc:  # noqa: BLE001 - anything else leaking is the finding
+        result.fail(f"{where}: {type(exc).__name__} leaked: {exc}")
+        return False, None
 
 
 def run(base: str, *, full: bool) -> GroupResult:
@@ -53,23 +66,13 @@ def run(base: str, *, full: bool) -> GroupResult:
                     handle.write(damaged)
                 where = f"{name}: {label}"
                 if name == jsonfile.LEASE:
-                    try:
-                        lease = JsonFileStore(target).read_lease(TASK)
-                    except CorruptStateError:
-                        continue
-                    except Exception as exc:  # noqa: BLE001
-                        result.fail(f"{where}: {type(exc).__name__} leaked: {exc}")
-                        continue
-                    if lease != original_lease:
+                    read, lease = _read_damaged(lambda: JsonFileStore(target).read_lease(TASK), result, where)
+                    if read and lease != original_lease:
                         result.resets += 1
                         result.fail(f"{where}: read as a different lease (epoch {lease and lease.epoch}), not refused")
                     continue
-                try:
-                    loaded = JsonFileStore(target).load(TASK)
-                except CorruptStateError:
-                    continue
-                except Exception as exc:  # noqa: BLE001
-                    result.fail(f"{where}: {type(exc).__name__} leaked: {exc}")
+                read, loaded = _read_damaged(lambda: JsonFileStore(target).load(TASK), result, where)
+                if not read:
                     continue
                 if loaded.state is None:
                     result.resets += 1
