@@ -14,8 +14,7 @@ import sys
 import threading
 from typing import Any
 
-from test_cli import CliCase, cli
-from test_cli_ops import OpsCase
+from helpers.cli_case import CliCase, OpsCase, cli
 
 from longrun import JsonFileStore, Run, RunEvent, Status, Step, durable
 from longrun.adapters import EffectRequest, Observation, Receipt

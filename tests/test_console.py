@@ -15,7 +15,7 @@ import urllib.parse
 from typing import Any
 
 from helpers import browser_support
-from test_cli import CliCase
+from helpers.cli_case import CliCase
 
 import longrun
 from longrun import Approval, JsonFileStore, Runner, Status, Step
