@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import unittest
 
-import support  # noqa: F401
+import helpers  # noqa: F401  (puts src on sys.path)
 from longrun.approval import Approval, ApprovalRequest, GateVerdict, evaluate_gate
 from longrun.control import ControlRecord
 

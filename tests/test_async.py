@@ -18,8 +18,7 @@ import warnings
 from collections import Counter
 from typing import Any
 
-import pg_support
-import support
+from helpers import pg_support, support
 import longrun
 from longrun import (
     Approval,

@@ -1,7 +1,7 @@
 """Effects in parallel, killed: real processes, SIGKILL, power loss and I/O errors against group commits.
 
 ``AsyncKillCase``: an async durable function with 64 effects in flight at once
-(``tests/async_child.py``), each a line in an outbox that records applies durably, is SIGKILLed at
+(``tests/helpers/async_child.py``), each a line in an outbox that records applies durably, is SIGKILLed at
 random moments (a random crash point's N-th pass, or a signal from outside after a random delay)
 and run again, over and over, on every store. Afterwards every effect is at the target exactly
 once, none is lost, and the function's results name the lines the effects wrote. The number of
@@ -10,7 +10,7 @@ machine; the figure the guarantee was checked with is 50), and ``LONGRUN_ASYNC_S
 random choices.
 
 ``GroupCommitFaultTests``: a group commit is one journal record with one ``fdatasync``. Under the
-power-loss model (``longrun.testing._powerloss``) every crash state of a recorded async run loads
+power-loss model (``longrun.testing.faults.power_loss_model``) every crash state of a recorded async run loads
 as the state before or after the commit in flight, never half a batch; an I/O error at the N-th
 file operation of such a run leaves the state before or after the failed commit, and a run
 afterwards applies every effect exactly once.
@@ -33,8 +33,7 @@ import unittest
 from collections import Counter
 from typing import Any
 
-import pg_support
-import support
+from helpers import pg_support, support
 import longrun
 from longrun import EffectRequest, EffectState, JsonFileStore, Observation, Receipt, RetryPolicy, Status, Store, StorageError
 from longrun.envelope import RunState
@@ -42,11 +41,12 @@ from longrun.lease import Lease
 from longrun.stores._fileio import FileIO
 from longrun.stores._spec import open_store
 from longrun.testing import FakeClock, read_outbox
-from longrun.testing._fault_groups import _check_power_loss, _compact_early
-from longrun.testing._powerloss import RecordingIO
+from longrun.testing.faults.power_loss import check_power_loss
+from longrun.testing.faults.power_loss_model import RecordingIO
+from longrun.testing.faults.store_history import compact_early
 from longrun.testing.faults import FaultyIO
 
-CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "async_child.py")
+CHILD = os.path.join(support.HELPERS, "async_child.py")
 KILLED = -signal.SIGKILL
 EFFECTS = 64
 KILLS = int(os.environ.get("LONGRUN_ASYNC_KILLS", "20"))
@@ -312,7 +312,7 @@ class GroupCommitFaultTests(support.TempDirTest):
         root = self.path("recorded")
         io = RecordingIO()
         target = WorldTarget()
-        with _compact_early():
+        with compact_early():
             store = MarkedStore(root, io)
             outcome = fan_out_function(store, target).run(TASK, BATCH)
             store.close()
@@ -321,7 +321,7 @@ class GroupCommitFaultTests(support.TempDirTest):
         self.assertLess(store.commits, BATCH // 2, "the starts were committed in groups")
         scratch = self.path("scratch")
         os.makedirs(scratch)
-        cases, problems, figures = _check_power_loss(io.ops, root, scratch)
+        cases, problems, figures = check_power_loss(io.ops, root, scratch)
         self.assertGreater(cases, 100)
         self.assertEqual(problems[:5], [])
         self.assertEqual(figures, {"resets": 0, "lost": 0})
@@ -349,7 +349,7 @@ class GroupCommitFaultTests(support.TempDirTest):
                 target = WorldTarget()
                 store = MarkedStore(root, io)
                 try:
-                    with _compact_early():
+                    with compact_early():
                         outcome: longrun.RunOutcome | None = fan_out_function(store, target).run(TASK, BATCH)
                 except StorageError:
                     outcome = None

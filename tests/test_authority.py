@@ -16,7 +16,7 @@ import unittest
 from dataclasses import replace
 from unittest import mock
 
-import support
+from helpers import support
 from longrun import (
     Approval,
     Cancellation,

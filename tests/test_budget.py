@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import unittest
 
-import support  # noqa: F401  (puts src on sys.path)
-from longrun import Backoff, BudgetCounters, CorruptStateError, Limits
+import helpers  # noqa: F401  (puts src on sys.path)
+from longrun import Backoff, BudgetCounters, CorruptStateError, InvalidInputError, Limits, RetryPolicy
+from longrun.budget import IMPLAUSIBLE_GAP_S, describe_wall_gap
 
 BOOT = "boot:this"
 
@@ -85,6 +86,79 @@ class BackoffTests(unittest.TestCase):
         for change in ({"duration_s": -1.0}, {"monotonic_at": None}, {"monotonic_clock": None}, {"scheduled_at": None}, {"extra": 1}):
             with self.subTest(change=change), self.assertRaises(CorruptStateError):
                 Backoff.from_json({**good, **change})
+
+
+class RetryPolicyTests(unittest.TestCase):
+    def test_the_delay_doubles_from_the_base_up_to_the_cap_without_jitter(self) -> None:
+        policy = RetryPolicy(base_delay_s=0.5, max_delay_s=5.0, multiplier=2.0, jitter=0.0)
+        self.assertEqual([policy.delay("t/a", attempt) for attempt in range(1, 7)], [0.5, 1.0, 2.0, 4.0, 5.0, 5.0])
+        self.assertEqual(policy.delay("t/a", 0), 0.5, "before the first attempt: the base")
+        # 3 * 2 = 6 passes the cap (5) by less than the base: capped all the same.
+        self.assertEqual([RetryPolicy(base_delay_s=3.0, max_delay_s=5.0, jitter=0.0).delay("t/a", n) for n in (1, 2, 3)], [3.0, 5.0, 5.0])
+
+    def test_jitter_is_a_fixed_function_of_key_and_attempt_that_spreads_keys_apart(self) -> None:
+        policy = RetryPolicy(base_delay_s=10.0, max_delay_s=10.0, jitter=0.5)
+        delays = {key: policy.delay(key, 3) for key in (f"t/step-{n}" for n in range(20))}
+        self.assertEqual(delays, {key: RetryPolicy(base_delay_s=10.0, max_delay_s=10.0, jitter=0.5).delay(key, 3) for key in delays},
+                         "the same attempt of the same effect always waits the same time")  # fmt: skip
+        self.assertTrue(all(5.0 <= delay <= 10.0 for delay in delays.values()), delays)
+        self.assertGreater(len(set(delays.values())), 15, "different effects retry at different moments")
+        self.assertNotEqual(policy.delay("t/a", 3), policy.delay("t/a", 4))
+
+    def test_a_huge_attempt_number_gives_the_cap_and_a_zero_base_gives_no_wait(self) -> None:
+        policy = RetryPolicy(base_delay_s=1.0, max_delay_s=60.0, multiplier=10.0, jitter=0.0)
+        self.assertEqual(policy.delay("t/a", 10**6), 60.0)
+        self.assertEqual(RetryPolicy(base_delay_s=0.0, jitter=0.5).delay("t/a", 5), 0.0)
+
+    def test_impossible_policies_are_refused(self) -> None:
+        for bad in (dict(max_delay_s=float("inf")), dict(jitter=-0.1), dict(multiplier=True), dict(deadline_s="5")):
+            with self.subTest(bad=bad), self.assertRaises(InvalidInputError):
+                RetryPolicy(**bad)  # type: ignore[arg-type]
+
+
+class LimitTests(unittest.TestCase):
+    def test_the_attempt_limit_counts_the_first_attempt(self) -> None:
+        limits = Limits(max_attempts=1)
+        reason = limits.attempts_exhausted("t/a", 1, "transient: busy")
+        assert reason is not None
+        self.assertIn("all 1 attempts", reason)
+        self.assertIn("transient: busy", reason)
+        self.assertIsNone(Limits(max_attempts=2).attempts_exhausted("t/a", 1, None))
+
+    def test_unlimited_is_none_and_a_limit_is_reached_when_met(self) -> None:
+        counters = BudgetCounters(created_at=0.0, attempts_total=10**6, cost_spent=1e12).worked(1e9)
+        self.assertIsNone(counters.exhausted(Limits()))
+        self.assertIsNotNone(BudgetCounters(created_at=0.0, attempts_total=2).exhausted(Limits(max_steps=2)))
+        self.assertIsNone(BudgetCounters(created_at=0.0, attempts_total=1).exhausted(Limits(max_steps=2)))
+        self.assertIsNotNone(BudgetCounters(created_at=0.0, cost_spent=2.0).exhausted(Limits(max_cost=2.0)))
+        self.assertIsNone(BudgetCounters(created_at=0.0, cost_spent=1.99).exhausted(Limits(max_cost=2.0)))
+
+    def test_the_first_exhausted_limit_is_the_one_reported(self) -> None:
+        counters = BudgetCounters(created_at=0.0, attempts_total=5, cost_spent=9.0).worked(100.0)
+        order = [("max_steps", 5, "step budget spent"), ("max_cost", 9.0, "cost budget spent"),
+                 ("max_elapsed_s", 100.0, "elapsed budget spent"), ("max_no_progress_s", 100.0, "no progress for")]  # fmt: skip
+        for index, (_, _, expected) in enumerate(order):
+            limits = Limits(**{name: value for name, value, _ in order[index:]})  # type: ignore[arg-type]
+            with self.subTest(limits=limits):
+                self.assertTrue((counters.exhausted(limits) or "").startswith(expected), counters.exhausted(limits))
+
+
+class CounterTests(unittest.TestCase):
+    def test_starting_and_spending_count_without_touching_the_rest(self) -> None:
+        counters = BudgetCounters(created_at=5.0).started(10.0).started(20.0).spent(1.5).spent(0.25)
+        self.assertEqual((counters.created_at, counters.first_started_at, counters.attempts_total, counters.cost_spent), (5.0, 10.0, 2, 1.75))
+        self.assertEqual((counters.worked_s, counters.last_progress_at), (0.0, 0.0))
+        self.assertIs(counters.worked(-1.0), counters, "negative work is no work")
+
+
+class WallGapTests(unittest.TestCase):
+    def test_the_gap_between_runs_is_described_never_charged(self) -> None:
+        self.assertTrue(describe_wall_gap(100.0, 160.0).startswith("60.0s of wall time since the last commit"))
+        self.assertIn("stepped back", describe_wall_gap(100.0, 40.0))
+        self.assertIn("implausible", describe_wall_gap(0.0, IMPLAUSIBLE_GAP_S + 1))
+        self.assertNotIn("implausible", describe_wall_gap(0.0, IMPLAUSIBLE_GAP_S))
+        for gap in (describe_wall_gap(100.0, 40.0), describe_wall_gap(0.0, 1e10), describe_wall_gap(0.0, 1.0)):
+            self.assertTrue(gap.endswith("not charged to any budget"), gap)
 
 
 if __name__ == "__main__":

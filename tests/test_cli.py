@@ -1,7 +1,5 @@
 """The operator CLI, driven through subprocesses as a user would: status, approve, cancel, ls, errors."""
 
-import support  # noqa: F401
-
 import contextlib
 import io
 import json
@@ -9,16 +7,12 @@ import os
 import unittest
 from dataclasses import replace
 
-from support import TempDirTest, run_python
+from helpers.cli_case import CliCase, cli
 
 import longrun
-from longrun import JsonFileStore, Limits, RunContract, Runner, Status, Step
+from longrun import JsonFileStore, Limits, Runner, Status, Step
 from longrun.cli import main
-from longrun.testing import FakeClock, OutboxAdapter, read_outbox
-
-
-def cli(*args: str, input: str | None = None):
-    return run_python(["-m", "longrun", *args], input=input)
+from longrun.testing import OutboxAdapter, read_outbox
 
 
 def run_in_process(args: list[str]) -> tuple[int, str, str]:
@@ -35,48 +29,6 @@ def _without_times(document: object) -> object:
     if isinstance(document, list):
         return [_without_times(item) for item in document]
     return document
-
-
-class CliCase(TempDirTest):
-    def setUp(self) -> None:
-        super().setUp()
-        self.store_dir = self.path("store")
-        self.outbox = self.path("outbox.jsonl")
-        self.clock = FakeClock()
-
-    def runner(self, task_id: str, steps: list[Step], adapter: OutboxAdapter | None = None, **options) -> Runner:
-        adapter = adapter if adapter is not None else OutboxAdapter(self.outbox)
-        return Runner(
-            RunContract(task_id, goal="test the command line"),
-            steps,
-            store=JsonFileStore(self.store_dir, create=True),
-            adapters={"send": adapter},
-            clock=self.clock,
-            **options,
-        )
-
-    def finished_task(self, task_id: str = "finished") -> None:
-        steps = [Step("one", "send", {"n": 1}), Step("two", "send", {"n": 2})]
-        self.assertIs(self.runner(task_id, steps).run().status, Status.DONE)
-
-    def approval_steps(self) -> list[Step]:
-        return [
-            Step("draft", "send", {"text": "hello"}),
-            Step("publish", "send", {"channel": "everyone"}, approval=True),
-        ]
-
-    def awaiting_task(self, task_id: str = "gated") -> None:
-        outcome = self.runner(task_id, self.approval_steps()).run()
-        self.assertIs(outcome.status, Status.AWAITING_APPROVAL)
-
-    def assert_fails(self, result, code: int, *fragments: str) -> None:
-        self.assertEqual(result.returncode, code, f"stdout={result.stdout!r} stderr={result.stderr!r}")
-        self.assertTrue(result.stderr.strip(), "an error must say why on stderr")
-        for fragment in fragments:
-            self.assertIn(fragment, result.stderr)
-
-    def task_file(self, task_id: str, name: str) -> str:
-        return os.path.join(self.store_dir, task_id, name)
 
 
 class HelpTest(unittest.TestCase):

@@ -10,7 +10,7 @@ import tempfile
 import textwrap
 import unittest
 
-import support  # noqa: F401  (puts src on sys.path)
+import helpers  # noqa: F401  (puts src on sys.path)
 from longrun import JsonFileStore
 from longrun.testing import read_outbox
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import support  # noqa: F401
+from helpers import support
 
 import contextlib
 import datetime
@@ -14,8 +14,7 @@ import sys
 import threading
 from typing import Any
 
-from test_cli import CliCase, cli
-from test_cli_ops import TESTS, OpsCase
+from helpers.cli_case import CliCase, OpsCase, cli
 
 from longrun import JsonFileStore, Run, RunEvent, Status, Step, durable
 from longrun.adapters import EffectRequest, Observation, Receipt
@@ -285,13 +284,13 @@ class ProgressTests(CliCase):
 
 class VerboseLogTests(OpsCase):
     def test_a_complete_run_under_v_logs_every_step_on_stderr(self) -> None:
-        result = cli("-v", "resume", "--path", TESTS, "cli_tasks:finished")
+        result = cli("-v", "resume", "--path", support.HELPERS, "cli_tasks:finished")
         self.assertEqual(result.returncode, 0, result.stderr)
         for step in ("one", "two", "three"):
             for state in ("planned", "attempt 1 started", "acknowledged", "verified"):
                 self.assertIn(f"longrun: INFO: task nightly: effect {step} {state}", result.stderr)
         self.assertIn("task nightly: run stopped done", result.stderr)
         self.assertNotIn("DEBUG", result.stderr)
-        debug = cli("-vv", "resume", "--path", TESTS, "cli_tasks:gated")  # a new task: it commits
+        debug = cli("-vv", "resume", "--path", support.HELPERS, "cli_tasks:gated")  # a new task: it commits
         self.assertIn("longrun: DEBUG: lease on gated acquired", debug.stderr)
         self.assertIn("longrun: DEBUG: task gated: revision 1 committed", debug.stderr)

@@ -1,10 +1,7 @@
 """The operator CLI as a cron job or an operator uses it: history, verify, resume, --json on every
 command, and --store specs, driven through subprocesses, including every wrong-argument path."""
 
-import support  # noqa: F401
-
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -13,12 +10,12 @@ import time
 import unittest
 from unittest import mock
 
-from support import TempDirTest, child_env, run_python
+from helpers.cli_case import OpsCase, cli
+from helpers.support import HELPERS, child_env
 
-from longrun import JsonFileStore, Limits, RunContract, Runner, Status, Step
-from longrun.testing import FakeClock, OutboxAdapter, read_outbox
+from longrun import JsonFileStore, Limits, Status, Step
+from longrun.testing import OutboxAdapter, read_outbox
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
 
 try:
     from longrun.stores.sqlite import SqliteStore
@@ -29,85 +26,9 @@ else:
     SQLITE_MISSING = ""
 
 
-def cli(*args: str, input: str | None = None):
-    return run_python(["-m", "longrun", *args], input=input)
-
-
 def resume(target: str, *args: str):
-    """``longrun resume`` of a target in tests/cli_tasks.py."""
-    return cli("resume", "--path", TESTS, f"cli_tasks:{target}", *args)
-
-
-class OpsCase(TempDirTest):
-    def setUp(self) -> None:
-        super().setUp()
-        self.store_dir = self.path("store")
-        self.outbox = self.path("outbox.jsonl")
-        self.clock = FakeClock()
-        environment = mock.patch.dict(os.environ, {"LONGRUN_CLI_ROOT": self.tmp})  # read by tests/cli_tasks.py
-        environment.start()
-        self.addCleanup(environment.stop)
-        os.environ.pop("LONGRUN_CLI_STORE", None)
-
-    def runner(self, task_id: str, steps: list[Step], adapter: OutboxAdapter | None = None, store=None, **options) -> Runner:
-        return Runner(
-            RunContract(task_id, goal="test the command line"),
-            steps,
-            store=store if store is not None else JsonFileStore(self.store_dir, create=True),
-            adapters={"send": adapter if adapter is not None else OutboxAdapter(self.outbox)},
-            clock=self.clock,
-            **options,
-        )
-
-    def finished_task(self, task_id: str = "finished", store=None) -> None:
-        steps = [Step("one", "send", {"n": 1}), Step("two", "send", {"n": 2})]
-        self.assertIs(self.runner(task_id, steps, store=store).run().status, Status.DONE)
-
-    def approval_steps(self) -> list[Step]:
-        return [Step("draft", "send", {"text": "hello"}), Step("publish", "send", {"channel": "everyone"}, approval=True)]
-
-    def awaiting_task(self, task_id: str = "gated", store=None) -> None:
-        self.assertIs(self.runner(task_id, self.approval_steps(), store=store).run().status, Status.AWAITING_APPROVAL)
-
-    def unsafe_task(self, task_id: str = "blind") -> None:
-        """An effect whose apply raised after sending and whose target cannot be observed."""
-        blind = OutboxAdapter(self.outbox, raise_after_apply={"one"}, unobservable={"one"})
-        with self.assertLogs("longrun", "WARNING"):
-            outcome = self.runner(task_id, [Step("one", "send", {"n": 1})], blind).run()
-        self.assertIs(outcome.status, Status.UNSAFE_TO_CONTINUE)
-
-    def assert_exit(self, result, code: int) -> None:
-        self.assertEqual(result.returncode, code, f"stdout={result.stdout!r} stderr={result.stderr!r}")
-
-    def assert_fails(self, result, code: int, *fragments: str) -> None:
-        self.assert_exit(result, code)
-        self.assertTrue(result.stderr.strip(), "an error must say why on stderr")
-        self.assertNotIn("Traceback", result.stderr)
-        for fragment in fragments:
-            self.assertIn(fragment, result.stderr)
-
-    def json_of(self, result, code: int = 0):
-        self.assert_exit(result, code)
-        return json.loads(result.stdout)
-
-    def corrupt_state(self, task_id: str) -> list[str]:
-        """Damage every file of the task but its lease, lock and control records (whatever the format)."""
-        damaged = []
-        for directory, subdirectories, names in os.walk(os.path.join(self.store_dir, task_id)):
-            subdirectories[:] = [name for name in subdirectories if name not in ("control", "quarantine")]
-            for name in names:
-                if name.startswith(("lease", "lock")):
-                    continue
-                path = os.path.join(directory, name)
-                with open(path, "r+b") as handle:
-                    handle.write(b"\x00{garbage\x00")
-                damaged.append(path)
-        self.assertTrue(damaged, "the task has no state files to damage")
-        return damaged
-
-    def listing(self, task_id: str) -> list[str]:
-        top = os.path.join(self.store_dir, task_id)
-        return sorted(os.path.relpath(os.path.join(d, n), top) for d, _, names in os.walk(top) for n in names)
+    """``longrun resume`` of a target in tests/helpers/cli_tasks.py."""
+    return cli("resume", "--path", HELPERS, f"cli_tasks:{target}", *args)
 
 
 class ListTest(OpsCase):
@@ -407,7 +328,7 @@ class ResumeTest(OpsCase):
         self.assertIn("Traceback", bug.stderr)
 
     def test_the_module_is_found_from_the_current_directory(self) -> None:
-        result = cli("resume", "tests.cli_tasks:finished")  # the tests run from the repository root
+        result = cli("resume", "tests.helpers.cli_tasks:finished")  # the tests run from the repository root
         self.assert_exit(result, 0)
         self.assert_fails(cli("resume", "cli_tasks:finished"), 2, "no module named 'cli_tasks'")
 
@@ -485,7 +406,7 @@ class PostgresStoreTest(OpsCase):
         super().setUp()
         import urllib.parse
 
-        import pg_support
+        from helpers import pg_support
         from longrun.stores import PostgresStore
 
         pg_support.check("psycopg")  # the URL carries the schema as a libpq option, which pg8000 cannot take
@@ -723,16 +644,16 @@ class WrongArgumentsTest(OpsCase):
             (["--path", self.tmp, "broken_module:build"], "raised RuntimeError: boom at import"),
             (["--path", self.tmp, "needs_dep:build"], "No module named 'not_installed_dependency_xyz'"),
             (["--path", self.path("nowhere"), "cli_tasks:finished"], "is not an existing directory"),
-            (["--path", TESTS, "cli_tasks:no_such_function"], "has no attribute 'no_such_function'"),
-            (["--path", TESTS, "cli_tasks:NOT_CALLABLE"], "is a str, not a function"),
-            (["--path", TESTS, "cli_tasks:not_a_runner"], "returned int, not a longrun.runner.Runner"),
-            (["--path", TESTS, "cli_tasks:raises"], "raised RuntimeError: the task's configuration is missing"),
-            (["--path", TESTS, "cli_tasks:needs_an_argument"], "it must take no arguments"),
+            (["--path", HELPERS, "cli_tasks:no_such_function"], "has no attribute 'no_such_function'"),
+            (["--path", HELPERS, "cli_tasks:NOT_CALLABLE"], "is a str, not a function"),
+            (["--path", HELPERS, "cli_tasks:not_a_runner"], "returned int, not a longrun.runner.Runner"),
+            (["--path", HELPERS, "cli_tasks:raises"], "raised RuntimeError: the task's configuration is missing"),
+            (["--path", HELPERS, "cli_tasks:needs_an_argument"], "it must take no arguments"),
         ]
         for args, fragment in cases:
             with self.subTest(args=args):
                 self.assert_fails(cli("resume", *args), 2, fragment)
-        verbose = cli("-v", "resume", "--path", TESTS, "cli_tasks:raises")
+        verbose = cli("-v", "resume", "--path", HELPERS, "cli_tasks:raises")
         self.assert_exit(verbose, 2)
         self.assertIn("Traceback", verbose.stderr, "-v shows the target's traceback")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import support  # noqa: F401
+from helpers import support
 
 import http.client
 import json
@@ -14,8 +14,8 @@ import threading
 import urllib.parse
 from typing import Any
 
-import browser_support
-from test_cli import CliCase
+from helpers import browser_support
+from helpers.cli_case import CliCase
 
 import longrun
 from longrun import Approval, JsonFileStore, Runner, Status, Step

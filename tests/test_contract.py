@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import unittest
 
-import support  # noqa: F401
+import helpers  # noqa: F401  (puts src on sys.path)
 from longrun import InvalidInputError, RunContract, Step, plan_digest
 from longrun.canonical import canonical_bytes, digest_of, ensure_json
 from longrun.contract import check_task_id, validate_plan

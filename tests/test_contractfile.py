@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import unittest
 
-import support  # noqa: F401  (puts src on sys.path)
+import helpers  # noqa: F401  (puts src on sys.path)
 from longrun.contractfile import ContractFileError, SessionContract, load_contract, parse_contract
 from longrun.errors import CorruptStateError, InvalidInputError
 

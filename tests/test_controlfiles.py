@@ -9,7 +9,7 @@ import stat
 import unittest
 from typing import Any
 
-import support
+from helpers import support
 from longrun import Approval, Cancellation, JsonFileStore
 from longrun.authority import FileControlSource
 from longrun.control import ControlRecord, RefusedRecord

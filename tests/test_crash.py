@@ -11,7 +11,7 @@ import sys
 import time
 import unittest
 
-import support
+from helpers import support
 from longrun import JsonFileStore, SqliteStore, Status
 from longrun.testing import copy_keeping_links, read_outbox
 

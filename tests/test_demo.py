@@ -1,13 +1,11 @@
 """``python -m longrun demo``: a real SIGKILL of a worker between effect and checkpoint, then a resume."""
 
-import support  # noqa: F401
-
 import json
 import os
 import re
 import unittest
 
-from support import TempDirTest, run_python
+from helpers.support import TempDirTest, run_python
 
 from longrun.testing import read_outbox
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import unittest
 
-import support  # noqa: F401
+import helpers  # noqa: F401  (puts src on sys.path)
 from longrun import CorruptStateError, ForeignStateError, InvalidInputError, RunState, SchemaVersionError
 from longrun.approval import ApprovalRequest
 from longrun.budget import BudgetCounters

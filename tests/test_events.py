@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import support  # noqa: F401
-
 import io
 import json
 import logging
 from typing import Any
 
-from support import TempDirTest
+from helpers.support import TempDirTest
 
 import longrun
 from longrun import JsonFileStore, Limits, RunContract, RunEvent, Runner, Status, Step

@@ -6,7 +6,7 @@ import json
 import os
 import unittest
 
-import support
+from helpers import support
 
 
 class ExampleTests(support.TempDirTest):

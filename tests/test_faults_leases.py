@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import unittest
 
-import support  # noqa: F401
-from test_faults_processes import FaultGroupCase
+from helpers.fault_case import FaultGroupCase
 
 
 class LeaseFaultTests(FaultGroupCase):

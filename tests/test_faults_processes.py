@@ -14,22 +14,11 @@ import json
 import os
 import unittest
 
-import support
+from helpers import support
+from helpers.fault_case import FaultGroupCase
 from longrun import JsonFileStore
 from longrun.functions import FUNCTION_STEP
 from longrun.testing import faults
-
-
-class FaultGroupCase(unittest.TestCase):
-    def run_group(self, number: int, face: str = "runner") -> faults.GroupResult:
-        result = faults.run_group(number, full=faults.full_scale(), face=face)
-        self.assertEqual(result.face, face if number in faults.FACED_GROUPS else "")
-        details = "\n".join(result.failures + result.notes)
-        self.assertGreater(result.cases, 0, details)
-        self.assertGreater(result.faults, 0, details)
-        self.assertEqual((result.duplicates, result.lost, result.resets), (0, 0, 0), details)
-        self.assertEqual(result.failures, [], details)
-        return result
 
 
 def mid_run_kills(result: faults.GroupResult) -> int:
@@ -115,7 +104,7 @@ class SeamTests(support.TempDirTest):
         state = JsonFileStore(root).load("fault-task").state
         assert state is not None
         record = state.effects[FUNCTION_STEP]
-        self.assertEqual(record.payload["function"], "longrun.testing.faults:fault_function", "not __main__: the parent pre-approves by it")
+        self.assertEqual(record.payload["function"], "longrun.testing.faults.task:fault_function", "not __main__: the parent pre-approves by it")
         self.assertEqual(record.result, faults.function_result(2))
         self.assertEqual(faults.call_counts(faults.call_log_of(outbox)), {"call-000": 1, "call-001": 1})
         self.assertTrue(os.path.exists(outbox))

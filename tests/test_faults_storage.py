@@ -10,10 +10,10 @@ import errno
 import os
 import unittest
 
-import support
+from helpers import support
+from helpers.fault_case import FaultGroupCase
 from longrun import JsonFileStore, StorageError
 from longrun.testing import faults
-from test_faults_processes import FaultGroupCase
 
 
 class StorageFaultTests(FaultGroupCase):

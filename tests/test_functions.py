@@ -11,8 +11,8 @@ import unittest
 from collections import Counter
 from typing import Any
 
-import pg_support
-import support
+from helpers import pg_support
+from helpers import support
 import longrun
 from longrun import (
     Approval,

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import textwrap
 
-import support
+from helpers import support
 from longrun import JsonFileStore
 from longrun.testing import OutboxAdapter
 

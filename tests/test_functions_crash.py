@@ -1,6 +1,6 @@
 """Durable functions killed with SIGKILL: an agent loop resumed until done applies each effect once.
 
-The agent (tests/durable_child.py) asks a nondeterministic fake model what to do until it says it
+The agent (tests/helpers/durable_child.py) asks a nondeterministic fake model what to do until it says it
 is done; its tools make effects through ``OutboxAdapter``; its last mail waits for an approval.
 Processes are killed at named crash points (as ``LONGRUN_CRASH_AT`` does) and by a signal from
 outside after a random delay, then the task is resumed until done. Afterwards:
@@ -31,11 +31,11 @@ import unittest
 from collections import Counter, defaultdict
 from typing import Any
 
-import support
+from helpers import support
 from longrun import Approval, EffectState, JsonFileStore, SqliteStore, Store
 from longrun.testing import read_outbox
 
-CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "durable_child.py")
+CHILD = os.path.join(support.HELPERS, "durable_child.py")
 KILLED = -signal.SIGKILL
 
 # The crash points passed through inside run.effect and run.call (and around them).

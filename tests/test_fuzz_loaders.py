@@ -36,8 +36,8 @@ import sys
 import unittest
 from typing import Any, Callable
 
-import support
-from fuzzgen import dumps, mutate_bytes, mutate_value
+from helpers import support
+from helpers.fuzzgen import dumps, mutate_bytes, mutate_value
 
 from longrun import envelope
 from longrun.approval import Approval, ApprovalRequest, evaluate_gate

@@ -17,7 +17,7 @@ import unittest
 import unittest.mock
 from typing import Any, Callable
 
-import support
+from helpers import support
 from longrun import CorruptStateError, JsonFileStore, RunState
 from longrun.approval import ApprovalRequest
 from longrun.budget import Backoff, BudgetCounters

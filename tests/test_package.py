@@ -1,15 +1,20 @@
-"""The package's public names: each one importable, visible to a type checker, and documented; one
-exception tree; the layers (the engine depends on the source Protocols, not on where records come
-from)."""
+"""The package's public names: each one importable, visible to a type checker, and the central ones
+documented; every error the library raises drawn in its one exception tree; the layers (the engine depends
+on the source Protocols, not on where records come from)."""
 
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 import os
+import pkgutil
+import re
 import unittest
 
-import support
+from helpers import support
 import longrun
+from longrun import errors
 
 
 class PublicNameTests(unittest.TestCase):
@@ -27,18 +32,36 @@ class PublicNameTests(unittest.TestCase):
         self.assertEqual(sorted(set(longrun.__all__) - bound), [])
 
 
-class DocumentedTests(unittest.TestCase):
-    def test_the_store_and_the_central_records_say_what_they_are(self) -> None:
-        from longrun import EffectRecord, JsonFileStore, Lease, RunState
+def public_modules() -> list[str]:
+    """Every module of the package that is not private (no part of its name starts with ``_``)."""
+    names = []
+    for module in pkgutil.walk_packages(longrun.__path__, "longrun."):
+        if not any(part.startswith("_") for part in module.name.split(".")[1:]):
+            names.append(module.name)
+    return names
 
-        for cls in (JsonFileStore, RunState, EffectRecord, Lease):
-            with self.subTest(cls.__name__):
-                doc = cls.__doc__ or ""
-                self.assertFalse(doc.startswith(f"{cls.__name__}("), "only the signature a dataclass makes up")
-                self.assertGreater(len(doc.split()), 25, doc)
+
+class DocumentationTests(unittest.TestCase):
+    CENTRAL = ("Runner", "durable", "DurableFunction", "Run", "JsonFileStore", "RunState", "EffectRecord", "Lease",
+               "EffectRequest", "RunOutcome")  # fmt: skip
+
+    def test_the_central_names_say_what_they_are_in_their_own_docstring(self) -> None:
+        for name in self.CENTRAL:
+            with self.subTest(name):
+                value = getattr(longrun, name)
+                doc = value.__dict__.get("__doc__") if inspect.isclass(value) else value.__doc__
+                self.assertTrue(doc and doc.strip(), f"{name} has no docstring")
+                # A dataclass without one gets its signature as its docstring: that says nothing.
+                self.assertFalse(doc.startswith(f"{name}("), f"{name}'s docstring is the generated signature")
 
 
 class ExceptionTreeTests(unittest.TestCase):
+    OUTSIDE = {
+        "longrun.engine.Stop": "a BaseException that unwinds a face to the engine, never an error a caller sees",
+        "longrun.shell.CommandFailed": "raised inside the shell adapter to mean outcome unknown, like any other exception",
+        "longrun.shell.CommandInterrupted": "likewise",
+    }
+
     def test_an_illegal_ledger_move_is_in_the_one_tree_and_still_where_it_was(self) -> None:
         from longrun import errors, ledger
 
@@ -48,6 +71,36 @@ class ExceptionTreeTests(unittest.TestCase):
         self.assertEqual(errors.IllegalTransitionError.__module__, "longrun.errors")
         self.assertTrue(issubclass(errors.IllegalTransitionError, errors.LongrunError))
         self.assertIn("IllegalTransitionError", errors.__doc__ or "", "drawn in the tree")
+
+    def test_every_error_a_public_module_defines_is_drawn_in_the_tree_of_longrun_errors(self) -> None:
+        drawn = set(re.findall(r"\+-- (\w+)", errors.__doc__ or ""))
+        found = []
+        for module_name in public_modules():
+            module = importlib.import_module(module_name)
+            for name, value in vars(module).items():
+                if (inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == module_name
+                        and not name.startswith("_")):  # fmt: skip
+                    found.append(value)
+        self.assertIn(errors.LongrunError, found)
+        for error in found:
+            qualified = f"{error.__module__}.{error.__name__}"
+            if qualified in self.OUTSIDE:
+                continue
+            with self.subTest(qualified):
+                self.assertTrue(issubclass(error, errors.LongrunError), "every error longrun raises is a LongrunError")
+                self.assertTrue(error is errors.LongrunError or error.__name__ in drawn, "drawn in longrun.errors' tree")
+                self.assertIs(getattr(errors, error.__name__, None), error, "importable from longrun.errors")
+
+
+class DocumentedTests(unittest.TestCase):
+    def test_the_store_and_the_central_records_say_what_they_are(self) -> None:
+        from longrun import EffectRecord, JsonFileStore, Lease, RunState
+
+        for cls in (JsonFileStore, RunState, EffectRecord, Lease):
+            with self.subTest(cls.__name__):
+                doc = cls.__doc__ or ""
+                self.assertFalse(doc.startswith(f"{cls.__name__}("), "only the signature a dataclass makes up")
+                self.assertGreater(len(doc.split()), 25, doc)
 
 
 class LayerTests(unittest.TestCase):

@@ -8,7 +8,7 @@ import time
 import unittest
 from collections import Counter
 
-import support
+from helpers import support
 from longrun import (
     Approval,
     InvalidInputError,

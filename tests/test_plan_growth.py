@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import unittest
 
-import support  # noqa: F401  (puts src on sys.path)
-import test_runner
+from helpers.runner_case import RunnerCase
 from longrun import RunContract, Status, Step
 from longrun.contract import plan_digest, plan_prefix_digests
 
@@ -20,7 +19,7 @@ class PrefixDigestTests(unittest.TestCase):
             self.assertEqual(prefixes[plan_digest(contract, steps[:length])], length)
 
 
-class PlanGrowthTests(test_runner.RunnerCase):
+class PlanGrowthTests(RunnerCase):
     def steps(self, count: int) -> list[Step]:
         return [Step(f"s{i}", "write", {"n": i}) for i in range(count)]
 
@@ -35,7 +34,7 @@ class PlanGrowthTests(test_runner.RunnerCase):
         assert state is not None
         self.assertEqual(state.plan_digest, runner.plan_digest, "the grown plan's digest is recorded")
         self.assertEqual(state.approval_requests["s2"].plan_digest, runner.plan_digest, "the request is issued again")
-        self.store.write_approval(test_runner.LifecycleTests.approve(self, state, "s2"))  # type: ignore[arg-type]
+        self.store.write_approval(self.approve(state, "s2"))
         self.assertEqual(self.runner(grown).run().status, Status.DONE)
         self.assertEqual(self.outbox.counts(), {f"task-1/s{i}": 1 for i in range(4)})
 

@@ -7,7 +7,7 @@ import io
 import unittest
 from typing import Any
 
-import support
+from helpers import support
 from longrun import JsonFileStore, SqliteStore
 from longrun.cli._common import close_store
 from longrun.cli._history import timeline

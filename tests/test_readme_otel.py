@@ -6,7 +6,7 @@ imports OpenTelemetry). The code block is taken from README.md, so the recipe ca
 
 from __future__ import annotations
 
-import support  # noqa: F401
+from helpers import support
 
 import functools
 import importlib.util
@@ -15,7 +15,7 @@ import re
 import unittest
 from typing import Any
 
-from support import TempDirTest
+from helpers.support import TempDirTest
 
 import longrun
 from longrun import JsonFileStore, Limits, RunContract, Runner, Status, Step

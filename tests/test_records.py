@@ -20,7 +20,7 @@ import random
 import unittest
 from typing import Any, Callable
 
-import support
+from helpers import support
 from longrun import Observation, Receipt
 from longrun._fields import MAX_INT, Field, Kind
 from longrun.approval import Approval, ApprovalRequest

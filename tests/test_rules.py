@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import unittest
 
-import support  # noqa: F401  (puts src on sys.path)
+import helpers  # noqa: F401  (puts src on sys.path)
 from longrun import Cancellation, Limits, Receipt
 from longrun.cancellation import judge_cancellation
 from longrun.canonical import MAX_VALUE_BYTES

@@ -8,15 +8,13 @@ import os
 import shutil
 import threading
 import unittest
-from typing import Collection
 
-import support
+from helpers.runner_case import RecordingAdapter, RunnerCase, SpyStore
 from longrun import (
     Approval,
     Cancellation,
     InvalidInputError,
     JsonFileStore,
-    Lease,
     Limits,
     Observation,
     Receipt,
@@ -31,76 +29,6 @@ from longrun import (
 )
 from longrun.adapters import EffectRequest
 from longrun.testing import FakeClock, OutboxAdapter, copy_keeping_links
-
-
-class SpyStore(JsonFileStore):
-    """A JSON-file store that remembers every committed state, to check the order of transitions."""
-
-    def __init__(self, root: str):
-        super().__init__(root, create=True)
-        self.commits: list[dict] = []
-
-    def commit(self, lease: Lease, state: RunState, changed: Collection[str] | None = None) -> int:
-        revision = super().commit(lease, state, changed)
-        self.commits.append(json.loads(json.dumps(state.to_json())))
-        return revision
-
-    def states_of(self, step_id: str) -> list[str]:
-        seen = []
-        for snapshot in self.commits:
-            for effect in snapshot["effects"]:
-                if effect["step_id"] == step_id and (not seen or seen[-1] != effect["state"]):
-                    seen.append(effect["state"])
-        return seen
-
-
-class RecordingAdapter:
-    """Counts calls; the effect is 'applied' once apply returned, or as scripted."""
-
-    deduplicates = False
-
-    def __init__(self) -> None:
-        self.applied: list[str] = []
-        self.events: list[tuple[str, str]] = []
-        self.observe_as: dict[str, Observation] = {}
-        self.on_apply = None
-
-    def apply(self, request: EffectRequest) -> Receipt:
-        self.events.append(("apply", request.key))
-        if self.on_apply is not None:
-            self.on_apply(request)
-        self.applied.append(request.key)
-        return Receipt(result={"ok": request.key}, cost=1.0, evidence="recorded")
-
-    def observe(self, request: EffectRequest) -> Observation:
-        self.events.append(("observe", request.key))
-        if request.key in self.observe_as:
-            return self.observe_as[request.key]
-        if request.key in self.applied:
-            return Observation.applied("in the record", {"ok": request.key})
-        return Observation.absent("not in the record")
-
-
-class RunnerCase(support.TempDirTest):
-    def setUp(self) -> None:
-        super().setUp()
-        self.clock = FakeClock()
-        self.store = SpyStore(self.path("store"))
-        self.outbox = OutboxAdapter(self.path("outbox.jsonl"))
-
-    def runner(self, steps=None, *, contract=None, adapter=None, limits=None, retry=None, owner=None, store=None):
-        contract = contract or RunContract("task-1", "write three lines")
-        steps = steps if steps is not None else [Step(f"s{i}", "write", {"n": i}) for i in range(3)]
-        return Runner(
-            contract,
-            steps,
-            store=store or self.store,
-            adapters={"write": adapter or self.outbox},
-            clock=self.clock,
-            limits=limits,
-            retry=retry or RetryPolicy(base_delay_s=1.0, max_delay_s=8.0, jitter=0.0),
-            owner=owner,
-        )
 
 
 class LifecycleTests(RunnerCase):
@@ -185,12 +113,6 @@ class LifecycleTests(RunnerCase):
         self.assertEqual(len(calls), 1, "the factory must not be called again on resume")
         lines = [line for line in self.outbox._lines() if line["key"] == "task-1/s1"]
         self.assertEqual(lines[0]["payload"], {"from": 0, "call": 1})
-
-    def approve(self, state: RunState, step_id: str, **changes) -> Approval:
-        request = state.approval_requests[step_id]
-        fields = dict(approval_id=f"ap-{step_id}", approver="ops", granted_at=self.clock.now(), expires_at=self.clock.now() + 600)
-        fields.update(changes)
-        return Approval.for_request(request, **fields)
 
 
 class ContractTests(RunnerCase):
@@ -452,7 +374,7 @@ class BudgetTests(RunnerCase):
         state = self.store.load("task-1").state
         assert state is not None
         self.assertEqual(state.budget.attempts_total, 1)
-        self.store.write_approval(LifecycleTests.approve(self, state, "s1"))  # type: ignore[arg-type]
+        self.store.write_approval(self.approve(state, "s1"))
         outcome = self.runner(steps, adapter=adapter, limits=Limits(max_steps=2)).run()
         self.assertEqual(outcome.status, Status.LIMITS_EXHAUSTED)
         self.assertEqual(adapter.applied, ["task-1/s0", "task-1/s1"])
@@ -485,7 +407,7 @@ class WorkedTimeTests(RunnerCase):
         self.clock.advance(time_passing)
         state = self.store.load("task-1").state
         assert state is not None
-        self.store.write_approval(LifecycleTests.approve(self, state, "s1"))  # type: ignore[arg-type]
+        self.store.write_approval(self.approve(state, "s1"))
 
     def test_a_wall_clock_stepped_two_hours_forward_between_runs_does_not_exhaust_the_elapsed_budget(self) -> None:
         limits = Limits(max_elapsed_s=3600)
@@ -561,7 +483,7 @@ class WorkedTimeTests(RunnerCase):
             self.clock.advance(60)
         state = self.store.load("task-1").state
         self.assertEqual(state.budget.worked_s, worked, "a hundred polls, a second each, charged nothing")
-        self.store.write_approval(LifecycleTests.approve(self, state, "s1"))  # type: ignore[arg-type]
+        self.store.write_approval(self.approve(state, "s1"))
         self.assertEqual(self.runner(self.steps, limits=limits).run().status, Status.DONE)
 
     def test_quick_work_is_charged_in_steps_and_in_full_when_the_run_stops(self) -> None:
@@ -700,7 +622,7 @@ class ApprovalTests(RunnerCase):
         request = state.approval_requests["s1"]
         self.assertEqual(request.payload_digest, state.effects["s1"].payload_digest)
         self.assertEqual(request.plan_digest, self.runner(self.steps).plan_digest)
-        self.store.write_approval(LifecycleTests.approve(self, state, "s1"))  # type: ignore[arg-type]
+        self.store.write_approval(self.approve(state, "s1"))
         outcome = self.runner(self.steps).run()
         self.assertEqual(outcome.status, Status.DONE)
         self.assertEqual(self.outbox.counts()["task-1/s1"], 1)
@@ -721,7 +643,7 @@ class ApprovalTests(RunnerCase):
         }
         for name, change in cases.items():
             with self.subTest(name=name):
-                approval = LifecycleTests.approve(self, state, "s1", approval_id=f"ap-{name}")  # type: ignore[arg-type]
+                approval = self.approve(state, "s1", approval_id=f"ap-{name}")
                 fields = approval.to_json()
                 fields.update(change)
                 path = os.path.join(self.store.task_dir("task-1"), "control", "approvals", f"ap-{name}.json")
@@ -733,7 +655,7 @@ class ApprovalTests(RunnerCase):
 
     def test_broader_than_requested_approval_is_refused_unsafe(self) -> None:
         state = self.pending()
-        approval = LifecycleTests.approve(self, state, "s1", approval_id="ap-wide").to_json()  # type: ignore[arg-type]
+        approval = self.approve(state, "s1", approval_id="ap-wide").to_json()
         approval["payload_digest"] = "*"
         path = os.path.join(self.store.task_dir("task-1"), "control", "approvals", "ap-wide.json")
         with open(path, "w") as handle:
@@ -745,7 +667,7 @@ class ApprovalTests(RunnerCase):
 
     def test_a_consumed_approval_is_not_replayed_for_another_task_run(self) -> None:
         state = self.pending()
-        approval = LifecycleTests.approve(self, state, "s1")  # type: ignore[arg-type]
+        approval = self.approve(state, "s1")
         self.store.write_approval(approval)
         self.assertEqual(self.runner(self.steps).run().status, Status.DONE)
         # Same plan under another task id: the old approval names another task and plan.

@@ -10,8 +10,8 @@ import time
 import unittest
 from typing import Any
 
-import support  # noqa: F401  (puts src on sys.path)
-from session_support import SessionCase
+import helpers  # noqa: F401  (puts src on sys.path)
+from helpers.session_support import SessionCase
 
 from longrun.session import holder_gone
 from longrun.lease import Lease
@@ -334,7 +334,7 @@ class OtherStoreTests(FollowNext):
         self.assertEqual(self.cli_json("verify", spec, "t1")["verdict"], "finished")
 
     def test_a_session_on_postgresql(self) -> None:
-        import pg_support
+        from helpers import pg_support
 
         pg_support.check("psycopg")  # the URL carries the schema as a libpq option, which pg8000 cannot take
         schema = pg_support.Schema("psycopg", prefix="lr_session")

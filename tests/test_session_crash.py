@@ -18,11 +18,11 @@ import time
 import unittest
 from typing import IO
 
-import support  # noqa: F401  (puts src on sys.path)
-from session_support import SessionCase
+from helpers import support
+from helpers.session_support import SessionCase
 
 
-AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripted_agent.sh")
+AGENT = os.path.join(support.HELPERS, "scripted_agent.sh")
 SEED = 20261130
 KILLS = 30
 STEPS = 6

@@ -16,7 +16,7 @@ import os
 from typing import Iterator
 from unittest import mock
 
-import support
+from helpers import support
 from longrun import (
     EffectRecord,
     JsonFileStore,

@@ -1,7 +1,8 @@
 """The store contract (``longrun.testing.store_contract``), run by every store longrun ships.
 
-JSON-file and SQLite always run; PostgreSQL runs once per installed driver when
-``LONGRUN_TEST_POSTGRES_DSN`` is set (and fails rather than skips under ``LONGRUN_REQUIRE_POSTGRES=1``).
+JSON-file, SQLite and the in-memory store (``longrun.testing.MemoryStore``) always run; PostgreSQL
+runs once per installed driver when ``LONGRUN_TEST_POSTGRES_DSN`` is set (and fails rather than
+skips under ``LONGRUN_REQUIRE_POSTGRES=1``).
 The hooks below are the only store-specific code: how to damage, plant or fail what a store keeps.
 The JSON-file hooks avoid naming state files, so they survive a change of that store's layout.
 """
@@ -17,11 +18,12 @@ import time
 import unittest
 from typing import Any, Iterator
 
-import pg_support
-import support
+from helpers import pg_support
+from helpers import support
 from longrun import JsonFileStore, PostgresStore, SqliteStore
 from longrun.lease import Lease
 from longrun.stores._fileio import FileIO
+from longrun.testing import FaultyIO, MemoryStore
 from longrun.testing.store_contract import StoreContract
 
 
@@ -30,59 +32,6 @@ def _injected(n: int) -> OSError:
 
 
 # -- JSON-file store ------------------------------------------------------------------------------
-
-
-class _FailingIO(FileIO):
-    """Delegates to ``inner`` and fails the ``n``-th operation that reads or changes the disk."""
-
-    def __init__(self, inner: FileIO, n: int):
-        self.inner = inner
-        self.n = n
-        self.count = 0
-
-    def _tick(self) -> None:
-        self.count += 1
-        if self.count == self.n:
-            raise _injected(self.n)
-
-    def open(self, path: str, flags: int, mode: int = 0o600) -> int:
-        self._tick()
-        return self.inner.open(path, flags, mode)
-
-    def write(self, fd: int, data: bytes) -> int:
-        self._tick()
-        return self.inner.write(fd, data)
-
-    def read(self, fd: int, size: int) -> bytes:
-        self._tick()
-        return self.inner.read(fd, size)
-
-    def fsync(self, fd: int) -> None:
-        self._tick()
-        self.inner.fsync(fd)
-
-    def close(self, fd: int) -> None:
-        self.inner.close(fd)
-
-    def replace(self, source: str, destination: str) -> None:
-        self._tick()
-        self.inner.replace(source, destination)
-
-    def link(self, source: str, destination: str) -> None:
-        self._tick()
-        self.inner.link(source, destination)
-
-    def unlink(self, path: str) -> None:
-        self._tick()
-        self.inner.unlink(path)
-
-    def mkdir(self, path: str, mode: int = 0o700) -> None:
-        self._tick()
-        self.inner.mkdir(path, mode)
-
-    def fsync_dir(self, path: str) -> None:
-        self._tick()
-        self.inner.fsync_dir(path)
 
 
 class JsonFileStoreContract(StoreContract, support.TempDirTest):
@@ -158,11 +107,63 @@ class JsonFileStoreContract(StoreContract, support.TempDirTest):
         if not isinstance(getattr(store, "io", None), FileIO):
             self.skipTest("the JSON-file store no longer routes its I/O through store.io")
         inner = store.io
-        store.io = _FailingIO(inner, n)
+        store.io = FaultyIO(n)  # the n-th operation that reads or changes the disk fails with EIO
         try:
             yield
         finally:
             store.io = inner
+
+
+# -- the in-memory store (longrun.testing.MemoryStore) ---------------------------------------------
+
+
+class MemoryStoreContract(StoreContract, unittest.TestCase):
+    """The hooks reach the task's raw records (``MemoryStore.records``) and the store's ``fault`` seam."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.failing: list[int] = []
+        """While a test fails the n-th operation: [n, operations seen so far]."""
+        self.first = MemoryStore(fault=self.count)
+
+    def count(self, operation: str, task_id: str) -> None:
+        if self.failing:
+            self.failing[1] += 1
+            if self.failing[1] == self.failing[0]:
+                raise _injected(self.failing[0])
+
+    def make_store(self) -> MemoryStore:
+        return MemoryStore(self.first, fault=self.count)
+
+    def damage_state(self, store: Any, task_id: str) -> None:
+        store.records(task_id).state = b"garbage, not a state"
+
+    def plant_foreign_state(self, store: Any, task_id: str, source_task_id: str) -> None:
+        store.records(task_id).state = store.records(source_task_id).state
+
+    def plant_future_schema(self, store: Any, task_id: str) -> None:
+        records = store.records(task_id)
+        document = json.loads(records.state)
+        document["schema_version"] = 999
+        records.state = json.dumps(document).encode()
+
+    def plant_control_text(self, store: Any, task_id: str, kind: str, text: bytes) -> None:
+        if kind == "cancellation":
+            store.records(task_id).cancellation = text
+        else:
+            store.records(task_id).approvals["planted"] = text
+
+    def damage_lease(self, store: Any, task_id: str) -> None:
+        records = store.records(task_id)
+        records.lease = records.lease[: len(records.lease) // 2]
+
+    @contextlib.contextmanager
+    def fail_nth_operation(self, store: Any, n: int) -> Iterator[None]:
+        self.failing[:] = [n, 0]
+        try:
+            yield
+        finally:
+            self.failing.clear()
 
 
 # -- the SQL stores -------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import unittest
 from typing import Any, Callable
 from unittest import mock
 
-import support
+from helpers import support
 from longrun import Approval, Cancellation, JsonFileStore, StorageError
 from longrun.authority import FileControlSource
 from longrun.stores._fileio import FileIO

@@ -14,7 +14,7 @@ import sys
 import time
 import unittest
 
-import support
+from helpers import support
 from longrun import CorruptStateError, FencedError, JsonFileStore, LeaseHeldError, SqliteStore
 from longrun.canonical import canonical_bytes, sha256_hex
 from longrun.lease import boot_clock_id

@@ -11,7 +11,7 @@ import shutil
 import stat
 import unittest
 
-import support
+from helpers import support
 from longrun import (
     Approval,
     Cancellation,

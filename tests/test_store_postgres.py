@@ -16,8 +16,8 @@ import urllib.parse
 from typing import Any
 from unittest import mock
 
-import pg_support
-import support
+from helpers import pg_support
+from helpers import support
 from longrun import (
     FencedError,
     InvalidInputError,

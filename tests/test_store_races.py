@@ -27,12 +27,12 @@ import time
 import unittest
 from typing import Any
 
-import pg_support
-import support
+from helpers import pg_support
+from helpers import support
 from longrun import PostgresStore, SqliteStore, Status
 from longrun.testing import read_outbox
 
-RACER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "race_runner.py")
+RACER = os.path.join(support.HELPERS, "race_runner.py")
 TTL = 1.0
 
 

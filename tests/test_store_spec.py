@@ -7,7 +7,7 @@ import os
 import unittest
 from unittest import mock
 
-import support
+from helpers import support
 from longrun import InvalidInputError, JsonFileStore, PostgresStore, SqliteStore
 from longrun.stores import open_store
 from longrun.stores._spec import _pg8000_arguments, postgres_connector

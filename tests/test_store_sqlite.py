@@ -12,7 +12,7 @@ import time
 import unittest
 from unittest import mock
 
-import support
+from helpers import support
 from longrun import (
     CorruptStateError,
     FencedError,

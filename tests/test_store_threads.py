@@ -21,8 +21,8 @@ import unittest
 from typing import Any, Callable
 from unittest import mock
 
-import pg_support
-import support
+from helpers import pg_support
+from helpers import support
 from longrun import (
     EffectState,
     JsonFileStore,

@@ -9,8 +9,8 @@ import shutil
 import subprocess
 import unittest
 
-import support
-from session_support import SessionCase
+from helpers import support
+from helpers.session_support import SessionCase
 
 from longrun.contractfile import FIELDS, load_contract
 

@@ -1,7 +1,7 @@
 """The package, the examples and the README's code type-check: ``mypy --strict`` and ``pyright``.
 
 Both checkers read their settings from pyproject.toml (``[tool.mypy]``, ``[tool.pyright]``: strict;
-named explicitly, so that no configuration file elsewhere is picked up) and check ``src/longrun``, ``examples`` and ``tests/typing_public_api.py``, which holds the README's
+named explicitly, so that no configuration file elsewhere is picked up) and check ``src/longrun``, ``examples`` and ``tests/helpers/typing_public_api.py``, which holds the README's
 code as written. The tests skip when a checker is not installed, unless
 ``LONGRUN_REQUIRE_TYPECHECK=1`` (CI sets it, and ``.ci/run`` installs the pinned versions), which
 makes them fail instead: CI must never pass by skipping them.
@@ -22,10 +22,10 @@ import tempfile
 import tomllib
 import unittest
 
-import support
+from helpers import support
 
 REQUIRE_VARIABLE = "LONGRUN_REQUIRE_TYPECHECK"
-TARGETS = ["src/longrun", "examples", "tests/typing_public_api.py"]
+TARGETS = ["src/longrun", "examples", "tests/helpers/typing_public_api.py"]
 TIMEOUT_S = 600.0
 
 

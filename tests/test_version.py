@@ -10,7 +10,7 @@ import tomllib
 import unittest
 import warnings
 
-import support
+from helpers import support
 
 import longrun
 

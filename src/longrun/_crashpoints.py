@@ -11,7 +11,7 @@ the environment:
 - ``LONGRUN_CRASH_TRACE=PATH``: every hit is appended to PATH as one line ``name N [detail]``
   (one ``write`` on an ``O_APPEND`` descriptor, so it survives the SIGKILL that may follow).
 
-The point names and what they mean are listed in ``longrun.testing.faults``. Not a public API:
+The point names and what they mean are listed in ``longrun.testing.faults.points``. Not a public API:
 nothing here is meant for production use, and its names may change with the tests.
 """
 

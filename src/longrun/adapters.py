@@ -32,6 +32,10 @@ __all__ = ["EffectRequest", "Observation", "ObservedState", "Receipt"]
 
 @dataclass(frozen=True, slots=True)
 class EffectRequest:
+    """What an adapter is asked to apply or observe: one effect, identified by its stable ``key``,
+    with its payload and digest, the attempt number, the fencing ``epoch`` it is made under, and
+    a deadline."""
+
     task_id: str
     step_id: str
     action: str

@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping, NoReturn, Sequence
 
 from .canonical import JSONValue, digest_of
 from .contract import INTERNAL_PREFIX, STEP_ID_PATTERN, RunContract, check_task_id
-from .errors import CorruptStateError, InvalidInputError
+from .errors import ContractFileError, CorruptStateError, InvalidInputError
 
 __all__ = [
     "CONTRACT_VERSION",
@@ -55,17 +55,6 @@ _EVIDENCE = ("file", "note")
 
 Path = tuple[str | int, ...]
 """Where a value sits in the document: ``("steps", 2, "action")``."""
-
-
-class ContractFileError(InvalidInputError):
-    """A run-contract file that cannot be used, with the file and line that hold the problem."""
-
-    def __init__(self, source: str, line: int | None, message: str):
-        where = f"{source}, line {line}" if line is not None else source
-        super().__init__(f"{where}: {message}")
-        self.source = source
-        self.line = line
-        self.problem = message
 
 
 @dataclass(frozen=True, slots=True)

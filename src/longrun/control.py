@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ControlRecord", "RefusedRecord"]
+from .canonical import parse_json, sha256_hex
+from .errors import CorruptStateError
+
+__all__ = ["MAX_RECORD_BYTES", "ControlRecord", "RefusedRecord", "parse_control_record"]
+
+MAX_RECORD_BYTES = 64 * 1024
+"""The longest control record a store reads (an approval, a cancellation)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,3 +33,13 @@ class ControlRecord:
 class RefusedRecord(ControlRecord):
     """A control record a source refused to vouch for (wrong owner, bad signature); ``error`` says
     why. It never authorizes anything: the gate and the cancellation judgement treat it as such."""
+
+
+def parse_control_record(name: str, data: bytes) -> ControlRecord:
+    """The record a store hands over for the bytes it read: the parsed body, or why it would not parse
+    in ``error`` (over ``MAX_RECORD_BYTES``, not UTF-8, not JSON, a key named twice); never raises."""
+    digest = "sha256:" + sha256_hex(data)
+    try:
+        return ControlRecord(name=name, body=parse_json(data, what="the record", max_bytes=MAX_RECORD_BYTES, unique_keys=True), digest=digest)
+    except CorruptStateError as exc:
+        return ControlRecord(name=name, error=str(exc), digest=digest)

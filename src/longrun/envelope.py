@@ -32,13 +32,13 @@ from typing import Any, Mapping, Sequence
 from . import _fields as f
 from .approval import ApprovalRequest
 from .budget import BudgetCounters
-from .canonical import JSONValue, canonical_bytes, parse_json, sha256_hex
+from .canonical import MAX_JSON_DEPTH, JSONValue, canonical_bytes, json_too_deep, parse_json, sha256_hex
 from .contract import Step
-from .errors import CorruptStateError, ForeignStateError, InvalidInputError, SchemaVersionError
+from .errors import CorruptStateError, ForeignStateError, InvalidInputError, SchemaVersionError, SizeLimitError
 from .ledger import EffectRecord, EffectState
 from .outcome import Evidence, Status
 
-__all__ = ["FORMAT", "MAX_STATE_BYTES", "SCHEMA_VERSION", "PlanOutline", "RunState", "decode", "encode"]
+__all__ = ["FORMAT", "MAX_STATE_BYTES", "SCHEMA_VERSION", "PlanOutline", "RunState", "check_loadable", "decode", "encode"]
 
 FORMAT = "longrun.state"
 SCHEMA_VERSION = 1
@@ -278,6 +278,22 @@ def encode(state: RunState) -> bytes:
             "state": body,
         }
     ) + b"\n"
+
+
+def check_loadable(data: bytes, what: str) -> None:
+    """Refuse to write stored JSON that no load reads back: nested deeper than ``MAX_JSON_DEPTH``
+    (``InvalidInputError``) or longer than ``MAX_STATE_BYTES`` (``SizeLimitError``). A store calls
+    it on what it is about to write, before its first write."""
+    if json_too_deep(data):
+        raise InvalidInputError(f"{what} would nest deeper than {MAX_JSON_DEPTH} levels, which no load reads")
+    if len(data) > MAX_STATE_BYTES:
+        raise SizeLimitError(
+            f"{what} would be {len(data)} bytes encoded, over {MAX_STATE_BYTES}, the most a load reads "
+            "(MAX_STATE_BYTES); nothing was written. Keep large payloads and results outside the state",
+            size=len(data),
+            limit=MAX_STATE_BYTES,
+            limit_name="MAX_STATE_BYTES",
+        )
 
 
 def decode(data: bytes, *, expected_task: str | None = None) -> RunState:

@@ -8,6 +8,7 @@
     |   +-- SizeLimitError            a value or the state is over a size limit; nothing was written
     |   +-- UnknownActionError        a step names an action with no adapter
     |   +-- UnknownTaskError(LookupError) no such task in the store
+    |   +-- ContractFileError         a run-contract file that cannot be used (its file and line)
     +-- StorageError(OSError)         the store could not read or write; __cause__ holds the OSError
     |   +-- FencedError               a write carried an epoch other than the store's current one
     |   +-- LeaseHeldError            another live owner holds the task's lease
@@ -31,6 +32,7 @@ from __future__ import annotations
 __all__ = [
     "AdapterError",
     "CallFailed",
+    "ContractFileError",
     "CorruptStateError",
     "FencedError",
     "ForeignStateError",
@@ -75,6 +77,17 @@ class UnknownActionError(InvalidInputError):
 
 class UnknownTaskError(InvalidInputError, LookupError):
     """The store holds no task by that id."""
+
+
+class ContractFileError(InvalidInputError):
+    """A run-contract file that cannot be used, with the file and line that hold the problem."""
+
+    def __init__(self, source: str, line: int | None, message: str):
+        where = f"{source}, line {line}" if line is not None else source
+        super().__init__(f"{where}: {message}")
+        self.source = source
+        self.line = line
+        self.problem = message
 
 
 class StorageError(LongrunError, OSError):

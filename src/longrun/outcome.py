@@ -93,6 +93,9 @@ class Evidence:
 
 @dataclass(frozen=True, slots=True)
 class RunOutcome:
+    """What one run returned: its status, the one safe next action, the results of the verified
+    steps, and the evidence (observations, inferences, unknowns; see the module docstring)."""
+
     status: Status
     next_action: str
     task_id: str

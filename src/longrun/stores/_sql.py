@@ -64,18 +64,16 @@ from typing import Any, Collection, Generator, Sequence
 
 from ..approval import Approval
 from ..cancellation import Cancellation
-from ..canonical import MAX_JSON_DEPTH, canonical_bytes, json_too_deep, parse_json, sha256_hex
+from ..canonical import canonical_bytes, parse_json, sha256_hex
 from ..contract import check_task_id
-from ..control import ControlRecord
-from ..envelope import MAX_STATE_BYTES, PlanOutline, RunState, decode, encode
+from ..control import ControlRecord, parse_control_record
+from ..envelope import MAX_STATE_BYTES, PlanOutline, RunState, check_loadable, decode, encode
 from ..errors import (
     CorruptStateError,
     FencedError,
     ForeignStateError,
-    InvalidInputError,
     LongrunError,
     SchemaVersionError,
-    SizeLimitError,
     StateUnrecoverableError,
     StorageError,
     UnknownTaskError,
@@ -92,23 +90,6 @@ log = logging.getLogger("longrun")
 
 SCHEMA_VERSION = 4
 MAX_APPROVALS = 1000
-MAX_RECORD_BYTES = 64 * 1024
-
-
-def _check_size(data: bytes, what: str) -> None:
-    """A state header or effect row is read with a limit of ``MAX_STATE_BYTES`` and ``MAX_JSON_DEPTH``:
-    refuse to write a longer or deeper one."""
-    if json_too_deep(data):
-        raise InvalidInputError(f"{what} would nest deeper than {MAX_JSON_DEPTH} levels, which no load reads")
-    if len(data) > MAX_STATE_BYTES:
-        raise SizeLimitError(
-            f"{what} would be {len(data)} bytes encoded, over {MAX_STATE_BYTES}, the most a load reads "
-            "(MAX_STATE_BYTES); nothing was written. Keep large payloads and results outside the state",
-            size=len(data),
-            limit=MAX_STATE_BYTES,
-            limit_name="MAX_STATE_BYTES",
-        )
-"""A control record (approval, cancellation) longer than this is refused, as by the file stores."""
 
 
 def _migrations(types: dict[str, str]) -> list[tuple[int, str, list[str]]]:
@@ -732,7 +713,7 @@ class SqlStore(BaseStore):
     def _put_state(self, state: RunState, changed: Collection[str] | None) -> None:
         task_id = state.task_id
         header = encode(dataclasses.replace(state, effects={}, plan_outline=None))
-        _check_size(header, f"task {task_id!r}: the state header")
+        check_loadable(header, f"task {task_id!r}: the state header")
         stored = self._stored_steps.get(task_id)
         delta = None if stored is None or changed is None else self._effect_delta(stored, state.effects, changed)
         if delta is None:
@@ -747,14 +728,14 @@ class SqlStore(BaseStore):
         bodies: dict[str, bytes] = {}
         for step_id, _ in to_write:  # encoded and measured before the first statement: a refusal writes nothing
             body = canonical_bytes({"task_id": task_id, "record": state.effects[step_id].to_json()}, what=f"effect record {step_id!r}")
-            _check_size(body, f"task {task_id!r}: the effect record of step {step_id!r}")
+            check_loadable(body, f"task {task_id!r}: the effect record of step {step_id!r}")
             bodies[step_id] = body
         outline = state.plan_outline
         outline_body = None  # the outline row is written only when the outline is not the one stored
         outline_changed = task_id not in self._stored_outlines or self._stored_outlines[task_id] is not outline
         if outline_changed and outline is not None:
             outline_body = canonical_bytes({"task_id": task_id, "plan_outline": outline.to_json()})
-            _check_size(outline_body, f"task {task_id!r}: the plan outline")
+            check_loadable(outline_body, f"task {task_id!r}: the plan outline")
         # The database checks the fence and the revision itself, in this transaction.
         cursor = self._run(
             "UPDATE longrun_tasks SET revision_floor = ? WHERE task_id = ? AND revision_floor < ? "
@@ -844,13 +825,7 @@ class SqlStore(BaseStore):
         if data is None:
             raw = bytes(body) if isinstance(body, (bytes, bytearray, memoryview)) else repr(body).encode("utf-8", "replace")
             return ControlRecord(name=name, error="not UTF-8 text", digest=_checksum(raw))
-        digest = _checksum(data)
-        try:
-            return ControlRecord(
-                name=name, body=parse_json(data, what="the record", max_bytes=MAX_RECORD_BYTES, unique_keys=True), digest=digest
-            )
-        except CorruptStateError as exc:
-            return ControlRecord(name=name, error=str(exc), digest=digest)
+        return parse_control_record(name, data)
 
     def read_cancellation(self, task_id: str) -> ControlRecord | None:
         with self._transaction(task_id, create=False, write=False):

@@ -48,10 +48,10 @@ from typing import Generator
 
 from ..approval import Approval
 from ..cancellation import Cancellation
-from ..canonical import canonical_bytes, parse_json, sha256_hex
+from ..canonical import canonical_bytes, sha256_hex
 from ..contract import check_task_id
-from ..control import ControlRecord, RefusedRecord
-from ..errors import CorruptStateError, InvalidInputError, LongrunError, StorageError
+from ..control import MAX_RECORD_BYTES, ControlRecord, RefusedRecord, parse_control_record
+from ..errors import InvalidInputError, LongrunError, StorageError
 from ._fileio import TEMP_MARK, FileIO, ensure_dir, read_upto, write_atomic
 
 __all__ = ["APPROVALS", "CANCEL", "CONTROL", "MAX_APPROVAL_FILES", "MAX_RECORD_BYTES", "ControlFiles", "FileControlSource"]
@@ -59,7 +59,6 @@ __all__ = ["APPROVALS", "CANCEL", "CONTROL", "MAX_APPROVAL_FILES", "MAX_RECORD_B
 CONTROL = "control"
 APPROVALS = "approvals"
 CANCEL = "cancel.json"
-MAX_RECORD_BYTES = 64 * 1024
 MAX_APPROVAL_FILES = 1000
 
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -231,14 +230,10 @@ class ControlFiles:
             return ControlRecord(name=record_name, error=f"unreadable: {exc}")
         finally:
             self.io.close(fd)
-        digest = "sha256:" + sha256_hex(data)
         if len(data) > MAX_RECORD_BYTES:
+            digest = "sha256:" + sha256_hex(data)
             return ControlRecord(name=record_name, error=f"unreadable: {label} grew over the {MAX_RECORD_BYTES}-byte limit while read", digest=digest)
-        try:
-            body = parse_json(data, what="the record", max_bytes=MAX_RECORD_BYTES, unique_keys=True)
-        except CorruptStateError as exc:
-            return ControlRecord(name=record_name, error=str(exc), digest=digest)
-        return ControlRecord(name=record_name, body=body, digest=digest)
+        return parse_control_record(record_name, data)
 
     # -- writing ------------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
-"""Shared test helpers. Importing this module puts ``src`` on ``sys.path`` (the suite runs from a
-clean checkout with ``python -m unittest discover -s tests -v``, no install step)."""
+"""Shared test helpers: the repository's paths, child processes with longrun importable, a test case
+with a temporary directory, a ledger that counts reads, and captured warnings (``ExpectedWarnings``)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,15 @@ import tempfile
 import unittest
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SRC = os.path.join(ROOT, "src")
-if SRC not in sys.path:
-    sys.path.insert(0, SRC)
+from . import SRC
 
-CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child_runner.py")
+HELPERS = os.path.dirname(os.path.abspath(__file__))
+"""This directory: the programs tests start as child processes live here."""
+TESTS = os.path.dirname(HELPERS)
+ROOT = os.path.dirname(TESTS)
+"""The repository's root."""
+
+CHILD = os.path.join(HELPERS, "child_runner.py")
 
 
 def child_env() -> dict[str, str]:

@@ -33,7 +33,7 @@ import time
 import traceback
 from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src"))
 
 import longrun  # noqa: E402
 from longrun import EffectRequest, Limits, Observation, Receipt, RetryPolicy, SystemClock  # noqa: E402

@@ -16,7 +16,6 @@ import secrets
 import unittest
 from typing import Any, Callable
 
-import support  # noqa: F401  (puts src on sys.path)
 from longrun.stores._spec import postgres_connector
 
 DSN_VARIABLE = "LONGRUN_TEST_POSTGRES_DSN"

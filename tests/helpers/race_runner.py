@@ -31,8 +31,8 @@ import sys
 import time
 from typing import Any, Iterator
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src"))  # run by path: longrun from src
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests: for helpers.pg_support
 
 from longrun import Limits, LongrunError, PermanentError, RetryPolicy, RunContract, Runner, Status, Step  # noqa: E402
 from longrun.adapters import EffectRequest, Observation, Receipt  # noqa: E402
@@ -139,7 +139,7 @@ def open_store(args: argparse.Namespace) -> Any:
         from longrun import SqliteStore
 
         return SqliteStore(args.sqlite, create=True)
-    import pg_support
+    from helpers import pg_support
     from longrun import PostgresStore
     from longrun.stores._spec import postgres_connector
 

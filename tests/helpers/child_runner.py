@@ -12,11 +12,14 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src"))  # run by path: longrun from src
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests: for helpers
 
-from longrun import JsonFileStore, Limits, SqliteStore, RetryPolicy, RunContract, Runner, Step, SystemClock  # noqa: E402
+from longrun import JsonFileStore, Limits, SqliteStore, RetryPolicy, RunContract, Runner, Step  # noqa: E402
 from longrun.adapters import EffectRequest, Observation, Receipt  # noqa: E402
 from longrun.testing import OutboxAdapter  # noqa: E402
+
+from helpers.clocks import LaterClock  # noqa: E402
 
 
 class SlowAdapter:
@@ -38,20 +41,6 @@ class SlowAdapter:
 
     def observe(self, request: EffectRequest) -> Observation:
         return self.inner.observe(request)
-
-
-class LaterClock(SystemClock):
-    """The real clock shifted forward, so a resumed child sees earlier leases expired without waiting."""
-
-    def __init__(self, offset: float):
-        self.offset = offset
-
-    def now(self) -> float:
-        return super().now() + self.offset
-
-    def monotonic(self) -> float:
-        # Leases are judged on the monotonic timeline this boot shares: shift it too.
-        return super().monotonic() + self.offset
 
 
 def build(args: argparse.Namespace) -> Runner:

@@ -35,27 +35,17 @@ import time
 import traceback
 from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src"))  # run by path: longrun from src
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests: for helpers
 
 import longrun  # noqa: E402
-from longrun import JsonFileStore, Limits, RetryPolicy, SqliteStore, SystemClock  # noqa: E402
+from longrun import JsonFileStore, Limits, RetryPolicy, SqliteStore  # noqa: E402
 from longrun import _crashpoints  # noqa: E402
 from longrun.testing import OutboxAdapter  # noqa: E402
 
+from helpers.clocks import LaterClock  # noqa: E402
+
 ACTIONS = ("mail.send", "note.write")
-
-
-class LaterClock(SystemClock):
-    """The real clock shifted forward, so a resumed process finds a killed one's lease expired."""
-
-    def __init__(self, offset: float):
-        self.offset = offset
-
-    def now(self) -> float:
-        return super().now() + self.offset
-
-    def monotonic(self) -> float:
-        return super().monotonic() + self.offset
 
 
 class Model:

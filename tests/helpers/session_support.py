@@ -10,7 +10,7 @@ import stat
 import sys
 from typing import Any
 
-from support import SRC, TempDirTest
+from .support import SRC, TempDirTest
 from longrun.cli import main
 
 CONTRACT = """\
