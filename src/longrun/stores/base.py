@@ -375,11 +375,14 @@ class BaseStore:
     def load(self, task_id: str, *, lease: Lease | None = None) -> LoadResult:
         """Read the task's state. With a lease (checked), damaged files are also quarantined."""
         check_task_id(task_id)
+        # A reader that does not block writers (SQLite's) may see a state older than a witness
+        # written since its snapshot: read the witness first, when it can only be older.
+        early = self._witness(task_id) if lease is None else None
         with self._transaction(task_id, create=False, write=lease is not None):
             if lease is not None:
                 self._fence(lease, operation="state repair")
             result = self._get_state(task_id, repair=lease is not None)
-            witness = self._witness(task_id)
+            witness = early if early is not None else self._witness(task_id)
         try:
             self._check_witness(task_id, result, witness)
         except StateUnrecoverableError as exc:
