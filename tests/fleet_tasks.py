@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import time
 from typing import Any
 
 import longrun
@@ -73,18 +74,21 @@ class FleetTarget:
 
     def apply(self, request: EffectRequest) -> Receipt:
         if self.fail_first and request.attempt == 1:
+            fd = os.open(work("failures.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                os.write(fd, f"{request.key} {time.time():.6f}\n".encode())
+            finally:
+                os.close(fd)
             raise TransientError(f"the target is busy for {request.key}")
         if self.log_concurrency:
             self._log("+", request)
         try:
             if self.apply_s:
-                import time
-
                 time.sleep(self.apply_s)
             fd = self._open(request.task_id)
             try:
                 lines = self._fence(fd, request, refuse=True)
-                entry = {"key": request.key, "epoch": request.epoch, "pid": os.getpid()}
+                entry = {"key": request.key, "epoch": request.epoch, "pid": os.getpid(), "at": time.time()}
                 os.write(fd, (json.dumps(entry) + "\n").encode())
             finally:
                 os.close(fd)
@@ -102,6 +106,19 @@ class FleetTarget:
         if any(line.get("key") == request.key for line in lines):
             return Observation.applied(f"the outbox of {request.task_id} holds {request.key}")
         return Observation.absent(f"no outbox line holds {request.key}")
+
+
+def outbox_times() -> dict[str, float]:
+    """Effect key -> when it was (first) applied, by this machine's clock."""
+    times: dict[str, float] = {}
+    directory = work("outbox")
+    for name in os.listdir(directory) if os.path.isdir(directory) else []:
+        with open(os.path.join(directory, name), "rb") as handle:
+            for line in handle:
+                entry = json.loads(line)
+                if "key" in entry:
+                    times.setdefault(entry["key"], float(entry["at"]))
+    return times
 
 
 def outbox_counts() -> dict[str, int]:
@@ -182,3 +199,62 @@ if STORE is not None:
         """A function whose own code raises after its first effect."""
         run.effect("first", "send", {"x": 1})
         raise RuntimeError("the function's own bug")
+
+
+LEASE_LOG_SQL = {
+    "postgresql": [
+        """CREATE TABLE IF NOT EXISTS fleet_lease_log (seq BIGSERIAL PRIMARY KEY, task_id TEXT, epoch BIGINT, owner TEXT,
+            acquired_at DOUBLE PRECISION, expires_at DOUBLE PRECISION,
+            logged_at DOUBLE PRECISION DEFAULT EXTRACT(EPOCH FROM clock_timestamp()))""",
+        """CREATE OR REPLACE FUNCTION fleet_log_lease() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+            INSERT INTO fleet_lease_log (task_id, epoch, owner, acquired_at, expires_at)
+            VALUES (NEW.task_id, NEW.epoch, NEW.owner, NEW.acquired_at, NEW.expires_at); RETURN NULL; END $$""",
+        "DROP TRIGGER IF EXISTS fleet_log_lease ON longrun_leases",
+        "CREATE TRIGGER fleet_log_lease AFTER INSERT OR UPDATE ON longrun_leases FOR EACH ROW EXECUTE FUNCTION fleet_log_lease()",
+    ],
+    "sqlite": [
+        """CREATE TABLE IF NOT EXISTS fleet_lease_log (seq INTEGER PRIMARY KEY AUTOINCREMENT, task_id TEXT, epoch INTEGER,
+            owner TEXT, acquired_at REAL, expires_at REAL, logged_at REAL)""",
+        """CREATE TRIGGER IF NOT EXISTS fleet_log_lease_insert AFTER INSERT ON longrun_leases BEGIN
+            INSERT INTO fleet_lease_log (task_id, epoch, owner, acquired_at, expires_at)
+            VALUES (NEW.task_id, NEW.epoch, NEW.owner, NEW.acquired_at, NEW.expires_at); END""",
+        """CREATE TRIGGER IF NOT EXISTS fleet_log_lease_update AFTER UPDATE ON longrun_leases BEGIN
+            INSERT INTO fleet_lease_log (task_id, epoch, owner, acquired_at, expires_at)
+            VALUES (NEW.task_id, NEW.epoch, NEW.owner, NEW.acquired_at, NEW.expires_at); END""",
+    ],
+}
+"""A test-only log of every lease write, in the database's own order (``seq``), for the check that
+no task was held by two runners at once."""
+
+
+def _execute(statements: list[str]) -> None:
+    from longrun.stores._queue import open_queue
+
+    queue = open_queue(STORE)  # type: ignore[arg-type]
+    queue.ensure()
+    with queue._session("install the lease log"):
+        for statement in statements:
+            queue._run(statement)
+    queue.close()
+
+
+def main(argv: list[str]) -> None:
+    """``prepare`` (tables, the lease log) and ``enqueue FUNCTION COUNT ARGS_JSON [PREFIX]``."""
+    command = argv[0]
+    if command == "prepare":
+        spec = os.environ[STORE_VARIABLE]
+        _execute(LEASE_LOG_SQL["sqlite" if spec.startswith("sqlite:") else "postgresql"])
+    elif command == "enqueue":
+        function = globals()[argv[1]]
+        arguments = json.loads(argv[3])
+        prefix = argv[4] if len(argv) > 4 else "t"
+        for i in range(int(argv[2])):
+            function.start(f"{prefix}{i}", *arguments)
+    else:
+        raise SystemExit(f"unknown command {command!r}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
