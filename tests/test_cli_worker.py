@@ -64,6 +64,37 @@ class WorkerCommandTests(support.TempDirTest):
         self.assertEqual(after.returncode, 1, "no worker is alive")
         self.assertEqual(json.loads(after.stdout)[0]["state"], "stopped")
 
+    def test_sigterm_mid_task_stops_it_between_two_effects_and_another_worker_finishes_it(self) -> None:
+        helper(self.spec, self.tmp, "enqueue", "limited", "1", "[30]", "long")  # 30 effects of 50 ms each
+        command = [sys.executable, "-m", "longrun", "worker", self.spec, "--import", "fleet_tasks", "--poll", "0.2", "--json"]
+        first = subprocess.Popen(command, env=fleet_env(self.spec, self.tmp), cwd=TESTS, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)  # fmt: skip
+        self.addCleanup(lambda: first.poll() is None and first.kill())
+        import fleet_tasks
+
+        os.environ["LONGRUN_FLEET_WORK"] = self.tmp
+        self.wait_for(lambda: len(fleet_tasks.outbox_counts()) >= 3, "a few effects applied")
+        first.send_signal(signal.SIGTERM)
+        out, err = first.communicate(timeout=DEADLINE_S)
+        self.assertEqual(first.returncode, 0, err)
+        self.assertEqual(json.loads(out)["drained"], 1)
+        applied = len(fleet_tasks.outbox_counts())
+        self.assertLess(applied, 30, "the task was stopped, not run to the end")
+        status = json.loads(self.cli("status", self.spec, "long0", "--json").stdout)
+        self.assertEqual(status["status"], "retry-scheduled")
+        self.assertIn("run again now", status["next_action"])
+        self.assertEqual(status["store_lease"]["expires_at"], 0.0, "the lease was released")
+        verified = [record["step_id"] for record in status["effects"] if record["action"] == "api" and record["state"] == "verified"]
+        self.assertEqual(len(verified), applied, "every applied effect was settled and committed before the stop")
+        second = subprocess.Popen(command, env=fleet_env(self.spec, self.tmp), cwd=TESTS, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)  # fmt: skip
+        self.addCleanup(lambda: second.poll() is None and second.kill())
+        self.wait_for(lambda: json.loads(self.cli("status", self.spec, "long0", "--json").stdout)["status"] == "done", "done")
+        second.send_signal(signal.SIGTERM)
+        second.communicate(timeout=DEADLINE_S)
+        counts = fleet_tasks.outbox_counts()
+        self.assertEqual((len(counts), set(counts.values())), (30, {1}))
+
     def test_bad_worker_arguments_are_usage_errors(self) -> None:
         helper(self.spec, self.tmp, "prepare")
         with open(self.path("plain.py"), "w") as handle:

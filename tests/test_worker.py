@@ -254,6 +254,42 @@ class WorkerCases:
         self.assertEqual(set(target.applied.values()), {1})  # type: ignore[attr-defined]
 
 
+class AsyncDispatchTests(support.TempDirTest):
+    def test_a_function_with_an_async_run_is_awaited_on_the_workers_event_loop(self) -> None:
+        from longrun.contract import RunContract
+        from longrun.functions import DurableFunction
+        from longrun.outcome import RunOutcome
+
+        store = SqliteStore(self.path("a.db"), create=True)
+        self.addCleanup(store.close)
+        awaited: list[tuple[str, list[Any], int]] = []
+
+        class AsyncFunction(DurableFunction[Any]):
+            """What an async face may look like: ``arun`` a coroutine, the function itself async."""
+
+            async def arun(self, task_id: str, *args: Any, **kwargs: Any) -> RunOutcome:
+                awaited.append((task_id, list(args), threading.get_ident()))
+                await asyncio.sleep(0)
+                return RunOutcome(Status.DONE, "nothing", task_id)
+
+        async def agent(run: Any, topic: str) -> str:
+            return topic
+
+        options = dict(store=store, adapters={}, owner=None, clock=None, limits=None, retry=None, lease_ttl_s=5.0,
+                       approvals=None, cancellations=None, on_event=None)  # fmt: skip
+        function = AsyncFunction(agent, RunContract("durable-function", "an async agent"), options)
+        function.start("a1", "tides")
+        worker = Worker(store, [function], poll_s=0.05)
+        thread = threading.Thread(target=lambda: asyncio.run(worker.serve()))
+        thread.start()
+        deadline = time.monotonic() + DEADLINE_S
+        while not awaited and time.monotonic() < deadline:
+            time.sleep(0.02)
+        worker.stop()
+        thread.join(DEADLINE_S)
+        self.assertEqual(awaited, [("a1", ["tides"], thread.ident)])  # on the loop's thread, not in the pool
+
+
 class SqliteWorkerTests(WorkerCases, support.TempDirTest):
     def make_store(self) -> Any:
         return SqliteStore(os.path.join(self.tmp, "tasks.db"), create=True)
