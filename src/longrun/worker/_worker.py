@@ -59,6 +59,10 @@ ERROR_BACKOFF_S = (5.0, 600.0)
 ``5 s * 2**(failures - 1)``, at most 10 minutes: a fixed deployment picks it up, a broken one does not spin."""
 
 
+FORGET_WORKERS_S = 7 * 86400.0
+"""A worker starting deletes the rows of workers silent for longer than this (a week)."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class WorkerReport:
     """What a worker did before it stopped."""
@@ -228,6 +232,7 @@ class Worker:
 
         try:
             await in_queue(self._queue.ensure)
+            await in_queue(self._queue.forget_workers, FORGET_WORKERS_S)
             if self.limits:
                 self._slot_queue = open_queue(self.store)
                 self._slots = SlotKeeper(self._slot_queue, self.name, ttl_s=self.slot_ttl_s)
@@ -347,7 +352,10 @@ class Worker:
             function = self.functions[claim.function]
             arun = getattr(function, "arun", None)
             if callable(arun) and inspect.iscoroutinefunction(function.fn):
-                prepared = await loop.run_in_executor(pool, self._prepare, claim)
+                try:
+                    prepared = await loop.run_in_executor(pool, self._prepare, claim)
+                except Exception as exc:
+                    prepared = self._failed(claim, f"{type(exc).__name__}: {exc}", exc)
                 disposition = prepared if isinstance(prepared, _Disposition) else await self._run_async(claim, *prepared)
             else:
                 disposition = await loop.run_in_executor(pool, self._run_sync, claim)
@@ -437,13 +445,13 @@ class Worker:
         return self._variant(self.functions[claim.function], store), args, kwargs
 
     def _run_sync(self, claim: Claim) -> _Disposition:
-        prepared = self._prepare(claim)
-        if isinstance(prepared, _Disposition):
-            return prepared
-        variant, args, kwargs = prepared
         try:
+            prepared = self._prepare(claim)
+            if isinstance(prepared, _Disposition):
+                return prepared
+            variant, args, kwargs = prepared
             outcome = variant.run(claim.task_id, *args, **kwargs)
-        except Exception as exc:  # the function's own code raised; what was settled is committed
+        except Exception as exc:  # the function's own code raised (what was settled is committed), or its options are bad
             return self._failed(claim, f"{type(exc).__name__}: {exc}", exc)
         return self._disposition(claim, variant, outcome)
 
