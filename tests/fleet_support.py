@@ -176,26 +176,42 @@ def overlapping_leases(rows: list[tuple[Any, ...]], *, by_time: bool = True) -> 
 
 
 class Database:
-    """Read-only SQL on the fleet's database, for the checks (PostgreSQL through a test schema, or SQLite)."""
+    """Read-only SQL on the fleet's database, for the checks (PostgreSQL through a test schema, or
+    SQLite); for a JSON-file store, its side file ``.fleet.sqlite`` and the store's own API."""
 
     def __init__(self, spec: str, schema: Any = None):
         self.spec = spec
         self.schema = schema
+        self.json = schema is None and not spec.startswith("sqlite:")
 
     def rows(self, statement: str) -> list[tuple[Any, ...]]:
         if self.schema is not None:
             return self.schema.execute(statement)  # type: ignore[no-any-return]
-        connection = sqlite3.connect(self.spec[len("sqlite:"):], timeout=60)
+        path = os.path.join(self.spec, ".fleet.sqlite") if self.json else self.spec[len("sqlite:"):]
+        connection = sqlite3.connect(path, timeout=60)
         try:
             return [tuple(row) for row in connection.execute(statement).fetchall()]
         finally:
             connection.close()
 
     def done(self) -> int:
-        return int(self.rows("SELECT COUNT(*) FROM longrun_states WHERE status = 'done'")[0][0])
+        return self.statuses().get("done", 0)
 
     def statuses(self) -> dict[str, int]:
+        if self.json:
+            from longrun import JsonFileStore
+
+            store = JsonFileStore(self.spec)
+            counts: dict[str, int] = {}
+            for task_id in store.list_tasks():
+                state = store.load(task_id).state
+                status = state.status.value if state is not None else "none"
+                counts[status] = counts.get(status, 0) + 1
+            return counts
         return {str(status): int(count) for status, count in self.rows("SELECT status, COUNT(*) FROM longrun_states GROUP BY status")}
 
-    def lease_log(self) -> list[tuple[Any, ...]]:
+    def lease_log(self) -> list[tuple[Any, ...]] | None:
+        """None for the JSON-file store: no trigger can log its lease writes."""
+        if self.json:
+            return None
         return self.rows("SELECT task_id, epoch, owner, acquired_at, expires_at FROM fleet_lease_log ORDER BY seq")

@@ -243,7 +243,12 @@ def main(argv: list[str]) -> None:
     command = argv[0]
     if command == "prepare":
         spec = os.environ[STORE_VARIABLE]
-        _execute(LEASE_LOG_SQL["sqlite" if spec.startswith("sqlite:") else "postgresql"])
+        if spec.startswith("sqlite:"):
+            _execute(LEASE_LOG_SQL["sqlite"])
+        elif spec.startswith(("postgresql:", "postgres:")):
+            _execute(LEASE_LOG_SQL["postgresql"])
+        else:  # a JSON-file store: no trigger sees its files; only the fleet's side file is made
+            _execute([])
     elif command == "enqueue":
         function = globals()[argv[1]]
         arguments = json.loads(argv[3])
