@@ -88,6 +88,15 @@ class QueueCases:
         self.assertTrue(self.queue.finish(again[0], "done"))  # type: ignore[attr-defined]
         self.assertIsNone(self.entry("t1").due_in_s)  # type: ignore[attr-defined]
 
+    def test_runs_that_raise_are_counted_across_claims_until_one_does_not(self) -> None:
+        self.job.start("t1", 1)
+        for expected in (0, 1, 2):
+            claim = self.claim_all()[0]
+            self.assertEqual(claim.failures, expected)  # type: ignore[attr-defined]
+            self.queue.finish(claim, "error", wake_in_s=0.0, error="RuntimeError: boom")
+        self.queue.finish(self.claim_all()[0], "retry-scheduled", wake_in_s=0.0)
+        self.assertEqual(self.claim_all()[0].failures, 0)  # type: ignore[attr-defined]
+
     def test_higher_priority_is_claimed_first(self) -> None:
         self.job.enqueue("low", [1], priority=0)
         self.job.enqueue("high", [1], priority=5)

@@ -81,6 +81,8 @@ class Claim:
     """The row's wake-up count when claimed: one that changed during the run wakes it again."""
     parent: str | None = None
     priority: int = 0
+    failures: int = 0
+    """How many runs in a row raised before this claim (any worker's): the next backoff grows with it."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -360,14 +362,14 @@ class TaskQueue:
             return []
         token = secrets.token_hex(12)
         marks = ", ".join("?" for _ in names)
-        columns = "task_id, function, nudge, parent, priority"
+        columns = "task_id, function, nudge, parent, priority, failures"
         with self._session("claim due tasks"):
             if self._dialect.skip_locked:
                 rows = self._all(
                     f"UPDATE longrun_queue AS q SET claimed_by = ?, claim_token = ?, wake_at = {{now}} + ?, runs = q.runs + 1, "
                     f"updated_at = {{now}} FROM (SELECT task_id FROM longrun_queue WHERE wake_at <= {{now}} AND function IN ({marks}) "
                     "ORDER BY priority DESC, wake_at LIMIT ? FOR UPDATE SKIP LOCKED) AS due WHERE q.task_id = due.task_id "
-                    f"RETURNING q.task_id, q.function, q.nudge, q.parent, q.priority",
+                    "RETURNING q.task_id, q.function, q.nudge, q.parent, q.priority, q.failures",
                     (worker, token, ttl_s, *names, limit),
                 )
             else:
@@ -382,7 +384,10 @@ class TaskQueue:
                         "updated_at = {now} WHERE task_id = ?",
                         (worker, token, ttl_s, row[0]),
                     )
-        return [Claim(str(r[0]), str(r[1]), token, int(r[2]), str(r[3]) if r[3] is not None else None, int(r[4])) for r in rows]
+        return [
+            Claim(str(r[0]), str(r[1]), token, int(r[2]), str(r[3]) if r[3] is not None else None, int(r[4]), int(r[5]))
+            for r in rows
+        ]
 
     def extend(self, claims: Sequence[Claim], ttl_s: float) -> list[Claim]:
         """Renew claims for another ``ttl_s``; return those no longer held (lapsed and claimed by another)."""

@@ -56,7 +56,8 @@ PARKED = frozenset({Status.AWAITING_APPROVAL, Status.AWAITING_INPUT, Status.UNSA
 """Outcomes that wait for a person: the row sleeps until a control record (or a rescan) wakes it."""
 ERROR_BACKOFF_S = (5.0, 600.0)
 """A run that raised (the function's own exception, or a storage error) is tried again after
-``5 s * 2**(failures - 1)``, at most 10 minutes: a fixed deployment picks it up, a broken one does not spin."""
+``5 s * 2**(failures - 1)``, at most 10 minutes, counting the runs in a row that raised on any worker
+(the queue row keeps the count): a fixed deployment picks it up, a broken one does not spin."""
 
 
 FORGET_WORKERS_S = 7 * 86400.0
@@ -197,7 +198,6 @@ class Worker:
         self._runs = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
-        self._failures: dict[str, int] = {}
 
     # -- control ------------------------------------------------------------------------------
 
@@ -467,8 +467,7 @@ class Worker:
         return await loop.run_in_executor(None, self._disposition, claim, variant, outcome)
 
     def _failed(self, claim: Claim, error: str, exc: BaseException | None = None) -> _Disposition:
-        failures = self._failures.get(claim.task_id, 0) + 1
-        self._failures[claim.task_id] = failures
+        failures = min(claim.failures, 16) + 1  # this run's failure, after those the row counts
         delay = min(ERROR_BACKOFF_S[1], ERROR_BACKOFF_S[0] * 2 ** (failures - 1))
         log.warning(
             "worker %s: task %s raised %s; trying it again in %.0fs", self.name, claim.task_id, error, delay,
@@ -479,7 +478,6 @@ class Worker:
 
     def _disposition(self, claim: Claim, variant: DurableFunction[Any], outcome: RunOutcome) -> _Disposition:
         """When the task is due next, from its outcome (times relative to the function's own clock)."""
-        self._failures.pop(claim.task_id, None)
         status = outcome.status
         clock: Clock = variant.engine_options.get("clock") or SystemClock()
         if status is Status.RETRY_SCHEDULED and outcome.next_action.startswith("run again now: the worker"):
