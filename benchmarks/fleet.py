@@ -7,7 +7,8 @@ Prints, all measured in this run, on this machine:
   connections at once (what no fleet on this database can beat, per committed write);
 - throughput: tasks and effects per second with 1, 2 and 4 ``longrun worker`` processes
   (``--concurrency 4`` each) running tasks of 10 effects, from the workers' start until the last
-  task is ``done`` (workers start in well under a second; that is included);
+  task is ``done`` (workers start in well under a second; that is included), and the workers' CPU
+  time per effect (on a machine with few cores, CPU, not the database, bounds the fleet);
 - latency, with the workers polling only every 30 s so that only ``NOTIFY`` and the due-time
   index can explain a quick start: a task enqueued while a worker idles (enqueue -> first apply),
   an approval given while a worker idles (approval written -> the gated effect applied), and a
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -102,10 +104,12 @@ def floor(schema: Schema, connections: int, seconds: float) -> float:
     return sum(counts) / (time.monotonic() - started)
 
 
-def throughput(spec: str, database: Database, work: str, workers: int, tasks: int, effects: int) -> tuple[float, float, float]:
-    """(seconds, tasks/s, effects/s) for ``workers`` processes to finish ``tasks`` enqueued tasks."""
+def throughput(spec: str, database: Database, work: str, workers: int, tasks: int, effects: int) -> tuple[float, float, float, float]:
+    """(seconds, tasks/s, effects/s, worker CPU ms per effect) for ``workers`` processes to finish
+    ``tasks`` enqueued tasks (CPU: user + system time of the worker processes, start to exit)."""
     helper(spec, work, "enqueue", "effects", str(tasks), f"[{effects}]")
     fleet = Fleet(spec, work, concurrency=4, claim_ttl_s=10.0, poll_s=1.0, lease_ttl_s=10.0)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         started = time.monotonic()
         fleet.start(workers)
@@ -116,7 +120,9 @@ def throughput(spec: str, database: Database, work: str, workers: int, tasks: in
         fleet.drain()
     finally:
         fleet.close()
-    return elapsed, tasks / elapsed, tasks * effects / elapsed
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return elapsed, tasks / elapsed, tasks * effects / elapsed, cpu * 1e3 / (tasks * effects)
 
 
 def wait(condition: Callable[[], bool], timeout: float = 120.0) -> None:
@@ -221,15 +227,15 @@ def main() -> int:
     finally:
         schema.drop()
     print(f"\nThroughput: {args.tasks} tasks x {args.effects} effects, --concurrency 4 per worker")
-    print(f"  {'store':<11} {'workers':>7} {'seconds':>8} {'tasks/s':>8} {'effects/s':>10}")
+    print(f"  {'store':<11} {'workers':>7} {'seconds':>8} {'tasks/s':>8} {'effects/s':>10} {'worker CPU ms/effect':>21}")
     for workers in (1, 2, 4):
         schema = Schema(url)
         work = tempfile.mkdtemp(prefix="longrun-fleetbench-")
         try:
             spec = schema.spec()
             helper(spec, work, "prepare")
-            seconds, tasks_s, effects_s = throughput(spec, Database(spec, schema), work, workers, args.tasks, args.effects)
-            print(f"  {'PostgreSQL':<11} {workers:>7} {seconds:>8.1f} {tasks_s:>8.1f} {effects_s:>10.0f}")
+            seconds, tasks_s, effects_s, cpu = throughput(spec, Database(spec, schema), work, workers, args.tasks, args.effects)
+            print(f"  {'PostgreSQL':<11} {workers:>7} {seconds:>8.1f} {tasks_s:>8.1f} {effects_s:>10.0f} {cpu:>21.2f}")
         finally:
             schema.drop()
             shutil.rmtree(work, ignore_errors=True)
@@ -239,8 +245,8 @@ def main() -> int:
             try:
                 spec = "sqlite:" + os.path.join(work, "tasks.db")
                 helper(spec, work, "prepare")
-                seconds, tasks_s, effects_s = throughput(spec, Database(spec), work, workers, args.tasks, args.effects)
-                print(f"  {'SQLite':<11} {workers:>7} {seconds:>8.1f} {tasks_s:>8.1f} {effects_s:>10.0f}")
+                seconds, tasks_s, effects_s, cpu = throughput(spec, Database(spec), work, workers, args.tasks, args.effects)
+                print(f"  {'SQLite':<11} {workers:>7} {seconds:>8.1f} {tasks_s:>8.1f} {effects_s:>10.0f} {cpu:>21.2f}")
             finally:
                 shutil.rmtree(work, ignore_errors=True)
     schema = Schema(url)
