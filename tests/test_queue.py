@@ -116,57 +116,6 @@ class QueueCases:
         self.queue.finish(claim, "awaiting-approval")
         self.assertLessEqual(self.entry("g1").due_in_s, 0.0)  # type: ignore[attr-defined]
 
-    def test_an_approval_wakes_a_parked_task(self) -> None:
-        if not self.triggers:
-            self.skipTest("a store without triggers is polled (see the rescan test)")  # type: ignore[attr-defined]
-        self.gated.start("g1")
-        claim = self.claim_all()[0]
-        self.gated.run("g1")
-        self.queue.finish(claim, "awaiting-approval")
-        self.assertIsNone(self.entry("g1").due_in_s)  # type: ignore[attr-defined]
-        self.store.write_approval(self.approval("g1"))
-        self.assertLessEqual(self.entry("g1").due_in_s, 0.0)  # type: ignore[attr-defined]
-
-    def test_a_cancellation_wakes_a_parked_task(self) -> None:
-        if not self.triggers:
-            self.skipTest("a store without triggers is polled")  # type: ignore[attr-defined]
-        self.gated.start("g1")
-        claim = self.claim_all()[0]
-        self.gated.run("g1")
-        self.queue.finish(claim, "awaiting-approval")
-        self.store.write_cancellation(Cancellation(task_id="g1", requested_by="op", reason="no", requested_at=time.time()))
-        self.assertLessEqual(self.entry("g1").due_in_s, 0.0)  # type: ignore[attr-defined]
-
-    def test_a_run_outside_the_fleet_gets_a_row_due_when_its_lease_ends(self) -> None:
-        if not self.triggers:
-            self.skipTest("a store without triggers is polled (see the rescan test)")  # type: ignore[attr-defined]
-        self.queue.ensure()  # a worker made the tables and their triggers before this run
-        self.assertEqual(self.job.run("outside", 1).status.value, "done")  # type: ignore[attr-defined]
-        entry = self.entry("outside")  # made by the trigger on its first record, due once its lease was released
-        self.assertEqual(entry.function, self.job.name)  # type: ignore[attr-defined]
-        self.assertLessEqual(entry.due_in_s, 0.0)  # type: ignore[attr-defined]
-        claim = self.claim_all()[0]
-        self.queue.finish(claim, "done")
-        lease = self.store.acquire_lease("outside", "someone", 5.0, time.time())  # a run outside the fleet takes it
-        self.assertGreater(self.entry("outside").due_in_s, 3.0)  # type: ignore[attr-defined]  # due when that lease expires
-        self.store.release_lease(lease, time.time())
-        self.assertLessEqual(self.entry("outside").due_in_s, 0.0)  # type: ignore[attr-defined]
-
-    def test_a_worker_that_starts_on_an_older_store_adopts_every_durable_task(self) -> None:
-        if not self.triggers:
-            self.skipTest("the JSON-file store adopts by rescanning (see the rescan test)")  # type: ignore[attr-defined]
-        self.queue.ensure()
-        self.queue.close()
-        self.drop_fleet_tables()
-        self.job.run("done-before", 1)
-        self.gated.run("waiting-before")
-        queue = open_queue(self.store)
-        self.addCleanup(queue.close)
-        entries = {entry.task_id: entry for entry in queue.entries()}
-        self.assertEqual(sorted(entries), ["done-before", "waiting-before"])  # type: ignore[attr-defined]
-        self.assertIsNone(entries["done-before"].due_in_s)  # type: ignore[attr-defined]
-        self.assertLessEqual(entries["waiting-before"].due_in_s, 0.0)  # type: ignore[attr-defined]
-
     def test_a_child_that_ended_wakes_its_parent_only_if_it_waits_on_a_child(self) -> None:
         self.job.enqueue("parent", [1])
         self.queue.enqueue("kid", self.job.name, parent="parent")
@@ -234,11 +183,58 @@ class QueueCases:
             payload_digest=request.payload_digest, action="send", approver="op", granted_at=now, expires_at=now + 600,
         )  # fmt: skip
 
+
+class TriggerCases(QueueCases):
+    """What the triggers on the store's own tables do (the SQL stores; the JSON-file store polls)."""
+
+    def test_an_approval_wakes_a_parked_task(self) -> None:
+        self.gated.start("g1")
+        claim = self.claim_all()[0]
+        self.gated.run("g1")
+        self.queue.finish(claim, "awaiting-approval")
+        self.assertIsNone(self.entry("g1").due_in_s)  # type: ignore[attr-defined]
+        self.store.write_approval(self.approval("g1"))
+        self.assertLessEqual(self.entry("g1").due_in_s, 0.0)  # type: ignore[attr-defined]
+
+    def test_a_cancellation_wakes_a_parked_task(self) -> None:
+        self.gated.start("g1")
+        claim = self.claim_all()[0]
+        self.gated.run("g1")
+        self.queue.finish(claim, "awaiting-approval")
+        self.store.write_cancellation(Cancellation(task_id="g1", requested_by="op", reason="no", requested_at=time.time()))
+        self.assertLessEqual(self.entry("g1").due_in_s, 0.0)  # type: ignore[attr-defined]
+
+    def test_a_run_outside_the_fleet_gets_a_row_due_when_its_lease_ends(self) -> None:
+        self.queue.ensure()  # a worker made the tables and their triggers before this run
+        self.assertEqual(self.job.run("outside", 1).status.value, "done")  # type: ignore[attr-defined]
+        entry = self.entry("outside")  # made by the trigger on its first record, due once its lease was released
+        self.assertEqual(entry.function, self.job.name)  # type: ignore[attr-defined]
+        self.assertLessEqual(entry.due_in_s, 0.0)  # type: ignore[attr-defined]
+        claim = self.claim_all()[0]
+        self.queue.finish(claim, "done")
+        lease = self.store.acquire_lease("outside", "someone", 5.0, time.time())  # a run outside the fleet takes it
+        self.assertGreater(self.entry("outside").due_in_s, 3.0)  # type: ignore[attr-defined]  # due when that lease expires
+        self.store.release_lease(lease, time.time())
+        self.assertLessEqual(self.entry("outside").due_in_s, 0.0)  # type: ignore[attr-defined]
+
+    def test_a_worker_that_starts_on_an_older_store_adopts_every_durable_task(self) -> None:
+        self.queue.ensure()
+        self.queue.close()
+        self.drop_fleet_tables()
+        self.job.run("done-before", 1)
+        self.gated.run("waiting-before")
+        queue = open_queue(self.store)
+        self.addCleanup(queue.close)
+        entries = {entry.task_id: entry for entry in queue.entries()}
+        self.assertEqual(sorted(entries), ["done-before", "waiting-before"])  # type: ignore[attr-defined]
+        self.assertIsNone(entries["done-before"].due_in_s)  # type: ignore[attr-defined]
+        self.assertLessEqual(entries["waiting-before"].due_in_s, 0.0)  # type: ignore[attr-defined]
+
     def drop_fleet_tables(self) -> None:
         raise NotImplementedError
 
 
-class SqliteQueueTests(QueueCases, support.TempDirTest):
+class SqliteQueueTests(TriggerCases, support.TempDirTest):
     def make_store(self) -> Any:
         return SqliteStore(os.path.join(self.tmp, "tasks.db"), create=True)
 
@@ -279,7 +275,7 @@ class JsonQueueTests(QueueCases, support.TempDirTest):
         self.assertIsNone(self.queue.rescan(10.0))  # another worker's turn comes after 10 s
 
 
-class PostgresQueueTests(QueueCases, pg_support.SchemaPerTest, support.TempDirTest):
+class PostgresQueueTests(TriggerCases, pg_support.SchemaPerTest, support.TempDirTest):
     def make_store(self) -> Any:
         return PostgresStore(self.schema.factory())
 

@@ -4,6 +4,7 @@ bounds an action's applies, and drains between two steps. The crash tests are in
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import threading
 import time
@@ -65,8 +66,6 @@ class Target:
 
 class WorkerCases:
     """The same cases on every store; a subclass says how to make one."""
-
-    polled = False
 
     def make_store(self) -> Any:
         raise NotImplementedError
@@ -290,14 +289,58 @@ class AsyncDispatchTests(support.TempDirTest):
         self.assertEqual(awaited, [("a1", ["tides"], thread.ident)])  # on the loop's thread, not in the pool
 
 
+class ReclaimTests(support.TempDirTest):
+    def test_a_row_reclaimed_by_the_worker_that_runs_it_is_run_once_and_finished_under_the_new_claim(self) -> None:
+        store = SqliteStore(self.path("a.db"), create=True)
+        self.addCleanup(store.close)
+        entered, release = threading.Event(), threading.Event()
+
+        def gate(request: EffectRequest) -> None:
+            entered.set()
+            release.wait(DEADLINE_S)
+
+        target = Target(gate=gate)
+
+        @durable(store=store, adapters={"send": target}, allowed_actions=("send",))
+        def job(run: Any) -> str:
+            run.effect("e", "send", {})
+            return "ok"
+
+        job.start("t")
+        queue = open_queue(store)
+        self.addCleanup(queue.close)
+        worker = Worker(store, [job], name="w", poll_s=60.0)
+
+        async def scenario() -> None:
+            pool = concurrent.futures.ThreadPoolExecutor(2)
+            loop = asyncio.get_running_loop()
+
+            async def in_queue(call: Callable[..., Any], *args: Any) -> Any:
+                return await loop.run_in_executor(None, lambda: call(*args))
+
+            first = queue.claim("w", [job.name], 1, 0.2)[0]
+            worker._start(first, pool, in_queue)
+            await asyncio.to_thread(entered.wait, DEADLINE_S)
+            await asyncio.sleep(0.3)  # its heartbeat was late: the claim lapsed, and the worker claims the row again
+            second = queue.claim("w", [job.name], 1, 30.0)[0]
+            worker._start(second, pool, in_queue)
+            self.assertEqual(len(worker._running), 1)
+            release.set()
+            await asyncio.gather(*(task for _, task in list(worker._running.values())))
+            pool.shutdown()
+
+        asyncio.run(scenario())
+        entry = queue.entries(["t"])[0]
+        self.assertEqual((entry.status, entry.claimed_by, entry.due_in_s), ("done", None, None))
+        self.assertEqual(target.applied, {"t/e": 1})
+
+
 class SqliteWorkerTests(WorkerCases, support.TempDirTest):
     def make_store(self) -> Any:
         return SqliteStore(os.path.join(self.tmp, "tasks.db"), create=True)
 
 
 class JsonWorkerTests(WorkerCases, support.TempDirTest):
-    polled = True
-
     def make_store(self) -> Any:
         return JsonFileStore(os.path.join(self.tmp, "store"), create=True)
 

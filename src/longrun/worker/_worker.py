@@ -343,6 +343,12 @@ class Worker:
         )  # fmt: skip
 
     def _start(self, claim: Claim, pool: concurrent.futures.Executor, in_queue: Callable[..., Awaitable[Any]]) -> None:
+        running = self._running.get(claim.task_id)
+        if running is not None:
+            # This worker's own claim lapsed (a late heartbeat) and it claimed the row again: the run
+            # under way goes on under the new claim, which its finish then ends.
+            self._running[claim.task_id] = (claim, running[1])
+            return
         task = asyncio.create_task(self._run_claim(claim, pool, in_queue), name=f"longrun-{claim.task_id}")
         self._running[claim.task_id] = (claim, task)
 
@@ -361,6 +367,7 @@ class Worker:
                 disposition = await loop.run_in_executor(pool, self._run_sync, claim)
             self._runs += 1
             self._statuses[disposition.status] = self._statuses.get(disposition.status, 0) + 1
+            claim = self._running.get(claim.task_id, (claim,))[0]  # the newest claim on the row
             for attempt in range(5):
                 try:
                     finish = functools.partial(
