@@ -1,4 +1,4 @@
-"""``longrun start`` and ``longrun resume STORE TASK`` for durable functions, as subprocesses."""
+"""``longrun start`` (record, or ``--run``) and ``longrun resume STORE TASK`` for durable functions, as subprocesses."""
 
 from __future__ import annotations
 
@@ -63,9 +63,24 @@ class StartAndResumeTests(unittest.TestCase):
             [sys.executable, "-m", "longrun", *args], capture_output=True, text=True, env=env, timeout=60, check=False
         )
 
-    def test_start_runs_the_task_and_resume_reads_function_and_arguments_from_the_store(self) -> None:
+    def test_start_records_the_task_without_running_it_and_resume_runs_it(self) -> None:
+        started = self.cli("start", "agents:greet", "g1", "--args", '[["ann"]]', "--path", self.code, "--json")
+        self.assertEqual(started.returncode, 0, started.stderr)
+        self.assertEqual(json.loads(started.stdout), {"task_id": "g1", "function": "agents:greet", "created": True, "priority": 0})
+        self.assertFalse(os.path.exists(os.path.join(self.tasks, "outbox.jsonl")), "nothing ran")
+        again = self.cli("start", "agents:greet", "g1", "--args", '[["ann"]]', "--path", self.code)
+        self.assertEqual(again.returncode, 0, again.stderr)
+        self.assertIn("already recorded", again.stdout)
+        other = self.cli("start", "agents:greet", "g1", "--args", '[["zed"]]', "--path", self.code)
+        self.assertEqual(other.returncode, 2, other.stderr)
+        self.assertIn("other arguments", other.stderr)
+        resumed = self.cli("resume", self.tasks, "g1", "--path", self.code, "--json")
+        self.assertEqual(json.loads(resumed.stdout)["result"], {"sent": 1}, resumed.stderr)
+        self.assertEqual(len(read_outbox(os.path.join(self.tasks, "outbox.jsonl"))), 1)
+
+    def test_start_run_runs_the_task_and_resume_reads_function_and_arguments_from_the_store(self) -> None:
         started = self.cli("start", "agents:greet", "g1", "--args", '[["ann", "bob"]]', "--kwargs", '{"greeting": "yo"}',
-                           "--path", self.code, "--json")  # fmt: skip
+                           "--path", self.code, "--json", "--run")  # fmt: skip
         self.assertEqual(started.returncode, 0, started.stderr)
         self.assertEqual(json.loads(started.stdout)["result"], {"sent": 2})
         resumed = self.cli("resume", self.tasks, "g1", "--path", self.code, "--json")
@@ -75,9 +90,9 @@ class StartAndResumeTests(unittest.TestCase):
         sent = read_outbox(os.path.join(self.tasks, "outbox.jsonl"))
         self.assertEqual(sorted(item["payload"]["to"] for item in sent), ["ann", "bob"], "each effect applied once")
 
-    def test_start_with_other_arguments_stops_plan_mismatch_and_applies_nothing(self) -> None:
-        self.assertEqual(self.cli("start", "agents:greet", "g1", "--args", '[["ann"]]', "--path", self.code).returncode, 0)
-        other = self.cli("start", "agents:greet", "g1", "--args", '[["zed"]]', "--path", self.code, "--json")
+    def test_start_run_with_other_arguments_stops_plan_mismatch_and_applies_nothing(self) -> None:
+        self.assertEqual(self.cli("start", "agents:greet", "g1", "--args", '[["ann"]]', "--path", self.code, "--run").returncode, 0)
+        other = self.cli("start", "agents:greet", "g1", "--args", '[["zed"]]', "--path", self.code, "--json", "--run")
         self.assertEqual(other.returncode, 1, other.stderr)
         self.assertEqual(json.loads(other.stdout)["status"], "plan-mismatch")
         self.assertEqual(len(read_outbox(os.path.join(self.tasks, "outbox.jsonl"))), 1)
@@ -87,7 +102,7 @@ class StartAndResumeTests(unittest.TestCase):
             self.assertEqual(result.stderr, "")
             return str(json.loads(result.stdout)["status"])
 
-        self.assertEqual(status(self.cli("start", "agents:pick", "p1", "--path", self.code, "--json")), "awaiting-input")
+        self.assertEqual(status(self.cli("start", "agents:pick", "p1", "--path", self.code, "--json", "--run")), "awaiting-input")
         approve = self.cli("approve", self.tasks, "p1", "--step", "colour", "--yes")
         self.assertEqual(approve.returncode, 2, "a question is answered, not approved")
         self.assertEqual(self.cli("answer", self.tasks, "p1", "colour", "green").returncode, 0)

@@ -972,6 +972,9 @@ class Engine:
         if _crashpoints.ARMED:
             _crashpoints.hit("cancellation.read")
         if raw is None:
+            pause: Callable[[str], bool] | None = getattr(self.cancellations, "pause_requested", None)
+            if callable(pause) and pause(self.task_id):  # a worker that drains: stop between two steps, committed
+                raise self._stop(Status.RETRY_SCHEDULED, "run again now: the worker running it stopped between two steps", wake_at=self.clock.now())
             if not self._cancellation_checked:
                 self._evidence.inferred("no cancellation record: new effects are allowed (read again before each one)")
                 self._cancellation_checked = True

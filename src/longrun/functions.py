@@ -34,10 +34,12 @@ what was settled before it, and re-raised to the caller of ``run()``; the task s
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import inspect
 import math
 import sys
+from types import MappingProxyType
 from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
 from . import _crashpoints
@@ -45,10 +47,10 @@ from ._io import is_async_callable
 from .budget import Limits, RetryPolicy
 from .canonical import JSONValue, digest_of, ensure_json
 from .contract import ASK_ACTION, INTERNAL_PREFIX, RunContract, Step, check_step_id, check_task_id
-from .engine import Engine
+from .engine import Engine, Stop
 from .envelope import RunState
 from .events import EventHook
-from .errors import CallFailed, InvalidInputError
+from .errors import CallFailed, InvalidInputError, UnknownTaskError
 from .ledger import EffectRecord, EffectState
 from .outcome import ENDED_UNFINISHED, RunOutcome, Status
 from .protocols import AnyEffectAdapter, ApprovalSource, CancellationSource, Clock, Store
@@ -459,6 +461,30 @@ class _FunctionPlan:
         return record.result if record is not None and record.state is EffectState.VERIFIED else None
 
 
+class _Recording:
+    """The plan ``DurableFunction.enqueue`` runs: the task's first revision is committed as a first
+    run commits it, and the function is not called (a worker or ``run`` calls it later)."""
+
+    def __init__(self, plan: _FunctionPlan):
+        self._plan = plan
+        self.digest = plan.digest
+
+    def initial(self, engine: Engine, state: RunState) -> None:
+        self._plan.initial(engine, state)
+
+    def accept(self, engine: Engine, state: RunState) -> None:
+        self._plan.accept(engine, state)
+
+    def drive(self, engine: Engine) -> None:
+        raise Stop(Status.RUNNING, "nothing yet: a worker runs it (`longrun worker`), or `longrun resume <store> <task>`")
+
+    def progress(self, state: RunState) -> str:
+        return self._plan.progress(state)
+
+    def result(self, state: RunState) -> JSONValue:
+        return None
+
+
 class DurableFunction(Generic[R]):
     """A function made durable by ``@durable(...)``: ``fn.run(task_id, *args)`` starts or resumes it.
 
@@ -520,6 +546,75 @@ class DurableFunction(Generic[R]):
         """The plan digest a task of this function with these arguments has: what an approval written
         ahead of the first run binds to (the contract, the function's name and the arguments)."""
         return self._plan(task_id, args, kwargs)[1].digest
+
+    def start(self, task_id: str, *args: Any, **kwargs: Any) -> bool:
+        """Record the task with these arguments without running it, for a worker to pick up
+        (``longrun worker``); ``enqueue`` with priority 0."""
+        return self.enqueue(task_id, args, kwargs)
+
+    def enqueue(self, task_id: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *, priority: int = 0) -> bool:
+        """Record the task (its first revision, as a first run would commit it, without calling the
+        function) and put it in the store's fleet queue with ``priority`` (higher runs first).
+
+        True if this call recorded it; False if it was recorded before with the same function and
+        arguments (its priority is set, nothing else changes). Other arguments, or another function
+        or plan under the same task id, are refused with ``InvalidInputError``, changing nothing."""
+        from .stores._queue import open_queue  # only a fleet needs the queue's tables
+
+        engine, plan = self._plan(task_id, tuple(args), dict(kwargs or {}))
+        queue = open_queue(engine.store)
+        try:
+            queue.ensure()  # the queue's triggers exist before the first record, so nothing is missed
+            created = self._record(engine, plan)
+            queue.enqueue(task_id, self.name, priority=priority)
+        finally:
+            queue.close()
+        return created
+
+    def _record(self, engine: Engine, plan: _FunctionPlan) -> bool:
+        """Commit the task's first revision unless it has one; True if this call did. Refuses another plan."""
+        task_id = engine.task_id
+        created = False
+        for _ in range(100):
+            try:
+                state = engine.store.load(task_id).state
+            except UnknownTaskError:
+                state = None
+            if state is not None:
+                break
+            outcome = engine.run(_Recording(plan))
+            if outcome.status is Status.RUNNING:
+                created = True
+                break
+            if outcome.status is not Status.ALREADY_RUNNING:
+                raise InvalidInputError(f"task {task_id!r} could not be recorded: {outcome.status.value}: {outcome.next_action}")
+            engine.clock.sleep(0.05)  # another process is recording it: read what it records
+        else:
+            raise InvalidInputError(f"task {task_id!r} is held by another process that records nothing; try again")
+        if state is not None and state.plan_digest != plan.digest:
+            raise InvalidInputError(
+                f"task {task_id!r} exists with plan digest {state.plan_digest}, not {plan.digest} ({self.name} with these "
+                "arguments): it was started with other arguments or by other code; nothing was changed"
+            )
+        return created
+
+    @property
+    def engine_options(self) -> Mapping[str, Any]:
+        """The engine's keyword arguments this function was decorated with (read-only)."""
+        return MappingProxyType(self._options)
+
+    def with_options(self, **options: Any) -> "DurableFunction[R]":
+        """This function with some engine options replaced (``store``, ``adapters``, ``owner``,
+        ``cancellations``, ...): same name, so the same tasks and plan digests. A worker runs each
+        thread's tasks through its own store connection this way."""
+        unknown = sorted(set(options) - set(self._options))
+        if unknown:
+            raise InvalidInputError(f"unknown engine options {unknown}; known: {sorted(self._options)}")
+        merged = {**self._options, **options}
+        Engine(self._contract, **merged)  # validates them now, not at the first run
+        clone = copy.copy(self)
+        clone._options = merged
+        return clone
 
     def run_child(self, task_id: str, parent: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> RunOutcome:
         """``run`` for a child task of ``parent`` (``Run.child``): its first record names the parent."""

@@ -97,6 +97,28 @@ exit codes (from the outcome's status):
   70  run() raised an exception that is not longrun's (the task's own code, or a bug); traceback printed
 """
 
+START_EPILOG = """\
+exit codes:
+  0   recorded (or already recorded with these arguments); with --run, as resume: done
+  1   with --run: not finished; a later run continues it
+  2   the target is wrong (bad MODULE:FUNCTION, import error, not a durable function), bad JSON, or the
+      task exists with other arguments or another function (nothing changed)
+  3   storage error or damaged state
+  4   with --run: the run ended without finishing (cancelled, limits-exhausted, blocked)
+  70  with --run: the function raised; its traceback is printed
+"""
+
+WORKER_EPILOG = """\
+exit codes:
+  0  drained after SIGTERM or SIGINT: every run under way stopped at a step boundary, committed and
+     released its lease
+  2  usage: a module that cannot be imported or holds no durable function, a bad --limit
+  3  storage error: the store cannot be reached when the worker starts (later outages are logged and
+     retried)
+
+LONGRUN_WORKER_CLOCK_OFFSET_S (a testing aid) shifts the wall clock the functions run with.
+"""
+
 REPAIR_EPILOG = """\
 exit codes:
   0  repaired: the damaged lease record is in the task's quarantine, and a released lease stands at
@@ -109,7 +131,8 @@ exit codes:
 
 _SESSION_COMMANDS = ("init", "next", "exec", "checkpoint", "done", "stop")
 _STORE_COMMANDS = (
-    "status", "history", "verify", "approve", "answer", "cancel", "repair", "ls", "watch", "console", *_SESSION_COMMANDS
+    "status", "history", "verify", "approve", "answer", "cancel", "repair", "ls", "watch", "console", "worker", "workers",
+    *_SESSION_COMMANDS,
 )  # fmt: skip
 _TASK_COMMANDS = ("status", "history", "verify", "approve", "answer", "cancel", "repair", "watch", "init", "next", "done", "stop")
 _STEP_COMMANDS = ("exec", "checkpoint")
@@ -136,6 +159,42 @@ MAX_REASON_CHARS = 4096
 MAX_PATH_BYTES = 4096
 """A path argument (PATH_MAX on Linux)."""
 _CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def _priority(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not -(2**31) <= value < 2**31:
+        raise argparse.ArgumentTypeError("a priority is an integer in [-2147483648, 2147483647]")
+    return value
+
+
+def _count(low: int, high: int):  # type: ignore[no-untyped-def]
+    def check(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be in [{low}, {high}]")
+        return value
+
+    return check
+
+
+def _action_limit(text: str) -> tuple[str, int]:
+    action, separator, count = text.rpartition("=")
+    if not separator or not action:
+        raise argparse.ArgumentTypeError(f"{text!r} is not ACTION=K (for example api.send=4)")
+    try:
+        limit = int(count)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: K must be an integer") from None
+    if not 1 <= limit <= 10_000:
+        raise argparse.ArgumentTypeError(f"{text!r}: K must be in [1, 10000]")
+    return action, limit
 
 
 def _positive_seconds(text: str) -> float:
@@ -458,17 +517,63 @@ def build_parser() -> argparse.ArgumentParser:
 
     start = add(
         "start",
-        "start (or resume) a durable function's task with JSON arguments, and run it once",
-        "Import MODULE, whose FUNCTION must be a @longrun.durable function, and run TASK with the "
-        "arguments given as JSON. The same task id with the same arguments resumes it; with other "
-        "arguments it stops plan-mismatch and changes nothing.",
-        RESUME_EPILOG,
+        "record a durable function's task with JSON arguments for a worker to run (--run: run it once here)",
+        "Import MODULE, whose FUNCTION must be a @longrun.durable function, and record TASK with the "
+        "arguments given as JSON in the function's store, without running it: a worker (longrun worker) "
+        "runs it, or longrun resume STORE TASK. The same task id with the same arguments changes nothing "
+        "(but the priority); with other arguments it is refused (exit 2) and nothing changes. With --run, "
+        "run TASK once in this process instead (the same arguments resume it; others stop plan-mismatch).",
+        START_EPILOG,
     )
     start.add_argument("target", metavar="MODULE:FUNCTION", help="for example mytasks.agents:triage")
     start.add_argument("task", metavar="TASK")
     start.add_argument("--args", metavar="JSON", default="[]", help="positional arguments, a JSON array (default [])")
     start.add_argument("--kwargs", metavar="JSON", default="{}", help="keyword arguments, a JSON object (default {})")
+    start.add_argument("--run", action="store_true", help="run the task once here instead of leaving it to a worker")
+    start.add_argument(
+        "--priority", metavar="N", type=_priority, default=0, help="the queue priority: higher runs first (default 0)"
+    )
     _add_module_options(start)
+
+    worker = add(
+        "worker",
+        "run every runnable task of the durable functions in the --import modules, until SIGTERM or SIGINT",
+        "A long-running worker: it imports each MODULE, finds its @longrun.durable functions, and runs every task "
+        "of theirs that is due in STORE: new tasks, retries and timers whose time came, tasks whose approval, "
+        "answer, cancellation or child just arrived, and tasks whose holder's lease expired (taken over with a "
+        "newer epoch, observing first). At most --concurrency at once (threads; async functions on one event "
+        "loop). On SIGTERM or SIGINT it drains: it starts nothing new, stops each run at its next step boundary "
+        "(the effect in flight settles first), commits, releases every lease and exits 0. A SIGKILL loses "
+        "nothing: another worker takes the tasks over when their claims and leases expire.",
+        WORKER_EPILOG,
+    )
+    _add_store(worker, task=False)
+    worker.add_argument(
+        "--import", dest="modules", metavar="MODULE", action="append", required=True,
+        help="a module whose durable functions this worker runs (repeatable)",
+    )  # fmt: skip
+    worker.add_argument("--concurrency", metavar="N", type=_count(1, 1024), default=4, help="tasks run at once (default 4)")
+    worker.add_argument("--name", metavar="NAME", type=_non_empty, help="how `longrun workers` names it (default HOST:PID)")
+    worker.add_argument(
+        "--limit", metavar="ACTION=K", type=_action_limit, action="append", default=[],
+        help="at most K applies of ACTION at once across every worker given the same limit (repeatable)",
+    )  # fmt: skip
+    worker.add_argument(
+        "--claim-ttl", metavar="SECONDS", type=_positive_seconds, default=30.0,
+        help="how long a dead worker's claims last (default 30; about the functions' lease_ttl_s)",
+    )  # fmt: skip
+    worker.add_argument(
+        "--poll", metavar="SECONDS", type=_positive_seconds, default=1.0,
+        help="how often to look for due tasks without a notification (default 1)",
+    )  # fmt: skip
+    worker.add_argument(
+        "--path", metavar="DIR", type=_path, action="append", default=[], help="search DIR for MODULE first (repeatable)"
+    )
+    _add_json(worker, "at exit, {name, runs, statuses, drained}")
+
+    workers = add("workers", "list the workers of a store's fleet: name, host, tasks held, last heartbeat (read-only)")
+    _add_store(workers, task=False)
+    _add_json(workers, "a list of {name, host, pid, state, alive, running, claimed, heartbeat_age_s, functions, ...}")
 
     init = add(
         "init",
@@ -601,7 +706,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "start":
         from ._resume import cmd_start
 
-        return cmd_start(args.target, args.task, args.args, args.kwargs, args.path, args.json, out, err, verbose=args.verbose > 0)
+        return cmd_start(
+            args.target, args.task, args.args, args.kwargs, args.path, args.json, out, err,
+            verbose=args.verbose > 0, run=args.run, priority=args.priority,
+        )  # fmt: skip
     spec = args.store_spec
     if args.command in _TASK_COMMANDS or args.command in _STEP_COMMANDS:
         checked_task(args.task)  # an unsafe id is refused before the store is opened
@@ -620,6 +728,17 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _store_command(args: argparse.Namespace, store: Store, label: str, out: TextIO, err: TextIO) -> int:
+    if args.command == "worker":
+        from ._worker import cmd_worker
+
+        return cmd_worker(
+            store, args.modules, args.path, concurrency=args.concurrency, name=args.name, limits=dict(args.limit),
+            claim_ttl_s=args.claim_ttl, poll_s=args.poll, as_json=args.json, out=out, err=err, verbose=args.verbose > 0,
+        )  # fmt: skip
+    if args.command == "workers":
+        from ._worker import cmd_workers
+
+        return cmd_workers(store, args.json, out)
     if args.command == "status":
         from ._inspect import cmd_status
 

@@ -2,7 +2,8 @@
 
 ``longrun resume STORE TASK`` resumes a durable-function task: the task records the function
 (``module:qualname``) and its arguments, so nothing else needs saying. ``longrun start
-MODULE:FUNCTION TASK --args JSON`` starts one (or resumes it, given the same arguments).
+MODULE:FUNCTION TASK --args JSON`` records one for a worker to run (the same arguments again change
+nothing; others are refused); with ``--run`` it runs the task once here instead.
 
 Imports ``MODULE`` (with the ``--path`` directories, then the current directory, put in front of
 ``sys.path``), calls ``FUNCTION()`` with no arguments, which must return a ``longrun.runner.Runner``
@@ -55,6 +56,7 @@ __all__ = ["STATUS_EXIT", "cmd_resume", "cmd_resume_task", "cmd_start", "load_ta
 STATUS_EXIT: dict[Status, ExitCode] = {Status.DONE: ExitCode.OK, **dict.fromkeys(ENDED_UNFINISHED, ExitCode.ENDED)}
 """Every status not listed exits ``ExitCode.NOT_AS_ASKED`` (1): a later run continues it."""
 
+_MODULE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 _TARGET = re.compile(r"(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):(?P<function>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
 
 
@@ -71,6 +73,23 @@ def load_target(target: str, paths: Sequence[str], err: TextIO, verbose: bool, *
     match = _TARGET.fullmatch(target)
     if match is None:
         raise _usage(f"{target!r} is not MODULE:FUNCTION (for example mytasks.nightly:build_runner)")
+    module_name = match.group("module")
+    module = import_module(module_name, paths, err, verbose)
+    value: object = module
+    for part in match.group("function").split("."):
+        try:
+            value = getattr(value, part)
+        except AttributeError:
+            raise _usage(f"module {module_name!r} has no attribute {match.group('function')!r}") from None
+    if runner_factory and not callable(value):
+        raise _usage(f"{target} is a {type(value).__name__}, not a function that returns a Runner")
+    return value
+
+
+def import_module(module_name: str, paths: Sequence[str], err: TextIO, verbose: bool) -> Any:
+    """Import ``module_name`` with ``paths`` and the current directory searched first; exit 2 if it fails."""
+    if not _MODULE.fullmatch(module_name):
+        raise _usage(f"{module_name!r} is not a module name (for example mytasks.agents)")
     for path in paths:
         if not os.path.isdir(path):
             raise _usage(f"--path {path!r} is not an existing directory")
@@ -78,7 +97,6 @@ def load_target(target: str, paths: Sequence[str], err: TextIO, verbose: bool, *
         if entry in sys.path:
             sys.path.remove(entry)
         sys.path.insert(0, entry)
-    module_name = match.group("module")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -93,15 +111,7 @@ def load_target(target: str, paths: Sequence[str], err: TextIO, verbose: bool, *
     except Exception as exc:  # the module's own code failed while importing (SyntaxError included)
         _trace(err, verbose)
         raise _usage(f"importing module {module_name!r} raised {_explain(exc)}" + ("" if verbose else " (-v shows the traceback)")) from None
-    value: object = module
-    for part in match.group("function").split("."):
-        try:
-            value = getattr(value, part)
-        except AttributeError:
-            raise _usage(f"module {module_name!r} has no attribute {match.group('function')!r}") from None
-    if runner_factory and not callable(value):
-        raise _usage(f"{target} is a {type(value).__name__}, not a function that returns a Runner")
-    return value
+    return module
 
 
 def _trace(err: TextIO, verbose: bool) -> None:
@@ -206,13 +216,26 @@ def _json_argument(text: str, option: str, kind: type) -> Any:
 
 def cmd_start(
     target: str, task_id: str, args_json: str, kwargs_json: str, paths: Sequence[str], as_json: bool,
-    out: TextIO, err: TextIO, verbose: bool = False,
+    out: TextIO, err: TextIO, verbose: bool = False, *, run: bool = False, priority: int = 0,
 ) -> int:  # fmt: skip
-    """``longrun start MODULE:FUNCTION TASK --args JSON``: run a durable function's task once."""
+    """``longrun start MODULE:FUNCTION TASK --args JSON``: record a durable function's task for a
+    worker to run (``fn.enqueue``); with ``run``, run it once here instead, as ``resume`` would."""
     checked_task(task_id)
     args = _json_argument(args_json, "--args", list)
     kwargs = _json_argument(kwargs_json, "--kwargs", dict)
-    return _run_durable(_durable_target(target, paths, err, verbose), task_id, args, kwargs, as_json, out)
+    function = _durable_target(target, paths, err, verbose)
+    if run:
+        return _run_durable(function, task_id, args, kwargs, as_json, out)
+    created = function.enqueue(task_id, args, kwargs, priority=priority)
+    if as_json:
+        write_json(out, {"task_id": task_id, "function": function.name, "created": created, "priority": priority})
+    else:
+        what = "recorded" if created else "already recorded with these arguments"
+        out.write(
+            f"task {task_id}: {what} ({function.name}, priority {priority}); a worker runs it "
+            "(`longrun worker STORE --import MODULE`), or `longrun resume STORE TASK`\n"
+        )
+    return ExitCode.OK
 
 
 def cmd_resume_task(

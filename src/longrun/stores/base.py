@@ -95,6 +95,10 @@ class Witness(NamedTuple):
 class BaseStore:
     """Implements the ``Store`` protocol over a handful of primitives (see the module docstring)."""
 
+    _reads_take_a_snapshot = False
+    """A read-only transaction sees a snapshot while writers go on (SQLite's WAL readers): a
+    read-only load then reads the witness before the state (see ``load``)."""
+
     _holders: HolderLocks | None = None
     """The kernel locks that prove a holder's liveness on this machine (``_holders``); None for a
     store shared across machines, whose leases end by expiry only."""
@@ -375,11 +379,17 @@ class BaseStore:
     def load(self, task_id: str, *, lease: Lease | None = None) -> LoadResult:
         """Read the task's state. With a lease (checked), damaged files are also quarantined."""
         check_task_id(task_id)
+        early = None
+        if lease is None and self._reads_take_a_snapshot:
+            # A reader that does not block writers may see a state older than a witness written
+            # since its snapshot began: read the witness first, in a transaction of its own.
+            with self._transaction(task_id, create=False, write=False):
+                early = self._witness(task_id)
         with self._transaction(task_id, create=False, write=lease is not None):
             if lease is not None:
                 self._fence(lease, operation="state repair")
             result = self._get_state(task_id, repair=lease is not None)
-            witness = self._witness(task_id)
+            witness = early if early is not None else self._witness(task_id)
         try:
             self._check_witness(task_id, result, witness)
         except StateUnrecoverableError as exc:
