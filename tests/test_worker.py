@@ -252,41 +252,66 @@ class WorkerCases:
         self.assertEqual(set(target.applied.values()), {1})  # type: ignore[attr-defined]
 
 
-class AsyncDispatchTests(support.TempDirTest):
-    def test_a_function_with_an_async_run_is_awaited_on_the_workers_event_loop(self) -> None:
-        from longrun.contract import RunContract
-        from longrun.functions import DurableFunction
-        from longrun.outcome import RunOutcome
+    def test_an_async_function_runs_on_the_workers_loop_with_its_effects_in_parallel(self) -> None:
+        others = threading.Event()
 
-        store = SqliteStore(self.path("a.db"), create=True)
-        self.addCleanup(store.close)
-        awaited: list[tuple[str, list[Any], int]] = []
+        def gate(request: EffectRequest) -> None:
+            if request.step_id == "e0":
+                others.wait(DEADLINE_S)  # e0 finishes only once another effect of its task has begun
+            else:
+                others.set()
 
-        class AsyncFunction(DurableFunction[Any]):
-            """What an async face may look like: ``arun`` a coroutine, the function itself async."""
+        target = Target(gate=gate)
 
-            async def arun(self, task_id: str, *args: Any, **kwargs: Any) -> RunOutcome:
-                awaited.append((task_id, list(args), threading.get_ident()))
-                await asyncio.sleep(0)
-                return RunOutcome(Status.DONE, "nothing", task_id)
+        @self.durable(target)
+        async def fan(run: Any, n: int) -> int:
+            await asyncio.gather(*(run.effect(f"e{i}", "send", {"i": i}) for i in range(n)))
+            return n
 
-        async def agent(run: Any, topic: str) -> str:
-            return topic
+        for i in range(4):
+            fan.start(f"a{i}", 6)
+        report = self.serve([fan], lambda: all(self.status(f"a{i}") == "done" for i in range(4)), concurrency=2)
+        self.assertEqual(len(target.applied), 24)  # type: ignore[attr-defined]
+        self.assertEqual(set(target.applied.values()), {1})  # type: ignore[attr-defined]
+        self.assertGreaterEqual(target.most, 2)  # type: ignore[attr-defined]
+        self.assertGreaterEqual(report.statuses.get("done", 0), 4)  # type: ignore[attr-defined]
+        self.assertTrue(all(self.store.read_lease(f"a{i}").released for i in range(4)))  # type: ignore[attr-defined]
 
-        options = dict(store=store, adapters={}, owner=None, clock=None, limits=None, retry=None, lease_ttl_s=5.0,
-                       approvals=None, cancellations=None, on_event=None)  # fmt: skip
-        function = AsyncFunction(agent, RunContract("durable-function", "an async agent"), options)
-        function.start("a1", "tides")
-        worker = Worker(store, [function], poll_s=0.05)
-        thread = threading.Thread(target=lambda: asyncio.run(worker.serve()))
+    def test_a_drain_lets_the_async_effects_in_flight_settle_and_starts_no_more(self) -> None:
+        entered, release = threading.Event(), threading.Event()
+
+        def gate(request: EffectRequest) -> None:
+            if request.step_id == "b0":
+                entered.set()
+                release.wait(DEADLINE_S)
+
+        target = Target(gate=gate)
+
+        @self.durable(target)
+        async def batches(run: Any) -> str:
+            await asyncio.gather(*(run.effect(f"b{i}", "send", {"i": i}) for i in range(3)))
+            await asyncio.gather(*(run.effect(f"c{i}", "send", {"i": i}) for i in range(3)))
+            return "done"
+
+        batches.start("ad")
+        worker = Worker(self.store, [batches], poll_s=0.05, rescan_s=0.05)
+        reports: list[WorkerReport] = []
+        thread = threading.Thread(target=lambda: reports.append(asyncio.run(worker.serve())))
         thread.start()
-        deadline = time.monotonic() + DEADLINE_S
-        while not awaited and time.monotonic() < deadline:
-            time.sleep(0.02)
-        worker.stop()
+        self.assertTrue(entered.wait(DEADLINE_S))  # type: ignore[attr-defined]
+        worker.stop()  # while b0 is being applied
+        release.set()
         thread.join(DEADLINE_S)
-        self.assertEqual(awaited, [("a1", ["tides"], thread.ident)])  # on the loop's thread, not in the pool
-
+        self.assertFalse(thread.is_alive())  # type: ignore[attr-defined]
+        self.assertEqual(reports[0].drained, 1)  # type: ignore[attr-defined]
+        self.assertEqual(set(target.applied), {"ad/b0", "ad/b1", "ad/b2"})  # type: ignore[attr-defined]  # no c started
+        state = self.store.load("ad").state
+        self.assertEqual(state.status, Status.RETRY_SCHEDULED)  # type: ignore[attr-defined]
+        self.assertTrue(all(state.effects[f"b{i}"].state.value == "verified" for i in range(3)))  # type: ignore[attr-defined]
+        self.assertTrue(self.store.read_lease("ad").released)  # type: ignore[attr-defined]
+        self.serve([batches], lambda: self.status("ad") == "done")
+        self.assertEqual(len(target.applied), 6)  # type: ignore[attr-defined]
+        self.assertEqual(set(target.applied.values()), {1})  # type: ignore[attr-defined]
 
 class ReclaimTests(support.TempDirTest):
     def test_a_row_reclaimed_by_the_worker_that_runs_it_is_run_once_and_finished_under_the_new_claim(self) -> None:
@@ -370,6 +395,34 @@ class OptionsTests(support.TempDirTest):
             job.with_options(colour="blue")
         with self.assertRaises(TypeError):
             job.engine_options["store"] = other  # type: ignore[index]
+
+    def test_an_async_function_is_started_from_sync_code_and_from_a_running_loop_with_astart(self) -> None:
+        store = SqliteStore(self.path("a.db"), create=True)
+        self.addCleanup(store.close)
+        target = Target()
+
+        @durable(store=store, adapters={"send": target}, allowed_actions=("send",))
+        async def job(run: Any, n: int) -> int:
+            await run.effect("e", "send", {"n": n})
+            return n
+
+        self.assertTrue(job.start("s", 1))
+        self.assertFalse(job.start("s", 1))  # the same arguments again change nothing
+
+        async def from_a_loop() -> bool:
+            with self.assertRaises(InvalidInputError) as refused:
+                job.start("l", 2)  # asyncio.run cannot nest: refused with what to use instead
+            self.assertIn("astart", str(refused.exception))
+            return await job.astart("l", 2)
+
+        self.assertTrue(asyncio.run(from_a_loop()))
+        for task in ("s", "l"):
+            state = store.load(task).state
+            self.assertEqual(state.status, Status.RUNNING)  # type: ignore[union-attr]
+            self.assertEqual(list(state.effects), ["longrun.function"])  # type: ignore[union-attr]  # the record of the call only
+        self.assertEqual(target.applied, {})
+        with self.assertRaises(InvalidInputError):
+            job.start("s", 3)  # other arguments under the same task id
 
     def test_a_cancellation_source_that_asks_to_pause_stops_the_run_between_two_steps(self) -> None:
         store = SqliteStore(self.path("a.db"), create=True)

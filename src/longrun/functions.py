@@ -478,6 +478,15 @@ class _Recording:
     def drive(self, engine: Engine) -> None:
         raise Stop(Status.RUNNING, "nothing yet: a worker runs it (`longrun worker`), or `longrun resume <store> <task>`")
 
+    async def adrive(self, engine: Engine) -> None:
+        self.drive(engine)
+
+    def record(self, engine: Engine) -> RunOutcome:
+        """Commit the first revision through ``engine`` (an async function's engine runs on a loop of its own)."""
+        if engine.asynchronous:
+            return _run_coroutine(engine.arun(self), f"starting task {engine.task_id!r}", instead="`await fn.astart(...)`")
+        return engine.run(self)
+
     def progress(self, state: RunState) -> str:
         return self._plan.progress(state)
 
@@ -552,6 +561,10 @@ class DurableFunction(Generic[R]):
         (``longrun worker``); ``enqueue`` with priority 0."""
         return self.enqueue(task_id, args, kwargs)
 
+    async def astart(self, task_id: str, *args: Any, **kwargs: Any) -> bool:
+        """``start`` from async code: the store's calls block, so they run in a worker thread."""
+        return await asyncio.to_thread(self.enqueue, task_id, args, kwargs)
+
     def enqueue(self, task_id: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *, priority: int = 0) -> bool:
         """Record the task (its first revision, as a first run would commit it, without calling the
         function) and put it in the store's fleet queue with ``priority`` (higher runs first).
@@ -582,7 +595,7 @@ class DurableFunction(Generic[R]):
                 state = None
             if state is not None:
                 break
-            outcome = engine.run(_Recording(plan))
+            outcome = _Recording(plan).record(engine)
             if outcome.status is Status.RUNNING:
                 created = True
                 break
@@ -690,11 +703,11 @@ def durable(
     return decorate
 
 
-def _run_coroutine(coroutine: Any, what: str) -> RunOutcome:
+def _run_coroutine(coroutine: Any, what: str, *, instead: str = "`await fn.arun(...)`") -> RunOutcome:
     """Run an async function's task from synchronous code, on an event loop of its own."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(coroutine)  # type: ignore[no-any-return]
     coroutine.close()
-    raise InvalidInputError(f"{what}: an event loop is running in this thread; use `await fn.arun(...)`")
+    raise InvalidInputError(f"{what}: an event loop is running in this thread; use {instead}")
