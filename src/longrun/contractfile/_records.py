@@ -1,48 +1,30 @@
-"""The machine-readable run contract: a TOML file (``templates/run-contract.toml``) read with ``tomllib``.
+"""A run contract's records (``SessionContract``, its steps and limits) and their validation.
 
-A checkpointed session (``longrun init`` ... ``longrun done``) starts from one of these files. It
-says what the task is for (goal, non-goals), what it may do (allowed and forbidden actions), when
-it is done (completion evidence), its bounded steps in order (each with the artifact it produces,
-its one next action, whether it needs approval), its limits and its stop rules. The fields are the
-ones ``templates/run-contract.md`` describes for people.
-
-``load_contract(path)`` either returns a fully validated ``SessionContract`` or raises
-``ContractFileError`` naming the file and the line that holds the problem: a syntax error, an
-unknown key, a value of the wrong type, an action both allowed and forbidden, a step whose action
-is not allowed, duplicate step ids, completion evidence naming no step. Nothing is written.
-
-``SessionContract.to_json()`` is the normalized form a task records (paths made absolute, a
-command string turned into ``["sh", "-c", string]``, defaults filled in); ``from_json`` reads it
-back with the same checks, raising ``CorruptStateError``. Its ``digest`` is what a task's plan
-digest, and so every approval, binds to.
-
-Not guaranteed: that a command or path in the contract is safe or exists; the contract only says
-what the session may do, and ``longrun exec`` checks each step against it.
+One validation serves both the TOML file (``_load``) and the normalized JSON a task records
+(``SessionContract.from_json``); ``fail`` says how a problem is reported: ``ContractFileError``
+with the file's line, or ``CorruptStateError``.
 """
-
-from __future__ import annotations
 
 import math
 import os
 import re
-import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, NoReturn, Sequence
 
-from .canonical import JSONValue, digest_of
-from .contract import INTERNAL_PREFIX, STEP_ID_PATTERN, RunContract, check_task_id
-from .errors import ContractFileError, CorruptStateError, InvalidInputError
+from ..canonical import JSONValue, digest_of
+from ..contract import INTERNAL_PREFIX, STEP_ID_PATTERN, RunContract, check_task_id
+from ..errors import CorruptStateError, InvalidInputError
 
 __all__ = [
     "CONTRACT_VERSION",
     "DECISION_PREFIX",
-    "ContractFileError",
+    "FIELDS",
+    "MAX_CONTRACT_BYTES",
     "ContractLimits",
     "ContractStep",
-    "MAX_CONTRACT_BYTES",
+    "Fail",
+    "Path",
     "SessionContract",
-    "load_contract",
-    "parse_contract",
 ]
 
 CONTRACT_VERSION = 1
@@ -195,41 +177,6 @@ class SessionContract:
             raise CorruptStateError(f"recorded run contract, {where}: {message}")
 
         return _build(data, None, fail)
-
-
-def load_contract(path: str) -> SessionContract:
-    """Read and validate the run-contract file at ``path`` (``ContractFileError`` if it cannot be used)."""
-    source = os.path.basename(path) or path
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_CONTRACT_BYTES + 1)
-    except OSError as exc:
-        raise ContractFileError(source, None, f"cannot read the contract file: {exc.strerror or exc}") from None
-    if len(raw) > MAX_CONTRACT_BYTES:
-        raise ContractFileError(source, None, f"the contract file is larger than {MAX_CONTRACT_BYTES} bytes")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise ContractFileError(source, line, "the contract file is not UTF-8 text") from None
-    return parse_contract(text, source=source, base_dir=os.path.dirname(os.path.abspath(path)))
-
-
-def parse_contract(text: str, *, source: str = "<contract>", base_dir: str) -> SessionContract:
-    """Validate a run contract given as TOML text; relative paths start at ``base_dir``."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        message = str(exc)
-        found = re.search(r"\(at line (\d+), column \d+\)", message)
-        line = int(found.group(1)) if found else None
-        raise ContractFileError(source, line, f"not valid TOML: {re.sub(r' [(]at line .*[)]$', '', message)}") from None
-    lines = _key_lines(text)
-
-    def fail(path: Path, message: str) -> NoReturn:
-        raise ContractFileError(source, _line_of(lines, path), message)
-
-    return _build(data, os.path.abspath(base_dir), fail)
 
 
 # -- validation, shared by the TOML file and the recorded JSON ---------------------------------
@@ -506,65 +453,3 @@ def _limits(table: Mapping[str, Any], fail: Fail) -> ContractLimits:
         value = _number(table, ("limits", name), fail, integer=integer)
         values[name] = getattr(defaults, name) if value is None else value
     return ContractLimits(**values)
-
-
-# -- where a key is written: the line numbers errors name ---------------------------------------
-
-_HEADER = re.compile(r"\[\[\s*(?P<array>[^\[\]]+?)\s*\]\]|\[\s*(?P<table>[^\[\]]+?)\s*\]")
-_BARE_OR_QUOTED = r'(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|\'[^\']*\')'
-_KEY = re.compile(rf"(?P<key>{_BARE_OR_QUOTED}(?:\s*\.\s*{_BARE_OR_QUOTED})*)\s*=")
-_KEY_PART = re.compile(_BARE_OR_QUOTED)
-
-
-def _key_parts(text: str) -> tuple[str, ...]:
-    return tuple(part.strip("\"'") for part in _KEY_PART.findall(text))
-
-
-def _key_lines(text: str) -> dict[Path, int]:
-    """The line of every table header and key in a TOML document that ``tomllib`` accepted.
-
-    A line scanner, not a parser: it follows ``[table]`` and ``[[array]]`` headers (numbering the
-    entries of an array of tables) and ``key = `` at the start of a line, and skips the inside of
-    multi-line strings. Enough to point at the line an error is about; a key it cannot place is
-    reported at its table's line.
-    """
-    lines: dict[Path, int] = {}
-    counts: dict[tuple[str, ...], int] = {}
-    current: Path = ()
-    open_string: str | None = None
-    for number, line in enumerate(text.splitlines(), 1):
-        stripped = line.strip()
-        if open_string is not None:
-            if line.count(open_string) % 2 == 1:
-                open_string = None
-            continue
-        if not stripped or stripped.startswith("#"):
-            continue
-        header = _HEADER.match(stripped) if stripped.startswith("[") else None
-        if header is not None:
-            if header.group("array") is not None:
-                name = _key_parts(header.group("array"))
-                counts[name] = counts.get(name, -1) + 1
-                current = (*name, counts[name])
-            else:
-                current = _key_parts(header.group("table"))
-            lines.setdefault(current, number)
-            continue
-        key = _KEY.match(stripped)
-        if key is None:
-            continue
-        lines.setdefault((*current, *_key_parts(key.group("key"))), number)
-        rest = stripped[key.end() :]
-        for quote in ('"""', "'''"):
-            if rest.count(quote) % 2 == 1:
-                open_string = quote
-                break
-    return lines
-
-
-def _line_of(lines: Mapping[Path, int], path: Path) -> int | None:
-    while path:
-        if path in lines:
-            return lines[path]
-        path = path[:-1]
-    return None
