@@ -20,6 +20,8 @@ at once for another worker; then the worker exits. A run waiting out a short bac
 Not guaranteed: that a function's code between two steps is cut short (it runs to its next
 ``run.*`` call), or that a child task driven by its parent's run drains by itself (the parent stops
 at its next step after the child's run returns).
+
+How one claimed task is run, and when it is due next, is ``_runs.ClaimRunner``, which ``Worker`` extends.
 """
 
 from __future__ import annotations
@@ -35,29 +37,18 @@ import socket
 import threading
 from typing import Any, Awaitable, Callable, Iterable, Mapping, TypeVar
 
-from ..clock import SystemClock
-from ..errors import InvalidInputError, LongrunError, UnknownTaskError
-from ..functions import FUNCTION_STEP, DurableFunction
-from ..outcome import TERMINAL, RunOutcome, Status
-from ..protocols import CancellationSource, Clock, Store
+from ..errors import InvalidInputError, LongrunError
+from ..functions import DurableFunction
+from ..protocols import Store
 from ..stores._queue import Claim, TaskQueue, open_queue
-from ..stores.postgres import PostgresStore
-from ..stores.sqlite import SqliteStore
-from ._limits import LimitedAdapter, SlotKeeper
+from ._limits import SlotKeeper
+from ._runs import ClaimRunner, _Disposition
 
 __all__ = ["Worker", "WorkerReport"]
 
 log = logging.getLogger("longrun")
 
 T = TypeVar("T")
-
-PARKED = frozenset({Status.AWAITING_APPROVAL, Status.AWAITING_INPUT, Status.UNSAFE_TO_CONTINUE, Status.PLAN_MISMATCH, Status.STATE_UNRECOVERABLE})
-"""Outcomes that wait for a person: the row sleeps until a control record (or a rescan) wakes it."""
-ERROR_BACKOFF_S = (5.0, 600.0)
-"""A run that raised (the function's own exception, or a storage error) is tried again after
-``5 s * 2**(failures - 1)``, at most 10 minutes, counting the runs in a row that raised on any worker
-(the queue row keeps the count): a fixed deployment picks it up, a broken one does not spin."""
-
 
 FORGET_WORKERS_S = 7 * 86400.0
 """A worker starting deletes the rows of workers silent for longer than this (a week)."""
@@ -75,63 +66,13 @@ class WorkerReport:
     """Runs that were stopped between two steps by the drain."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Disposition:
-    status: str
-    wake_in_s: float | None = None
-    wake_at: float | None = None
-    error: str | None = None
-    wake_parent: bool = False
-
-
-class _SkewedClock:
-    """Another clock shifted by ``offset_s`` (a testing aid: a worker machine whose wall clock is off)."""
-
-    def __init__(self, inner: Clock, offset_s: float):
-        self._inner = inner
-        self._offset_s = offset_s
-
-    def now(self) -> float:
-        return self._inner.now() + self._offset_s
-
-    def sleep(self, seconds: float) -> None:
-        self._inner.sleep(seconds)
-
-    def __getattr__(self, name: str) -> Any:  # monotonic(), monotonic_id(): the skew is the wall clock's only
-        return getattr(self._inner, name)
-
-
-class _Draining:
-    """A cancellation source that also says when the worker is draining (``Engine`` asks it between steps)."""
-
-    def __init__(self, inner: CancellationSource, stopping: threading.Event):
-        self._inner = inner
-        self._stopping = stopping
-        self.requires_signature = bool(getattr(inner, "requires_signature", False))
-
-    def read_cancellation(self, task_id: str) -> Any:
-        return self._inner.read_cancellation(task_id)
-
-    def pause_requested(self, task_id: str) -> bool:
-        return self._stopping.is_set()
-
-
-def _clone_store(store: Store) -> Store:
-    """A store object of its own for one thread: SQL stores run one transaction at a time per object."""
-    if isinstance(store, PostgresStore):
-        return PostgresStore(store.connect, transaction_timeout_s=store.transaction_timeout_s)
-    if isinstance(store, SqliteStore):
-        return SqliteStore(store.path, busy_timeout_s=store.busy_timeout_s, create=store.create)
-    return store  # the JSON-file store runs different tasks in parallel through one object
-
-
 def _close(store: object) -> None:
     close = getattr(store, "close", None)
     if callable(close):
         close()
 
 
-class Worker:
+class Worker(ClaimRunner):
     """Runs the tasks of ``functions`` found due in ``store``'s fleet queue (see the module docstring).
 
     ``store`` is where the tasks live; each task is run against it (a store object per thread),
@@ -389,120 +330,3 @@ class Worker:
             return self._queue.fingerprint(task_id)
         except LongrunError:
             return None  # the next rescan looks again
-
-    # -- running one task ---------------------------------------------------------------------
-
-    def _thread_store(self) -> Store:
-        store: Store | None = getattr(self._local, "store", None)
-        if store is None:
-            store = _clone_store(self.store)
-            self._local.store = store
-            self._local.variants = {}
-            with self._stores_lock:
-                self._stores.append(store)
-        return store
-
-    def _variant(self, function: DurableFunction[Any], store: Store) -> DurableFunction[Any]:
-        """``function`` as this worker runs it: this thread's store, the worker's name as the lease
-        owner, the drain wired into its cancellation source, its limited actions, the clock offset."""
-        variants: dict[str, DurableFunction[Any]] = self._local.__dict__.setdefault("variants", {})
-        variant = variants.get(function.name)
-        if variant is not None:
-            return variant
-        options = function.engine_options
-        overrides: dict[str, Any] = {
-            "store": store,
-            "owner": f"{self.name}/{threading.current_thread().name}",
-            "cancellations": _Draining(options.get("cancellations") or store, self._stopping),
-        }
-        if options.get("approvals") is None:
-            overrides["approvals"] = store
-        if self.limits and self._slots is not None:
-            adapters = dict(options.get("adapters") or {})
-            for action, limit in self.limits.items():
-                if action in adapters:
-                    adapters[action] = LimitedAdapter(adapters[action], action, limit, self._slots)
-            overrides["adapters"] = adapters
-        if self.clock_offset_s:
-            overrides["clock"] = _SkewedClock(options.get("clock") or SystemClock(), self.clock_offset_s)
-        variant = function.with_options(**overrides)
-        variants[function.name] = variant
-        return variant
-
-    def _prepare(self, claim: Claim) -> tuple[DurableFunction[Any], list[Any], dict[str, Any]] | _Disposition:
-        """The task's function (as this worker runs it) and recorded arguments; or why it is not run."""
-        store = self._thread_store()
-        try:
-            state = store.load(claim.task_id).state
-        except UnknownTaskError:
-            return _Disposition("missing", error="the queue names a task the store does not hold")
-        except LongrunError as exc:
-            return self._failed(claim, f"{type(exc).__name__}: {exc}")
-        record = state.effects.get(FUNCTION_STEP) if state is not None else None
-        payload = record.payload if record is not None else None
-        if state is None or not isinstance(payload, dict) or payload.get("function") != claim.function:
-            return _Disposition("not-runnable", error=f"the task records no run of {claim.function}")
-        if state.status in TERMINAL:
-            return _Disposition(state.status.value, wake_parent=True)
-        args, kwargs = payload.get("args"), payload.get("kwargs")
-        if not isinstance(args, list) or not isinstance(kwargs, dict):
-            return _Disposition("not-runnable", error="the task's function record is malformed")
-        return self._variant(self.functions[claim.function], store), args, kwargs
-
-    def _run_sync(self, claim: Claim) -> _Disposition:
-        try:
-            prepared = self._prepare(claim)
-            if isinstance(prepared, _Disposition):
-                return prepared
-            variant, args, kwargs = prepared
-            outcome = variant.run(claim.task_id, *args, **kwargs)
-        except Exception as exc:  # the function's own code raised (what was settled is committed), or its options are bad
-            return self._failed(claim, f"{type(exc).__name__}: {exc}", exc)
-        return self._disposition(claim, variant, outcome)
-
-    async def _run_async(
-        self, claim: Claim, variant: DurableFunction[Any], args: list[Any], kwargs: dict[str, Any]
-    ) -> _Disposition:
-        try:
-            outcome = await variant.arun(claim.task_id, *args, **kwargs)
-        except Exception as exc:
-            return self._failed(claim, f"{type(exc).__name__}: {exc}", exc)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, self._disposition, claim, variant, outcome)
-
-    def _failed(self, claim: Claim, error: str, exc: BaseException | None = None) -> _Disposition:
-        failures = min(claim.failures, 16) + 1  # this run's failure, after those the row counts
-        delay = min(ERROR_BACKOFF_S[1], ERROR_BACKOFF_S[0] * 2 ** (failures - 1))
-        log.warning(
-            "worker %s: task %s raised %s; trying it again in %.0fs", self.name, claim.task_id, error, delay,
-            exc_info=exc if exc is not None and not isinstance(exc, LongrunError) else None,
-            extra={"task": claim.task_id, "worker": self.name},
-        )  # fmt: skip
-        return _Disposition("error", wake_in_s=delay, error=error[:2000])
-
-    def _disposition(self, claim: Claim, variant: DurableFunction[Any], outcome: RunOutcome) -> _Disposition:
-        """When the task is due next, from its outcome (times relative to the function's own clock)."""
-        status = outcome.status
-        clock: Clock = variant.engine_options.get("clock") or SystemClock()
-        if status is Status.RETRY_SCHEDULED and outcome.next_action.startswith("run again now: the worker"):
-            self._drained += 1
-        if status in TERMINAL:
-            return _Disposition(status.value, wake_parent=True)
-        if status in PARKED:
-            return _Disposition(status.value)
-        if status in (Status.RETRY_SCHEDULED, Status.SLEEPING, Status.WAITING_ON_CHILD):
-            if outcome.wake_at is None:
-                return _Disposition(status.value, wake_in_s=None if status is Status.WAITING_ON_CHILD else 0.0)
-            return _Disposition(status.value, wake_in_s=max(0.0, outcome.wake_at - clock.now()))
-        if status in (Status.ALREADY_RUNNING, Status.LEASE_LOST):
-            # Someone else holds the lease (a worker frozen past its claim, a run outside the fleet):
-            # try again when it ends, by the store's own lease clock.
-            try:
-                lease = self._thread_store().read_lease(claim.task_id)
-            except LongrunError:
-                lease = None
-            if lease is None or lease.released:
-                return _Disposition(status.value, wake_in_s=0.2)
-            return _Disposition(status.value, wake_at=lease.expires_at)
-        return _Disposition(status.value, wake_in_s=0.0)
-
