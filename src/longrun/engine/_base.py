@@ -7,7 +7,7 @@ import concurrent.futures
 import logging
 import threading
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .. import _crashpoints
 from .._io import is_async_callable
@@ -19,11 +19,19 @@ from ..contract import RunContract
 from ..envelope import RunState
 from ..errors import FencedError, InvalidInputError, SizeLimitError, UnknownActionError
 from ..events import EventHook, Reporter
-from ..lease import Lease, LeaseKeeper
+from ..lease import Lease, LeaseKeeper, MonotonicReading
 from ..ledger import EffectRecord, EffectState
 from ..outcome import TERMINAL, WAITING, RunOutcome, Status
-from ..protocols import AnyEffectAdapter, ApprovalSource, CancellationSource, Clock, Store
-
+from ..protocols import (
+    AnyEffectAdapter,
+    ApprovalSource,
+    CancellationSource,
+    Clock,
+    MonotonicClock,
+    PausingSource,
+    Store,
+    TimelineClock,
+)
 from ._evidence import EvidenceLog
 from ._plans import Stop, check_parallel, check_timeout, default_owner
 
@@ -92,6 +100,10 @@ class EngineBase:
         self.adapters = dict(adapters)
         self.owner = owner or default_owner()
         self.clock: Clock = clock or SystemClock()
+        # The clock's optional capabilities, declared as Protocols and looked up once.
+        self._monotonic_clock = self.clock if isinstance(self.clock, MonotonicClock) else None
+        self._timeline_clock = self.clock if isinstance(self.clock, TimelineClock) else None
+        self._pausing = self.cancellations if isinstance(self.cancellations, PausingSource) else None
         self.limits = limits or Limits()
         self.retry = retry or RetryPolicy()
         self.lease_ttl_s = float(lease_ttl_s)
@@ -123,18 +135,15 @@ class EngineBase:
         self._wake_at: float | None = None
         self._result: JSONValue = None
 
-
     @property
     def task_id(self) -> str:
         return self.contract.task_id
-
 
     @property
     def state(self) -> RunState:
         """The working state of the invocation under way."""
         assert self._state is not None, "no invocation is under way"
         return self._state
-
 
     def adapter_for(self, action: str, *, step_id: str) -> AnyEffectAdapter:
         adapter = self.adapters.get(action)
@@ -144,22 +153,17 @@ class EngineBase:
             )
         return adapter
 
-
     def _renew(self, lease: Lease) -> Lease:
-        return self.store.renew_lease(lease, self.lease_ttl_s, self.clock.now(), **self._monotonic_reading())
+        return self.store.renew_lease(lease, self.lease_ttl_s, self.clock.now(), monotonic=self._monotonic_reading())
 
-
-    def _monotonic_reading(self) -> dict[str, tuple[str, float]]:
-        """``{"monotonic": (timeline, reading)}`` for the store's lease calls if the clock names the
-        timeline of its ``monotonic()`` (``SystemClock``: this boot), else nothing: the store then
-        judges expiry by wall clock, and a store written before this keyword still works."""
-        monotonic_id: Callable[[], str | None] | None = getattr(self.clock, "monotonic_id", None)
-        timeline = monotonic_id() if callable(monotonic_id) else None
-        monotonic: Callable[[], float] | None = getattr(self.clock, "monotonic", None)
-        if not timeline or not callable(monotonic):
-            return {}
-        return {"monotonic": (timeline, monotonic())}
-
+    def _monotonic_reading(self) -> MonotonicReading | None:
+        """The reading the store's lease calls and backoffs get if the clock names the timeline of
+        its ``monotonic()`` (``SystemClock``: this boot), else None: expiry is then judged by wall clock."""
+        clock = self._timeline_clock
+        timeline = clock.monotonic_id() if clock is not None else None
+        if clock is None or not timeline:
+            return None
+        return MonotonicReading(timeline, clock.monotonic())
 
     def _current_lease(self) -> Lease:
         """The lease to write under; raises ``Stop(lease-lost)`` if background renewal failed."""
@@ -173,12 +177,10 @@ class EngineBase:
             self._keeper.replace(lease)
         return lease
 
-
     def _monotonic(self) -> float:
         """The clock's ``monotonic()`` if it has one (``FakeClock`` does), else its ``now()``."""
-        monotonic: Callable[[], float] | None = getattr(self.clock, "monotonic", None)
-        return monotonic() if callable(monotonic) else self.clock.now()
-
+        clock = self._monotonic_clock
+        return clock.monotonic() if clock is not None else self.clock.now()
 
     def _release(self, *, quiet: bool) -> None:
         lease = self._keeper.lease if self._keeper is not None else self._lease
@@ -195,14 +197,13 @@ class EngineBase:
             ).start()
             return
         try:
-            self.store.release_lease(lease, self.clock.now(), **self._monotonic_reading())
+            self.store.release_lease(lease, self.clock.now(), monotonic=self._monotonic_reading())
         except FencedError as exc:
             log.info("lease on %s was already taken over: %s", self.task_id, exc)
         except Exception:
             if not quiet:
                 raise
             log.exception("releasing the lease on %s failed while another error propagates", self.task_id)
-
 
     def _release_after(self, lease: Lease, running: list[concurrent.futures.Future[Any]]) -> None:
         keeper = LeaseKeeper(lease, self._renew, self.lease_ttl_s / 3, self._monotonic)
@@ -211,12 +212,11 @@ class EngineBase:
         if keeper.failure is not None:
             return  # the lease is gone already: nothing to release
         try:
-            self.store.release_lease(keeper.lease, self.clock.now(), **self._monotonic_reading())
+            self.store.release_lease(keeper.lease, self.clock.now(), monotonic=self._monotonic_reading())
         except FencedError as exc:
             log.info("lease on %s was already taken over: %s", self.task_id, exc)
         except Exception:  # a background thread has no caller to raise to: logged with its traceback
             log.exception("releasing the lease on %s after its timed-out attempts ended failed", self.task_id)
-
 
     def _watch_cancellation(self) -> None:
         """Called by the lease keeper after each renewal: a cancellation written while an effect
@@ -232,7 +232,6 @@ class EngineBase:
         if driver is not None:
             driver.signal_cancelled()
 
-
     def _put(self, record: EffectRecord) -> None:
         """Replace a step's effect record in the working state; it goes out with the next commit."""
         assert self._state is not None
@@ -240,7 +239,6 @@ class EngineBase:
         self._state.effects[record.step_id] = record
         self._changed.add(record.step_id)
         self._dirty = True
-
 
     def _commit(self) -> None:
         state = self._state
@@ -274,7 +272,6 @@ class EngineBase:
             _crashpoints.hit("state.committed", state.revision)
         self._reporter.committed(state)
 
-
     def _stop(self, status: Status, next_action: str, *, wake_at: float | None = None) -> Stop:
         """Record a stop in the state (committed) and return the exception that unwinds to ``run``.
 
@@ -302,11 +299,9 @@ class EngineBase:
         self._commit()
         return stop.again()
 
-
     def _sequential(self) -> bool:
         """Whether no other step of this run is in flight beside the one asking."""
         return self._driver is None or self._driver.active <= 1
-
 
     def _take_work(self, least: float = WORK_CHARGE_STEP_S) -> float:
         """Seconds of work since the last charge, on the monotonic clock, if at least ``least``;
@@ -320,13 +315,11 @@ class EngineBase:
         self._worked_mark = mark
         return worked
 
-
     def _wait_without_charge(self, seconds: float) -> None:
         """Sleep ``seconds``; waiting for a timer is not work."""
         slept_from = self._monotonic()
         self.clock.sleep(seconds)
         self._worked_mark += self._monotonic() - slept_from
-
 
     def _results(self) -> Mapping[str, JSONValue]:
         assert self._state is not None
@@ -334,10 +327,8 @@ class EngineBase:
             {sid: rec.result for sid, rec in self._state.effects.items() if rec.state is EffectState.VERIFIED}
         )
 
-
     def _policy(self, record: EffectRecord) -> RetryPolicy:
         return self._policies.get(record.step_id, self.retry)
-
 
     def _outcome(self, status: Status, next_action: str) -> RunOutcome:
         state = self._state

@@ -54,15 +54,12 @@ class Driving(EngineBase):
             return self.run_parallel(op.steps, op.limit)
         return [drive(steps, self.perform) for steps in op.steps]
 
-
     _perform = perform
-
 
     def flush(self) -> None:
         """Commit what the steps changed, if anything (a group commit under the async driver)."""
         if self._dirty:
             self._commit()
-
 
     @property
     def driver(self) -> "AsyncDriver":
@@ -71,7 +68,6 @@ class Driving(EngineBase):
             raise InvalidInputError("no async invocation is under way: async steps need `await fn.arun(...)` or Runner.arun")
         return self._driver
 
-
     def run_parallel(self, procedures: Sequence[Steps[T]], max_parallel: int) -> list[T]:
         """Run step procedures at once from synchronous code (``Run.map``); their values in order."""
 
@@ -79,7 +75,6 @@ class Driving(EngineBase):
             return list(await asyncio.gather(*(driver.step(steps) for steps in procedures)))
 
         return self.concurrently(together, max_parallel)
-
 
     def concurrently(self, work: Callable[["AsyncDriver"], Awaitable[T]], max_parallel: int) -> T:
         """Await ``work`` from synchronous code, on an event loop of its own with an async driver
@@ -100,17 +95,14 @@ class Driving(EngineBase):
             return asyncio.run(main())
         raise InvalidInputError("parallel steps cannot run from synchronous code inside a running event loop: use the async face")
 
-
     def attach(self, driver: "AsyncDriver | None") -> None:
         """The async driver running this invocation's steps now, or None when it is done."""
         self._driver = driver
-
 
     @property
     def stopping(self) -> Stop | None:
         """The stop a step recorded while others were in flight (see ``Stop.outranks``)."""
         return self._stopping
-
 
     def settle_stop(self, raised: Stop) -> Stop:
         """After parallel steps settled: the run's stop, with what they changed committed under it.
@@ -128,15 +120,12 @@ class Driving(EngineBase):
             self._commit()
         return recorded
 
-
     def note_straggler(self, future: concurrent.futures.Future[Any]) -> None:
         self._stragglers.append(future)
-
 
     def waited(self, monotonic_before: float) -> None:
         """A wait since ``monotonic_before`` (a ``monotonic_now()`` reading) is not work."""
         self._worked_mark += self._monotonic() - monotonic_before
-
 
     def monotonic_now(self) -> float:
         return self._monotonic()

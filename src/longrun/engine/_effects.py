@@ -50,7 +50,6 @@ class EffectRules(StepRules):
             return recorded  # replay: nothing to wait for
         return drive(self.effect_steps(step, retry=retry, timeout_s=timeout_s), self._perform)
 
-
     def effect_steps(
         self, step: Step, *, retry: RetryPolicy | None = None, timeout_s: float | None = None
     ) -> Steps[EffectRecord]:
@@ -76,7 +75,6 @@ class EffectRules(StepRules):
                 record = self._authorize(step, record)
             yield from self._execute(step, record)
 
-
     def _reconcile_before_start(self, step: Step, record: EffectRecord) -> Steps[EffectRecord]:
         """After recovery from a backup, the lost revision may have started this step: observe first."""
         assert self._state is not None
@@ -91,7 +89,6 @@ class EffectRules(StepRules):
             self._state.reconcile_all = False
             self._evidence.inferred("recovery from the backup is reconciled: later steps cannot have started")
         return self._state.effects[step.step_id]
-
 
     def _observe_before_apply(self, step: Step, record: EffectRecord) -> Steps[EffectRecord]:
         """Observe a planned effect before applying it: the first apply of this call, or the first
@@ -128,7 +125,6 @@ class EffectRules(StepRules):
         else:
             self._evidence.inferred(f"{record.key}: the target cannot say whether it was applied; the ledger says it never started")
         return record
-
 
     def _execute(self, step: Step, record: EffectRecord) -> Steps[None]:
         state = self._state
@@ -174,7 +170,6 @@ class EffectRules(StepRules):
         state.budget = state.budget.spent(cost)
         yield from self._settle(step, record)
 
-
     def _settle(self, step: Step, record: EffectRecord) -> Steps[None]:
         """Observe an acknowledged or uncertain effect right after ``apply``."""
         settled = yield from self._reconcile(record)
@@ -182,7 +177,6 @@ class EffectRules(StepRules):
             raise self._unsafe(settled)
         if settled.verdict is Verdict.RETRY:
             yield COMMIT  # the retry's backoff must survive a restart
-
 
     def _timed_out(self, step: Step, record: EffectRecord, exc: ApplyTimedOut) -> Steps[None]:
         """An ``apply`` past its timeout: uncertain, and observed. An async one was cancelled, so it

@@ -48,7 +48,6 @@ class Engine(EffectRules):
             raise
         return self._close(plan, status, next_action)
 
-
     async def arun(self, plan: AsyncPlan) -> RunOutcome:
         """``run`` under the async driver: the plan's steps are awaited, parallel ones side by side
         (at most ``max_parallel`` at once), and the starts that become ready together share a commit."""
@@ -68,7 +67,6 @@ class Engine(EffectRules):
             self._release(quiet=True)
             raise
         return self._close(plan, status, next_action)
-
 
     def _open(self, plan: Plan) -> RunOutcome | None:
         """Begin an invocation: reset, take the lease; an outcome if the lease cannot be taken."""
@@ -93,7 +91,7 @@ class Engine(EffectRules):
         self._reporter.begin(self.owner)
         try:
             self._lease = self.store.acquire_lease(
-                self.task_id, self.owner, self.lease_ttl_s, self.clock.now(), **self._monotonic_reading()
+                self.task_id, self.owner, self.lease_ttl_s, self.clock.now(), monotonic=self._monotonic_reading()
             )
         except LeaseHeldError as exc:
             holder = exc.holder if isinstance(exc.holder, Lease) else None
@@ -102,7 +100,7 @@ class Engine(EffectRules):
             until = ""
             if holder is not None:
                 now = self.clock.now()
-                until = f" at {utc(now + max(0.0, holder.remaining(now, self._monotonic_reading().get('monotonic'))))}"
+                until = f" at {utc(now + max(0.0, holder.remaining(now, self._monotonic_reading())))}"
             progress = ""
             try:  # the holder's progress, for the outcome: a read-only load takes no lease and moves nothing
                 self._state = self.store.load(self.task_id).state
@@ -128,12 +126,10 @@ class Engine(EffectRules):
         )
         return None
 
-
     def _fenced(self, exc: FencedError) -> RunOutcome:
         self._evidence.observed("store", f"write refused: {exc}")
         self._evidence.unknown("lease", "another runner took over this task; its progress is not known here")
         return self._outcome(Status.LEASE_LOST, "nothing on this runner: the newer lease holder continues the run")
-
 
     def _close(self, plan: Plan, status: Status, next_action: str) -> RunOutcome:
         if status is not Status.LEASE_LOST:
@@ -141,7 +137,6 @@ class Engine(EffectRules):
         if self._state is not None:
             self._result = plan.result(self._state)
         return self._outcome(status, next_action)
-
 
     def _recover_and_run(self, plan: Plan) -> tuple[Status, str]:
         try:
@@ -155,11 +150,9 @@ class Engine(EffectRules):
             raise
         raise AssertionError("the plan ended without a stop")  # pragma: no cover
 
-
     def recover_steps(self, plan: Plan) -> Steps[None]:
         """The recovery procedure (load, validate, observe everything in flight) as a step procedure."""
         return self._recover(plan)
-
 
     def _recover(self, plan: Plan) -> Steps[None]:
         assert self._lease is not None

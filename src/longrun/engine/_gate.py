@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
 
 from .. import _crashpoints
 from ..approval import Approval, ApprovalRequest, GateVerdict, evaluate_gate
@@ -12,6 +11,7 @@ from ..contract import Step
 from ..control import ControlRecord, RefusedRecord
 from ..ledger import EffectRecord
 from ..outcome import Status
+from ..protocols import SigningSource
 
 
 def _question(record: EffectRecord) -> str:
@@ -43,15 +43,13 @@ class Gating(Reconciling):
         """Read the task's cancellation record fresh and stop if it says so (or cannot be trusted)."""
         self._check_cancellation()
 
-
     def _check_cancellation(self) -> None:
         assert self._state is not None
         raw = self.cancellations.read_cancellation(self.task_id)
         if _crashpoints.ARMED:
             _crashpoints.hit("cancellation.read")
         if raw is None:
-            pause: Callable[[str], bool] | None = getattr(self.cancellations, "pause_requested", None)
-            if callable(pause) and pause(self.task_id):  # a worker that drains: stop between two steps, committed
+            if self._pausing is not None and self._pausing.pause_requested(self.task_id):  # a worker that drains: stop between two steps, committed
                 raise self._stop(Status.RETRY_SCHEDULED, "run again now: the worker running it stopped between two steps", wake_at=self.clock.now())
             if not self._cancellation_checked:
                 self._evidence.inferred("no cancellation record: new effects are allowed (read again before each one)")
@@ -64,7 +62,7 @@ class Gating(Reconciling):
             # Not an operator's word, so not a cancellation (which would end the run for good, in
             # someone's name); but someone wrote in the control area, so nothing new starts either.
             self._evidence.unknown("control", f"whether an operator asked this run to stop: {judgement.problem}")
-            signed = " with `longrun cancel --sign-key`" if getattr(self.cancellations, "requires_signature", False) else ""
+            signed = " with `longrun cancel --sign-key`" if isinstance(self.cancellations, SigningSource) and self.cancellations.requires_signature else ""
             raise self._stop(
                 Status.UNSAFE_TO_CONTINUE,
                 f"inspect the control area: {judgement.problem}; remove it, or cancel{signed} if the run should stop, then run again",
@@ -83,10 +81,8 @@ class Gating(Reconciling):
             Status.CANCELLED, f"nothing: the run was cancelled by {record.requested_by}: {record.reason}; no new effect will start"
         )
 
-
     def _authorize(self, step: Step, record: EffectRecord) -> EffectRecord:
         return self._gate(step, record, Status.AWAITING_APPROVAL)[0]
-
 
     def _gate(self, step: Step, record: EffectRecord, waiting: Status) -> tuple[EffectRecord, Approval]:
         """Read the approval sources fresh and consume the one approval that matches the step
@@ -140,7 +136,7 @@ class Gating(Reconciling):
                 Status.UNSAFE_TO_CONTINUE,
                 f"remove the over-broad approval records for step {step.step_id!r} and approve exactly the pending request",
             )
-        signed = " --sign-key <key file>" if getattr(self.approvals, "requires_signature", False) else ""
+        signed = " --sign-key <key file>" if isinstance(self.approvals, SigningSource) and self.approvals.requires_signature else ""
         note = f" ({refused} approval record{'s' if refused != 1 else ''} refused: see the unknowns)" if refused else ""
         if waiting is Status.AWAITING_INPUT:
             raise self._stop(

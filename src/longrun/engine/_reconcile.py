@@ -29,28 +29,23 @@ class Reconciling(Driving):
         if self._state is not None and self._dirty and self._keeper is not None and self._keeper.failure is None:
             self._commit()
 
-
     def woke_at(self, wake_at: float | None) -> None:
         """When the stopped run should run again (the outcome's ``wake_at``)."""
         self._wake_at = wake_at
 
-
     def policy_deadline(self, step_id: str) -> float:
         """The retry policy's per-call deadline for a step, the async driver's bound on an apply."""
         return self._policies.get(step_id, self.retry).deadline_s
-
 
     def refused_action(self, step_id: str, reason: str) -> Stop:
         """Stop ``unsafe-to-continue`` before a step whose action the contract does not allow."""
         self._evidence.unknown("contract", f"step {step_id!r}: {reason}")
         return self._stop(Status.UNSAFE_TO_CONTINUE, f"change the code or the contract: step {step_id!r} asks for an action it may not take ({reason}); nothing was applied")
 
-
     def mismatch(self, detail: str, next_action: str) -> Stop:
         """A ``plan-mismatch`` stop: the code or plan asks for something other than what was recorded."""
         self._evidence.observed("plan", detail)
         return Stop(Status.PLAN_MISMATCH, next_action)
-
 
     def complete(self, step_id: str, result: JSONValue, *, failed: bool = False) -> EffectRecord:
         """Settle a planned internal step (a child task's result, a function's return value)."""
@@ -64,7 +59,6 @@ class Reconciling(Driving):
         self._put(record)
         return record
 
-
     def record_plan_growth(self, state: RunState, recorded_steps: int, steps: int) -> None:
         """Adopt a plan that appends steps to the recorded one: its digest is recorded now, and
         approval requests issued under the old digest are dropped, to be issued again under it."""
@@ -75,12 +69,10 @@ class Reconciling(Driving):
             del state.approval_requests[step_id]
         self._dirty = True
 
-
     def _interrupted(self, record: EffectRecord) -> None:
         """A call the process died in: calls have no effect to observe, so it may simply run again."""
         self._evidence.inferred(f"call {record.step_id!r} was interrupted (attempt {record.attempts}); it will be called again")
         self._put(record.move(EffectState.PLANNED, self.clock.now(), last_error="interrupted: the process stopped during the call"))
-
 
     def _request(self, record: EffectRecord, attempt: int, *, deadline_s: float | None = None) -> EffectRequest:
         assert self._keeper is not None
@@ -96,7 +88,6 @@ class Reconciling(Driving):
             epoch=self._keeper.lease.epoch,
             deadline=self.clock.now() + (self._policy(record).deadline_s if deadline_s is None else deadline_s),
         )
-
 
     def _reconcile(self, record: EffectRecord) -> Steps[Reconciled]:
         assert self._state is not None
@@ -123,7 +114,6 @@ class Reconciling(Driving):
         self._put(record)
         return settled
 
-
     def _unsafe(self, settled: Reconciled) -> Stop:
         return self._stop(
             Status.UNSAFE_TO_CONTINUE,
@@ -131,16 +121,14 @@ class Reconciling(Driving):
             "(it will be observed again before anything is applied)",
         )
 
-
     def _with_backoff(self, record: EffectRecord) -> EffectRecord:
         """``record`` with the wait before its next attempt: a duration from now, anchored on this
         run's clocks so that a later run can judge it whatever the wall clock does (``budget.Backoff``)."""
         if record.attempts == 0:
             return record.with_changes(not_before=None, backoff=None)
         delay = self._policy(record).delay(record.key, record.attempts)
-        backoff = Backoff.begin(delay, self.clock.now(), self._monotonic_reading().get("monotonic"))
+        backoff = Backoff.begin(delay, self.clock.now(), self._monotonic_reading())
         return record.with_changes(not_before=backoff.until, backoff=backoff)
-
 
     def _backoff_wait(self, record: EffectRecord, now: float) -> tuple[float, EffectRecord]:
         """Seconds left of ``record``'s backoff, and the record to go on with.
@@ -150,7 +138,7 @@ class Reconciling(Driving):
         scheduled start (stepped back), or this run has a timeline the backoff lacks, the rest of the
         wait is re-anchored on this run's clocks, so later runs measure from here."""
         assert record.not_before is not None
-        reading = self._monotonic_reading().get("monotonic")
+        reading = self._monotonic_reading()
         backoff = record.backoff
         if backoff is None:  # recorded before backoffs kept their duration: the policy's delay bounds it
             duration = self._policy(record).delay(record.key, max(1, record.attempts))

@@ -39,7 +39,6 @@ class StepRules(Gating):
         record = self.state.effects.get(step.step_id)
         return record if record is not None else self._plan(step, self.clock.now())
 
-
     def call(
         self, step: Step, invoke: Callable[[], object], *, retry: RetryPolicy | None = None, timeout_s: float | None = None
     ) -> EffectRecord:
@@ -53,7 +52,6 @@ class StepRules(Gating):
         A call that runs past ``timeout_s`` counts as a transient failure.
         """
         return drive(self.call_steps(step, invoke, retry=retry, timeout_s=timeout_s), self._perform)
-
 
     def call_steps(
         self,
@@ -113,7 +111,6 @@ class StepRules(Gating):
             self._put(record)  # committed with the next step's start, or the stop
             return record
 
-
     def timer(self, step: Step, seconds: float) -> EffectRecord:
         """A durable wait: the wake time is recorded when the step is first reached.
 
@@ -121,7 +118,6 @@ class StepRules(Gating):
         with ``wake_at``. Run it again at or after that time and the step completes.
         """
         return drive(self.timer_steps(step, seconds), self._perform)
-
 
     def timer_steps(self, step: Step, seconds: float) -> Steps[EffectRecord]:
         """``timer`` as a step procedure, for a driver to run."""
@@ -146,7 +142,6 @@ class StepRules(Gating):
         record = record.move(EffectState.STARTED, now).move(EffectState.VERIFIED, now, not_before=None)
         self._put(record)
         return record
-
 
     def ask(self, step: Step, choices: Sequence[JSONValue] | None) -> EffectRecord:
         """A person's answer as a value: an approval of the question (bound to task, plan, step and
@@ -175,11 +170,9 @@ class StepRules(Gating):
             self._put(record)
             return record
 
-
     def wait(self, status: Status, next_action: str, *, wake_at: float | None = None) -> Stop:
         """A stop that waits for something outside the run (a person, a child task): committed."""
         return self._stop(status, next_action, wake_at=wake_at)
-
 
     def finish(self, required: Sequence[str]) -> Stop:
         """The stop ``done``, if every step in ``required`` is verified and nothing is in flight."""
@@ -198,7 +191,6 @@ class StepRules(Gating):
         self._evidence.inferred(f"every required effect is verified: {list(required)}")
         return self._stop(Status.DONE, "nothing: every required effect is verified")
 
-
     def refuse(self, reasons: Sequence[str], next_action: str) -> RunOutcome:
         """An ``unsafe-to-continue`` outcome decided before the lease is taken: nothing was run."""
         self._evidence = EvidenceLog(self.clock)
@@ -207,7 +199,6 @@ class StepRules(Gating):
         for reason in reasons:
             self._evidence.unknown("contract", reason)
         return self._outcome(Status.UNSAFE_TO_CONTINUE, next_action)
-
 
     def _ready(self, step: Step, settled: frozenset[EffectState]) -> Steps[tuple[EffectRecord, bool]]:
         """The step's record and True if it is settled (replayed as it is); else the record ready
@@ -227,7 +218,6 @@ class StepRules(Gating):
             if not (yield from self._backing_off(record, now)):
                 return record, False
 
-
     def _check_budget(self, record: EffectRecord | None, now: float) -> None:
         state = self.state
         exhausted = state.budget.exhausted(self.limits, pending_s=self._monotonic() - self._worked_mark)
@@ -236,7 +226,6 @@ class StepRules(Gating):
         if exhausted is not None:
             self._evidence.observed("budget", exhausted)
             raise self._stop(Status.LIMITS_EXHAUSTED, f"review why the budget ran out ({exhausted}); the run is over")
-
 
     def _backing_off(self, record: EffectRecord, now: float) -> Steps[bool]:
         """True after waiting out a short backoff (the caller starts over); stops for a long one."""
@@ -255,7 +244,6 @@ class StepRules(Gating):
             )
         yield Sleep(wait)
         return True
-
 
     def _plan(self, step: Step, now: float) -> EffectRecord:
         assert self._state is not None
@@ -282,7 +270,6 @@ class StepRules(Gating):
         self._put(record)
         return record
 
-
     def _start_attempt(self, step: Step, record: EffectRecord, next_action: str) -> Steps[EffectRecord]:
         """Record the next attempt as started (attempt number, epoch, budget) and commit it, before
         anything is called: the intent is durable, and the attempt counts even if the process dies.
@@ -304,14 +291,12 @@ class StepRules(Gating):
         yield COMMIT
         return record
 
-
     def _failed_for_good(self, step: Step, record: EffectRecord, exc: PermanentError, *, source: str) -> Stop:
         """``PermanentError``: the step did not happen and never will; the run stops ``blocked``."""
         self._current_lease()
         self._put(record.move(EffectState.FAILED, self.clock.now(), last_error=printable(f"permanent: {exc}")))
         self._evidence.observed(source, f"{record.key} attempt {record.attempts} failed permanently: {exc}")
         return self._stop(Status.BLOCKED, f"fix the cause of the permanent failure of step {step.step_id!r} ({exc}); the run is over")
-
 
     def _transient(self, step: Step, record: EffectRecord, exc: Exception) -> Steps[None]:
         assert self._state is not None
