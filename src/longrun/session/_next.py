@@ -19,7 +19,7 @@ from ..contractfile import ContractStep, SessionContract
 from ..engine import utc
 from ..envelope import RunState
 from ..errors import InvalidInputError, UnknownTaskError
-from ..lease import boot_clock_id
+from ..lease import MonotonicReading, boot_clock_id
 from ..ledger import EffectRecord, EffectState
 from ..outcome import ENDED_UNFINISHED, RunOutcome, Status
 from ..protocols import ApprovalSource, CancellationSource, Clock, Store
@@ -74,12 +74,12 @@ class ContinuationRule:
             raise InvalidInputError(f"task {self.task_id!r} is not a checkpointed session (it records no run contract): see `longrun status`")
         return state, contract
 
-    def _monotonic_reading(self) -> tuple[str, float] | None:
+    def _monotonic_reading(self) -> MonotonicReading | None:
         timeline = boot_clock_id()
         monotonic: Callable[[], float] | None = getattr(self.clock, "monotonic", None)
         if timeline is None or not isinstance(self.clock, SystemClock) or not callable(monotonic):
             return None
-        return (timeline, monotonic())
+        return MonotonicReading(timeline, monotonic())
 
     # -- the continuation rule ------------------------------------------------------------------
 
