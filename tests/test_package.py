@@ -117,7 +117,7 @@ class LayerTests(unittest.TestCase):
         return {name.lstrip(".") for name in names}
 
     def test_the_engine_reads_control_records_only_through_the_source_protocols(self) -> None:
-        for module in ("engine", "runner.py", "functions.py"):
+        for module in ("engine", "runner.py", "functions"):
             with self.subTest(module):
                 imported = self.imports_of(module)
                 self.assertFalse(imported & {"authority", "signing", "stores.controlfiles"}, sorted(imported))
