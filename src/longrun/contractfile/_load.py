@@ -7,7 +7,7 @@ from typing import NoReturn
 
 from ..errors import ContractFileError
 from ._lines import key_lines, line_of
-from ._records import MAX_CONTRACT_BYTES, Path, SessionContract, _build
+from ._records import MAX_CONTRACT_BYTES, Path, SessionContract, build_contract
 
 __all__ = ["load_contract", "parse_contract"]
 
@@ -44,4 +44,4 @@ def parse_contract(text: str, *, source: str = "<contract>", base_dir: str) -> S
     def fail(path: Path, message: str) -> NoReturn:
         raise ContractFileError(source, line_of(lines, path), message)
 
-    return _build(data, os.path.abspath(base_dir), fail)
+    return build_contract(data, os.path.abspath(base_dir), fail)

@@ -25,6 +25,7 @@ __all__ = [
     "Fail",
     "Path",
     "SessionContract",
+    "build_contract",
 ]
 
 CONTRACT_VERSION = 1
@@ -176,7 +177,7 @@ class SessionContract:
             where = ".".join(str(part) for part in path) or "the document"
             raise CorruptStateError(f"recorded run contract, {where}: {message}")
 
-        return _build(data, None, fail)
+        return build_contract(data, None, fail)
 
 
 # -- validation, shared by the TOML file and the recorded JSON ---------------------------------
@@ -304,7 +305,7 @@ def _command(step: Mapping[str, Any], path: Path, fail: Fail) -> tuple[str, ...]
     return tuple(value)
 
 
-def _build(data: object, base_dir: str | None, fail: Fail) -> SessionContract:
+def build_contract(data: object, base_dir: str | None, fail: Fail) -> SessionContract:
     if not isinstance(data, Mapping):
         fail((), "a run contract must be a table")
     _known(data, (), _TOP, fail)

@@ -18,13 +18,13 @@ from ..outcome import TERMINAL
 from ..protocols import Store
 from ._fleet_sql import FUNCTION_STEP, NOTIFY_CHANNEL, Dialect, tables
 
-__all__ = ["SCHEMA_VERSION", "QueueConnection"]
+__all__ = ["MAX_ROW_BYTES", "SCHEMA_VERSION", "QueueConnection"]
 
 log = logging.getLogger("longrun")
 
 SCHEMA_VERSION = 1
 _TERMINAL_VALUES = tuple(sorted(status.value for status in TERMINAL))
-_MAX_ROW_BYTES = 64 * 1024 * 1024
+MAX_ROW_BYTES = 64 * 1024 * 1024
 
 
 def _function_record(body: object) -> tuple[str, str | None] | None:
@@ -33,7 +33,7 @@ def _function_record(body: object) -> tuple[str, str | None] | None:
     if text is None:
         return None
     try:
-        document = parse_json(text.encode("utf-8", "surrogatepass"), what="an effect row", max_bytes=_MAX_ROW_BYTES)
+        document = parse_json(text.encode("utf-8", "surrogatepass"), what="an effect row", max_bytes=MAX_ROW_BYTES)
     except (CorruptStateError, UnicodeError):
         return None
     record = document.get("record") if isinstance(document, dict) else None

@@ -13,7 +13,7 @@ from ..canonical import JSONValue, canonical_bytes, parse_json
 from ..errors import CorruptStateError, InvalidInputError
 from ._fleet_sql import NOTIFY_CHANNEL, PostgresDialect
 from ._queue_records import SlotHold, WorkerRecord
-from ._queue_tables import _MAX_ROW_BYTES, QueueConnection
+from ._queue_tables import MAX_ROW_BYTES, QueueConnection
 
 __all__ = ["WorkerTables"]
 
@@ -58,7 +58,7 @@ class WorkerTables(QueueConnection):
         records = []
         for name, host, pid, state, concurrency, running, age, interval, functions, started_at in rows:
             try:
-                listed = parse_json(str(functions).encode("utf-8"), what="a worker's functions", max_bytes=_MAX_ROW_BYTES)
+                listed = parse_json(str(functions).encode("utf-8"), what="a worker's functions", max_bytes=MAX_ROW_BYTES)
             except CorruptStateError:
                 listed = []
             names = tuple(str(item) for item in listed) if isinstance(listed, list) else ()

@@ -1,5 +1,5 @@
 """Running one claimed task: the function as the worker runs it, its recorded arguments, and when
-the task is due next from the run's outcome (a ``_Disposition`` the queue row records).
+the task is due next from the run's outcome (a ``Disposition`` the queue row records).
 
 ``ClaimRunner`` is the part of ``Worker`` that runs a task, in a pool thread (``fn.run``) or on the
 worker's event loop (``fn.arun``): each thread has a store object of its own, the function runs with
@@ -25,7 +25,7 @@ from ..stores.postgres import PostgresStore
 from ..stores.sqlite import SqliteStore
 from ._limits import LimitedAdapter, SlotKeeper
 
-__all__ = ["ERROR_BACKOFF_S", "PARKED", "ClaimRunner"]
+__all__ = ["ERROR_BACKOFF_S", "PARKED", "ClaimRunner", "Disposition"]
 
 log = logging.getLogger("longrun")
 
@@ -38,7 +38,7 @@ ERROR_BACKOFF_S = (5.0, 600.0)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _Disposition:
+class Disposition:
     status: str
     wake_in_s: float | None = None
     wake_at: float | None = None
@@ -141,30 +141,30 @@ class ClaimRunner:
         variants[function.name] = variant
         return variant
 
-    def _prepare(self, claim: Claim) -> tuple[DurableFunction[Any], list[Any], dict[str, Any]] | _Disposition:
+    def _prepare(self, claim: Claim) -> tuple[DurableFunction[Any], list[Any], dict[str, Any]] | Disposition:
         """The task's function (as this worker runs it) and recorded arguments; or why it is not run."""
         store = self._thread_store()
         try:
             state = store.load(claim.task_id).state
         except UnknownTaskError:
-            return _Disposition("missing", error="the queue names a task the store does not hold")
+            return Disposition("missing", error="the queue names a task the store does not hold")
         except LongrunError as exc:
             return self._failed(claim, f"{type(exc).__name__}: {exc}")
         record = state.effects.get(FUNCTION_STEP) if state is not None else None
         payload = record.payload if record is not None else None
         if state is None or not isinstance(payload, dict) or payload.get("function") != claim.function:
-            return _Disposition("not-runnable", error=f"the task records no run of {claim.function}")
+            return Disposition("not-runnable", error=f"the task records no run of {claim.function}")
         if state.status in TERMINAL:
-            return _Disposition(state.status.value, wake_parent=True)
+            return Disposition(state.status.value, wake_parent=True)
         args, kwargs = payload.get("args"), payload.get("kwargs")
         if not isinstance(args, list) or not isinstance(kwargs, dict):
-            return _Disposition("not-runnable", error="the task's function record is malformed")
+            return Disposition("not-runnable", error="the task's function record is malformed")
         return self._variant(self.functions[claim.function], store), args, kwargs
 
-    def _run_sync(self, claim: Claim) -> _Disposition:
+    def _run_sync(self, claim: Claim) -> Disposition:
         try:
             prepared = self._prepare(claim)
-            if isinstance(prepared, _Disposition):
+            if isinstance(prepared, Disposition):
                 return prepared
             variant, args, kwargs = prepared
             outcome = variant.run(claim.task_id, *args, **kwargs)
@@ -174,7 +174,7 @@ class ClaimRunner:
 
     async def _run_async(
         self, claim: Claim, variant: DurableFunction[Any], args: list[Any], kwargs: dict[str, Any]
-    ) -> _Disposition:
+    ) -> Disposition:
         try:
             outcome = await variant.arun(claim.task_id, *args, **kwargs)
         except Exception as exc:
@@ -182,7 +182,7 @@ class ClaimRunner:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self._disposition, claim, variant, outcome)
 
-    def _failed(self, claim: Claim, error: str, exc: BaseException | None = None) -> _Disposition:
+    def _failed(self, claim: Claim, error: str, exc: BaseException | None = None) -> Disposition:
         failures = min(claim.failures, 16) + 1  # this run's failure, after those the row counts
         delay = min(ERROR_BACKOFF_S[1], ERROR_BACKOFF_S[0] * 2 ** (failures - 1))
         log.warning(
@@ -190,22 +190,22 @@ class ClaimRunner:
             exc_info=exc if exc is not None and not isinstance(exc, LongrunError) else None,
             extra={"task": claim.task_id, "worker": self.name},
         )  # fmt: skip
-        return _Disposition("error", wake_in_s=delay, error=error[:2000])
+        return Disposition("error", wake_in_s=delay, error=error[:2000])
 
-    def _disposition(self, claim: Claim, variant: DurableFunction[Any], outcome: RunOutcome) -> _Disposition:
+    def _disposition(self, claim: Claim, variant: DurableFunction[Any], outcome: RunOutcome) -> Disposition:
         """When the task is due next, from its outcome (times relative to the function's own clock)."""
         status = outcome.status
         clock: Clock = variant.engine_options.get("clock") or SystemClock()
         if status is Status.RETRY_SCHEDULED and outcome.next_action.startswith("run again now: the worker"):
             self._drained += 1
         if status in TERMINAL:
-            return _Disposition(status.value, wake_parent=True)
+            return Disposition(status.value, wake_parent=True)
         if status in PARKED:
-            return _Disposition(status.value)
+            return Disposition(status.value)
         if status in (Status.RETRY_SCHEDULED, Status.SLEEPING, Status.WAITING_ON_CHILD):
             if outcome.wake_at is None:
-                return _Disposition(status.value, wake_in_s=None if status is Status.WAITING_ON_CHILD else 0.0)
-            return _Disposition(status.value, wake_in_s=max(0.0, outcome.wake_at - clock.now()))
+                return Disposition(status.value, wake_in_s=None if status is Status.WAITING_ON_CHILD else 0.0)
+            return Disposition(status.value, wake_in_s=max(0.0, outcome.wake_at - clock.now()))
         if status in (Status.ALREADY_RUNNING, Status.LEASE_LOST):
             # Someone else holds the lease (a worker frozen past its claim, a run outside the fleet):
             # try again when it ends, by the store's own lease clock.
@@ -214,6 +214,6 @@ class ClaimRunner:
             except LongrunError:
                 lease = None
             if lease is None or lease.released:
-                return _Disposition(status.value, wake_in_s=0.2)
-            return _Disposition(status.value, wake_at=lease.expires_at)
-        return _Disposition(status.value, wake_in_s=0.0)
+                return Disposition(status.value, wake_in_s=0.2)
+            return Disposition(status.value, wake_at=lease.expires_at)
+        return Disposition(status.value, wake_in_s=0.0)

@@ -42,7 +42,7 @@ from ..functions import DurableFunction
 from ..protocols import Store
 from ..stores._queue import Claim, TaskQueue, open_queue
 from ._limits import SlotKeeper
-from ._runs import ClaimRunner, _Disposition
+from ._runs import ClaimRunner, Disposition
 
 __all__ = ["Worker", "WorkerReport"]
 
@@ -301,7 +301,7 @@ class Worker(ClaimRunner):
                     prepared = await loop.run_in_executor(pool, self._prepare, claim)
                 except Exception as exc:
                     prepared = self._failed(claim, f"{type(exc).__name__}: {exc}", exc)
-                disposition = prepared if isinstance(prepared, _Disposition) else await self._run_async(claim, *prepared)
+                disposition = prepared if isinstance(prepared, Disposition) else await self._run_async(claim, *prepared)
             else:
                 disposition = await loop.run_in_executor(pool, self._run_sync, claim)
             self._runs += 1
