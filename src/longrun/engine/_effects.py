@@ -103,7 +103,7 @@ class EffectRules(StepRules):
         # planned -> uncertain -> (verified | planned): the ledger's move for "a start may have been lost".
         probe = record.move(EffectState.UNCERTAIN, self.clock.now())
         adapter = self.adapter_for(step.action, step_id=step.step_id)
-        observed = yield Observe(adapter, self._request(record, max(record.attempts, 1)))
+        observed = yield Observe(adapter, self._request(record, max(record.attempts, 1)), self._timeouts.get(step.step_id, self.timeout_s))
         settled = settle(probe, observed, adapter.deduplicates, self.clock.now())
         observation = settled.observation
         self._evidence.observed(f"target:{step.action}", f"{record.key}: {observation.state.value} ({observation.evidence}), {why}")
@@ -192,7 +192,7 @@ class EffectRules(StepRules):
             return
         self._stragglers.append(exc.pending)
         adapter = self.adapter_for(step.action, step_id=step.step_id)
-        observed = yield Observe(adapter, self._request(record, record.attempts))
+        observed = yield Observe(adapter, self._request(record, record.attempts), self._timeouts.get(step.step_id, self.timeout_s))
         self._evidence.observed(f"target:{step.action}", f"{record.key}: {observed.state.value} ({observed.evidence})")
         if observed.state is ObservedState.APPLIED:
             settled = settle(record, observed, adapter.deduplicates, self.clock.now())
