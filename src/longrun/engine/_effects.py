@@ -15,7 +15,7 @@ from ..errors import PermanentError, TransientError
 from ..ledger import EffectRecord, EffectState, check_receipt
 from ..outcome import Status
 from ..recovery import Verdict, settle
-from ._plans import check_timeout, utc
+from ._plans import utc
 from ._steps import StepRules
 
 log = logging.getLogger("longrun")
@@ -55,10 +55,7 @@ class EffectRules(StepRules):
     ) -> Steps[EffectRecord]:
         """``effect`` as a step procedure, for a driver to run (``effect`` drives it in this thread)."""
         state = self.state
-        if retry is not None:
-            self._policies[step.step_id] = retry
-        if timeout_s is not None:
-            self._timeouts[step.step_id] = check_timeout(timeout_s, f"step {step.step_id!r}")
+        self._step_options(step, retry, timeout_s)
         while True:
             record, settled = yield from self._ready(step, _VERIFIED)
             if settled:
