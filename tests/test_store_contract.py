@@ -102,6 +102,27 @@ class JsonFileStoreContract(StoreContract, support.TempDirTest):
         with open(path, "r+b") as handle:
             handle.truncate(os.path.getsize(path) // 2)
 
+    def damage_blobs(self, store: Any, task_id: str) -> int:
+        directory = os.path.join(self._task_dir(task_id), "blobs")
+        if not os.path.isdir(directory):
+            self.skipTest("the JSON-file store keeps its blobs elsewhere now")
+        names = os.listdir(directory)
+        for name in names:
+            with open(os.path.join(directory, name), "r+b") as handle:
+                handle.seek(100)
+                byte = handle.read(1)
+                handle.seek(100)
+                handle.write(bytes([byte[0] ^ 1]))
+        return len(names)
+
+    def state_bytes(self, store: Any, task_id: str) -> int:
+        """The snapshots' and journals' content (a journal's zero padding left out)."""
+        total = 0
+        for name in self._state_files(task_id):
+            with open(os.path.join(self._task_dir(task_id), name), "rb") as handle:
+                total += len(handle.read().rstrip(b"\0"))
+        return total
+
     @contextlib.contextmanager
     def fail_nth_operation(self, store: Any, n: int) -> Iterator[None]:
         if not isinstance(getattr(store, "io", None), FileIO):

@@ -327,9 +327,39 @@ def remembered_encoding(value: object) -> tuple[bytes, str] | None:
     with _remembered_lock:
         entry = _remembered.get(id(value))
         if entry is None or entry[0] is not value:
-            return None
-        del _remembered[id(value)]
+            # A record keeps the plain copy ``ensure_json`` made of what was digested: the same
+            # containers, copied, around the very same leaves (strings, numbers).
+            entry = next((item for item in reversed(_remembered.values()) if _same_leaves(item[0], value)), None)
+            if entry is None:
+                return None
+        del _remembered[id(entry[0])]
     return entry[1], entry[2]
+
+
+_SAME_LEAVES_BUDGET = 4096
+"""The most containers ``_same_leaves`` walks before it gives up (the caller then encodes)."""
+
+
+def _same_leaves(a: object, b: object) -> bool:
+    """Whether ``a`` and ``b`` are containers of the same types and keys, in the same order, around
+    identical leaf objects: then they encode alike (a leaf of another type, ``1`` for ``1.0``,
+    is another object). False when that cannot be told within ``_SAME_LEAVES_BUDGET`` containers."""
+    budget = [_SAME_LEAVES_BUDGET]
+
+    def same(x: object, y: object) -> bool:
+        if x is y:
+            return True
+        kind = type(x)
+        if kind is not type(y) or (kind is not dict and kind is not list):
+            return False
+        budget[0] -= 1
+        if budget[0] < 0 or len(x) != len(y):  # type: ignore[arg-type]
+            return False
+        if kind is dict:
+            return list(x) == list(y) and all(same(item, y[key]) for key, item in x.items())  # type: ignore[attr-defined, index]
+        return all(same(item, other) for item, other in zip(x, y))  # type: ignore[call-overload]
+
+    return (type(a) is dict or type(a) is list) and same(a, b)
 
 
 def sha256_hex(data: bytes) -> str:
