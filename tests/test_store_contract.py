@@ -174,6 +174,15 @@ class MemoryStoreContract(StoreContract, unittest.TestCase):
         else:
             store.records(task_id).approvals["planted"] = text
 
+    def damage_blobs(self, store: Any, task_id: str) -> int:
+        blobs = store.records(task_id).blobs
+        for digest, data in blobs.items():
+            blobs[digest] = data[:100] + bytes([data[100] ^ 1]) + data[101:]
+        return len(blobs)
+
+    def state_bytes(self, store: Any, task_id: str) -> int:
+        return len(store.records(task_id).state or b"")
+
     def damage_lease(self, store: Any, task_id: str) -> None:
         records = store.records(task_id)
         records.lease = records.lease[: len(records.lease) // 2]

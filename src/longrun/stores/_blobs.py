@@ -30,14 +30,15 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Iterable, Mapping, NamedTuple
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from ..canonical import LARGE_VALUE_BYTES, JSONValue, canonical_bytes, parse_json, remembered_encoding, sha256_hex
 from ..errors import CorruptStateError
 from ..envelope import MAX_STATE_BYTES
 
 __all__ = [
-    "BLOBS_KEY", "BLOB_FIELDS", "BLOB_MIN_BYTES", "Blob", "BlobCodec", "BlobRef", "decode_blob", "refs_from_json", "refs_to_json",
+    "BLOBS_KEY", "BLOB_FIELDS", "BLOB_MIN_BYTES", "Blob", "BlobCodec", "BlobRef", "decode_blob", "large_values", "refs_from_json",
+    "refs_to_json", "resolve_record_json", "stored_record_json",
 ]  # fmt: skip
 
 BLOB_MIN_BYTES = LARGE_VALUE_BYTES
@@ -211,3 +212,49 @@ def large_values(records: Iterable[Any]) -> list[object]:
         out.append(record.payload)
         out.append(record.result)
     return out
+
+
+def stored_record_json(record: Any, blobs: BlobCodec, introduced: list[BlobRef]) -> dict[str, JSONValue]:
+    """An effect record's JSON (``EffectRecord.to_json``) as stored: a large payload or result null,
+    and the reference map under ``BLOBS_KEY`` (each reference also added to ``introduced``)."""
+    body: dict[str, JSONValue] = record.to_json()
+    (payload, result), refs = blobs.split((("payload", record.payload), ("result", record.result)))
+    if refs:
+        body["payload"] = payload  # type: ignore[assignment]
+        body["result"] = result  # type: ignore[assignment]
+        body[BLOBS_KEY] = refs_to_json(refs)
+        introduced.extend(refs.values())
+    return body
+
+
+def resolve_record_json(data: object, fetch: Callable[[BlobRef, str], object], what: str) -> object:
+    """A stored record's JSON with its blob references resolved by ``fetch`` (which checks each
+    blob): what ``EffectRecord.from_json`` reads. Anything else is returned as it is, for the
+    record's own rules to judge."""
+    if type(data) is not dict or BLOBS_KEY not in data:
+        return data
+    refs = refs_from_json(data[BLOBS_KEY], what)
+    out = {key: value for key, value in data.items() if key != BLOBS_KEY}
+    for name, ref in refs.items():
+        if out.get(name) is not None:
+            raise CorruptStateError(f"{what}: its {name} is both inline and a blob")
+        out[name] = fetch(ref, f"{what} {name}")
+    return out
+
+
+class BlobFetcher:
+    """Resolves references against ``blobs`` (hex -> bytes, or a callable that reads one), each
+    blob read and checked once; ``seen`` lists what it read, for a ``BlobCodec``."""
+
+    def __init__(self, read: Callable[[str], bytes | None]):
+        self.read = read
+        self.values: dict[str, object] = {}
+        self.seen: list[tuple[object, BlobRef]] = []
+
+    def __call__(self, ref: BlobRef, what: str) -> object:
+        value = self.values.get(ref.sha256)
+        if value is None:
+            value = decode_blob(ref, self.read(ref.sha256), what)
+            self.values[ref.sha256] = value
+            self.seen.append((value, ref))
+        return value

@@ -105,17 +105,26 @@ class Load:
         )
         if best.state is None:  # checksum-valid records that do not build a valid state: the snapshot alone
             self.note(f"the journal after {best.snapshot.name} does not build a valid state: {best.error}")
-            again, _ = read_snapshot(self.files, self.task_id, best.snapshot.name)  # the walk changed the first copy
-            if again is None:
-                return self._nothing_valid()
-            best = Chain(again, journal.Replay(again.raw), [], problem="damaged")
-            try:
-                best.state = best.replay.build(self.blobs)
-            except CorruptStateError as exc:  # a blob it names is missing or damaged: nothing valid to rebuild from
+            alone = None
+            # The newest snapshot that builds alone; one whose blob is missing or damaged does not.
+            for candidate in sorted(candidates, key=lambda item: item.snapshot.raw.revision, reverse=True):
+                again, _ = read_snapshot(self.files, self.task_id, candidate.snapshot.name)  # the walk changed the first copy
+                if again is None:
+                    continue
+                rebuilt = Chain(again, journal.Replay(again.raw), [], problem="damaged")
+                try:
+                    rebuilt.state = rebuilt.replay.build(self.blobs)
+                except CorruptStateError as exc:
+                    self.note(f"{again.name} alone does not build a valid state either: {exc}")
+                    continue
+                alone = rebuilt
+                break
+            if alone is None:
                 raise StateUnrecoverableError(
-                    f"task {self.task_id!r}: {best.snapshot.name} does not build a valid state either ({exc}); "
-                    "restore the missing blob or state, or retire the task id"
-                ) from exc
+                    f"task {self.task_id!r}: no snapshot builds a valid state ({best.error}); nothing was changed. "
+                    "Restore the missing blob or state, or retire the task id"
+                )
+            best = alone
         return self._recovered(best, candidates)
 
     def _clean(self, chain: Chain) -> LoadResult:
