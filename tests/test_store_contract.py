@@ -231,6 +231,19 @@ class _SqlHooks:
     def damage_lease(self, store: Any, task_id: str) -> None:
         self.sql("UPDATE longrun_leases SET epoch = -1 WHERE task_id = ?", (task_id,))
 
+    def damage_blobs(self, store: Any, task_id: str) -> int:
+        rows = self.sql("SELECT digest, data FROM longrun_blobs WHERE task_id = ?", (task_id,))
+        for digest, data in rows:
+            data = bytes(data)
+            damaged = data[:100] + bytes([data[100] ^ 1]) + data[101:]
+            self.sql("UPDATE longrun_blobs SET data = ? WHERE task_id = ? AND digest = ?", (damaged, task_id, digest))
+        return len(rows)
+
+    def state_bytes(self, store: Any, task_id: str) -> int:
+        rows = self.sql("SELECT header FROM longrun_states WHERE task_id = ?", (task_id,))
+        rows += self.sql("SELECT record FROM longrun_effects WHERE task_id = ?", (task_id,))
+        return sum(len(row[0]) for row in rows)
+
     def plant_future_schema(self, store: Any, task_id: str) -> None:
         self.sql("INSERT INTO longrun_schema (version, applied_at, description) VALUES (999, 0, 'from the future')")
 

@@ -121,6 +121,11 @@ class BlobCodec:
         self.stored: set[str] = set()
         """The blobs (hex) known to be durable in the store (written, or read and verified)."""
 
+    @property
+    def remembered(self) -> int:
+        """How many values it remembers (``keep_only`` bounds it)."""
+        return len(self._known)
+
     def ref_of(self, value: object) -> BlobRef | None:
         """The reference ``value`` is stored under, or None if it is stored inline."""
         kind = type(value)

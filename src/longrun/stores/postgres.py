@@ -53,7 +53,7 @@ class PostgresStore(SqlStore):
     """
 
     placeholder = "%s"
-    types = {"int": "BIGINT", "float": "DOUBLE PRECISION", "serial": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"}
+    types = {"int": "BIGINT", "float": "DOUBLE PRECISION", "serial": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY", "bytes": "BYTEA"}
 
     def __init__(self, connect: Callable[[], Any], *, transaction_timeout_s: float = 10.0):
         super().__init__()
