@@ -346,18 +346,18 @@ def _same_leaves(a: object, b: object) -> bool:
     is another object). False when that cannot be told within ``_SAME_LEAVES_BUDGET`` containers."""
     budget = [_SAME_LEAVES_BUDGET]
 
-    def same(x: object, y: object) -> bool:
+    def same(x: Any, y: Any) -> bool:
         if x is y:
             return True
         kind = type(x)
         if kind is not type(y) or (kind is not dict and kind is not list):
             return False
         budget[0] -= 1
-        if budget[0] < 0 or len(x) != len(y):  # type: ignore[arg-type]
+        if budget[0] < 0 or len(x) != len(y):
             return False
         if kind is dict:
-            return list(x) == list(y) and all(same(item, y[key]) for key, item in x.items())  # type: ignore[attr-defined, index]
-        return all(same(item, other) for item, other in zip(x, y))  # type: ignore[call-overload]
+            return list(x) == list(y) and all(same(item, y[key]) for key, item in x.items())
+        return all(same(item, other) for item, other in zip(x, y))
 
     return (type(a) is dict or type(a) is list) and same(a, b)
 

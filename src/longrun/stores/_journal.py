@@ -328,7 +328,8 @@ def scan(data: bytes, *, padded: bool = False) -> Scan:
 def row_of(record: EffectRecord, blobs: BlobCodec | None = None, introduced: list[BlobRef] | None = None) -> list[Any]:
     """An effect record as a row of values in ``EFFECT_FIELDS`` order; with ``blobs``, a large
     payload or result as a blob reference (``BLOB_ROW_FIELDS``), its reference added to ``introduced``."""
-    payload, result = record.payload, record.result
+    payload: Any = record.payload
+    result: Any = record.result
     refs = None
     if blobs is not None:
         (payload, result), found = blobs.split((("payload", payload), ("result", result)))
