@@ -7,6 +7,7 @@ import unittest
 import helpers  # noqa: F401  (puts src on sys.path)
 from longrun import Backoff, BudgetCounters, CorruptStateError, InvalidInputError, Limits, RetryPolicy
 from longrun.budget import IMPLAUSIBLE_GAP_S, describe_wall_gap
+from longrun.lease import MonotonicReading
 
 BOOT = "boot:this"
 
@@ -56,17 +57,17 @@ class WorkedTimeTests(unittest.TestCase):
 
 class BackoffTests(unittest.TestCase):
     def test_on_its_own_timeline_a_backoff_ignores_wall_clock_steps(self) -> None:
-        backoff = Backoff.begin(10.0, now=1000.0, monotonic=(BOOT, 50.0))
+        backoff = Backoff.begin(10.0, now=1000.0, monotonic=MonotonicReading(BOOT, 50.0))
         self.assertEqual(backoff.until, 1010.0)
         for wall in (1000.0 + 7200, 1000.0 - 3600, 1000.0):
             with self.subTest(wall=wall):
-                self.assertEqual(backoff.remaining(wall, (BOOT, 54.0)), 6.0)
-                self.assertTrue(backoff.measured_on((BOOT, 54.0)))
-        self.assertEqual(backoff.remaining(0.0, (BOOT, 70.0)), 0.0)
+                self.assertEqual(backoff.remaining(wall, MonotonicReading(BOOT, 54.0)), 6.0)
+                self.assertTrue(backoff.measured_on(MonotonicReading(BOOT, 54.0)))
+        self.assertEqual(backoff.remaining(0.0, MonotonicReading(BOOT, 70.0)), 0.0)
 
     def test_elsewhere_by_wall_clock_never_longer_than_its_duration(self) -> None:
-        backoff = Backoff.begin(10.0, now=1000.0, monotonic=(BOOT, 50.0))
-        for reading in (None, ("boot:other", 1.0)):
+        backoff = Backoff.begin(10.0, now=1000.0, monotonic=MonotonicReading(BOOT, 50.0))
+        for reading in (None, MonotonicReading("boot:other", 1.0)):
             with self.subTest(reading=reading):
                 self.assertFalse(backoff.measured_on(reading))
                 self.assertEqual(backoff.remaining(1004.0, reading), 6.0)
@@ -75,14 +76,14 @@ class BackoffTests(unittest.TestCase):
 
     def test_resumed_anchors_the_rest_on_the_resuming_clocks(self) -> None:
         backoff = Backoff.begin(10.0, now=1000.0)
-        rest = backoff.resumed(1000.0 - 3600, (BOOT, 7.0))
+        rest = backoff.resumed(1000.0 - 3600, MonotonicReading(BOOT, 7.0))
         self.assertEqual((rest.duration_s, rest.scheduled_at, rest.monotonic_clock, rest.monotonic_at), (10.0, 1000.0 - 3600, BOOT, 7.0))
-        self.assertEqual(rest.remaining(1000.0 + 9999, (BOOT, 9.0)), 8.0)
+        self.assertEqual(rest.remaining(1000.0 + 9999, MonotonicReading(BOOT, 9.0)), 8.0)
 
     def test_json_round_trip_and_validation(self) -> None:
-        for backoff in (Backoff.begin(2.5, now=10.0), Backoff.begin(2.5, now=10.0, monotonic=(BOOT, 3.0))):
+        for backoff in (Backoff.begin(2.5, now=10.0), Backoff.begin(2.5, now=10.0, monotonic=MonotonicReading(BOOT, 3.0))):
             self.assertEqual(Backoff.from_json(backoff.to_json()), backoff)
-        good = Backoff.begin(2.5, now=10.0, monotonic=(BOOT, 3.0)).to_json()
+        good = Backoff.begin(2.5, now=10.0, monotonic=MonotonicReading(BOOT, 3.0)).to_json()
         for change in ({"duration_s": -1.0}, {"monotonic_at": None}, {"monotonic_clock": None}, {"scheduled_at": None}, {"extra": 1}):
             with self.subTest(change=change), self.assertRaises(CorruptStateError):
                 Backoff.from_json({**good, **change})

@@ -21,6 +21,7 @@ from helpers import support
 from longrun import CorruptStateError, JsonFileStore, RunState
 from longrun.approval import ApprovalRequest
 from longrun.budget import Backoff, BudgetCounters
+from longrun.lease import MonotonicReading
 from longrun.ledger import EffectRecord, EffectState
 from longrun.outcome import Evidence, Status
 from longrun.stores import _journal, jsonfile
@@ -67,7 +68,7 @@ def mutate(state: RunState, step: int, rng: random.Random) -> set[str]:
     for _ in range(rng.randrange(3)):
         step_id = rng.choice(list(state.effects))
         record = state.effects[step_id]
-        backoff = None if rng.random() < 0.5 else Backoff.begin(step / 2, 100.0, ("boot:b", float(step)) if step % 2 else None)
+        backoff = None if rng.random() < 0.5 else Backoff.begin(step / 2, 100.0, MonotonicReading("boot:b", float(step)) if step % 2 else None)
         state.effects[step_id] = dataclasses.replace(
             record,
             attempts=record.attempts + 1,
@@ -654,7 +655,7 @@ class FirstFormatTests(JournalCase):
         store = JsonFileStore(self.root, create=True)
         lease = store.acquire_lease(TASK, "next", 3600.0, 10_000.0)
         state = store.load(TASK, lease=lease).state
-        backoff = Backoff.begin(2.0, 60.0, ("boot:x", 5.0))
+        backoff = Backoff.begin(2.0, 60.0, MonotonicReading("boot:x", 5.0))
         state.effects["s3"] = state.effects["s3"].with_changes(not_before=backoff.until, backoff=backoff)
         state.budget = state.budget.worked(4.0)
         store.commit(lease, state, {"s3"})

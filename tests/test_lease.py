@@ -9,7 +9,7 @@ import unittest
 
 import helpers  # noqa: F401  (puts src on sys.path)
 from longrun import CorruptStateError, InvalidInputError
-from longrun.lease import RELEASED, Lease, LeaseKeeper, LeaseRepair
+from longrun.lease import RELEASED, Lease, LeaseKeeper, LeaseRepair, MonotonicReading
 
 BOOT = "boot:this"
 
@@ -22,7 +22,7 @@ def lease(**changes: object) -> Lease:
 class ExpiryTests(unittest.TestCase):
     def test_without_a_shared_timeline_the_wall_clock_decides(self) -> None:
         live = lease(monotonic_clock=BOOT, monotonic_expires_at=50.0)
-        for reading in (None, ("fake:other", 10.0)):
+        for reading in (None, MonotonicReading("fake:other", 10.0)):
             with self.subTest(reading=reading):
                 self.assertEqual(live.remaining(1010.0, reading), 20.0)
                 self.assertFalse(live.expired(1029.9, reading))
@@ -32,19 +32,19 @@ class ExpiryTests(unittest.TestCase):
         live = lease(monotonic_clock=BOOT, monotonic_expires_at=50.0)
         for wall in (0.0, 1010.0, 1030.0 + 3600):
             with self.subTest(wall=wall):
-                self.assertEqual(live.remaining(wall, (BOOT, 40.0)), 10.0)
-                self.assertFalse(live.expired(wall, (BOOT, 49.9)))
-                self.assertTrue(live.expired(wall, (BOOT, 50.0)))
+                self.assertEqual(live.remaining(wall, MonotonicReading(BOOT, 40.0)), 10.0)
+                self.assertFalse(live.expired(wall, MonotonicReading(BOOT, 49.9)))
+                self.assertTrue(live.expired(wall, MonotonicReading(BOOT, 50.0)))
 
     def test_a_lease_granted_during_another_boot_of_this_machine_is_over(self) -> None:
         live = lease(monotonic_clock=BOOT, monotonic_expires_at=1e9)
-        self.assertEqual(live.remaining(1010.0, ("boot:next", 1.0)), 0.0)
-        self.assertTrue(live.expired(1010.0, ("boot:next", 1.0)))
+        self.assertEqual(live.remaining(1010.0, MonotonicReading("boot:next", 1.0)), 0.0)
+        self.assertTrue(live.expired(1010.0, MonotonicReading("boot:next", 1.0)))
 
     def test_a_released_lease_is_over_on_every_clock_even_one_stepped_back(self) -> None:
         released = lease(expires_at=RELEASED, monotonic_clock=BOOT, monotonic_expires_at=1e9)
         self.assertTrue(released.released)
-        for now, reading in ((-3600.0, None), (0.0, (BOOT, 0.0)), (1010.0, ("boot:next", 1.0))):
+        for now, reading in ((-3600.0, None), (0.0, MonotonicReading(BOOT, 0.0)), (1010.0, MonotonicReading("boot:next", 1.0))):
             with self.subTest(now=now, reading=reading):
                 self.assertEqual(released.remaining(now, reading), 0.0)
                 self.assertTrue(released.expired(now, reading))

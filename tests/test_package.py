@@ -105,17 +105,35 @@ class DocumentedTests(unittest.TestCase):
 
 class LayerTests(unittest.TestCase):
     def imports_of(self, module: str) -> set[str]:
-        with open(os.path.join(support.SRC, "longrun", module)) as handle:
-            tree = ast.parse(handle.read())
-        names = {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-        names |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        """What ``module`` (a file, or every file of a package) imports, with leading dots dropped."""
+        path = os.path.join(support.SRC, "longrun", module)
+        files = [os.path.join(path, name) for name in sorted(os.listdir(path)) if name.endswith(".py")] if os.path.isdir(path) else [path]
+        names: set[str] = set()
+        for file in files:
+            with open(file) as handle:
+                tree = ast.parse(handle.read())
+            names |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+            names |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
         return {name.lstrip(".") for name in names}
 
     def test_the_engine_reads_control_records_only_through_the_source_protocols(self) -> None:
-        for module in ("engine.py", "runner.py", "functions.py"):
+        for module in ("engine", "runner.py", "functions"):
             with self.subTest(module):
                 imported = self.imports_of(module)
                 self.assertFalse(imported & {"authority", "signing", "stores.controlfiles"}, sorted(imported))
+
+    def test_each_layer_of_the_engine_imports_only_the_layers_below_it(self) -> None:
+        order = ["_plans", "_evidence", "_base", "_driving", "_reconcile", "_gate", "_steps", "_effects", "_engine"]
+        package = os.path.join(support.SRC, "longrun", "engine")
+        self.assertEqual(sorted(name[:-3] for name in os.listdir(package) if name.startswith("_") and name.endswith(".py")),
+                         sorted(order + ["__init__"]))  # fmt: skip
+        for index, layer in enumerate(order):
+            with self.subTest(layer):
+                with open(os.path.join(package, layer + ".py")) as handle:
+                    tree = ast.parse(handle.read())
+                at_run_time = [node for node in tree.body if isinstance(node, ast.ImportFrom) and node.level == 1]
+                siblings = {node.module for node in at_run_time}
+                self.assertLessEqual(siblings, set(order[:index]), "a layer imports only the layers below it")
 
     def test_signing_and_the_control_files_reach_no_private_module_of_another_package(self) -> None:
         self.assertEqual({name for name in self.imports_of("signing.py") if name.startswith("stores")}, set())

@@ -93,3 +93,94 @@ class CliUsesTheDeclaredCapabilitiesTests(support.TempDirTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ClockCapabilityTests(unittest.TestCase):
+    """The optional capabilities of a clock are Protocols the engine looks up once, not attributes
+    it probes; what it hands the store follows from them."""
+
+    def lease_calls(self, clock: Any) -> list[Any]:
+        import tempfile
+
+        from longrun import Runner, Step
+        from longrun.contract import RunContract
+        from longrun.testing import OutboxAdapter
+
+        seen: list[Any] = []
+        root = tempfile.mkdtemp()
+        self.addCleanup(__import__("shutil").rmtree, root, True)
+
+        class Spy(JsonFileStore):
+            def acquire_lease(self, *args: Any, monotonic: Any = None, **kwargs: Any) -> Any:
+                seen.append(monotonic)
+                return super().acquire_lease(*args, monotonic=monotonic, **kwargs)
+
+        store = Spy(root, create=True)
+        adapter = OutboxAdapter(root + "/outbox")
+        contract = RunContract("t", "one step", allowed_actions=("send",))
+        outcome = Runner(contract, [Step("a", "send", {})], store=store, adapters={"send": adapter}, clock=clock).run()
+        self.assertEqual(outcome.status.value, "done")
+        return seen
+
+    def test_a_clock_that_names_its_timeline_gives_the_store_a_reading_on_it(self) -> None:
+        from longrun import SystemClock
+        from longrun.lease import MonotonicReading
+        from longrun.protocols import MonotonicClock, TimelineClock
+
+        self.assertIsInstance(SystemClock(), TimelineClock)
+        (reading,) = self.lease_calls(SystemClock())
+        self.assertIsInstance(reading, MonotonicReading)
+        self.assertEqual(reading.timeline, SystemClock().monotonic_id())
+        self.assertIsInstance(SystemClock(), MonotonicClock)
+
+    def test_a_wall_clock_alone_or_a_monotonic_one_without_a_timeline_gives_none(self) -> None:
+        import time
+
+        from longrun.protocols import MonotonicClock, TimelineClock
+
+        class Wall:
+            def now(self) -> float:
+                return time.time()
+
+            def sleep(self, seconds: float) -> None:
+                time.sleep(seconds)
+
+        class Monotonic(Wall):
+            def monotonic(self) -> float:
+                return time.monotonic()
+
+        self.assertNotIsInstance(Wall(), MonotonicClock)
+        self.assertIsInstance(Monotonic(), MonotonicClock)
+        self.assertNotIsInstance(Monotonic(), TimelineClock)
+        self.assertEqual(self.lease_calls(Wall()), [None])
+        self.assertEqual(self.lease_calls(Monotonic()), [None])
+
+    def test_a_reading_is_a_checked_record(self) -> None:
+        from longrun import InvalidInputError
+        from longrun.lease import MonotonicReading
+
+        for timeline, seconds in (("", 1.0), (None, 1.0), ("boot:x", float("nan")), ("boot:x", True), ("boot:x", "1")):
+            with self.subTest(timeline=timeline, seconds=seconds), self.assertRaises(InvalidInputError):
+                MonotonicReading(timeline, seconds)  # type: ignore[arg-type]
+        self.assertEqual(MonotonicReading("boot:x", 2), MonotonicReading("boot:x", 2.0))
+
+
+class SourceCapabilityTests(unittest.TestCase):
+    def test_signing_and_pausing_sources_declare_themselves(self) -> None:
+        from longrun.protocols import PausingSource, SigningSource
+        from longrun.signing import SignedApprovals, SignedCancellations
+
+        for source in (SignedApprovals, SignedCancellations):
+            with self.subTest(source.__name__):
+                self.assertIsInstance(source.__new__(source), SigningSource)
+
+        class Draining:
+            def read_cancellation(self, task_id: str) -> None:
+                return None
+
+            def pause_requested(self, task_id: str) -> bool:
+                return True
+
+        self.assertIsInstance(Draining(), PausingSource)
+        self.assertNotIsInstance(JsonFileStore.__new__(JsonFileStore), PausingSource)
+        self.assertNotIsInstance(JsonFileStore.__new__(JsonFileStore), SigningSource)

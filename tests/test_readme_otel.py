@@ -1,7 +1,8 @@
-"""The README's OpenTelemetry recipe for ``on_event``, run as written against the OpenTelemetry SDK.
+"""The OpenTelemetry recipe for ``on_event`` (docs/observability.md), run as written against the OpenTelemetry SDK.
 
 Skips when ``opentelemetry-sdk`` is not installed (``.ci/run`` installs it; longrun itself never
-imports OpenTelemetry). The code block is taken from README.md, so the recipe cannot rot.
+imports OpenTelemetry). The code block is taken from docs/observability.md, where the README links
+for events and logs, so the recipe cannot rot.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from longrun.testing import FakeClock, OutboxAdapter
 
 
 def recipe() -> str:
-    with open(os.path.join(support.ROOT, "README.md"), encoding="utf-8") as handle:
+    with open(os.path.join(support.ROOT, "docs", "observability.md"), encoding="utf-8") as handle:
         text = handle.read()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
     matching = [block for block in blocks if "from opentelemetry import trace" in block]
-    assert len(matching) == 1, "the README holds one OpenTelemetry recipe"
+    assert len(matching) == 1, "docs/observability.md holds one OpenTelemetry recipe"
     return matching[0]
 
 
@@ -59,7 +60,7 @@ class OtelRecipeTests(TempDirTest):
             "longrun": longrun, "Runner": functools.partial(Runner, clock=clock, limits=Limits(max_block_s=3600.0)), "contract": RunContract("otel", "trace a run"), "steps": steps,
             "store": JsonFileStore(self.path("store"), create=True), "adapters": {"send": adapter},
         }  # fmt: skip
-        exec(compile(recipe(), "README.md (OpenTelemetry recipe)", "exec"), namespace)
+        exec(compile(recipe(), "docs/observability.md (OpenTelemetry recipe)", "exec"), namespace)
         runner: Runner = namespace["runner"]
         self.assertIs(runner.run().status, Status.DONE)
         spans = self.exporter.get_finished_spans()

@@ -812,10 +812,10 @@ class LeaseTests(RunnerCase):
         class FlakyRenewals(SpyStore):
             broken = threading.Event()
 
-            def renew_lease(self, lease, ttl_s, now):
+            def renew_lease(self, lease, ttl_s, now, *, monotonic=None):
                 if self.broken.is_set():
                     raise StorageError("disk unavailable")
-                return super().renew_lease(lease, ttl_s, now)
+                return super().renew_lease(lease, ttl_s, now, monotonic=monotonic)
 
         store = FlakyRenewals(self.path("flaky"))
         adapter = RecordingAdapter()

@@ -31,6 +31,7 @@ from longrun import (
 )
 from longrun.stores._sql import SCHEMA_VERSION
 from longrun.stores.base import Witness
+from longrun.lease import MonotonicReading
 from longrun.testing import FakeClock, OutboxAdapter
 from longrun.testing.store_contract import sample_state
 
@@ -476,11 +477,11 @@ class MonotonicLeaseTests(SqliteCase):
     def test_a_contender_whose_wall_clock_jumped_ahead_does_not_take_a_live_lease(self) -> None:
         from longrun import LeaseHeldError
 
-        holder = self.store.acquire_lease("t", "holder", 30.0, 1000.0, monotonic=("boot:x", 50.0))
+        holder = self.store.acquire_lease("t", "holder", 30.0, 1000.0, monotonic=MonotonicReading("boot:x", 50.0))
         contender = self.open()
         with self.assertRaises(LeaseHeldError):  # wall clock an hour ahead, monotonic 10 s later
-            contender.acquire_lease("t", "contender", 30.0, 1000.0 + 3600, monotonic=("boot:x", 60.0))
-        taken = contender.acquire_lease("t", "contender", 30.0, 1000.0 + 3600, monotonic=("boot:x", 80.0))
+            contender.acquire_lease("t", "contender", 30.0, 1000.0 + 3600, monotonic=MonotonicReading("boot:x", 60.0))
+        taken = contender.acquire_lease("t", "contender", 30.0, 1000.0 + 3600, monotonic=MonotonicReading("boot:x", 80.0))
         self.assertEqual(taken.epoch, holder.epoch + 1)
         stored = self.open().read_lease("t")
         self.assertEqual((stored.monotonic_clock, stored.monotonic_expires_at), ("boot:x", 110.0))
@@ -493,7 +494,7 @@ class MonotonicLeaseTests(SqliteCase):
         lease = migrated.read_lease("t")
         self.assertEqual((lease.owner, lease.monotonic_clock), ("holder", None))
         self.assertEqual(self.sql("SELECT MAX(version) FROM longrun_schema"), [(SCHEMA_VERSION,)])
-        self.assertEqual(migrated.acquire_lease("t", "next", 30.0, 2000.0, monotonic=("boot:y", 1.0)).epoch, 2)
+        self.assertEqual(migrated.acquire_lease("t", "next", 30.0, 2000.0, monotonic=MonotonicReading("boot:y", 1.0)).epoch, 2)
 
     def test_a_version_2_database_is_migrated_and_a_lease_without_a_token_is_fenced_by_its_epoch(self) -> None:
         self.store.acquire_lease("t", "holder", 30.0, 1000.0)

@@ -81,13 +81,17 @@ class AgentInstructionsTests(SessionCase):
         known = set(build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
         with open(os.path.join(support.ROOT, "README.md"), encoding="utf-8") as handle:
             readme = handle.read()
-        for name, text in (("AGENT.md", read("AGENT.md")), ("README.md", readme)):
+        with open(os.path.join(support.ROOT, "docs", "cli.md"), encoding="utf-8") as handle:
+            cli_doc = handle.read()
+        for name, text in (("AGENT.md", read("AGENT.md")), ("README.md", readme), ("docs/cli.md", cli_doc)):
             shell = "\n".join(re.findall(r"```sh\n(.*?)```", text, re.S))
             mentioned = set(re.findall(r"`longrun ([a-z]+)\b", text)) | set(re.findall(r"(?m)^longrun ([a-z]+)\b", shell))
             self.assertTrue(mentioned)
             self.assertLessEqual(mentioned, known, name)
         for command in ("init", "next", "exec", "checkpoint", "done", "stop"):
-            self.assertRegex(readme, rf"(?m)^longrun {command} ", f"the README's CLI summary lists {command}")
+            # The README's summary is a table (a row starts "| `longrun init ..."); the reference's a shell block.
+            self.assertRegex(readme, rf"(?m)^(\| `)?longrun {command} ", f"the README's CLI summary lists {command}")
+            self.assertRegex(cli_doc, rf"(?m)^longrun {command} ", f"docs/cli.md's command list has {command}")
 
 
 if __name__ == "__main__":

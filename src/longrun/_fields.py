@@ -23,8 +23,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence, TypeVar, cast
 
-from .canonical import _plain, _Refusal, ensure_json, shown, text_problem
-from .contract import _SAFE_NAME, STEP_ID_PATTERN, check_step_id, check_task_id
+from .canonical import REFUSED, ensure_json, plain_or_refused, shown, text_problem
+from .contract import SAFE_NAME, STEP_ID_PATTERN, check_step_id, check_task_id
 from .errors import CorruptStateError, InvalidInputError, SchemaVersionError
 
 E = TypeVar("E")
@@ -210,7 +210,7 @@ class Field:
 
 
 _PLAIN_ITEMS: dict[Kind, Callable[[str], object]] = {
-    Kind.TEXT: str.isascii, Kind.NAME: _SAFE_NAME.fullmatch, Kind.STEP: STEP_ID_PATTERN.fullmatch
+    Kind.TEXT: str.isascii, Kind.NAME: SAFE_NAME.fullmatch, Kind.STEP: STEP_ID_PATTERN.fullmatch
 }  # fmt: skip
 """For a ``TUPLE`` of strings of these kinds: a test that passes every plain item (ASCII text, a
 name, a step id), for a quick pass over all of them before ``_problem`` looks at each."""
@@ -227,7 +227,7 @@ def _problem(field: Field, value: object, *, reading: bool) -> str | None:
             return f"must be a string, got {type(value).__name__}"
         return None if value.isascii() else text_problem(value)
     if kind is Kind.NAME:
-        if not isinstance(value, str) or not _SAFE_NAME.fullmatch(value):
+        if not isinstance(value, str) or not SAFE_NAME.fullmatch(value):
             return f"{shown(value)} is not a safe name: use 1-128 of [A-Za-z0-9._-], starting with a letter or digit"
         return None
     if kind is Kind.STEP:
@@ -370,10 +370,10 @@ def fast_check(spec: Sequence[Field], *, shallow: bool = False) -> Callable[[obj
     lines = ["def fast(record):"]
     names: dict[str, Any] = {
         "_text": lambda value: text_problem(value) is None,
-        "_safe_name": _SAFE_NAME.fullmatch,
+        "_safe_name": SAFE_NAME.fullmatch,
         "_step_id": STEP_ID_PATTERN.fullmatch,
-        "_plain": _plain,
-        "_Refusal": _Refusal,
+        "_plain": plain_or_refused,
+        "_REFUSED": REFUSED,
         "_set": object.__setattr__,
         "MAX_INT": MAX_INT,
     }
@@ -413,8 +413,9 @@ def fast_check(spec: Sequence[Field], *, shallow: bool = False) -> Callable[[obj
         if not shallow and kind in (Kind.OBJECT, Kind.JSON):
             lines += [
                 "    if v is not None:",
-                f"        try: _set(record, {name!r}, _plain(v, 0))",
-                "        except _Refusal: return False",
+                "        v = _plain(v)",
+                "        if v is _REFUSED: return False",
+                f"        _set(record, {name!r}, v)",
             ]
     lines.append("    return True")
     exec("\n".join(lines), names)  # the source is built from the spec above, never from data
@@ -430,7 +431,7 @@ def fast_read(spec: Sequence[Field]) -> Callable[[Mapping[str, Any]], "list[Any]
     (effect records); built from the spec, like ``fast_check``."""
     lines = ["def fast(data):", "    get = data.get"]
     names: dict[str, Any] = {
-        "_safe_name": _SAFE_NAME.fullmatch, "_step_id": STEP_ID_PATTERN.fullmatch, "_MISSING": _MISSING, "MAX_INT": MAX_INT
+        "_safe_name": SAFE_NAME.fullmatch, "_step_id": STEP_ID_PATTERN.fullmatch, "_MISSING": _MISSING, "MAX_INT": MAX_INT
     }  # fmt: skip
     results = []
     for index, field in enumerate(spec):

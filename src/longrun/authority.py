@@ -29,7 +29,7 @@ the runner records it in the task's state in the same fenced commit that starts 
 Keys are files of at least 32 bytes (surrounding whitespace ignored) that group and others cannot
 access at all (``load_key``), like an OpenSSH private key.
 
-Not guaranteed (the README's threat model says more): protection from an account that can act as
+Not guaranteed (docs/security.md says more): protection from an account that can act as
 the approver or root, or that can read the key. HMAC is symmetric: whoever can verify can also
 sign, so the runner's key lets the runner's host forge. Signing proves who wrote a record, not
 that a record which was deleted was ever there; only a control area the agent cannot write keeps

@@ -34,6 +34,7 @@ from typing import Any, Mapping
 from . import _fields as f
 from .canonical import JSONValue
 from .errors import CorruptStateError, InvalidInputError
+from .lease import MonotonicReading
 
 __all__ = ["Backoff", "BudgetCounters", "Limits", "RetryPolicy", "WORK_CHARGE_STEP_S", "describe_wall_gap"]
 
@@ -259,9 +260,6 @@ def describe_wall_gap(last_commit_at: float, now: float) -> str:
     return seen + "; time between runs is not charged to any budget"
 
 
-MonotonicReading = tuple[str, float]
-"""``(timeline id, seconds)``, as ``longrun.lease`` names it: a reading and the timeline it compares on."""
-
 _BACKOFF_SPEC = (
     f.Field("duration_s", f.Kind.NUMBER),
     f.Field("scheduled_at", f.Kind.NUMBER),
@@ -300,7 +298,7 @@ class Backoff:
     def begin(cls, duration_s: float, now: float, monotonic: MonotonicReading | None = None) -> "Backoff":
         if monotonic is None:
             return cls(duration_s, now)
-        return cls(duration_s, now, monotonic[0], monotonic[1])
+        return cls(duration_s, now, monotonic.timeline, monotonic.seconds)
 
     @property
     def until(self) -> float:
@@ -309,13 +307,13 @@ class Backoff:
 
     def measured_on(self, monotonic: MonotonicReading | None) -> bool:
         """Whether a reading ``monotonic`` is on this wait's timeline, so measures it exactly."""
-        return monotonic is not None and self.monotonic_clock is not None and monotonic[0] == self.monotonic_clock
+        return monotonic is not None and self.monotonic_clock is not None and monotonic.timeline == self.monotonic_clock
 
     def remaining(self, now: float, monotonic: MonotonicReading | None = None) -> float:
         """Seconds still to wait for a caller whose clocks read ``now`` and ``monotonic``; 0 when over."""
         if self.measured_on(monotonic) and self.monotonic_at is not None:
             assert monotonic is not None
-            waited = monotonic[1] - self.monotonic_at
+            waited = monotonic.seconds - self.monotonic_at
         else:
             waited = now - self.scheduled_at
         return min(self.duration_s, max(0.0, self.duration_s - waited))

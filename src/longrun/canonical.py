@@ -31,7 +31,7 @@ import math
 import re
 import secrets
 import threading
-from typing import Any, Callable, Mapping, TypeAlias, overload
+from typing import Any, Callable, Final, Mapping, TypeAlias, overload
 
 from .errors import CorruptStateError, InvalidInputError, SizeLimitError
 
@@ -41,11 +41,13 @@ __all__ = [
     "MAX_INT_DIGITS",
     "MAX_JSON_DEPTH",
     "MAX_VALUE_BYTES",
+    "REFUSED",
     "canonical_bytes",
     "digest_of",
     "ensure_json",
     "json_too_deep",
     "parse_json",
+    "plain_or_refused",
     "printable",
     "remembered_encoding",
     "sha256_hex",
@@ -121,6 +123,20 @@ def text_problem(value: str) -> str | None:
     if found is None:
         return None
     return f"holds a lone surrogate {found.group()!r} at index {found.start()}, which is not text (decode file names before passing them)"
+
+
+REFUSED: Final = object()
+"""What ``plain_or_refused`` returns for a value that is not plain JSON."""
+
+
+def plain_or_refused(value: object) -> object:
+    """``value`` as plain JSON (the copy ``ensure_json`` makes), or ``REFUSED`` if it is not JSON,
+    without saying why: for a check that only needs yes or no (``_fields``' fast paths), which
+    then falls back to the full check that names the problem."""
+    try:
+        return _plain(value, 0)
+    except _Refusal:
+        return REFUSED
 
 
 def _plain(value: object, depth: int) -> JSONValue:

@@ -33,6 +33,7 @@ __all__ = [
     "INTERNAL_PREFIX",
     "PayloadFactory",
     "RunContract",
+    "SAFE_NAME",
     "STEP_ID_PATTERN",
     "Step",
     "check_step_id",
@@ -48,7 +49,8 @@ PayloadFactory = Callable[[Mapping[str, Any]], Mapping[str, Any]]
 are typed ``Any``: their shape is what the step's own adapter returned, which the caller knows and
 a type checker cannot, so ``results["render"]["html"]`` type-checks as written."""
 
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""What a task id or a name may be: a letter or digit, then up to 127 of letters, digits, ``.``, ``_``, ``-``."""
 STEP_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+=-]{0,255}")
 
 INTERNAL_PREFIX = "longrun."
@@ -69,7 +71,7 @@ def check_task_id(task_id: object, *, what: str = "task id") -> str:
     Safe: 1-128 characters of ASCII letters, digits, '.', '_' and '-', not starting with '.' or '-'.
     So it can never name a parent directory, an absolute path or a hidden file.
     """
-    if not isinstance(task_id, str) or not _SAFE_NAME.fullmatch(task_id):
+    if not isinstance(task_id, str) or not SAFE_NAME.fullmatch(task_id):
         raise InvalidInputError(
             f"{what} {task_id!r} is not a safe name: use 1-128 of [A-Za-z0-9._-], starting with a letter or digit"
         )

@@ -45,6 +45,7 @@ at most 0.05%).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -79,8 +80,21 @@ RELEASED = 0.0
 """The expiry a released lease records: over whatever any clock says (a clock stepped back after a
 release must not bring the lease back to life and keep the next owner out)."""
 
-MonotonicReading = tuple[str, float]
-"""``(timeline id, seconds)``: a monotonic clock reading and the timeline it is comparable on."""
+@dataclass(frozen=True, slots=True)
+class MonotonicReading:
+    """A monotonic clock reading and the timeline it is comparable on (``SystemClock``: this boot of
+    this machine, ``boot:<id>``). Readings on one timeline compare; on different ones they do not.
+    The engine passes one to the store's lease calls and to backoffs when its clock names its
+    timeline (``protocols.TimelineClock``)."""
+
+    timeline: str
+    seconds: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.timeline, str) or not self.timeline:
+            raise InvalidInputError(f"monotonic reading: the timeline must be a non-empty string, got {self.timeline!r}")
+        if isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float)) or not math.isfinite(self.seconds):
+            raise InvalidInputError(f"monotonic reading: seconds must be a finite number, got {self.seconds!r}")
 
 _BOOT_ID: list[str | None] = []
 
@@ -141,10 +155,9 @@ class Lease:
         if self.expires_at == RELEASED:
             return 0.0  # given up: over on every clock, however far one was stepped back
         if monotonic is not None and self.monotonic_clock is not None and self.monotonic_expires_at is not None:
-            timeline, reading = monotonic
-            if timeline == self.monotonic_clock:
-                return self.monotonic_expires_at - reading
-            if timeline.startswith("boot:") and self.monotonic_clock.startswith("boot:"):
+            if monotonic.timeline == self.monotonic_clock:
+                return self.monotonic_expires_at - monotonic.seconds
+            if monotonic.timeline.startswith("boot:") and self.monotonic_clock.startswith("boot:"):
                 return 0.0  # granted during an earlier boot of this machine: its holder is gone
         return self.expires_at - now
 

@@ -14,12 +14,13 @@ from .approval import Approval
 from .cancellation import Cancellation
 from .control import ControlRecord
 from .envelope import RunState
-from .lease import Lease, LeaseRepair
+from .lease import Lease, LeaseRepair, MonotonicReading
 from .outcome import Evidence
 
 __all__ = [
     "AnyEffectAdapter", "ApprovalSource", "AsyncEffectAdapter", "CancellationSource", "Clock", "ClosableStore",
-    "EffectAdapter", "HistoryStore", "LoadResult", "RepairableStore", "Store",
+    "EffectAdapter", "HistoryStore", "LoadResult", "MonotonicClock", "PausingSource", "RepairableStore", "SigningSource",
+    "Store", "TimelineClock",
 ]  # fmt: skip
 
 
@@ -61,17 +62,31 @@ AnyEffectAdapter = EffectAdapter | AsyncEffectAdapter
 class Clock(Protocol):
     """Wall-clock seconds since the epoch, and a way to wait. Tests inject ``testing.FakeClock``.
 
-    A clock may also offer ``monotonic() -> float``; the runner then measures the lease's
-    freshness, the work charged to time budgets and the waits of backoffs with it (``SystemClock``
-    and ``FakeClock`` do). Without it, ``now()`` is used. A clock
-    that also offers ``monotonic_id() -> str | None``, naming the timeline its ``monotonic()`` readings
-    are comparable on (``SystemClock``: this boot of this machine), lets the store judge lease expiry
-    on that timeline instead of by wall clock (see ``longrun.lease``).
+    A clock may offer more: see ``MonotonicClock`` and ``TimelineClock`` (``SystemClock`` and
+    ``FakeClock`` are both).
     """
 
     def now(self) -> float: ...
 
     def sleep(self, seconds: float) -> None: ...
+
+
+@runtime_checkable
+class MonotonicClock(Clock, Protocol):
+    """A clock with a monotonic reading: the engine then measures the lease's freshness, the work
+    charged to time budgets and the waits of backoffs with it. Without it, ``now()`` is used."""
+
+    def monotonic(self) -> float: ...
+
+
+@runtime_checkable
+class TimelineClock(MonotonicClock, Protocol):
+    """A monotonic clock that names the timeline its readings compare on (``SystemClock``: this boot
+    of this machine; None where it cannot tell). The engine then hands the store a
+    ``lease.MonotonicReading`` with each lease call, and the store judges expiry on that timeline
+    instead of by wall clock (see ``longrun.lease``)."""
+
+    def monotonic_id(self) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,20 +117,22 @@ class Store(Protocol):
     a strictly greater epoch on every acquisition.
     """
 
-    def acquire_lease(self, task_id: str, owner: str, ttl_s: float, now: float) -> Lease:
+    def acquire_lease(
+        self, task_id: str, owner: str, ttl_s: float, now: float, *, monotonic: MonotonicReading | None = None
+    ) -> Lease:
         """Take the lease with a strictly greater epoch and a new secret ``Lease.token``, unless the
         current lease is live. ``owner`` is a label: a live lease is re-entered only by a caller
         that passes its token as the keyword ``token=``; renewal, release, commits and a repairing
         load must carry the token of the current lease as well as its epoch.
 
-        The runner passes ``monotonic=(timeline, reading)`` as a keyword too when its clock has a
-        ``monotonic_id`` (and only then); a store that records it judges expiry on that timeline.
+        ``monotonic`` is the caller's reading on its clock's timeline (``TimelineClock``), or None
+        when its clock names none; a store that records it judges expiry on that timeline.
         ``renew_lease`` and ``release_lease`` take the same keyword."""
         ...
 
-    def renew_lease(self, lease: Lease, ttl_s: float, now: float) -> Lease: ...
+    def renew_lease(self, lease: Lease, ttl_s: float, now: float, *, monotonic: MonotonicReading | None = None) -> Lease: ...
 
-    def release_lease(self, lease: Lease, now: float) -> None: ...
+    def release_lease(self, lease: Lease, now: float, *, monotonic: MonotonicReading | None = None) -> None: ...
 
     def read_lease(self, task_id: str) -> Lease | None:
         """The lease record as anyone may see it: without its holder's token."""
@@ -133,6 +150,7 @@ class Store(Protocol):
         ...
 
     def read_cancellation(self, task_id: str) -> ControlRecord | None: ...
+
 
     def write_cancellation(self, record: Cancellation) -> None: ...
 
@@ -193,3 +211,19 @@ class CancellationSource(Protocol):
     """
 
     def read_cancellation(self, task_id: str) -> ControlRecord | None: ...
+
+
+@runtime_checkable
+class PausingSource(CancellationSource, Protocol):
+    """A cancellation source that may also ask a run to pause: the engine then stops the run
+    ``retry-scheduled`` between two steps, with everything settled committed (a worker that drains)."""
+
+    def pause_requested(self, task_id: str) -> bool: ...
+
+
+@runtime_checkable
+class SigningSource(Protocol):
+    """An approval or cancellation source that accepts only signed records: the engine's next
+    actions then say to write them with a key (``longrun approve --sign-key``)."""
+
+    requires_signature: bool

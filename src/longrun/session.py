@@ -57,7 +57,7 @@ from .contractfile import DECISION_PREFIX, ContractStep, SessionContract
 from .engine import Engine, Stop, default_owner, utc
 from .envelope import RunState
 from .errors import CorruptStateError, InvalidInputError, UnknownTaskError
-from .lease import Lease, boot_clock_id
+from .lease import Lease, MonotonicReading, boot_clock_id
 from .ledger import EffectRecord, EffectState
 from .outcome import ENDED_UNFINISHED, RunOutcome, Status
 from .protocols import ApprovalSource, CancellationSource, Clock, EffectAdapter, Store
@@ -402,12 +402,12 @@ class Session:
         delay = contract.limits.retry_delay_s
         return RetryPolicy(base_delay_s=delay, max_delay_s=delay, multiplier=1.0, jitter=0.0, deadline_s=contract.limits.timeout_s)
 
-    def _monotonic_reading(self) -> tuple[str, float] | None:
+    def _monotonic_reading(self) -> MonotonicReading | None:
         timeline = boot_clock_id()
         monotonic: Callable[[], float] | None = getattr(self.clock, "monotonic", None)
         if timeline is None or not isinstance(self.clock, SystemClock) or not callable(monotonic):
             return None
-        return (timeline, monotonic())
+        return MonotonicReading(timeline, monotonic())
 
     def _run(self, engine: Engine, plan: _SessionPlan, contract: SessionContract) -> RunOutcome:
         """``engine.run(plan)``; if a process that died holds the lease, wait for it to expire (once)."""

@@ -121,8 +121,8 @@ class RecordingStore:
         self.events = events
         self.slot = slot
 
-    def acquire_lease(self, task_id: str, owner: str, ttl_s: float, now: float) -> Any:
-        lease = self.inner.acquire_lease(task_id, owner, ttl_s, now)
+    def acquire_lease(self, task_id: str, owner: str, ttl_s: float, now: float, *, monotonic: Any = None) -> Any:
+        lease = self.inner.acquire_lease(task_id, owner, ttl_s, now, monotonic=monotonic)
         append(
             self.events,
             {"event": "acquired", "task": task_id, "epoch": lease.epoch, "acquired_at": lease.acquired_at,

@@ -1,9 +1,9 @@
-"""The public API as README.md writes it, for the type checkers only (never imported or run).
+"""The public API as README.md and docs/ write it, for the type checkers only (never imported or run).
 
 ``tests/test_typing.py`` checks this file with ``mypy --strict`` and ``pyright`` (strict, as
-configured in pyproject.toml), so that a user's code written like the README's type-checks against
+configured in pyproject.toml), so that a user's code written like the documents' type-checks against
 the package as shipped. Its name does not match ``test*.py``, so unittest does not collect it. The
-README's code is copied unchanged into the functions below, with stand-ins for what it leaves to
+documents' code is copied unchanged into the functions below, with stand-ins for what it leaves to
 the reader ("your code"); the ``assert_type`` lines pin the types a user gets.
 """
 
@@ -40,7 +40,7 @@ class Renderer:
         return longrun.Observation.absent("renders are not kept")
 
 
-# -- README.md, "API tour" ----------------------------------------------------------------------
+# -- README.md, "Declared plans: `Runner`" (docs/plans.md, "A plan") ----------------------------
 
 
 def api_tour() -> longrun.Runner:
@@ -77,7 +77,7 @@ def api_tour() -> longrun.Runner:
     outcome = runner.run()
     print(outcome.status, outcome.next_action)    # e.g. awaiting-approval, "approve step 'mail' ..."
 
-    # What the README's prose promises about these names.
+    # What docs/plans.md's prose promises about these names.
     assert_type(runner, RunnerClass)
     assert_type(outcome, RunOutcome)
     assert_type(outcome.status, Status)
@@ -87,7 +87,7 @@ def api_tour() -> longrun.Runner:
     return runner
 
 
-# -- README.md, "Threat model: approvals and cancellation" ---------------------------------------
+# -- docs/security.md, "Threat model: approvals and cancellation" --------------------------------
 
 
 def threat_model(contract: longrun.RunContract, steps: list[longrun.Step], store: Store,
@@ -102,7 +102,7 @@ def threat_model(contract: longrun.RunContract, steps: list[longrun.Step], store
     return runner
 
 
-# -- README.md, "Choosing a store", and longrun.testing -----------------------------------------
+# -- docs/stores.md, and longrun.testing --------------------------------------------------------
 
 
 def stores_and_testing(connect: Any) -> None:
@@ -128,7 +128,7 @@ def module_attributes() -> None:
     assert_type(longrun.__version__, str)
 
 
-# -- README.md, "Async agents and parallel tool calls" -------------------------------------------
+# -- docs/agents.md, "Async agents and parallel tool calls" (and the README) ---------------------
 
 
 class AsyncPoster:
@@ -176,7 +176,7 @@ async def async_agents(store: Store) -> RunOutcome:
     return outcome
 
 
-# -- README.md, "Events and logs" (the hook; the OpenTelemetry recipe itself runs in test_readme_otel.py) --
+# -- docs/observability.md (the hook; the OpenTelemetry recipe itself runs in test_readme_otel.py) ---------
 
 
 def events_and_logs(contract: longrun.RunContract, steps: list[longrun.Step], store: Store,

@@ -18,7 +18,7 @@ is ``cmd_approve(answer=...)``, a cancellation is ``cmd_cancel``; into ``--contr
 control area, so the console must run as the approver account), signed with ``--sign-key`` when
 given. Without ``--control-root`` the console is read-only, as with ``--read-only``: it shows no
 form and refuses every POST. A page served over HTTP never writes into the store itself, where an
-approval is worth no more than the agent's own writes (see the README's threat model).
+approval is worth no more than the agent's own writes (see the threat model in docs/security.md).
 
 Security, for a console that can approve effects on the machine it runs on:
 

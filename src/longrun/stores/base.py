@@ -224,8 +224,7 @@ class BaseStore:
         """The lease fields that record its expiry on the caller's monotonic timeline, if it has one."""
         if monotonic is None:
             return {}
-        timeline, reading = monotonic
-        return {"monotonic_clock": timeline, "monotonic_expires_at": reading + ttl_s}
+        return {"monotonic_clock": monotonic.timeline, "monotonic_expires_at": monotonic.seconds + ttl_s}
 
     def acquire_lease(
         self,

@@ -19,7 +19,7 @@ import errno as errno_module
 import os
 from typing import Callable, Iterable
 
-from ..stores._fileio import FileIO
+from ..stores import FileIO
 
 __all__ = ["FaultyIO"]
 

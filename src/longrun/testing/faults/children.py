@@ -24,7 +24,7 @@ from ...errors import LongrunError
 from ...outcome import Status
 from ...runner import Runner
 from ...stores import jsonfile
-from ...stores._fileio import TEMP_MARK, FileIO
+from ...stores import TEMP_MARK, FileIO
 from .. import OutboxAdapter
 from .points import CrashPointIO, file_kind
 from .task import FACES, ShiftedClock, SlowAdapter, call_log_of, durable_arguments, durable_task, pace_calls, plan

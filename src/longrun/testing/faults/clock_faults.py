@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from ...contract import RunContract, Step
 from ...errors import FencedError, LeaseHeldError
+from ...lease import MonotonicReading
 from ...outcome import Status
 from ...runner import Runner
 from ...stores.jsonfile import JsonFileStore
@@ -97,8 +98,8 @@ def run(base: str, *, full: bool, face: str = "runner") -> GroupResult:
             holder = JsonFileStore(root, create=True)
             contender = JsonFileStore(root, create=True)
 
-            def reading(clock: FaultClock) -> tuple[str, float]:
-                return (clock.monotonic_id(), clock.monotonic())
+            def reading(clock: FaultClock) -> MonotonicReading:
+                return MonotonicReading(clock.monotonic_id(), clock.monotonic())
 
             lease = holder.acquire_lease(TASK, "holder", TTL, holder_clock.now(), monotonic=reading(holder_clock))
             holder.load(TASK, lease=lease)
@@ -162,7 +163,7 @@ def _clock_ahead(base: str, face: str, step: float) -> GroupResult:
     root = os.path.join(base, face)
     outbox = os.path.join(base, f"{face}-outbox.jsonl")
     holder = JsonFileStore(root, create=True)
-    holder.acquire_lease(TASK, "holder", TTL, FaultClock(timeline, "honest").now(), monotonic=(timeline.name, 0.0))
+    holder.acquire_lease(TASK, "holder", TTL, FaultClock(timeline, "honest").now(), monotonic=MonotonicReading(timeline.name, 0.0))
     options: dict[str, Any] = dict(
         store=JsonFileStore(root, create=True), adapters={"write": OutboxAdapter(outbox)}, clock=FaultClock(timeline, "jump+"), lease_ttl_s=TTL
     )

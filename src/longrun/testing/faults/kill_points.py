@@ -13,7 +13,7 @@ import signal
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ...stores._fileio import TEMP_MARK
+from ...stores import TEMP_MARK
 from ...stores.jsonfile import JsonFileStore
 from .checks import call_counts, check_final, check_revisions, outbox_counts, revisions_of, settled_calls
 from .children import Workdir, spawn

@@ -52,7 +52,7 @@ from __future__ import annotations
 import os
 
 from ... import _crashpoints
-from ...stores._fileio import TEMP_MARK, FileIO
+from ...stores import TEMP_MARK, FileIO
 
 __all__ = ["BLOB_POINTS", "CALL_POINTS", "POINTS", "WRITE_STAGES", "CrashPointIO", "file_kind", "points_for", "read_trace"]
 

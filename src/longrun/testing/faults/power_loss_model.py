@@ -28,7 +28,7 @@ import random
 import sys
 from typing import Any, Iterator
 
-from ...stores._fileio import FileIO
+from ...stores import FileIO
 
 __all__ = ["RecordingIO", "crash_states", "materialize"]
 

@@ -1,0 +1,192 @@
+"""``Run`` and ``AsyncRun``: the handle a durable function gets, synchronous or awaited."""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from .._io import is_async_callable
+from ..budget import RetryPolicy
+from ..canonical import JSONValue
+from ..errors import InvalidInputError
+from ..ledger import EffectState
+from ._steps import RunSteps, qualified_name
+
+if TYPE_CHECKING:
+    from ._durable import DurableFunction
+
+__all__ = ["AsyncRun", "Run"]
+
+
+class Run(RunSteps):
+    """What a durable function receives as its first argument: the steps it may take.
+
+    ``effect`` makes a side effect through the ledger; ``map`` makes several at once; ``call``
+    records a read, a computation or a model's answer; ``sleep`` waits durably; ``ask`` waits for a
+    person's answer; ``child`` runs another durable task to completion.
+    Each takes a step id first: unique within one run of the function, stable across runs.
+    """
+
+    def effect(
+        self,
+        step_id: str,
+        action: str,
+        payload: Mapping[str, Any],
+        *,
+        approval: bool = False,
+        observe_first: bool = False,
+        retry: RetryPolicy | None = None,
+        timeout_s: float | None = None,
+    ) -> JSONValue:
+        """Make a side effect through the ledger, exactly as a declared step; return its result.
+
+        ``started`` is durable before the adapter is called; an interrupted effect is observed
+        before any retry; ``approval=True`` gates it on a scoped approval; ``observe_first=True``
+        observes before the first apply (for effects an earlier system or task may have made).
+        ``retry`` and ``timeout_s`` override the run's for this effect: past ``timeout_s`` the
+        effect is uncertain and observed (``apply`` then runs in a worker thread).
+        """
+        step = self._effect_step(step_id, action, payload, approval, observe_first)
+        return self._engine.effect(step, retry=retry, timeout_s=timeout_s).result
+
+    def map(
+        self,
+        step_prefix: str,
+        action: str,
+        payloads: Sequence[Mapping[str, Any]],
+        *,
+        approval: bool = False,
+        retry: RetryPolicy | None = None,
+        timeout_s: float | None = None,
+        max_parallel: int | None = None,
+    ) -> list[JSONValue]:
+        """Make one effect per payload at once (step ids ``<step_prefix>/0``, ``/1``, ...), at most
+        ``max_parallel`` at a time (else the function's); return their results in order.
+
+        Each is an ``effect`` with its own key, digest, approval and attempts; the adapters run in
+        worker threads, and the starts that become ready together share one commit. If one stops
+        the run (say, it awaits approval), the others in flight settle and nothing new starts."""
+        if not isinstance(step_prefix, str) or not step_prefix:
+            raise InvalidInputError("map needs a non-empty step prefix")
+        steps = [
+            self._effect_step(f"{step_prefix}/{index}", action, payload, approval, False) for index, payload in enumerate(payloads)
+        ]
+        engine = self._engine
+        records = engine.run_parallel(
+            [engine.effect_steps(step, retry=retry, timeout_s=timeout_s) for step in steps],
+            max_parallel if max_parallel is not None else engine.max_parallel,
+        )
+        return [record.result for record in records]
+
+    def call(
+        self,
+        step_id: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retry: RetryPolicy | None = None,
+        replay: str = "strict",
+        timeout_s: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Call ``fn(*args, **kwargs)`` once and record its JSON result; replay it afterwards.
+
+        ``TransientError`` (and running past ``timeout_s``) is retried with backoff under the
+        persistent attempt counter; ``PermanentError`` stops the run ``blocked``; any other
+        exception is recorded and raised into the function as ``CallFailed``, identically on every
+        replay. ``replay="by-id"`` accepts a recorded result even if the arguments changed (say, a
+        timestamp among them).
+        """
+        if inspect.iscoroutinefunction(fn):
+            raise InvalidInputError(f"step {step_id!r}: {qualified_name(fn)} is async; call it from an async durable function")
+        step = self._call_step(step_id, fn, args, kwargs, replay)
+        record = self._engine.call(step, lambda: fn(*args, **kwargs), retry=retry, timeout_s=timeout_s)
+        return self._call_result(step_id, record)
+
+    def sleep(self, step_id: str, seconds: float) -> None:
+        """Wait ``seconds`` durably: the wake time is recorded when the step is first reached.
+
+        A wait longer than ``Limits.max_block_s`` stops the run ``sleeping`` with ``wake_at``; run
+        the task again at or after that time (a worker does it by itself)."""
+        self._engine.timer(self._sleep_step(step_id, seconds), float(seconds))
+
+    def ask(self, step_id: str, question: str, *, choices: Sequence[JSONValue] | None = None) -> JSONValue:
+        """A person's answer, as a value. Until it is given the run stops ``awaiting-input``.
+
+        ``longrun answer STORE TASK STEP VALUE`` records it, bound to the task, the plan, the step and
+        the question's digest, single use, through the same sources as approvals (the store, strict
+        files, signed records). With ``choices``, an answer outside them is refused and asked again."""
+        return self._ask(step_id, question, choices)
+
+    def child(self, task_id: str, function: DurableFunction[Any], *args: Any, **kwargs: Any) -> Any:
+        """Start or resume another durable task (its own lease and ledger) and return its result.
+
+        While the child is not done, this run stops ``waiting-on-child`` with the child's next
+        action; run it again once the child has moved on. A child that ended without finishing is
+        raised into the function as ``CallFailed``. The parent's record names the child task."""
+        step_id, record = self._child_record(task_id, function, args, kwargs)
+        if record.state is EffectState.PLANNED:
+            record = self._child_settled(step_id, task_id, function.run_child(task_id, self.task_id, args, kwargs))
+        return self._child_result(step_id, record)
+
+class AsyncRun(RunSteps):
+    """What an ``async`` durable function receives: ``Run``'s steps, awaited.
+
+    Steps awaited together run at once (``asyncio.gather(*(run.effect(...) for ...))``), at most
+    ``max_parallel`` at a time, each with its own key, digest, approval and attempts; the starts
+    that become ready together share one commit. Adapters may be async (``apply`` and ``observe``
+    coroutines) or synchronous (run in worker threads). If one step stops the run, the others in
+    flight settle, and nothing new starts.
+    """
+
+    async def effect(
+        self,
+        step_id: str,
+        action: str,
+        payload: Mapping[str, Any],
+        *,
+        approval: bool = False,
+        observe_first: bool = False,
+        retry: RetryPolicy | None = None,
+        timeout_s: float | None = None,
+    ) -> JSONValue:
+        """``Run.effect``, awaited. Past ``timeout_s`` (else the run's, else the retry policy's
+        ``deadline_s``) the apply is cancelled, and the effect is uncertain and observed."""
+        step = self._effect_step(step_id, action, payload, approval, observe_first)
+        engine = self._engine
+        record = await engine.driver.step(engine.effect_steps(step, retry=retry, timeout_s=timeout_s))
+        return record.result
+
+    async def call(
+        self,
+        step_id: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retry: RetryPolicy | None = None,
+        replay: str = "strict",
+        timeout_s: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """``Run.call``, awaited; ``fn`` may be a coroutine function (awaited) or a plain one (run in
+        a worker thread, so that it does not block the other steps)."""
+        step = self._call_step(step_id, fn, args, kwargs, replay)
+        engine = self._engine
+        steps = engine.call_steps(step, lambda: fn(*args, **kwargs), retry=retry, timeout_s=timeout_s, awaitable=is_async_callable(fn))
+        return self._call_result(step_id, await engine.driver.step(steps))
+
+    async def sleep(self, step_id: str, seconds: float) -> None:
+        """``Run.sleep``, awaited."""
+        step = self._sleep_step(step_id, seconds)
+        engine = self._engine
+        await engine.driver.step(engine.timer_steps(step, float(seconds)))
+
+    async def ask(self, step_id: str, question: str, *, choices: Sequence[JSONValue] | None = None) -> JSONValue:
+        """``Run.ask``: reads the answer (it never waits for a person; without one the run stops)."""
+        return self._ask(step_id, question, choices)
+
+    async def child(self, task_id: str, function: DurableFunction[Any], *args: Any, **kwargs: Any) -> Any:
+        """``Run.child``, awaited: an async child runs on this event loop, a synchronous one in a thread."""
+        step_id, record = self._child_record(task_id, function, args, kwargs)
+        if record.state is EffectState.PLANNED:
+            outcome = await function.arun_child(task_id, self.task_id, args, kwargs)
+            record = self._child_settled(step_id, task_id, outcome)
+        return self._child_result(step_id, record)

@@ -1,0 +1,186 @@
+"""What both faces of a durable function share: the step ids claimed once per run, divergence
+from the record, and how each kind of step is built and its record replayed."""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from .. import _crashpoints
+from ..canonical import JSONValue, digest_of, ensure_json
+from ..contract import ASK_ACTION, INTERNAL_PREFIX, Step, check_step_id, check_task_id
+from ..engine import Engine
+from ..errors import CallFailed, InvalidInputError
+from ..ledger import EffectRecord, EffectState
+from ..outcome import ENDED_UNFINISHED, RunOutcome, Status
+
+if TYPE_CHECKING:
+    from ._durable import DurableFunction
+
+__all__ = ["CALL_ACTION", "CHILD_ACTION", "FUNCTION_STEP", "SLEEP_ACTION", "RunSteps", "qualified_name"]
+
+
+FUNCTION_STEP = INTERNAL_PREFIX + "function"
+"""The step id (and action) of a durable task's own record: function name, arguments, return value."""
+
+CALL_ACTION = INTERNAL_PREFIX + "call"
+
+SLEEP_ACTION = INTERNAL_PREFIX + "sleep"
+
+CHILD_ACTION = INTERNAL_PREFIX + "child"
+
+def qualified_name(fn: Callable[..., Any]) -> str:
+    """``module:qualname`` of a function: how a task record names the code that runs it."""
+    target = getattr(fn, "__wrapped__", fn)
+    module = getattr(target, "__module__", None) or "?"
+    if module == "__main__":
+        # Run with ``python -m package.module``: the name it is imported by elsewhere (a resume, a
+        # worker). A script run by path has no such name; its tasks resume only from that script.
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        module = getattr(spec, "name", None) or module
+    qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or type(target).__name__
+    return f"{module}:{qualname}"
+
+class RunSteps:
+    """What ``Run`` and ``AsyncRun`` share: step ids, and each step checked against what is recorded."""
+
+    def __init__(self, engine: Engine, function: DurableFunction[Any]):
+        self._engine = engine
+        self._function = function
+        self._used: set[str] = set()
+
+    @property
+    def task_id(self) -> str:
+        return self._engine.task_id
+
+    def _claim(self, step_id: str) -> str:
+        check_step_id(step_id)
+        if step_id.startswith(INTERNAL_PREFIX):
+            raise InvalidInputError(f"step id {step_id!r}: ids starting with {INTERNAL_PREFIX!r} are reserved")
+        if step_id in self._used:
+            raise InvalidInputError(f"step id {step_id!r} is used twice in one run of {self._function.name}")
+        self._used.add(step_id)
+        return step_id
+
+    def _diverged(self, step_id: str, what: str, recorded: str, now: str) -> BaseException:
+        return self._engine.mismatch(
+            f"step {step_id!r}: recorded {what} {recorded}, the code now asks for {now}",
+            f"restore the code that recorded step {step_id!r} ({what} {recorded}), or give the changed step a new id; "
+            "nothing was applied",
+        )
+
+    def _effect_step(
+        self, step_id: str, action: str, payload: Mapping[str, Any], approval: bool, observe_first: bool
+    ) -> Step:
+        self._claim(step_id)
+        engine = self._engine
+        if not isinstance(action, str) or action.startswith(INTERNAL_PREFIX):
+            raise InvalidInputError(f"step {step_id!r}: action {action!r} is not a user action")
+        engine.adapter_for(action, step_id=step_id)
+        refusal = engine.contract.action_refusal(action)
+        if refusal is not None:
+            raise engine.refused_action(step_id, refusal)
+        step = Step(step_id, action, payload, approval=approval, observe_first=observe_first)
+        recorded = engine.state.effects.get(step_id)
+        if recorded is not None:
+            if recorded.action != action:
+                raise self._diverged(step_id, "action", repr(recorded.action), repr(action))
+            digest = digest_of(step.evaluate_payload({}), what=f"payload of step {step_id!r}")
+            if recorded.payload_digest != digest:
+                raise self._diverged(step_id, "payload digest", recorded.payload_digest, digest)
+        return step
+
+    def _call_step(self, step_id: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], replay: str) -> Step:
+        self._claim(step_id)
+        if replay not in ("strict", "by-id"):
+            raise InvalidInputError(f"step {step_id!r}: replay must be 'strict' or 'by-id', got {replay!r}")
+        if not callable(fn):
+            raise InvalidInputError(f"step {step_id!r}: {fn!r} is not callable")
+        arguments = ensure_json({"args": list(args), "kwargs": dict(kwargs)}, what=f"arguments of step {step_id!r}")
+        payload = {"function": qualified_name(fn), "arguments": digest_of(arguments)}
+        step = Step(step_id, CALL_ACTION, payload)
+        recorded = self._engine.state.effects.get(step_id)
+        if recorded is not None:
+            if recorded.action != CALL_ACTION:
+                raise self._diverged(step_id, "action", repr(recorded.action), "a call")
+            if replay == "strict" and recorded.payload_digest != digest_of(payload):
+                raise self._diverged(step_id, "call digest", recorded.payload_digest, digest_of(payload))
+        return step
+
+    @staticmethod
+    def _call_result(step_id: str, record: EffectRecord) -> Any:
+        if record.state is EffectState.FAILED:
+            failure = record.result if isinstance(record.result, dict) else {}
+            raise CallFailed(step_id, str(failure.get("type", "Exception")), str(failure.get("message", record.last_error)))
+        return record.result
+
+    def _sleep_step(self, step_id: str, seconds: float) -> Step:
+        self._claim(step_id)
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
+            raise InvalidInputError(f"step {step_id!r}: seconds must be a finite number >= 0, got {seconds!r}")
+        recorded = self._engine.state.effects.get(step_id)
+        if recorded is not None and recorded.action != SLEEP_ACTION:
+            raise self._diverged(step_id, "action", repr(recorded.action), "a sleep")
+        return Step(step_id, SLEEP_ACTION, {"seconds": seconds})
+
+    def _ask(self, step_id: str, question: str, choices: Sequence[JSONValue] | None) -> JSONValue:
+        self._claim(step_id)
+        if not isinstance(question, str) or not question.strip():
+            raise InvalidInputError(f"step {step_id!r}: the question must be a non-empty string")
+        listed = None if choices is None else ensure_json(list(choices), what=f"choices of step {step_id!r}")
+        payload: dict[str, JSONValue] = {"question": question, "choices": listed}
+        recorded = self._engine.state.effects.get(step_id)
+        if recorded is not None:
+            if recorded.action != ASK_ACTION:
+                raise self._diverged(step_id, "action", repr(recorded.action), "a question")
+            if recorded.payload_digest != digest_of(payload):
+                raise self._diverged(step_id, "question digest", recorded.payload_digest, digest_of(payload))
+        choice_list = listed if isinstance(listed, list) else None
+        return self._engine.ask(Step(step_id, ASK_ACTION, payload), choice_list).result
+
+    def _child_record(
+        self, task_id: str, function: DurableFunction[Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[str, EffectRecord]:
+        """The child's record in this run (planned now if new); a planned one is still to be driven."""
+        from ._durable import DurableFunction  # the face above, imported when a child is asked for
+
+        check_task_id(task_id)
+        if not isinstance(function, DurableFunction):
+            raise InvalidInputError(f"child {task_id!r}: {function!r} is not a durable function")
+        step_id = f"{CHILD_ACTION}:{task_id}"
+        if step_id in self._used:
+            raise InvalidInputError(f"child task {task_id!r} is used twice in one run of {self._function.name}")
+        self._used.add(step_id)
+        arguments = ensure_json({"args": list(args), "kwargs": dict(kwargs)}, what=f"arguments of child {task_id!r}")
+        payload = {"task": task_id, "function": function.name, "arguments": digest_of(arguments)}
+        engine = self._engine
+        recorded = engine.state.effects.get(step_id)
+        if recorded is not None and recorded.payload_digest != digest_of(payload):
+            raise self._diverged(step_id, "child digest", recorded.payload_digest, digest_of(payload))
+        record = engine.plan(Step(step_id, CHILD_ACTION, payload))
+        if record.state is EffectState.PLANNED:
+            engine.check_cancellation()  # a cancelled parent drives its child no further
+        return step_id, record
+
+    def _child_settled(self, step_id: str, task_id: str, outcome: RunOutcome) -> EffectRecord:
+        engine = self._engine
+        if _crashpoints.ARMED:
+            _crashpoints.hit("child.returned", task_id)
+        if outcome.status is Status.DONE:
+            return engine.complete(step_id, outcome.result)
+        if outcome.status in ENDED_UNFINISHED:
+            failure: JSONValue = {"type": "ChildEnded", "message": f"child task {task_id!r} ended {outcome.status.value}"}
+            return engine.complete(step_id, failure, failed=True)
+        raise engine.wait(
+            Status.WAITING_ON_CHILD,
+            f"child task {task_id!r} is {outcome.status.value} ({outcome.next_action}); run this task again after it",
+            wake_at=outcome.wake_at,
+        )
+
+    @staticmethod
+    def _child_result(step_id: str, record: EffectRecord) -> Any:
+        if record.state is EffectState.FAILED:
+            failure_record = record.result if isinstance(record.result, dict) else {}
+            raise CallFailed(step_id, str(failure_record.get("type", "ChildEnded")), str(failure_record.get("message", "")))
+        return record.result
