@@ -319,7 +319,7 @@ def _with_long_strings_spliced(value: dict[str, Any] | list[Any]) -> bytes | Non
 _remembered: collections.OrderedDict[int, tuple[object, bytes, str]] = collections.OrderedDict()
 _remembered_lock = threading.Lock()
 _REMEMBER_COUNT = 8
-_REMEMBER_BYTES = 64 * 1024 * 1024
+_REMEMBER_BYTES = 32 * 1024 * 1024
 
 
 def _remember(value: object, data: bytes, hex_digest: str) -> None:
