@@ -493,6 +493,25 @@ class HungTarget(Target):
         return self._look(request)
 
 
+class SilentTarget(Target):
+    """A synchronous target whose apply fails with an unknown outcome and whose observe then hangs
+    (up to 20 s, until ``release`` is set): a target that does not answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def apply(self, request: EffectRequest) -> Receipt:
+        self._enter(request)
+        self._leave()
+        raise ConnectionResetError("the connection dropped before an answer")
+
+    def observe(self, request: EffectRequest) -> Observation:
+        self.observed[request.key] += 1
+        self.release.wait(20)
+        return Observation.absent("nothing there")
+
+
 class SlowFirstAttempt(AsyncTarget):
     """An async target whose first attempt of a ``slow`` payload would take 20 s; it counts the
     applies that were cancelled."""
@@ -582,6 +601,34 @@ class DeadlineCases(AsyncCase):
             return [run.effect(f"e/{i}", "t", {"n": i, "hang": i == 0}) for i in range(3)]
 
         return decorate(sync_agent)
+
+    def test_an_observe_that_does_not_answer_within_the_timeout_is_unknown_not_waited_for(self) -> None:
+        for asynchronous in (False, True):
+            with self.subTest(face="async" if asynchronous else "sync"):
+                target = SilentTarget()
+                self.addCleanup(target.release.set)
+                decorate = self.durable({"t": target}, timeout_s=1)
+                if asynchronous:
+
+                    async def agent(run: longrun.AsyncRun) -> Any:
+                        return await run.effect("e", "t", {"n": 1})
+
+                else:
+
+                    def agent(run: longrun.Run) -> Any:  # type: ignore[misc]
+                        return run.effect("e", "t", {"n": 1})
+
+                task = f"silent-{asynchronous}"
+                with self.assertLogs("longrun", "WARNING") as logs:
+                    outcome = decorate(agent).run(task)
+                # Had the run waited for the observe, it would have seen "absent" and applied again.
+                self.assertEqual(outcome.status, Status.UNSAFE_TO_CONTINUE, outcome.next_action)
+                self.assertFalse(target.release.is_set())
+                self.assertTrue(any("did not answer within 1 s" in item.detail for item in outcome.unknowns), outcome.unknowns)
+                self.assertTrue(any("did not answer" in line for line in logs.output))
+                self.assertEqual(target.calls[f"{task}/e"], 1)
+                self.assertEqual(self.state(task).effects["e"].state, EffectState.UNCERTAIN)
+                target.release.set()
 
     def test_a_hung_sync_adapter_past_its_timeout_stops_the_run_and_is_never_applied_twice(self) -> None:
         # With max_parallel=1 the hung thread holds the async driver's only worker: the observe

@@ -71,6 +71,30 @@ class TypeCheckTests(unittest.TestCase):
         self.assertEqual(result.returncode, 0, f"pyright failed:\n{result.stdout}{result.stderr}")
         self.assertIn("0 errors", result.stdout)
 
+    def test_the_engine_options_every_face_takes_are_checked_by_name_and_type(self) -> None:
+        if importlib.util.find_spec("mypy") is None:
+            skip_or_fail("mypy is not installed (pip install mypy)")
+        wrong = (
+            "import longrun\n"
+            "from longrun.testing import OutboxAdapter\n"
+            "store = longrun.JsonFileStore('/tmp/x')\n"
+            "adapters = {'a': OutboxAdapter('/tmp/o')}\n"
+            "longrun.Runner(longrun.RunContract('t', 'g'), [], store=store, adapters=adapters, lease_ttl_s='30')\n"
+            "longrun.durable(store=store, adapters=adapters, max_parallel='4')\n"
+            "longrun.Runner(longrun.RunContract('t', 'g'), [], store=store, adapters=adapters, colour=1)\n"
+        )
+        with tempfile.TemporaryDirectory(prefix="longrun-mypy-") as scratch:
+            path = os.path.join(scratch, "wrong.py")
+            with open(path, "w") as handle:
+                handle.write(wrong)
+            env = dict(os.environ, MYPYPATH=os.path.join(support.ROOT, "src"))
+            result = subprocess.run(
+                [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--cache-dir", os.path.join(scratch, "cache"), "wrong.py"],
+                cwd=scratch, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        lines = {int(line.split(":")[1]) for line in result.stdout.splitlines() if line.startswith("wrong.py:") and ": error:" in line}
+        self.assertEqual(lines, {5, 6, 7}, result.stdout)
+
     def test_pyright_runs_strict(self) -> None:
         with open(os.path.join(support.ROOT, "pyproject.toml"), "rb") as handle:
             config = tomllib.load(handle)["tool"]

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
 
 from ._io import Apply, ApplyInterrupted, ApplyTimedOut, Commit, Gather, Invoke, Observe, Op, Sleep, Steps, is_async_callable
 from .clock import SystemClock
-from .recovery import as_observation
+from .recovery import as_observation, timed_out_observation
 
 if TYPE_CHECKING:
     from .engine import AsyncPlan, Engine
@@ -151,8 +151,11 @@ class AsyncDriver:
             timeout_s = op.timeout_s if op.timeout_s is not None else engine.policy_deadline(op.request.step_id)
             return await self._bounded(op.adapter.apply, op.request, timeout_s, cancellable=True)
         if isinstance(op, Observe):
+            timeout_s = op.timeout_s if op.timeout_s is not None else engine.policy_deadline(op.request.step_id)
             try:
-                returned: object = await self._bounded(op.adapter.observe, op.request, None, cancellable=False)
+                returned: object = await self._bounded(op.adapter.observe, op.request, timeout_s, cancellable=False)
+            except ApplyTimedOut as exc:
+                return timed_out_observation(op.request, exc.timeout_s)
             except Exception as exc:  # becomes an unknown observation that names it
                 returned = exc
             return as_observation(op.request, returned)

@@ -72,10 +72,12 @@ class Apply:
 
 @dataclass(frozen=True, slots=True)
 class Observe:
-    """``adapter.observe(request)``: an ``Observation`` back, never an exception (see ``recovery``)."""
+    """``adapter.observe(request)``: an ``Observation`` back, never an exception (see ``recovery``).
+    Past ``timeout_s`` the observation is unknown (the target did not answer in time)."""
 
     adapter: Any
     request: EffectRequest
+    timeout_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

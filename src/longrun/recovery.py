@@ -35,7 +35,7 @@ from .adapters import EffectRequest, Observation, ObservedState
 from .ledger import EffectRecord, EffectState, recordable_result
 from .protocols import EffectAdapter
 
-__all__ = ["Reconciled", "Verdict", "as_observation", "observe_safely", "reconcile", "settle"]
+__all__ = ["Reconciled", "Verdict", "as_observation", "observe_safely", "reconcile", "settle", "timed_out_observation"]
 
 log = logging.getLogger("longrun")
 
@@ -63,6 +63,12 @@ def observe_safely(adapter: EffectAdapter, request: EffectRequest) -> Observatio
     except Exception as exc:  # the failure becomes evidence (an unknown), it is not dropped
         return as_observation(request, exc)
     return as_observation(request, observation)
+
+
+def timed_out_observation(request: EffectRequest, timeout_s: float) -> Observation:
+    """What an ``observe`` that did not answer within ``timeout_s`` tells: nothing, so unknown."""
+    log.warning("observe of %s did not answer within %g s", request.key, timeout_s)
+    return Observation.unknown(f"observe did not answer within {timeout_s:g} s")
 
 
 def as_observation(request: EffectRequest, returned: object) -> Observation:

@@ -19,20 +19,19 @@ cancellation and approvals, the fenced lease) are the engine's: see ``longrun.en
 from __future__ import annotations
 
 import asyncio
-from typing import Mapping, Sequence
+from typing import Mapping, Sequence, Unpack
 
-from .budget import Limits, RetryPolicy
+from .budget import Limits
 from ._io import is_async_callable
 from .canonical import JSONValue
 from .clock import SystemClock
 from .contract import RunContract, Step, plan_digest, plan_prefix_digests, validate_plan
-from .engine import Engine, Stop, default_owner, utc
+from .engine import Engine, EngineOptions, Stop, default_owner, utc
 from .envelope import PlanOutline, RunState
-from .events import EventHook
 from .errors import InvalidInputError, UnknownActionError
 from .ledger import EffectRecord, EffectState
 from .outcome import TERMINAL, RunOutcome
-from .protocols import AnyEffectAdapter, ApprovalSource, CancellationSource, Clock, Store
+from .protocols import AnyEffectAdapter, Clock, Store
 
 __all__ = ["Runner", "SystemClock", "default_owner", "utc"]
 
@@ -40,13 +39,11 @@ __all__ = ["Runner", "SystemClock", "default_owner", "utc"]
 class Runner:
     """Runs a plan declared up front: ``Runner(contract, steps, store=..., adapters=...).run()``.
 
-    Each call of ``run()`` is a recovery followed by as much progress as the run may make now. Keyword
-    arguments configure the engine: ``owner`` (a label for people), ``clock``, ``limits``, ``retry``,
-    ``lease_ttl_s``, the ``approvals`` / ``cancellations`` sources (the store by default), and
-    ``on_event``, called with a ``longrun.events.RunEvent`` after each commit that made a transition
-    durable (an exception it raises is logged, never breaks the run), ``timeout_s`` (bounds every
-    ``apply``; a step's own overrides it) and ``max_parallel`` (steps in flight at once when the
-    plan says ``after=``). ``await runner.arun()`` runs it on the caller's event loop; adapters may
+    Each call of ``run()`` is a recovery followed by as much progress as the run may make now. The
+    other keyword arguments configure the engine (``longrun.engine.EngineOptions``: ``owner``,
+    ``clock``, ``limits``, ``retry``, ``lease_ttl_s``, the ``approvals`` / ``cancellations`` sources,
+    ``on_event``, ``timeout_s``, and ``max_parallel``, the steps in flight at once when the plan
+    says ``after=``). ``await runner.arun()`` runs it on the caller's event loop; adapters may
     then be async. ``run()`` with async adapters runs an event loop of its own.
     """
 
@@ -57,37 +54,13 @@ class Runner:
         *,
         store: Store,
         adapters: Mapping[str, AnyEffectAdapter],
-        owner: str | None = None,
-        clock: Clock | None = None,
-        limits: Limits | None = None,
-        retry: RetryPolicy | None = None,
-        lease_ttl_s: float = 30.0,
-        approvals: ApprovalSource | None = None,
-        cancellations: CancellationSource | None = None,
-        on_event: EventHook | None = None,
-        timeout_s: float | None = None,
-        max_parallel: int = 16,
+        **options: Unpack[EngineOptions],
     ):
         self.steps = validate_plan(contract, steps)
         adapter_map = adapters if isinstance(adapters, Mapping) else {}
         self.asynchronous = any(is_async_callable(getattr(a, "apply", None)) or is_async_callable(getattr(a, "observe", None)) for a in adapter_map.values())
         self.parallel = any(step.after is not None for step in self.steps)
-        self.engine = Engine(
-            contract,
-            store=store,
-            adapters=adapters,
-            owner=owner,
-            clock=clock,
-            limits=limits,
-            retry=retry,
-            lease_ttl_s=lease_ttl_s,
-            approvals=approvals,
-            cancellations=cancellations,
-            on_event=on_event,
-            timeout_s=timeout_s,
-            max_parallel=max_parallel,
-            asynchronous=self.asynchronous,
-        )
+        self.engine = Engine(contract, store=store, adapters=adapters, asynchronous=self.asynchronous, **options)
         for action in dict.fromkeys(step.action for step in self.steps):
             if action not in self.engine.adapters:
                 step = next(step for step in self.steps if step.action == action)

@@ -30,12 +30,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Mapping, TextIO
+from typing import Any, Mapping, TextIO, Unpack
 
 from ..canonical import JSONValue
 from ..contract import RunContract, Step, plan_digest
 from ..ledger import EffectState
 from ..outcome import Evidence, RunOutcome, Status
+from ..engine import EngineOptions
 from ..runner import Runner
 from ..stores import JsonFileStore
 from ..testing import OutboxAdapter, read_outbox
@@ -82,10 +83,10 @@ def _paths(root: str) -> tuple[str, str]:
     return os.path.join(root, "store"), os.path.join(root, "outbox.jsonl")
 
 
-def _runner(root: str, adapter: OutboxAdapter, **options: object) -> Runner:
+def _runner(root: str, adapter: OutboxAdapter, **options: Unpack[EngineOptions]) -> Runner:
     contract, steps = build_plan()
     store_root, _ = _paths(root)
-    return Runner(contract, steps, store=JsonFileStore(store_root, create=True), adapters={name: adapter for name in ACTIONS}, **options)  # type: ignore[arg-type]
+    return Runner(contract, steps, store=JsonFileStore(store_root, create=True), adapters={name: adapter for name in ACTIONS}, **options)
 
 
 def run_worker(root: str, out: TextIO) -> int:

@@ -46,8 +46,9 @@ The engine is one class built in layers, each a module that adds one concern to 
 
 from ..contract import INTERNAL_PREFIX, is_internal
 
+from ._base import EngineOptions
 from ._engine import Engine
 from ._plans import AsyncPlan, Plan, Stop, check_parallel, check_timeout, default_owner, utc
 
 
-__all__ = ["INTERNAL_PREFIX", "AsyncPlan", "Engine", "Plan", "Stop", "check_parallel", "check_timeout", "default_owner", "is_internal", "utc"]
+__all__ = ["INTERNAL_PREFIX", "AsyncPlan", "Engine", "EngineOptions", "Plan", "Stop", "check_parallel", "check_timeout", "default_owner", "is_internal", "utc"]

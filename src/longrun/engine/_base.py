@@ -7,7 +7,7 @@ import concurrent.futures
 import logging
 import threading
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, TypedDict
 
 from .. import _crashpoints
 from .._io import is_async_callable
@@ -40,7 +40,35 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("longrun")
 
-__all__ = ["EngineBase"]
+__all__ = ["EngineBase", "EngineOptions"]
+
+
+class EngineOptions(TypedDict, total=False):
+    """The engine's options every face takes as keywords (``Runner(...)``, ``@durable(...)``), each
+    optional; the defaults are ``Engine``'s."""
+
+    owner: str | None
+    """A label for people (the lease's owner); a random ``host:pid:hex`` by default. It does not
+    authorize anything: re-entering a live lease takes its secret token."""
+    clock: Clock | None
+    """``SystemClock()`` by default; tests pass ``testing.FakeClock``."""
+    limits: Limits | None
+    """The run's budgets and waits (``Limits()`` by default)."""
+    retry: RetryPolicy | None
+    """The retry policy of every step that does not name its own (``RetryPolicy()`` by default)."""
+    lease_ttl_s: float
+    """How long the lease lasts unless renewed (30 s); it is renewed every third of that."""
+    approvals: ApprovalSource | None
+    """Where approvals are read, fresh before each gated effect (the store by default)."""
+    cancellations: CancellationSource | None
+    """Where the cancellation record is read, fresh before each new effect (the store by default)."""
+    on_event: EventHook | None
+    """Called with a ``longrun.events.RunEvent`` after each commit that made a transition durable;
+    an exception it raises is logged, never breaks the run."""
+    timeout_s: float | None
+    """Bounds every ``apply``, ``observe`` and call; a step's own overrides it (none by default)."""
+    max_parallel: int
+    """The most steps in flight at once (16), for steps the face runs in parallel."""
 
 
 class EngineBase:

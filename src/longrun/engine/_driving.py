@@ -7,10 +7,10 @@ import asyncio
 import concurrent.futures
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence, TypeVar, cast
 
-from .._io import Apply, Commit, Gather, Invoke, Observe, Op, Sleep, Steps, call_in_thread, drive
+from .._io import Apply, ApplyTimedOut, Commit, Gather, Invoke, Observe, Op, Sleep, Steps, call_in_thread, drive
 from ..errors import InvalidInputError
 from ..outcome import Status
-from ..recovery import observe_safely
+from ..recovery import observe_safely, timed_out_observation
 
 from ._base import EngineBase
 from ._plans import Stop, check_parallel
@@ -36,7 +36,13 @@ class Driving(EngineBase):
             self.flush()
             return None
         if isinstance(op, Observe):
-            return observe_safely(op.adapter, op.request)
+            if op.timeout_s is None:
+                return observe_safely(op.adapter, op.request)
+            adapter, request = op.adapter, op.request
+            try:
+                return call_in_thread(lambda: observe_safely(adapter, request), op.timeout_s)
+            except ApplyTimedOut as exc:
+                return timed_out_observation(request, exc.timeout_s)
         if isinstance(op, Apply):
             adapter = op.adapter
             request = op.request

@@ -15,7 +15,7 @@ from ..errors import PermanentError, TransientError
 from ..ledger import EffectRecord, EffectState, check_receipt
 from ..outcome import Status
 from ..recovery import Verdict, settle
-from ._plans import check_timeout, utc
+from ._plans import utc
 from ._steps import StepRules
 
 log = logging.getLogger("longrun")
@@ -55,10 +55,7 @@ class EffectRules(StepRules):
     ) -> Steps[EffectRecord]:
         """``effect`` as a step procedure, for a driver to run (``effect`` drives it in this thread)."""
         state = self.state
-        if retry is not None:
-            self._policies[step.step_id] = retry
-        if timeout_s is not None:
-            self._timeouts[step.step_id] = check_timeout(timeout_s, f"step {step.step_id!r}")
+        self._step_options(step, retry, timeout_s)
         while True:
             record, settled = yield from self._ready(step, _VERIFIED)
             if settled:
@@ -103,7 +100,7 @@ class EffectRules(StepRules):
         # planned -> uncertain -> (verified | planned): the ledger's move for "a start may have been lost".
         probe = record.move(EffectState.UNCERTAIN, self.clock.now())
         adapter = self.adapter_for(step.action, step_id=step.step_id)
-        observed = yield Observe(adapter, self._request(record, max(record.attempts, 1)))
+        observed = yield Observe(adapter, self._request(record, max(record.attempts, 1)), self._timeouts.get(step.step_id, self.timeout_s))
         settled = settle(probe, observed, adapter.deduplicates, self.clock.now())
         observation = settled.observation
         self._evidence.observed(f"target:{step.action}", f"{record.key}: {observation.state.value} ({observation.evidence}), {why}")
@@ -192,7 +189,7 @@ class EffectRules(StepRules):
             return
         self._stragglers.append(exc.pending)
         adapter = self.adapter_for(step.action, step_id=step.step_id)
-        observed = yield Observe(adapter, self._request(record, record.attempts))
+        observed = yield Observe(adapter, self._request(record, record.attempts), self._timeouts.get(step.step_id, self.timeout_s))
         self._evidence.observed(f"target:{step.action}", f"{record.key}: {observed.state.value} ({observed.evidence})")
         if observed.state is ObservedState.APPLIED:
             settled = settle(record, observed, adapter.deduplicates, self.clock.now())

@@ -99,7 +99,8 @@ class Reconciling(Driving):
             uncertain = record if record.state is EffectState.UNCERTAIN else record.move(EffectState.UNCERTAIN, self.clock.now())
             settled = Reconciled(uncertain, Verdict.UNSAFE, observation, f"outcome of {record.key!r} is unknown: {observation.evidence}")
         else:
-            observed = yield Observe(adapter, self._request(record, max(record.attempts, 1)))
+            timeout_s = self._timeouts.get(record.step_id, self.timeout_s)
+            observed = yield Observe(adapter, self._request(record, max(record.attempts, 1)), timeout_s)
             settled = settle(record, observed, adapter.deduplicates, self.clock.now())
         self._evidence.observed(f"target:{record.action}", f"{record.key}: {settled.observation.state.value} ({settled.observation.evidence})")
         record = settled.record

@@ -64,10 +64,7 @@ class StepRules(Gating):
     ) -> Steps[EffectRecord]:
         """``call`` as a step procedure, for a driver to run."""
         state = self.state
-        if retry is not None:
-            self._policies[step.step_id] = retry
-        if timeout_s is not None:
-            self._timeouts[step.step_id] = check_timeout(timeout_s, f"step {step.step_id!r}")
+        self._step_options(step, retry, timeout_s)
         while True:
             record, settled = yield from self._ready(step, _SETTLED_CALL)
             if settled:
@@ -199,6 +196,13 @@ class StepRules(Gating):
         for reason in reasons:
             self._evidence.unknown("contract", reason)
         return self._outcome(Status.UNSAFE_TO_CONTINUE, next_action)
+
+    def _step_options(self, step: Step, retry: RetryPolicy | None, timeout_s: float | None) -> None:
+        """A step's own retry policy and timeout, which override the run's for it."""
+        if retry is not None:
+            self._policies[step.step_id] = retry
+        if timeout_s is not None:
+            self._timeouts[step.step_id] = check_timeout(timeout_s, f"step {step.step_id!r}")
 
     def _ready(self, step: Step, settled: frozenset[EffectState]) -> Steps[tuple[EffectRecord, bool]]:
         """The step's record and True if it is settled (replayed as it is); else the record ready

@@ -7,16 +7,14 @@ import copy
 import dataclasses
 import inspect
 from types import MappingProxyType
-from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar, Unpack
 
-from ..budget import Limits, RetryPolicy
 from ..canonical import ensure_json
 from ..contract import RunContract, check_task_id
-from ..engine import Engine
+from ..engine import Engine, EngineOptions
 from ..errors import InvalidInputError, UnknownTaskError
-from ..events import EventHook
 from ..outcome import RunOutcome, Status
-from ..protocols import AnyEffectAdapter, ApprovalSource, CancellationSource, Clock, Store
+from ..protocols import AnyEffectAdapter, Store
 from ._plan import FunctionPlan, Recording, run_coroutine
 from ._steps import qualified_name
 
@@ -151,9 +149,10 @@ class DurableFunction(Generic[R]):
         """This function with some engine options replaced (``store``, ``adapters``, ``owner``,
         ``cancellations``, ...): same name, so the same tasks and plan digests. A worker runs each
         thread's tasks through its own store connection this way."""
-        unknown = sorted(set(options) - set(self._options))
+        known = {"store", "adapters", *EngineOptions.__optional_keys__}
+        unknown = sorted(set(options) - known)
         if unknown:
-            raise InvalidInputError(f"unknown engine options {unknown}; known: {sorted(self._options)}")
+            raise InvalidInputError(f"unknown engine options {unknown}; known: {sorted(known)}")
         merged = {**self._options, **options}
         Engine(self._contract, **merged)  # validates them now, not at the first run
         clone = copy.copy(self)
@@ -178,16 +177,7 @@ def durable(
     allowed_actions: tuple[str, ...] = (),
     forbidden_actions: tuple[str, ...] = (),
     goal: str | None = None,
-    owner: str | None = None,
-    clock: Clock | None = None,
-    limits: Limits | None = None,
-    retry: RetryPolicy | None = None,
-    lease_ttl_s: float = 30.0,
-    approvals: ApprovalSource | None = None,
-    cancellations: CancellationSource | None = None,
-    on_event: EventHook | None = None,
-    timeout_s: float | None = None,
-    max_parallel: int = 16,
+    **engine_options: Unpack[EngineOptions],
 ) -> Callable[[Callable[..., R]], DurableFunction[R]]:
     """Make ``fn(run, *args, **kwargs)`` a durable function (see the module docstring).
 
@@ -213,19 +203,7 @@ def durable(
             forbidden_actions=tuple(forbidden_actions),
         )
         options: dict[str, Any] = dict(
-            store=store,
-            adapters=dict(adapters or {}),
-            owner=owner,
-            clock=clock,
-            limits=limits,
-            retry=retry,
-            lease_ttl_s=lease_ttl_s,
-            approvals=approvals,
-            cancellations=cancellations,
-            on_event=on_event,
-            timeout_s=timeout_s,
-            max_parallel=max_parallel,
-            asynchronous=inspect.iscoroutinefunction(fn),
+            engine_options, store=store, adapters=dict(adapters or {}), asynchronous=inspect.iscoroutinefunction(fn)
         )
         Engine(base, **options)  # validates the options now, not at the first run
         return DurableFunction(fn, base, options)
