@@ -628,7 +628,11 @@ class DeadlineCases(AsyncCase):
                 self.assertTrue(any("did not answer" in line for line in logs.output))
                 self.assertEqual(target.calls[f"{task}/e"], 1)
                 self.assertEqual(self.state(task).effects["e"].state, EffectState.UNCERTAIN)
-                target.release.set()
+                target.release.set()  # the observe thread ends; the lease it kept is released after it
+                deadline = time.monotonic() + 30
+                while not self.store.read_lease(task).released and time.monotonic() < deadline:  # type: ignore[union-attr]
+                    time.sleep(0.02)
+                self.assertTrue(self.store.read_lease(task).released)  # type: ignore[union-attr]
 
     def test_a_hung_sync_adapter_past_its_timeout_stops_the_run_and_is_never_applied_twice(self) -> None:
         # With max_parallel=1 the hung thread holds the async driver's only worker: the observe

@@ -147,3 +147,56 @@ class TextTests(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class LongStringTests(unittest.TestCase):
+    """Long strings are spliced into the encoding as bytes; the bytes must be json.dumps's."""
+
+    @staticmethod
+    def reference(value: object) -> bytes:
+        import json
+
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+    def test_long_strings_encode_exactly_as_json_dumps(self) -> None:
+        from longrun.canonical import canonical_bytes
+
+        cases: list[object] = [
+            {"blob": "x" * 20_000},
+            {"a": ["y" * 17_000, 1, {"z": "é" * 20_000}], "b": 'q"' * 9_000, "c": None},
+            ["\x00" * 20_000, "ok" * 9_000],
+            {"k": "€" * 30_000, "n": "a\\b" * 9_000, "t": "\t" + "x" * 20_000},
+            {"deep": {"deeper": {"deepest": "x" * 20_000}}},
+        ]
+        for value in cases:
+            with self.subTest(value=str(value)[:40]):
+                self.assertEqual(canonical_bytes(value), self.reference(value))  # type: ignore[arg-type]
+
+    def test_a_value_holding_the_placeholder_pattern_still_encodes_exactly(self) -> None:
+        from longrun.canonical import canonical_bytes
+
+        value = {"a": "x" * 20_000, "b": "\x000123456789abcdef:0\x00"}
+        self.assertEqual(canonical_bytes(value), self.reference(value))
+
+    def test_a_lone_surrogate_in_a_long_string_is_named(self) -> None:
+        from longrun.canonical import canonical_bytes
+
+        with self.assertRaisesRegex(InvalidInputError, "lone surrogate"):
+            canonical_bytes({"s": "\ud800" + "x" * 20_000})
+
+    def test_digest_of_hands_a_large_encoding_over_once(self) -> None:
+        from longrun.canonical import LARGE_VALUE_BYTES, digest_of, remembered_encoding
+
+        payload = {"blob": "x" * LARGE_VALUE_BYTES}
+        digest = digest_of(payload, checked=True)
+        found = remembered_encoding(payload)
+        assert found is not None
+        self.assertEqual(found[0], self.reference(payload))
+        self.assertEqual("sha256:" + found[1], digest)
+        self.assertIsNone(remembered_encoding(payload), "handed over once")
+        small = {"i": 1}
+        digest_of(small, checked=True)
+        self.assertIsNone(remembered_encoding(small), "small values are not kept")
+        copy = {"blob": "y" * LARGE_VALUE_BYTES}
+        digest_of(copy)  # not checked: a plain copy was encoded, not this object
+        self.assertIsNone(remembered_encoding(copy))

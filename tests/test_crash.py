@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import unittest
 from helpers import support
 from longrun import JsonFileStore, SqliteStore, Status
 from longrun.testing import copy_keeping_links, read_outbox
+from longrun.testing.faults import BLOB_POINTS
 
 
 class ChildRunnerCase(support.TempDirTest):
@@ -246,6 +248,100 @@ class BoundedRetryAcrossProcessesTests(ChildRunnerCase):
         self.assertEqual(outcome["status"], "limits-exhausted")
         self.assertFalse(os.path.exists(self.path("fourth")), "no fourth attempt was started")
         self.assertEqual(self.counts(), {})
+
+
+class LargeValueKillTests(ChildRunnerCase):
+    """Effects whose payloads and results are large (kept as blobs, ``stores._blobs``), SIGKILLed at
+    random moments (a random crash point's N-th pass, a blob's write among them, or a signal from
+    outside after a random delay) and run again until done, over several tasks: every effect is at
+    the target exactly once, and the state loads with every payload and result as written."""
+
+    steps = 6
+    kills = int(os.environ.get("LONGRUN_BLOB_KILLS", "12"))
+    points: tuple[str, ...] = (
+        *BLOB_POINTS, "journal.half-written", "journal.synced", "effect.intent-persisted", "effect.applied",
+        "state.committed", "snapshot.temp-written", "snapshot.replaced", "new-journal.dir-fsynced",
+    )  # fmt: skip
+
+    def run_blob_child(self, task: str, *, crash_at: str | None, kill_after_s: float | None) -> tuple[int, dict | None]:
+        self.later += 100.0
+        command = [
+            sys.executable, os.path.join(support.HELPERS, "blob_child.py"), self.root, self.outbox, "--task", task,
+            "--steps", str(self.steps), "--later", str(self.later), "--compact-early", *(("--sqlite",) if self.sqlite else ()),
+        ]  # fmt: skip
+        env = support.child_env()
+        if crash_at is not None:
+            env["LONGRUN_CRASH_AT"] = crash_at
+        child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.children.append(child)
+        if kill_after_s is not None:
+            try:
+                child.wait(kill_after_s)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        out, err = child.communicate(timeout=120)
+        if child.returncode not in (0, -signal.SIGKILL):
+            self.fail(f"the child exited {child.returncode}: {err[-2000:]}")
+        return child.returncode, (json.loads(out.strip().splitlines()[-1]) if child.returncode == 0 else None)
+
+    def check(self, task: str) -> None:
+        sys.path.insert(0, support.HELPERS)
+        import blob_child  # noqa: PLC0415  (the child's own values, to compare with)
+
+        lines = read_outbox(self.outbox)
+        applied = [line["key"] for line in lines if line["task_id"] == task]
+        self.assertEqual(sorted(applied), [f"{task}/step-{i:03d}" for i in range(self.steps)], "each effect exactly once")
+        store = self.open_store()
+        try:
+            state = store.load(task).state
+        finally:
+            close = getattr(store, "close", None)
+            if close is not None:
+                close()
+        assert state is not None
+        for i in range(self.steps):
+            record = state.effects[f"step-{i:03d}"]
+            self.assertEqual(record.state.value, "verified")
+            self.assertEqual(record.payload, blob_child.payload(i))
+            line = record.result["line"]  # type: ignore[index]
+            self.assertEqual(lines[line]["key"], f"{task}/step-{i:03d}")
+            if i % 2 and "echo" in record.result:  # type: ignore[operator]
+                self.assertEqual(record.result, blob_child.result(line))  # acknowledged (not observed): kept whole
+
+    def test_large_values_killed_at_random_apply_each_effect_once_and_load(self) -> None:
+        rng = random.Random(f"blob-kills-{self.sqlite}")
+        points = [point for point in self.points if not (self.sqlite and point.startswith(("blob.", "snapshot.", "journal.", "new-")))]
+        killed = tasks = 0
+        while killed < self.kills:
+            tasks += 1
+            task = f"blob-{tasks}"
+            armed = rng.randint(2, 5)
+            for _ in range(armed + 10):
+                crash_at = kill_after_s = None
+                if armed > 0:
+                    armed -= 1
+                    if rng.random() < 0.7:
+                        crash_at = f"{rng.choice(points)}:{rng.randint(1, self.steps)}"
+                    else:
+                        kill_after_s = rng.uniform(0.1, 1.5)
+                code, outcome = self.run_blob_child(task, crash_at=crash_at, kill_after_s=kill_after_s)
+                if code == -signal.SIGKILL:
+                    killed += 1
+                    continue
+                assert outcome is not None
+                self.assertEqual(outcome["status"], "done", outcome)
+                break
+            else:
+                self.fail(f"{task} did not finish")
+            self.check(task)
+        if not self.sqlite:
+            directory = os.path.join(self.root, f"blob-{tasks}", "blobs")
+            self.assertTrue(os.listdir(directory), "the large values were kept as blobs")
+
+
+class SqliteLargeValueKillTests(LargeValueKillTests):
+    sqlite = True
+    kills = int(os.environ.get("LONGRUN_BLOB_KILLS", "6"))
 
 
 class DamagedStateTests(ChildRunnerCase):

@@ -503,9 +503,9 @@ class LinearLoadTests(JournalCase):
             counts["applied"] += 1
             real_apply(replay, record)
 
-        def record_from_row(row: object) -> EffectRecord:
+        def record_from_row(row: object, fetch: Any = None) -> EffectRecord:
             counts["records_built"] += 1
-            return real_row(row)
+            return real_row(row, fetch)
 
         class ReadCounter(FileIO):
             def read(self, fd: int, size: int) -> bytes:

@@ -102,6 +102,27 @@ class JsonFileStoreContract(StoreContract, support.TempDirTest):
         with open(path, "r+b") as handle:
             handle.truncate(os.path.getsize(path) // 2)
 
+    def damage_blobs(self, store: Any, task_id: str) -> int:
+        directory = os.path.join(self._task_dir(task_id), "blobs")
+        if not os.path.isdir(directory):
+            self.skipTest("the JSON-file store keeps its blobs elsewhere now")
+        names = os.listdir(directory)
+        for name in names:
+            with open(os.path.join(directory, name), "r+b") as handle:
+                handle.seek(100)
+                byte = handle.read(1)
+                handle.seek(100)
+                handle.write(bytes([byte[0] ^ 1]))
+        return len(names)
+
+    def state_bytes(self, store: Any, task_id: str) -> int:
+        """The snapshots' and journals' content (a journal's zero padding left out)."""
+        total = 0
+        for name in self._state_files(task_id):
+            with open(os.path.join(self._task_dir(task_id), name), "rb") as handle:
+                total += len(handle.read().rstrip(b"\0"))
+        return total
+
     @contextlib.contextmanager
     def fail_nth_operation(self, store: Any, n: int) -> Iterator[None]:
         if not isinstance(getattr(store, "io", None), FileIO):
@@ -153,6 +174,15 @@ class MemoryStoreContract(StoreContract, unittest.TestCase):
         else:
             store.records(task_id).approvals["planted"] = text
 
+    def damage_blobs(self, store: Any, task_id: str) -> int:
+        blobs = store.records(task_id).blobs
+        for digest, data in blobs.items():
+            blobs[digest] = data[:100] + bytes([data[100] ^ 1]) + data[101:]
+        return len(blobs)
+
+    def state_bytes(self, store: Any, task_id: str) -> int:
+        return len(store.records(task_id).state or b"")
+
     def damage_lease(self, store: Any, task_id: str) -> None:
         records = store.records(task_id)
         records.lease = records.lease[: len(records.lease) // 2]
@@ -200,6 +230,19 @@ class _SqlHooks:
 
     def damage_lease(self, store: Any, task_id: str) -> None:
         self.sql("UPDATE longrun_leases SET epoch = -1 WHERE task_id = ?", (task_id,))
+
+    def damage_blobs(self, store: Any, task_id: str) -> int:
+        rows = self.sql("SELECT digest, data FROM longrun_blobs WHERE task_id = ?", (task_id,))
+        for digest, data in rows:
+            data = bytes(data)
+            damaged = data[:100] + bytes([data[100] ^ 1]) + data[101:]
+            self.sql("UPDATE longrun_blobs SET data = ? WHERE task_id = ? AND digest = ?", (damaged, task_id, digest))
+        return len(rows)
+
+    def state_bytes(self, store: Any, task_id: str) -> int:
+        rows = self.sql("SELECT header FROM longrun_states WHERE task_id = ?", (task_id,))
+        rows += self.sql("SELECT record FROM longrun_effects WHERE task_id = ?", (task_id,))
+        return sum(len(row[0]) for row in rows)
 
     def plant_future_schema(self, store: Any, task_id: str) -> None:
         self.sql("INSERT INTO longrun_schema (version, applied_at, description) VALUES (999, 0, 'from the future')")

@@ -10,6 +10,7 @@ import stat
 import threading
 import time
 import unittest
+from typing import Any
 from unittest import mock
 
 from helpers import support
@@ -63,6 +64,9 @@ class SqliteCase(support.TempDirTest):
     def downgrade(self, version: int) -> None:
         """Make the database look as longrun schema ``version`` left it (its lease rows included)."""
         dropped = {3: ("token", "holder_lock"), 2: ("monotonic_clock", "monotonic_expires_at")}
+        if version < 5:
+            self.sql("DROP TABLE longrun_blobs")
+            self.sql("DELETE FROM longrun_schema WHERE version = 5")
         if version < 4:
             self.sql("DROP TABLE longrun_plans")
             self.sql("DELETE FROM longrun_schema WHERE version = 4")
@@ -562,3 +566,50 @@ class PlanOutlineTests(SqliteCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class BlobTests(SqliteCase):
+    def large_state(self, lease: Any) -> Any:  # noqa: ANN401
+        from longrun.canonical import digest_of
+        from longrun.ledger import EffectRecord, EffectState
+        from longrun.testing.store_contract._blobs import large_payload
+
+        state = sample_state("t", effects=1)
+        payload = large_payload("p")
+        state.effects["big"] = EffectRecord(
+            "t/big", "big", "write", payload, digest_of(payload, checked=True), EffectState.STARTED, 1, lease.epoch, updated_at=1.0
+        )
+        return state
+
+    def test_a_version_4_database_is_migrated_and_takes_a_large_payload_once(self) -> None:
+        lease = self.store.acquire_lease("t", "a", 30.0, 1000.0)
+        self.store.load("t", lease=lease)
+        state = self.large_state(lease)
+        del state.effects["big"]
+        self.store.commit(lease, state, set(state.effects))
+        self.store.close()
+        self.downgrade(4)  # what version 4 left: no blobs table, a task with a state
+        migrated = self.open()
+        self.assertEqual(migrated.load("t").state.to_json(), state.to_json())
+        self.assertEqual(self.sql("SELECT MAX(version) FROM longrun_schema"), [(SCHEMA_VERSION,)])
+        migrated.load("t", lease=lease)
+        state = self.large_state(lease)
+        migrated.commit(lease, state, set(state.effects))
+        digest = state.effects["big"].payload_digest.removeprefix("sha256:")
+        self.assertEqual(self.sql("SELECT digest FROM longrun_blobs WHERE task_id = 't'"), [(digest,)])
+        [(record,)] = self.sql("SELECT record FROM longrun_effects WHERE step_id = 'big'")
+        self.assertLess(len(record), 4096, "the effect row holds the reference, not the payload")
+        for attempt in range(3):  # later commits of the row write the reference, not the bytes
+            state.effects["big"] = state.effects["big"].with_changes(attempts=2 + attempt)
+            migrated.commit(lease, state, {"big"})
+        self.assertEqual(self.sql("SELECT COUNT(*) FROM longrun_blobs"), [(1,)])
+        self.assertEqual(self.open().load("t").state.to_json(), state.to_json())
+
+    def test_a_missing_blob_row_is_damage_to_the_effect_row(self) -> None:
+        lease = self.store.acquire_lease("t", "a", 30.0, 1000.0)
+        self.store.load("t", lease=lease)
+        state = self.large_state(lease)
+        self.store.commit(lease, state, set(state.effects))
+        self.sql("DELETE FROM longrun_blobs")
+        with self.assertRaisesRegex(StateUnrecoverableError, "blob .* is missing"):
+            self.open().load("t")

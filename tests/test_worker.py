@@ -384,7 +384,8 @@ class OptionsTests(support.TempDirTest):
             run.effect("e", "send", {})
             return "ok"
 
-        moved = job.with_options(store=other)
+        moved = job.with_options(store=other, owner="w/thread", cancellations=other)  # owner was never given
+        self.assertEqual(moved.engine_options["owner"], "w/thread")
         self.assertEqual(moved.name, job.name)
         self.assertIs(moved.engine_options["store"], other)
         self.assertIs(job.engine_options["store"], store)

@@ -24,16 +24,20 @@ could disagree on which one counts). Nothing else escapes it: no ``JSONDecodeErr
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import math
 import re
+import secrets
+import threading
 from typing import Any, Callable, Final, Mapping, TypeAlias, overload
 
 from .errors import CorruptStateError, InvalidInputError, SizeLimitError
 
 __all__ = [
     "JSONValue",
+    "LARGE_VALUE_BYTES",
     "MAX_INT_DIGITS",
     "MAX_JSON_DEPTH",
     "MAX_VALUE_BYTES",
@@ -45,6 +49,7 @@ __all__ = [
     "parse_json",
     "plain_or_refused",
     "printable",
+    "remembered_encoding",
     "sha256_hex",
     "shown",
     "text_problem",
@@ -67,6 +72,12 @@ MAX_VALUE_BYTES = 16 * 1024 * 1024
 over it is refused when its step is planned, before anything is applied; a result over it is
 recorded by its digest and size instead (see ``longrun.ledger.recordable_result``). Large data
 belongs outside the state: pass a reference (a path, a URL, a digest) instead."""
+
+LARGE_VALUE_BYTES = 64 * 1024
+"""A payload or result whose canonical encoding is at least this long (64 KiB) is large: the stores
+keep it out of line, once, as a content-addressed blob (``longrun.stores._blobs``), and
+``digest_of`` remembers its encoding for them (``remembered_encoding``), so that it is encoded and
+hashed once."""
 
 _INT_LIMIT = 10**MAX_INT_DIGITS
 _surrogate = re.compile("[\ud800-\udfff]").search
@@ -220,10 +231,151 @@ def canonical_bytes(value: JSONValue, *, what: str = "value") -> bytes:
     """The canonical encoding of an already plain JSON value; ``InvalidInputError`` (naming the
     path) if it is not one."""
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+        if type(value) is dict or type(value) is list:
+            spliced = _with_long_strings_spliced(value)
+            if spliced is not None:
+                return spliced
+        return _dumps(value)
     except (ValueError, TypeError, RecursionError) as exc:  # UnicodeEncodeError is a ValueError
         ensure_json(value, what=what)  # names the offending part, if the rules above catch it
         raise InvalidInputError(f"{what} cannot be encoded as JSON: {type(exc).__name__}: {printable(str(exc)):.200}") from None
+
+
+def _dumps(value: object) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+_LONG_STRING = 16 * 1024
+"""A string at least this long, near the top of a value, is spliced into its encoding as bytes."""
+_SPLICE_DEPTH = 2
+_SPLICE_WIDTH = 32
+_ESCAPED = bytes(range(0x20)) + b'"\\'
+_NOT_ESCAPED = bytes(sorted(set(range(256)) - set(_ESCAPED)))
+
+
+def _has_long_string(value: object, depth: int) -> bool:
+    if type(value) is str:
+        return len(value) >= _LONG_STRING
+    if depth >= _SPLICE_DEPTH:
+        return False
+    if type(value) is dict and len(value) <= _SPLICE_WIDTH:
+        return any(_has_long_string(item, depth + 1) for item in value.values())
+    if type(value) is list and len(value) <= _SPLICE_WIDTH:
+        return any(_has_long_string(item, depth + 1) for item in value)
+    return False
+
+
+def _with_long_strings_spliced(value: dict[str, Any] | list[Any]) -> bytes | None:
+    """The canonical encoding of ``value``, built without passing its long strings through the
+    JSON encoder (whose escaping scans a string character by character: about 3 ms a megabyte);
+    None if ``value`` has none near its top (the caller encodes it the ordinary way).
+
+    A long string that needs no escape (no control character, quote or backslash: what
+    ``ensure_ascii=False`` would leave as it is) is replaced by a placeholder that holds a random
+    nonce, the rest is encoded as usual, and the string's UTF-8 bytes are spliced in where the
+    placeholder's encoding stands. Each placeholder must then occur exactly once, in order;
+    otherwise (the value happened to hold the nonce) the ordinary encoding is returned, so the
+    bytes are always those of ``json.dumps``."""
+    if not _has_long_string(value, 0):
+        return None
+    nonce = "\x00" + secrets.token_hex(8) + ":"
+    pieces: list[bytes] = []
+
+    def substitute(item: Any, depth: int) -> Any:
+        if type(item) is str:
+            if len(item) < _LONG_STRING:
+                return item
+            data = item.encode("utf-8")  # a lone surrogate raises: the caller names it
+            if data.translate(None, _NOT_ESCAPED):
+                return item  # something to escape: left to the encoder
+            pieces.append(data)
+            return f"{nonce}{len(pieces) - 1}\x00"
+        if depth >= _SPLICE_DEPTH:
+            return item
+        if type(item) is dict and len(item) <= _SPLICE_WIDTH:
+            return {key: substitute(inner, depth + 1) for key, inner in item.items()}
+        if type(item) is list and len(item) <= _SPLICE_WIDTH:
+            return [substitute(inner, depth + 1) for inner in item]
+        return item
+
+    skeleton = substitute(value, 0)
+    if not pieces:
+        return None
+    encoded = _dumps(skeleton)
+    marker = _dumps(nonce)[1:-1]
+    parts = encoded.split(marker)
+    if len(parts) != len(pieces) + 1:
+        return None
+    out = [parts[0]]
+    for index, part in enumerate(parts[1:]):
+        number, _, rest = part.partition(b"\\u0000")
+        if number != str(index).encode("ascii"):
+            return None
+        out.append(pieces[index])
+        out.append(rest)
+    return b"".join(out)
+
+
+_remembered: collections.OrderedDict[int, tuple[object, bytes, str]] = collections.OrderedDict()
+_remembered_lock = threading.Lock()
+_REMEMBER_COUNT = 8
+_REMEMBER_BYTES = 32 * 1024 * 1024
+
+
+def _remember(value: object, data: bytes, hex_digest: str) -> None:
+    """Keep the encoding and digest of a large value for ``remembered_encoding`` (the most recent
+    few, at most ``_REMEMBER_BYTES`` in all). The entry holds the value itself, so its ``id`` is not
+    reused while the entry lives."""
+    with _remembered_lock:
+        _remembered[id(value)] = (value, data, hex_digest)
+        _remembered.move_to_end(id(value))
+        total = sum(len(entry[1]) for entry in _remembered.values())
+        while _remembered and (len(_remembered) > _REMEMBER_COUNT or total > _REMEMBER_BYTES):
+            _, (_, dropped, _) = _remembered.popitem(last=False)
+            total -= len(dropped)
+
+
+def remembered_encoding(value: object) -> tuple[bytes, str] | None:
+    """The canonical encoding and SHA-256 (hex) that ``digest_of`` computed for this very object,
+    if it was large (``LARGE_VALUE_BYTES``) and is among the last few; the entry is handed over
+    (removed). A store uses it to write a large payload without encoding or hashing it again; the
+    value must not have been changed since it was digested (the engine never changes a payload)."""
+    with _remembered_lock:
+        entry = _remembered.get(id(value))
+        if entry is None or entry[0] is not value:
+            # A record keeps the plain copy ``ensure_json`` made of what was digested: the same
+            # containers, copied, around the very same leaves (strings, numbers).
+            entry = next((item for item in reversed(_remembered.values()) if _same_leaves(item[0], value)), None)
+            if entry is None:
+                return None
+        del _remembered[id(entry[0])]
+    return entry[1], entry[2]
+
+
+_SAME_LEAVES_BUDGET = 4096
+"""The most containers ``_same_leaves`` walks before it gives up (the caller then encodes)."""
+
+
+def _same_leaves(a: object, b: object) -> bool:
+    """Whether ``a`` and ``b`` are containers of the same types and keys, in the same order, around
+    identical leaf objects: then they encode alike (a leaf of another type, ``1`` for ``1.0``,
+    is another object). False when that cannot be told within ``_SAME_LEAVES_BUDGET`` containers."""
+    budget = [_SAME_LEAVES_BUDGET]
+
+    def same(x: Any, y: Any) -> bool:
+        if x is y:
+            return True
+        kind = type(x)
+        if kind is not type(y) or (kind is not dict and kind is not list):
+            return False
+        budget[0] -= 1
+        if budget[0] < 0 or len(x) != len(y):
+            return False
+        if kind is dict:
+            return list(x) == list(y) and all(same(item, y[key]) for key, item in x.items())
+        return all(same(item, other) for item, other in zip(x, y))
+
+    return (type(a) is dict or type(a) is list) and same(a, b)
 
 
 def sha256_hex(data: bytes) -> str:
@@ -245,7 +397,10 @@ def digest_of(
             limit=max_bytes,
             limit_name=limit_name,
         )
-    return "sha256:" + sha256_hex(data)
+    hex_digest = sha256_hex(data)
+    if checked and len(data) >= LARGE_VALUE_BYTES:  # ``value`` itself was encoded: a store may write it as is
+        _remember(value, data, hex_digest)
+    return "sha256:" + hex_digest
 
 
 # -- the strict decoder -----------------------------------------------------------------------

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from . import _fields as f
 from .approval import ApprovalRequest
@@ -268,8 +268,12 @@ class RunState:
         return state
 
 
-def encode(state: RunState) -> bytes:
+def encode(state: RunState, *, record_json: Callable[[EffectRecord], JSONValue] | None = None) -> bytes:
+    """The envelope of ``state``; ``record_json``, if given, writes each effect record (a store
+    that keeps large values apart writes them as references, see ``stores._blobs``)."""
     body = state.to_json()
+    if record_json is not None:
+        body["effects"] = [record_json(record) for record in state.effects.values()]
     return canonical_bytes(
         {
             "format": FORMAT,
@@ -296,8 +300,10 @@ def check_loadable(data: bytes, what: str) -> None:
         )
 
 
-def decode(data: bytes, *, expected_task: str | None = None) -> RunState:
-    """Validate and parse envelope bytes; raise ``CorruptStateError`` (or a subclass) on any defect."""
+def decode(data: bytes, *, expected_task: str | None = None, resolve: Callable[[object], object] | None = None) -> RunState:
+    """Validate and parse envelope bytes; raise ``CorruptStateError`` (or a subclass) on any defect.
+    ``resolve``, if given, turns each stored effect record into what ``EffectRecord.from_json``
+    reads (after the checksum is checked; see ``encode``)."""
     document = parse_json(data, what="state", max_bytes=MAX_STATE_BYTES)
     envelope = f.require_mapping(document, "state envelope")
     if envelope.get("format") != FORMAT:
@@ -316,6 +322,8 @@ def decode(data: bytes, *, expected_task: str | None = None) -> RunState:
         raise CorruptStateError(f"state body cannot be re-encoded: {exc}") from exc
     if checksum != actual:
         raise CorruptStateError("state checksum does not match its content")
+    if resolve is not None and isinstance(body, dict) and isinstance(body.get("effects"), list):
+        body = {**body, "effects": [resolve(raw) for raw in body["effects"]]}
     state = RunState.from_json(body)
     if expected_task is not None and state.task_id != expected_task:
         raise ForeignStateError(f"state belongs to task {state.task_id!r}, not {expected_task!r}")

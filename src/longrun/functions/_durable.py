@@ -149,9 +149,10 @@ class DurableFunction(Generic[R]):
         """This function with some engine options replaced (``store``, ``adapters``, ``owner``,
         ``cancellations``, ...): same name, so the same tasks and plan digests. A worker runs each
         thread's tasks through its own store connection this way."""
-        unknown = sorted(set(options) - set(self._options))
+        known = {"store", "adapters", *EngineOptions.__optional_keys__}
+        unknown = sorted(set(options) - known)
         if unknown:
-            raise InvalidInputError(f"unknown engine options {unknown}; known: {sorted(self._options)}")
+            raise InvalidInputError(f"unknown engine options {unknown}; known: {sorted(known)}")
         merged = {**self._options, **options}
         Engine(self._contract, **merged)  # validates them now, not at the first run
         clone = copy.copy(self)

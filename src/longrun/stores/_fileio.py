@@ -32,7 +32,7 @@ from typing import Sequence
 
 __all__ = [
     "FileIO", "ensure_dir", "ensure_dirs", "lexists", "read_file", "read_prefix", "read_small", "read_upto", "write_all",
-    "write_all_at", "write_atomic",
+    "write_all_at", "write_atomic", "write_new_files",
 ]  # fmt: skip
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -284,4 +284,32 @@ def write_atomic(
         with contextlib.suppress(OSError):
             io.unlink(temp)
         raise
+    io.fsync_dir(directory)
+
+
+def write_new_files(io: FileIO, directory: str, files: Sequence[tuple[str, bytes]]) -> None:
+    """Durably create each ``directory/name`` with its bytes, then ``fsync`` the directory once.
+
+    For immutable, content-addressed files (blobs): each is written to a temporary file,
+    ``fdatasync``-ed and renamed to its name, so a name never holds less than its whole content;
+    one directory fsync at the end makes every rename durable. A name that already exists is left
+    as it is (it holds the same content, written the same way), but the directory is still synced,
+    since the rename that made it may not be durable yet."""
+    for name, data in files:
+        destination = os.path.join(directory, name)
+        if lexists(io, destination):
+            continue
+        temp = os.path.join(directory, f"{name}{TEMP_MARK}{secrets.token_hex(6)}")
+        fd = io.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            try:
+                write_all(io, fd, data)
+                io.fdatasync(fd)
+            finally:
+                io.close(fd)
+            io.replace(temp, destination)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                io.unlink(temp)
+            raise
     io.fsync_dir(directory)

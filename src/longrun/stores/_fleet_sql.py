@@ -78,11 +78,11 @@ class PostgresDialect(Dialect):
         self._label = repr(store)
 
     def connect(self) -> Any:
-        from .postgres import _driver_errors
+        from .postgres import driver_errors
 
         connection = self._connect()
         try:
-            self._errors = _driver_errors(connection)
+            self._errors = driver_errors(connection)
             if getattr(connection, "autocommit", False):
                 connection.autocommit = False
             connection.commit()

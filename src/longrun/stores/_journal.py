@@ -67,6 +67,7 @@ from ..envelope import MAX_STATE_BYTES, RunState
 from ..errors import CorruptStateError, ForeignStateError, InvalidInputError, SchemaVersionError, SizeLimitError
 from ..ledger import EffectRecord, EffectState
 from ..outcome import Status
+from ._blobs import BLOBS_KEY, BlobCodec, BlobRef, refs_from_json, refs_to_json
 
 __all__ = [
     "EFFECT_FIELDS",
@@ -110,8 +111,16 @@ EFFECT_FIELDS: tuple[str, ...] = (
 FIRST_EFFECT_FIELDS = EFFECT_FIELDS[:-1]
 """The row as first written, before ``backoff``: still read, the missing value being null. A
 snapshot's meta names the fields its rows hold; a journal row's length tells."""
-_ROW_WIDTHS = (len(EFFECT_FIELDS), len(FIRST_EFFECT_FIELDS))
+BLOB_ROW_FIELDS = (*EFFECT_FIELDS, BLOBS_KEY)
+"""A row whose payload or result is kept as a blob: the fields, the out-of-line ones null, then the
+reference map (``stores._blobs``). A snapshot that holds one writes every row this wide (the map
+null where there is none) and names these fields in its meta."""
+_ROW_WIDTHS = (len(EFFECT_FIELDS), len(FIRST_EFFECT_FIELDS), len(BLOB_ROW_FIELDS))
 _FIELD_INDEX = {name: index for index, name in enumerate(EFFECT_FIELDS)}
+_CHANGE_INDEX = {name: index for index, name in enumerate(BLOB_ROW_FIELDS)}
+_BLOBS_AT = len(EFFECT_FIELDS)
+BlobFetch = Callable[[BlobRef, str], Any]
+"""How a reader resolves a blob reference: the value the blob holds, checked (``_blobs.decode_blob``)."""
 _STATES = {state.value: state for state in EffectState}
 
 _SCALAR_KEYS = (
@@ -316,14 +325,27 @@ def scan(data: bytes, *, padded: bool = False) -> Scan:
 # -- effect rows ------------------------------------------------------------------------------
 
 
-def row_of(record: EffectRecord) -> list[Any]:
-    """An effect record as a row of values in ``EFFECT_FIELDS`` order."""
-    return [
-        record.key, record.step_id, record.action, record.payload, record.payload_digest, record.state.value,
-        record.attempts, record.epoch, record.result, record.cost, record.receipt, record.evidence,
+def row_of(record: EffectRecord, blobs: BlobCodec | None = None, introduced: list[BlobRef] | None = None) -> list[Any]:
+    """An effect record as a row of values in ``EFFECT_FIELDS`` order; with ``blobs``, a large
+    payload or result as a blob reference (``BLOB_ROW_FIELDS``), its reference added to ``introduced``."""
+    payload: Any = record.payload
+    result: Any = record.result
+    refs = None
+    if blobs is not None:
+        (payload, result), found = blobs.split((("payload", payload), ("result", result)))
+        if found:
+            refs = found
+            if introduced is not None:
+                introduced.extend(found.values())
+    row = [
+        record.key, record.step_id, record.action, payload, record.payload_digest, record.state.value,
+        record.attempts, record.epoch, result, record.cost, record.receipt, record.evidence,
         record.last_error, record.not_before, record.approval_id, record.updated_at,
         record.backoff.to_json() if record.backoff is not None else None,
     ]  # fmt: skip
+    if refs is not None:
+        row.append(refs_to_json(refs))
+    return row
 
 
 def _bad(field: str, value: object) -> CorruptStateError:
@@ -341,13 +363,27 @@ def _number(field: str, value: object) -> float:
 _isfinite = math.isfinite
 
 
-def record_from_row(row: object) -> EffectRecord:
-    """Validate a row with the rules of ``EffectRecord.from_json`` and build the record."""
+def record_from_row(row: object, fetch: BlobFetch | None = None) -> EffectRecord:
+    """Validate a row with the rules of ``EffectRecord.from_json`` and build the record; a blob
+    reference is resolved with ``fetch`` (which checks the blob)."""
     if type(row) is not list or len(row) not in _ROW_WIDTHS:
         raise CorruptStateError(f"effect record row must be a list of {len(EFFECT_FIELDS)} values")
-    values: list[Any] = row if len(row) == len(EFFECT_FIELDS) else [*row, None]  # a first-format row has no backoff
+    values: list[Any] = row if len(row) == len(EFFECT_FIELDS) else [*row, None] if len(row) < len(EFFECT_FIELDS) else row[:_BLOBS_AT]
     (key, step_id, action, payload, payload_digest, state, attempts, epoch, result, cost, receipt, evidence,
      last_error, not_before, approval_id, updated_at, backoff) = values  # fmt: skip
+    if len(row) > _BLOBS_AT and row[_BLOBS_AT] is not None:
+        what = f"effect record {step_id!r:.80}"
+        refs = refs_from_json(row[_BLOBS_AT], what)
+        if fetch is None:
+            raise CorruptStateError(f"{what} references a blob, and no blob store was given to read it")
+        if "payload" in refs:
+            if payload is not None:
+                raise CorruptStateError(f"{what}: its payload is both inline and a blob")
+            payload = fetch(refs["payload"], f"{what} payload")
+        if "result" in refs:
+            if result is not None:
+                raise CorruptStateError(f"{what}: its result is both inline and a blob")
+            result = fetch(refs["result"], f"{what} result")
     for name, value in (("key", key), ("step_id", step_id), ("action", action), ("payload_digest", payload_digest)):
         if type(value) is not str:
             raise _bad(name, value)
@@ -395,7 +431,9 @@ def _same_json(a: object, b: object) -> bool:
 _record_values = operator.attrgetter(*EFFECT_FIELDS)
 
 
-def _record_changes(old: EffectRecord, new: EffectRecord) -> dict[str, Any]:
+def _record_changes(
+    old: EffectRecord, new: EffectRecord, blobs: BlobCodec | None = None, introduced: list[BlobRef] | None = None
+) -> dict[str, Any]:
     changes = {
         name: b for name, a, b in zip(EFFECT_FIELDS, _record_values(old), _record_values(new)) if a is not b and not _same_json(a, b)
     }
@@ -403,6 +441,18 @@ def _record_changes(old: EffectRecord, new: EffectRecord) -> dict[str, Any]:
         changes["state"] = changes["state"].value
     if changes.get("backoff") is not None:
         changes["backoff"] = changes["backoff"].to_json()
+    if blobs is not None and ("payload" in changes or "result" in changes):
+        # The stored form: a large value as a reference; the map is written whole when it changes.
+        _, before = blobs.split((("payload", old.payload), ("result", old.result)))
+        (payload, result), after = blobs.split((("payload", new.payload), ("result", new.result)))
+        if "payload" in changes:
+            changes["payload"] = payload
+        if "result" in changes:
+            changes["result"] = result
+        if before != after:
+            changes[BLOBS_KEY] = refs_to_json(after)
+        if introduced is not None:
+            introduced.extend(ref for name, ref in after.items() if name in changes)
     return changes
 
 
@@ -426,8 +476,11 @@ def _header_of(state: RunState) -> dict[str, Any]:
     return header
 
 
-def build_state(header: Mapping[str, Any], revision: int, rows: Mapping[str, list[Any]]) -> RunState:
-    """Validate a flat header and effect rows and build the ``RunState`` they describe."""
+def build_state(
+    header: Mapping[str, Any], revision: int, rows: Mapping[str, list[Any]], fetch: BlobFetch | None = None
+) -> RunState:
+    """Validate a flat header and effect rows and build the ``RunState`` they describe (blob
+    references resolved with ``fetch``)."""
     keys = header.keys()
     if keys != HEADER_KEYS and not _FIRST_HEADER_KEYS <= keys <= HEADER_KEYS:
         missing = sorted(_FIRST_HEADER_KEYS - keys)
@@ -450,7 +503,7 @@ def build_state(header: Mapping[str, Any], revision: int, rows: Mapping[str, lis
     state = RunState.from_json(document)
     effects: dict[str, EffectRecord] = {}
     for step_id, row in rows.items():
-        record = record_from_row(row)
+        record = record_from_row(row, fetch)
         if _is_step_id(step_id) is None:  # check_step_id's rule, without a call per record
             try:
                 check_step_id(step_id)
@@ -466,12 +519,20 @@ def build_state(header: Mapping[str, Any], revision: int, rows: Mapping[str, lis
 # -- snapshot ---------------------------------------------------------------------------------
 
 
-def encode_snapshot(state: RunState) -> list[bytes]:
+def encode_snapshot(state: RunState, blobs: BlobCodec | None = None, introduced: list[BlobRef] | None = None) -> list[bytes]:
     """The lines of a snapshot of ``state`` (at ``state.revision``); raises before any I/O if a
     value cannot be encoded (``InvalidInputError``) or if the snapshot would be over
-    ``MAX_STATE_BYTES``, the most a load reads (``SizeLimitError``)."""
+    ``MAX_STATE_BYTES``, the most a load reads (``SizeLimitError``). With ``blobs``, large values
+    are written as references (each one added to ``introduced``), never as their bytes."""
     records = list(state.effects.values())
     chunks = (len(records) + ROWS_PER_LINE - 1) // ROWS_PER_LINE
+    rows = [row_of(record, blobs, introduced) for record in records]
+    fields = EFFECT_FIELDS
+    if any(len(row) > _BLOBS_AT for row in rows):
+        fields = BLOB_ROW_FIELDS
+        for row in rows:
+            if len(row) == _BLOBS_AT:
+                row.append(None)
     lines = [
         _meta_line(
             {
@@ -481,14 +542,14 @@ def encode_snapshot(state: RunState) -> list[bytes]:
                 "revision": state.revision,
                 "effects": len(records),
                 "row_lines": chunks,
-                "fields": list(EFFECT_FIELDS),
+                "fields": list(fields),
             }
         ),
         frame(_header_of(state)),
     ]
     size = sum(map(len, lines))
-    for start in range(0, len(records), ROWS_PER_LINE):
-        lines.append(frame([row_of(record) for record in records[start : start + ROWS_PER_LINE]]))
+    for start in range(0, len(rows), ROWS_PER_LINE):
+        lines.append(frame(rows[start : start + ROWS_PER_LINE]))
         size += len(lines[-1])
         if size > MAX_STATE_BYTES:
             raise SizeLimitError(
@@ -530,9 +591,10 @@ def decode_snapshot(data: bytes, *, task_id: str) -> RawSnapshot:
         raise CorruptStateError(f"snapshot line at byte {found.problem_at} is {found.problem} (checksum or framing)")
     revision, count, chunks = _meta_int(meta, "revision", 1), _meta_int(meta, "effects", 0), _meta_int(meta, "row_lines", 0)
     fields = meta.get("fields")
-    if fields != list(EFFECT_FIELDS) and fields != list(FIRST_EFFECT_FIELDS):
+    widths = {len(known): known for known in (EFFECT_FIELDS, FIRST_EFFECT_FIELDS, BLOB_ROW_FIELDS)}
+    if type(fields) is not list or widths.get(len(fields)) != tuple(fields):
         raise CorruptStateError("snapshot meta: the effect record fields are not ones this code reads")
-    width = len(EFFECT_FIELDS) if fields == list(EFFECT_FIELDS) else len(FIRST_EFFECT_FIELDS)
+    width = len(fields)
     if len(found.bodies) != 1 + chunks:
         raise CorruptStateError(f"snapshot has {len(found.bodies)} lines after its meta, its meta says {1 + chunks}")
     header = _loads(found.bodies[0], "snapshot header")
@@ -548,7 +610,7 @@ def decode_snapshot(data: bytes, *, task_id: str) -> RawSnapshot:
         for row in chunk:
             if type(row) is not list or len(row) != width or type(row[1]) is not str:
                 raise CorruptStateError("snapshot effect row is malformed")
-            if width != len(EFFECT_FIELDS):
+            if width == len(FIRST_EFFECT_FIELDS):
                 row.append(None)  # written before the row had a backoff
             if row[1] in rows:
                 raise CorruptStateError(f"snapshot has two effect records for step {row[1]!r:.80}")
@@ -587,7 +649,7 @@ def describe_record(body: bytes) -> dict[str, Any]:
         if change is None:
             changes.append(f"{step_id}: record removed")
         elif isinstance(change, list) and len(change) in _ROW_WIDTHS:
-            row = dict(zip(EFFECT_FIELDS, change))
+            row = dict(zip(BLOB_ROW_FIELDS, change))
             changes.append(f"{step_id}: {row['state']} (attempt {row['attempts']}, payload {row['payload_digest']})")
         elif isinstance(change, dict):
             parts = [f"{name} -> {change[name]}" for name in ("state", "attempts", "approval_id") if name in change]
@@ -641,12 +703,14 @@ def highest_epoch(data: bytes) -> int:
             effects = value.get("effects")
             if isinstance(effects, dict):
                 for change in effects.values():
-                    if isinstance(change, list) and len(change) == len(EFFECT_FIELDS):
+                    if isinstance(change, list) and len(change) in (len(EFFECT_FIELDS), len(BLOB_ROW_FIELDS)):
                         candidates.append(change[epoch_index])
                     elif isinstance(change, dict):
                         candidates.append(change.get("epoch"))
         elif isinstance(value, list):  # a snapshot's line of effect rows
-            candidates += [row[epoch_index] for row in value if isinstance(row, list) and len(row) == len(EFFECT_FIELDS)]
+            candidates += [
+                row[epoch_index] for row in value if isinstance(row, list) and len(row) in (len(EFFECT_FIELDS), len(BLOB_ROW_FIELDS))
+            ]
         for candidate in candidates:
             if type(candidate) is int and 0 <= candidate <= MAX_INT:
                 highest = max(highest, candidate)
@@ -739,7 +803,7 @@ class Replay:
             if change is None or type(change) is dict:
                 if step_id not in rows:
                     raise CorruptStateError(f"journal record revision {revision} changes unknown step {step_id!r:.80}")
-                if change is not None and not _FIELD_INDEX.keys() >= change.keys():
+                if change is not None and not _CHANGE_INDEX.keys() >= change.keys():
                     raise CorruptStateError(f"journal record revision {revision} names an unknown effect field")
             elif type(change) is not list or len(change) not in _ROW_WIDTHS:
                 raise CorruptStateError(f"journal record revision {revision} has a malformed effect row")
@@ -751,15 +815,17 @@ class Replay:
             if change is None:
                 del rows[step_id]
             elif type(change) is list:
-                rows[step_id] = change if len(change) == len(EFFECT_FIELDS) else [*change, None]
+                rows[step_id] = change if len(change) != len(FIRST_EFFECT_FIELDS) else [*change, None]
             else:
                 row = rows[step_id]
+                if BLOBS_KEY in change and len(row) == _BLOBS_AT:
+                    row.append(None)
                 for name, value in change.items():
-                    row[_FIELD_INDEX[name]] = value
+                    row[_CHANGE_INDEX[name]] = value
         self.revision, self.epoch = revision, epoch
 
-    def build(self) -> RunState:
-        return build_state(self.header, self.revision, self.rows)
+    def build(self, fetch: BlobFetch | None = None) -> RunState:
+        return build_state(self.header, self.revision, self.rows, fetch)
 
 
 class Shadow:
@@ -773,8 +839,13 @@ class Shadow:
     which is correct and costs O(n). An empty collection says that no record changed.
     """
 
-    def __init__(self, state: RunState):
+    def __init__(self, state: RunState, blobs: BlobCodec | None = None):
         self.state = state
+        self.blobs = blobs
+        """With a codec, large payloads and results are written as blob references."""
+        self.introduced: list[BlobRef] = []
+        """The blob references the last record written holds in new or changed fields: each must be
+        stored before the record is (the writer writes them first)."""
         self.effects = state.effects
         self.records: dict[str, EffectRecord] = dict(state.effects)
         self.header = _header_of(state)
@@ -799,6 +870,7 @@ class Shadow:
         """The journal record that turns the shadow into ``state``, updating the shadow; or None if
         the change cannot be told from ``changed`` (the caller then writes a snapshot)."""
         record: dict[str, Any] = {"rev": state.revision, "epoch": state.lease_epoch}
+        self.introduced = []
         effects = self._effect_changes(state, changed)
         if effects is None:
             return None
@@ -837,7 +909,7 @@ class Shadow:
                 new = current[step_id]
                 old = known[step_id]
                 if new is not old:
-                    difference = _record_changes(old, new)
+                    difference = _record_changes(old, new, self.blobs, self.introduced)
                     if difference:
                         out[step_id] = difference
                     known[step_id] = new
@@ -846,7 +918,7 @@ class Shadow:
             del known[step_id]
         for step_id in added:
             record = current[step_id]
-            out[step_id] = row_of(record)
+            out[step_id] = row_of(record, self.blobs, self.introduced)
             known[step_id] = record
         return out
 

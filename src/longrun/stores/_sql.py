@@ -26,6 +26,8 @@ database whose version is newer than this code knows is refused with ``SchemaVer
                            effect_count, header (a state envelope with no effects), checksum
     longrun_effects        task_id, step_id, position, revision, record, checksum
     longrun_plans          task_id, revision, body (a declared plan's outline), checksum (version 4)
+    longrun_blobs          task_id, digest, data (version 5: a large payload or result, its canonical
+                           bytes, by their SHA-256; see ``stores._blobs``)
     longrun_cancellations  task_id, body (raw JSON text), written_at
     longrun_approvals      task_id, approval_id, body (raw JSON text), written_at
     longrun_quarantine     id, task_id, kind, name, reason, quarantined_at, data
@@ -35,7 +37,12 @@ store has not written yet), so its cost grows with the change, not with the ledg
 plan's outline (``RunState.plan_outline``: every step id, so as long as the plan) is kept out of
 the header in its own row, written only when it changes (the first revision, a grown plan). It is
 informational: a damaged outline row is reported in the load's observations and the state loads
-without it (a repairing load moves the row to the quarantine); the runner records it again. Every row
+without it (a repairing load moves the row to the quarantine); the runner records it again. A
+payload or result of ``_blobs.BLOB_MIN_BYTES`` (64 KiB) or more is kept once, as a row of
+``longrun_blobs`` inserted (if absent) in the transaction of the first commit that references it;
+the effect row holds its reference, so a later commit of that row does not copy it. A load checks
+each blob's size and SHA-256 against its reference: a missing or damaged blob is damage to the
+effect row that names it. Every row
 carries a SHA-256 checksum and names its task; a load validates every row and the header's effect
 count before it returns anything.
 
@@ -82,13 +89,14 @@ from ..lease import Lease
 from ..ledger import EffectRecord
 from ..outcome import Evidence
 from ..protocols import LoadResult
+from ._blobs import BlobCodec, BlobFetcher, BlobRef, large_values, resolve_record_json, stored_record_json
 from .base import BaseStore, Witness
 
 __all__ = ["SCHEMA_VERSION", "SqlStore"]
 
 log = logging.getLogger("longrun")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 MAX_APPROVALS = 1000
 
 
@@ -178,6 +186,17 @@ def _migrations(types: dict[str, str]) -> list[tuple[int, str, list[str]]]:
                     checksum TEXT NOT NULL)""",
             ],
         ),
+        (
+            5,
+            "large payloads and results kept once, apart from the effect rows that reference them",
+            [
+                f"""CREATE TABLE IF NOT EXISTS longrun_blobs (
+                    task_id TEXT NOT NULL REFERENCES longrun_tasks (task_id),
+                    digest TEXT NOT NULL,
+                    data {t['bytes']} NOT NULL,
+                    PRIMARY KEY (task_id, digest))""",
+            ],
+        ),
     ]
 
 
@@ -242,8 +261,8 @@ class SqlStore(BaseStore):
 
     placeholder = "?"
     """How the driver marks a parameter; statements here are written with ``?``."""
-    types = {"int": "BIGINT", "float": "DOUBLE PRECISION", "serial": "INTEGER PRIMARY KEY"}
-    """The dialect's column types for the schema's integers, floats and the quarantine's row id."""
+    types = {"int": "BIGINT", "float": "DOUBLE PRECISION", "serial": "INTEGER PRIMARY KEY", "bytes": "BLOB"}
+    """The dialect's column types for the schema's integers, floats, the quarantine's row id and bytes."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -256,6 +275,8 @@ class SqlStore(BaseStore):
         """Per task, the effect rows this instance knows exist, step id -> position (after a repairing load)."""
         self._stored_outlines: dict[str, PlanOutline | None] = {}
         """Per task, the outline object this instance knows is stored (absent: not known)."""
+        self._blobs: dict[str, BlobCodec] = {}
+        """Per task, its large values as this instance knows them (``_blobs``)."""
 
     # -- dialect: a subclass provides these ---------------------------------------------------
 
@@ -554,8 +575,9 @@ class SqlStore(BaseStore):
         damage: list[_Damage] = []
         state = self._decode_header(task_id, header_row, damage)
         records: list[tuple[int, EffectRecord]] = []
+        fetch = BlobFetcher(lambda digest: self._blob(task_id, digest))
         for row in effect_rows:
-            record = self._decode_effect(task_id, row, state.revision if state else None, damage)
+            record = self._decode_effect(task_id, row, state.revision if state else None, damage, fetch)
             if record is not None:
                 records.append(record)
         if state is not None and not damage:
@@ -581,6 +603,9 @@ class SqlStore(BaseStore):
         if repair:
             self._stored_steps[task_id] = {record.step_id: position for position, record in records}
             self._stored_outlines[task_id] = state.plan_outline
+            codec = self._blobs[task_id] = BlobCodec()
+            for value, ref in fetch.seen:
+                codec.read(value, ref)
         digest = _checksum(encode(state))
         return LoadResult(
             state=state,
@@ -652,8 +677,15 @@ class SqlStore(BaseStore):
             return None
         return state
 
+    def _blob(self, task_id: str, digest: str) -> bytes | None:
+        row = self._one("SELECT data FROM longrun_blobs WHERE task_id = ? AND digest = ?", (task_id, digest))
+        if row is None:
+            return None
+        data = row[0]
+        return bytes(data) if isinstance(data, (bytes, bytearray, memoryview)) else None  # anything else fails the check
+
     def _decode_effect(
-        self, task_id: str, row: Sequence[Any], header_revision: int | None, damage: list[_Damage]
+        self, task_id: str, row: Sequence[Any], header_revision: int | None, damage: list[_Damage], fetch: BlobFetcher
     ) -> tuple[int, EffectRecord] | None:
         step_id, position, revision, body, checksum = row
         name = f"longrun_effects/{step_id}"
@@ -668,7 +700,7 @@ class SqlStore(BaseStore):
                 raise CorruptStateError("an effect row holds {task_id, record}")
             if document["task_id"] != task_id:
                 raise ForeignStateError(f"effect row {step_id!r} of task {task_id!r} belongs to task {document['task_id']!r}")
-            record = EffectRecord.from_json(document["record"])
+            record = EffectRecord.from_json(resolve_record_json(document["record"], fetch, f"effect record {step_id!r:.80}"))
         except ForeignStateError:
             raise
         except CorruptStateError as exc:
@@ -707,6 +739,7 @@ class SqlStore(BaseStore):
             self._keep_writes = True
             self._stored_steps.pop(task_id, None)
             self._stored_outlines.pop(task_id, None)
+            self._blobs.pop(task_id, None)
             log.warning("task %s: moved damaged rows to the quarantine: %s", task_id, moved)
         return moved
 
@@ -726,8 +759,11 @@ class SqlStore(BaseStore):
             assert stored is not None
             known, to_write, now_stored = None, delta, stored
         bodies: dict[str, bytes] = {}
+        codec = self._blobs.setdefault(task_id, BlobCodec())
+        referenced: list[BlobRef] = []
         for step_id, _ in to_write:  # encoded and measured before the first statement: a refusal writes nothing
-            body = canonical_bytes({"task_id": task_id, "record": state.effects[step_id].to_json()}, what=f"effect record {step_id!r}")
+            record_json = stored_record_json(state.effects[step_id], codec, referenced)  # a large value as a reference
+            body = canonical_bytes({"task_id": task_id, "record": record_json}, what=f"effect record {step_id!r}")
             check_loadable(body, f"task {task_id!r}: the effect record of step {step_id!r}")
             bodies[step_id] = body
         outline = state.plan_outline
@@ -768,6 +804,12 @@ class SqlStore(BaseStore):
                 known = {row[0] for row in self._all("SELECT step_id FROM longrun_effects WHERE task_id = ?", (task_id,))}
             for step_id in sorted(known - state.effects.keys()):
                 self._run("DELETE FROM longrun_effects WHERE task_id = ? AND step_id = ?", (task_id, step_id))
+        new_blobs = codec.to_write(referenced)
+        if new_blobs:  # in this transaction, before the rows that reference them; a stored one is kept as it is
+            self._run_many(
+                "INSERT INTO longrun_blobs (task_id, digest, data) VALUES (?, ?, ?) ON CONFLICT (task_id, digest) DO NOTHING",
+                [(task_id, blob.ref.sha256, blob.data) for blob in new_blobs],
+            )
         if to_write:
             rows = []
             for step_id, position in to_write:
@@ -793,6 +835,9 @@ class SqlStore(BaseStore):
         now_stored.update(to_write)
         self._stored_steps[task_id] = now_stored
         self._stored_outlines[task_id] = outline
+        codec.written(new_blobs)
+        if delta is None or codec.remembered > 2 * len(state.effects) + 16:
+            codec.keep_only(large_values(state.effects.values()))
 
     @staticmethod
     def _effect_delta(

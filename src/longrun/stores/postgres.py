@@ -36,7 +36,7 @@ from typing import Any, Callable
 from ..errors import InvalidInputError
 from ._sql import SqlStore
 
-__all__ = ["PostgresStore"]
+__all__ = ["PostgresStore", "driver_errors"]
 
 _SCHEMA_LOCK = 0x6C6F6E6772756E  # "longrun": serializes schema creation across processes
 
@@ -53,7 +53,7 @@ class PostgresStore(SqlStore):
     """
 
     placeholder = "%s"
-    types = {"int": "BIGINT", "float": "DOUBLE PRECISION", "serial": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"}
+    types = {"int": "BIGINT", "float": "DOUBLE PRECISION", "serial": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY", "bytes": "BYTEA"}
 
     def __init__(self, connect: Callable[[], Any], *, transaction_timeout_s: float = 10.0):
         super().__init__()
@@ -76,7 +76,7 @@ class PostgresStore(SqlStore):
     def _connect(self) -> Any:
         connection = self.connect()
         try:
-            self._errors = _driver_errors(connection)
+            self._errors = driver_errors(connection)
             if getattr(connection, "autocommit", False):
                 connection.autocommit = False  # transactions are begun by the driver, ended by us
             connection.commit()  # end anything the factory left open (a SET it ran, say)
@@ -126,7 +126,7 @@ class PostgresStore(SqlStore):
         return float(row[0])
 
 
-def _driver_errors(connection: Any) -> tuple[type[BaseException], ...]:
+def driver_errors(connection: Any) -> tuple[type[BaseException], ...]:
     """The driver's DB-API ``Error`` base (found on the connection or its package), plus OSError.
 
     If none can be found, every ``Exception`` is translated: a driver that hides its error classes

@@ -95,7 +95,7 @@ class SqliteStore(SqlStore):
     """
 
     placeholder = "?"
-    types = {"int": "INTEGER", "float": "REAL", "serial": "INTEGER PRIMARY KEY AUTOINCREMENT"}
+    types = {"int": "INTEGER", "float": "REAL", "serial": "INTEGER PRIMARY KEY AUTOINCREMENT", "bytes": "BLOB"}
     _reads_take_a_snapshot = True
 
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout_s: float = 30.0, create: bool = False):

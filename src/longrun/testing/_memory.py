@@ -46,6 +46,7 @@ from ..errors import (
 )
 from ..lease import Lease
 from ..protocols import LoadResult
+from ..stores._blobs import BlobCodec, BlobFetcher, BlobRef, large_values, resolve_record_json, stored_record_json
 from ..stores.base import BaseStore
 
 __all__ = ["MemoryStore", "TaskRecords"]
@@ -65,7 +66,8 @@ class TaskRecords:
     lease: bytes | None = None
     """The lease record (``Lease.to_json``, canonical JSON), token included."""
     state: bytes | None = None
-    """The state envelope (``longrun.envelope.encode``) of the last committed revision."""
+    """The state envelope (``longrun.envelope.encode``) of the last committed revision, large payloads and
+    results in it as references to ``blobs``."""
     cancellation: bytes | None = None
     approvals: dict[str, bytes] = dataclasses.field(default_factory=dict)
     """Approval records by approval id."""
@@ -75,6 +77,9 @@ class TaskRecords:
     """The highest epoch ever issued: a lease record repaired after damage starts above it."""
     quarantine: list[tuple[str, str, bytes]] = dataclasses.field(default_factory=list)
     """Damaged records set aside, never deleted: (what, why, the bytes)."""
+    blobs: dict[str, bytes] = dataclasses.field(default_factory=dict)
+    """Large payloads and results, by the SHA-256 (hex) of their canonical bytes (``stores._blobs``):
+    the state references them, written in the same commit, never rewritten."""
 
 
 class _Tasks:
@@ -92,6 +97,7 @@ class MemoryStore(BaseStore):
         super().__init__()
         self._tasks: _Tasks = shared_with._tasks if shared_with is not None else _Tasks()
         self._fault = fault
+        self._codecs: dict[str, BlobCodec] = {}
 
     def __repr__(self) -> str:
         return f"MemoryStore(<{len(self._tasks.records)} tasks at {id(self._tasks):#x}>)"
@@ -162,8 +168,10 @@ class MemoryStore(BaseStore):
                     f"task {task_id!r}: its damaged state was set aside and nothing replaced it; restore it or retire the task id"
                 )
             return LoadResult(state=None, revision_floor=records.revision_floor)
+        blobs = records.blobs
+        fetch = BlobFetcher(blobs.get)
         try:
-            state = decode(data, expected_task=task_id)
+            state = decode(data, expected_task=task_id, resolve=lambda raw: resolve_record_json(raw, fetch, "an effect record"))
         except (ForeignStateError, SchemaVersionError):
             raise  # well formed but not ours to repair: refuse, move nothing
         except CorruptStateError as exc:
@@ -176,17 +184,31 @@ class MemoryStore(BaseStore):
                 + ("it was moved to the quarantine" if repair else "it was left in place (read-only load)")
                 + ". An in-memory store keeps no backup revision"
             ) from exc
+        if repair:
+            codec = self._codecs.setdefault(task_id, BlobCodec())
+            for value, ref in fetch.seen:
+                codec.read(value, ref)
         return LoadResult(
             state=state, source="primary", digest="sha256:" + sha256_hex(data), revision_floor=max(records.revision_floor, state.revision)
         )
 
     def _put_state(self, state: RunState, changed: Collection[str] | None) -> None:
         # The whole state, every time: ``changed`` saves a file or a database work, not memory.
-        data = encode(state)
+        # Large values are written as references; their blobs in the same commit, once.
+        codec = self._codecs.setdefault(state.task_id, BlobCodec())
+        referenced: list[BlobRef] = []
+        data = encode(state, record_json=lambda record: stored_record_json(record, codec, referenced))
         check_loadable(data, f"task {state.task_id!r}: the state")
         records = self._touch("write-state", state.task_id)
+        missing = [ref for ref in referenced if ref.sha256 not in records.blobs]
+        codec.stored.difference_update(ref.sha256 for ref in missing)
+        new_blobs = codec.to_write(missing)
+        for blob in new_blobs:
+            records.blobs[blob.ref.sha256] = blob.data
+        codec.written(new_blobs)
         records.state = data
         records.revision_floor = max(records.revision_floor, state.revision)
+        codec.keep_only(large_values(state.effects.values()))
 
     # -- control records ----------------------------------------------------------------------
 

@@ -23,11 +23,12 @@ from typing import Protocol
 from ...contract import check_task_id
 from ...envelope import MAX_STATE_BYTES
 from ...errors import InvalidInputError, LongrunError, StorageError, UnknownTaskError
-from .._fileio import TEMP_MARK, FileIO, ensure_dir, ensure_dirs
+from .._blobs import Blob, BlobRef, decode_blob
+from .._fileio import TEMP_MARK, FileIO, ensure_dir, ensure_dirs, read_file, write_new_files
 from ..controlfiles import APPROVALS, CANCEL, CONTROL, MAX_APPROVAL_FILES, MAX_RECORD_BYTES
 
 __all__ = [
-    "APPROVALS", "BACKUP", "CANCEL", "COMPACT_MIN_BYTES", "COMPACT_RATIO", "CONTROL", "HOLDER_LOCK", "LEASE", "LOCK",
+    "APPROVALS", "BACKUP", "BLOBS", "CANCEL", "COMPACT_MIN_BYTES", "COMPACT_RATIO", "CONTROL", "HOLDER_LOCK", "LEASE", "LOCK",
     "MAX_APPROVAL_FILES", "MAX_JOURNAL_BYTES", "MAX_OPEN_JOURNALS", "MAX_RECORD_BYTES", "MAX_STATE_BYTES",
     "PREALLOCATE_MAX", "PREALLOCATE_MIN", "QUARANTINE", "STATE", "Gate", "Gates", "TaskFiles", "Transaction", "journal_name",
 ]  # fmt: skip
@@ -38,6 +39,9 @@ LEASE = "lease.json"
 HOLDER_LOCK = "lease.lock"
 LOCK = "lock"
 QUARANTINE = "quarantine"
+BLOBS = "blobs"
+"""The task's blobs: large payloads and results, one file each, named by the SHA-256 of its bytes."""
+BLOB_NAME = re.compile(r"[0-9a-f]{64}")
 MAX_JOURNAL_BYTES = MAX_STATE_BYTES
 COMPACT_MIN_BYTES = 1 << 20
 """A journal shorter than this is never compacted: below it, replaying costs less than a snapshot."""
@@ -197,6 +201,45 @@ class TaskFiles:
         for name in self.io.listdir(directory):
             if TEMP_MARK in name:
                 self.io.unlink(os.path.join(directory, name))
+        blobs = os.path.join(directory, BLOBS)
+        try:
+            names = self.io.listdir(blobs)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if TEMP_MARK in name:
+                self.io.unlink(os.path.join(blobs, name))
+
+    # -- blobs -------------------------------------------------------------------------------
+
+    def read_blob(self, task_id: str, ref: BlobRef, what: str) -> object:
+        """The value the blob ``ref`` holds, checked (``CorruptStateError`` if missing or damaged)."""
+        path = os.path.join(self.task_dir(task_id), BLOBS, ref.sha256)
+        try:
+            data = read_file(self.io, path, MAX_STATE_BYTES)
+        except FileNotFoundError:  # the blobs directory itself is gone
+            data = None
+        return decode_blob(ref, data, what)
+
+    def write_blobs(self, task_id: str, blobs: list[Blob]) -> None:
+        """Make the blobs durable: each file written and synced, renamed into place, then the blobs
+        directory synced once (made, and synced in the task directory, if missing)."""
+        directory = os.path.join(self.task_dir(task_id), BLOBS)
+        ensure_dir(self.io, directory)
+        write_new_files(self.io, directory, [(blob.ref.sha256, blob.data) for blob in blobs])
+
+    def blob_names(self, task_id: str) -> list[str]:
+        """The names of the task's blob files (temporary files left out)."""
+        try:
+            names = self.io.listdir(os.path.join(self.task_dir(task_id), BLOBS))
+        except FileNotFoundError:
+            return []
+        return [name for name in names if BLOB_NAME.fullmatch(name)]
+
+    def delete_blobs(self, task_id: str, names: list[str]) -> None:
+        directory = os.path.join(self.task_dir(task_id), BLOBS)
+        for name in names:
+            self.io.unlink(os.path.join(directory, name))
 
     def quarantine(self, task_id: str, name: str, reason: str) -> str:
         """Move a file of the task into its quarantine (durably); returns its new relative name."""

@@ -8,20 +8,23 @@ the first problem; what to make of the problem is ``_recovery``'s business.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import os
+import stat
 
 from ...envelope import FORMAT as LEGACY_FORMAT
 from ...envelope import RunState
 from ...envelope import decode as decode_legacy
 from ...errors import CorruptStateError, ForeignStateError, SchemaVersionError
 from .. import _journal as journal
+from .._blobs import BlobRef
 from .._fileio import read_file, read_prefix
 from . import _layout as layout
-from ._layout import BACKUP, STATE, TaskFiles
+from ._layout import BACKUP, BLOBS, STATE, TaskFiles
 
 __all__ = [
-    "Chain", "JournalFile", "Snapshot", "backup_revision", "epoch_floor", "read_journal", "read_snapshot",
+    "BlobReader", "Chain", "JournalFile", "Snapshot", "backup_revision", "epoch_floor", "read_journal", "read_snapshot",
     "stray_journals", "walk",
 ]  # fmt: skip
 
@@ -83,6 +86,37 @@ class Chain:
         for item in self.files:
             digest.update(b"".join(item.found.checksums[: item.applied]))
         return "sha256:" + digest.hexdigest()
+
+
+class BlobReader:
+    """Resolves the blob references of one load (a ``journal.BlobFetch``): each blob read and
+    checked once, however many rows and chains name it; ``seen`` lists what it read, for the writer."""
+
+    def __init__(self, files: TaskFiles, task_id: str):
+        self.files = files
+        self.task_id = task_id
+        self.values: dict[str, object] = {}
+        self.seen: list[tuple[object, BlobRef]] = []
+        self._checked = False
+
+    def __call__(self, ref: BlobRef, what: str) -> object:
+        value = self.values.get(ref.sha256)
+        if value is not None:
+            return value
+        if not self._checked:
+            info = self.files.lstat(self.task_id, BLOBS)
+            if info is not None and not stat.S_ISDIR(info.st_mode):  # never read through a planted link
+                raise CorruptStateError(f"{BLOBS} in task {self.task_id!r} is not a plain directory")
+            self._checked = True
+        try:
+            value = self.files.read_blob(self.task_id, ref, what)
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.EFBIG, errno.ELOOP):
+                raise
+            raise CorruptStateError(f"{what}: blob {ref.sha256} cannot be read: {exc}") from None
+        self.values[ref.sha256] = value
+        self.seen.append((value, ref))
+        return value
 
 
 def read_snapshot(files: TaskFiles, task_id: str, name: str) -> tuple[Snapshot | None, CorruptStateError | None]:
@@ -151,8 +185,9 @@ def read_journal(files: TaskFiles, task_id: str, name: str, base: int) -> Journa
     return item
 
 
-def walk(files: TaskFiles, task_id: str, snapshot: Snapshot, journals: dict[int, str]) -> Chain:
-    """Follow the chain from a snapshot through its journals, stopping at the first problem."""
+def walk(files: TaskFiles, task_id: str, snapshot: Snapshot, journals: dict[int, str], blobs: BlobReader | None = None) -> Chain:
+    """Follow the chain from a snapshot through its journals, stopping at the first problem; blob
+    references are resolved (and checked) by ``blobs``: a missing or damaged one is damage."""
     chain = Chain(snapshot, journal.Replay(snapshot.raw), [])
     seen: set[str] = set()
     while True:
@@ -174,7 +209,7 @@ def walk(files: TaskFiles, task_id: str, snapshot: Snapshot, journals: dict[int,
             chain.problem = item.problem
             break
     try:
-        chain.state = chain.replay.build()
+        chain.state = chain.replay.build(blobs if blobs is not None else BlobReader(files, task_id))
     except CorruptStateError as exc:
         chain.error = exc
     return chain

@@ -12,13 +12,14 @@ import logging
 import os
 import time
 
-from ...errors import StateUnrecoverableError
+from ...errors import CorruptStateError, StateUnrecoverableError
 from ...outcome import Evidence
 from ...protocols import LoadResult
 from .. import _journal as journal
+from .._blobs import BlobRef
 from .._fileio import write_atomic
 from ._layout import BACKUP, STATE, TaskFiles, journal_name
-from ._reading import Chain, JournalFile, backup_revision, holds_records, read_journal, read_snapshot, stray_journals, walk
+from ._reading import BlobReader, Chain, JournalFile, backup_revision, holds_records, read_journal, read_snapshot, stray_journals, walk
 from ._writing import Writers
 
 __all__ = ["Load"]
@@ -51,7 +52,8 @@ class Load:
             # backup and replacing the snapshot, not a rollback.
             and files.inode(task_id, STATE) != files.inode(task_id, BACKUP)
         )
-        self.chain = walk(files, task_id, self.primary, self.journals) if self.primary is not None else None
+        self.blobs = BlobReader(files, task_id)
+        self.chain = walk(files, task_id, self.primary, self.journals, self.blobs) if self.primary is not None else None
         """The chain from ``state.json``, if it validated."""
 
     def note(self, text: str) -> None:
@@ -91,7 +93,7 @@ class Load:
             backup, error = read_snapshot(self.files, self.task_id, BACKUP)
             self.backup_error = self.backup_error or error
         if backup is not None:
-            candidates.append(walk(self.files, self.task_id, backup, self.journals))
+            candidates.append(walk(self.files, self.task_id, backup, self.journals, self.blobs))
         if self.backup_error is not None:
             self.note(f"{BACKUP} is damaged: {self.backup_error}")
         if not candidates:
@@ -103,11 +105,26 @@ class Load:
         )
         if best.state is None:  # checksum-valid records that do not build a valid state: the snapshot alone
             self.note(f"the journal after {best.snapshot.name} does not build a valid state: {best.error}")
-            again, _ = read_snapshot(self.files, self.task_id, best.snapshot.name)  # the walk changed the first copy
-            if again is None:
-                return self._nothing_valid()
-            best = Chain(again, journal.Replay(again.raw), [], problem="damaged")
-            best.state = best.replay.build()
+            alone = None
+            # The newest snapshot that builds alone; one whose blob is missing or damaged does not.
+            for candidate in sorted(candidates, key=lambda item: item.snapshot.raw.revision, reverse=True):
+                again, _ = read_snapshot(self.files, self.task_id, candidate.snapshot.name)  # the walk changed the first copy
+                if again is None:
+                    continue
+                rebuilt = Chain(again, journal.Replay(again.raw), [], problem="damaged")
+                try:
+                    rebuilt.state = rebuilt.replay.build(self.blobs)
+                except CorruptStateError as exc:
+                    self.note(f"{again.name} alone does not build a valid state either: {exc}")
+                    continue
+                alone = rebuilt
+                break
+            if alone is None:
+                raise StateUnrecoverableError(
+                    f"task {self.task_id!r}: no snapshot builds a valid state ({best.error}); nothing was changed. "
+                    "Restore the missing blob or state, or retire the task id"
+                )
+            best = alone
         return self._recovered(best, candidates)
 
     def _clean(self, chain: Chain) -> LoadResult:
@@ -127,6 +144,7 @@ class Load:
         if self.repair:
             if last is not None and last.problem == "torn":
                 self._cut_torn_tail(last)
+            self.writers.blobs_read(self.task_id, self.blobs.seen)
             self.writers.follow_chain(self.task_id, state, chain, has_backup=self.backup_revision is not None)
         return LoadResult(
             state=state,
@@ -199,7 +217,9 @@ class Load:
         # journal, damaged and unreachable journals aside, then the recovered state as a snapshot
         # at a revision no commit can have used.
         state.revision = floor + 1
-        lines = journal.encode_snapshot(state)
+        self.writers.blobs_read(task_id, self.blobs.seen)
+        introduced: list[BlobRef] = []
+        lines = journal.encode_snapshot(state, self.writers.codec(task_id), introduced)
         if primary_damaged and files.lstat(task_id, STATE) is not None:
             self.set_aside(STATE, "rolled-back" if primary is not None else "damaged", "is set aside")
         if backup_damaged and files.lstat(task_id, BACKUP) is not None:
@@ -219,6 +239,7 @@ class Load:
             elif item.found.bodies and base > best.snapshot.raw.revision:
                 self.set_aside(name, "unreachable", "holds records the chain does not reach")
         keep_primary = primary is not None and not primary_damaged
+        self.writers.store_blobs(task_id, introduced)  # read and checked by this load: normally nothing to write
         write_atomic(files.io, directory, STATE, lines, backup=BACKUP if keep_primary else None)
         has_backup = keep_primary or (self.backup_revision is not None and not backup_damaged)
         self.writers.follow_new_generation(task_id, state, lines, has_backup=has_backup)

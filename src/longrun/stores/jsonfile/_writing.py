@@ -19,6 +19,7 @@ from typing import Collection
 from ...envelope import RunState
 from ...errors import SizeLimitError, StorageError
 from .. import _journal as journal
+from .._blobs import BlobCodec, BlobRef, large_values
 from .._fileio import lexists, write_all_at, write_atomic
 from . import _layout as layout
 from ._layout import BACKUP, STATE, Gates, TaskFiles, journal_name
@@ -47,6 +48,10 @@ class Writer:
     """The journal file's size: content plus zero padding."""
     fd: int = -1
     retry_compaction_at: int = 0
+    referenced: set[str] | None = None
+    """The blobs (hex) that the snapshot and every revision since reference, while known (a writer
+    that followed a load does not know): what the next compaction, which makes this snapshot the
+    backup, must keep."""
 
     def wants_compaction(self) -> bool:
         due = not self.has_backup or self.journal_end > max(layout.COMPACT_MIN_BYTES, layout.COMPACT_RATIO * self.snapshot_bytes)
@@ -63,6 +68,32 @@ class Writers:
         self.writers: dict[str, Writer] = {}
         self.open_journals: collections.OrderedDict[str, None] = collections.OrderedDict()
         """Tasks whose journal descriptor is open, least recently committed first (``gates.mutex``)."""
+        self.codecs: dict[str, BlobCodec] = {}
+        """Per task, its large values as this store object knows them (``_blobs``)."""
+
+    # -- blobs -----------------------------------------------------------------------------------
+
+    def codec(self, task_id: str) -> BlobCodec:
+        codec = self.codecs.get(task_id)
+        if codec is None:
+            codec = self.codecs[task_id] = BlobCodec()
+        return codec
+
+    def blobs_read(self, task_id: str, seen: list[tuple[object, BlobRef]]) -> None:
+        """A load read (and checked) these blobs: they are stored, and their values need no encoding."""
+        codec = self.codec(task_id)
+        for value, ref in seen:
+            codec.read(value, ref)
+
+    def store_blobs(self, task_id: str, refs: list[BlobRef]) -> None:
+        """Make durable every blob among ``refs`` not known stored: before anything that names them."""
+        if not refs:
+            return
+        codec = self.codec(task_id)
+        blobs = codec.to_write(refs)
+        if blobs:
+            self.files.write_blobs(task_id, blobs)
+            codec.written(blobs)
 
     # -- following what is on disk -------------------------------------------------------------
 
@@ -77,7 +108,7 @@ class Writers:
         if journal_inode is None:
             return
         self.writers[task_id] = Writer(
-            shadow=journal.Shadow(state),
+            shadow=journal.Shadow(state, self.codec(task_id)),
             revision=chain.end,
             snapshot_inode=snapshot_inode,
             snapshot_revision=chain.snapshot.raw.revision,
@@ -89,8 +120,11 @@ class Writers:
             allocated=last.found.size,
         )
 
-    def follow_new_generation(self, task_id: str, state: RunState, lines: list[bytes], *, has_backup: bool) -> None:
-        """Follow the snapshot just written at ``state.revision`` and its new, empty journal."""
+    def follow_new_generation(
+        self, task_id: str, state: RunState, lines: list[bytes], *, has_backup: bool, referenced: list[BlobRef] | None = None
+    ) -> None:
+        """Follow the snapshot just written at ``state.revision`` and its new, empty journal
+        (``referenced``: the blobs the snapshot references)."""
         self.drop(task_id)
         name = journal_name(state.revision)
         snapshot_inode = self.files.inode(task_id, STATE)
@@ -98,7 +132,8 @@ class Writers:
         if snapshot_inode is None or journal_info is None:
             raise StorageError(f"task {task_id!r}: {STATE} or {name} vanished right after it was written")
         self.writers[task_id] = Writer(
-            shadow=journal.Shadow(state),
+            shadow=journal.Shadow(state, self.codec(task_id)),
+            referenced={ref.sha256 for ref in referenced or ()},
             revision=state.revision,
             snapshot_inode=snapshot_inode,
             snapshot_revision=state.revision,
@@ -158,6 +193,9 @@ class Writers:
         """Forget the task: the next commit reads the disk again."""
         self.close_journal(task_id)
         self.writers.pop(task_id, None)
+        codec = self.codecs.get(task_id)
+        if codec is not None:
+            codec.forget_stored()
 
     # -- commit --------------------------------------------------------------------------------
 
@@ -180,6 +218,11 @@ class Writers:
                 # 6): a snapshot, measured exactly before anything is written.
                 self._publish(task_id, state, writer)
                 return
+            # The blobs the line names are durable (their directory synced) before the line is written.
+            introduced = writer.shadow.introduced
+            self.store_blobs(task_id, introduced)
+            if writer.referenced is not None:
+                writer.referenced.update(ref.sha256 for ref in introduced)
             self._append(task_id, writer, line)
             writer.revision = state.revision
         except BaseException:
@@ -235,17 +278,25 @@ class Writers:
 
         Used when there is nothing to append to (the first commit, a state object this store does
         not follow) and by compaction (then ``state.revision`` is already in the journal)."""
-        lines = journal.encode_snapshot(state)  # first: a value that cannot be encoded fails before any I/O
+        codec = self.codec(task_id)
+        referenced: list[BlobRef] = []
+        # First: a value that cannot be encoded fails before any I/O. Large values are references.
+        lines = journal.encode_snapshot(state, codec, referenced)
         directory = self.files.task_dir(task_id)
         if writer is None:
             demoted = self._check_before_publish(task_id, state)
         else:
             demoted = writer.snapshot_revision
+        self.store_blobs(task_id, referenced)  # normally all stored already: a compaction writes no blob
         name = journal_name(state.revision)
         write_atomic(self.io, directory, name, [journal.encode_journal_meta(task_id, state.revision), bytes(layout.PREALLOCATE_MIN)])
         has_backup = lexists(self.io, os.path.join(directory, STATE))
         write_atomic(self.io, directory, STATE, lines, backup=BACKUP if has_backup else None)
-        self.follow_new_generation(task_id, state, lines, has_backup=has_backup)
+        keep = writer.referenced if writer is not None else None
+        self.follow_new_generation(task_id, state, lines, has_backup=has_backup, referenced=referenced)
+        codec.keep_only(large_values(state.effects.values()))
+        if keep is not None:
+            self._delete_orphans(task_id, keep | {ref.sha256 for ref in referenced})
         if demoted is not None:
             # Journals before the backup's serve neither snapshot any more. The commit has landed,
             # so a failure here is only logged: it leaves files no chain reads, for the next time.
@@ -255,6 +306,21 @@ class Writers:
                         self.io.unlink(os.path.join(directory, old))
             except OSError as exc:
                 log.info("task %s: could not delete old journals: %s", task_id, exc)
+
+    def _delete_orphans(self, task_id: str, keep: set[str]) -> None:
+        """Delete the blobs that neither the new snapshot nor its backup's chain references: left by
+        a crash before their commit, or by records since replaced. Only a writer that saw every
+        revision since the backup-to-be was written knows ``keep``; the commit has landed, so a
+        failure is only logged."""
+        try:
+            orphans = [name for name in self.files.blob_names(task_id) if name not in keep]
+            self.files.delete_blobs(task_id, orphans)
+        except OSError as exc:
+            log.info("task %s: could not delete unreferenced blobs: %s", task_id, exc)
+            return
+        codec = self.codecs.get(task_id)
+        if codec is not None:
+            codec.stored.difference_update(orphans)
 
     def _check_before_publish(self, task_id: str, state: RunState) -> int | None:
         """Before a store object that holds no writer replaces ``state.json``, make sure the task's

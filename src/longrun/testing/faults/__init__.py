@@ -41,13 +41,13 @@ suites), and power loss on a real machine (the model in ``power_loss_model`` sta
 
 from .._faulty_io import FaultyIO
 from .checks import call_counts, check_calls, check_race_log, check_revisions
-from .points import CALL_POINTS, POINTS, CrashPointIO, points_for
+from .points import BLOB_POINTS, CALL_POINTS, POINTS, CrashPointIO, points_for
 from .report import FACED_GROUPS, GROUPS, main, run_group, run_groups
 from .results import GroupResult, full_scale
 from .task import FACES, call_log_of, function_result
 
 __all__ = [
-    "CALL_POINTS", "FACED_GROUPS", "FACES", "GROUPS", "POINTS", "CrashPointIO", "FaultyIO", "GroupResult", "call_counts",
+    "BLOB_POINTS", "CALL_POINTS", "FACED_GROUPS", "FACES", "GROUPS", "POINTS", "CrashPointIO", "FaultyIO", "GroupResult", "call_counts",
     "call_log_of", "check_calls", "check_race_log", "check_revisions", "full_scale", "function_result", "main", "points_for",
     "run_group", "run_groups",
 ]  # fmt: skip

@@ -39,6 +39,12 @@ call.started                a durable function's call: its attempt is durable, t
 call.returned               the call returned; its value is in memory, committed with the next
                             step's start or the stop (durable face only)
 ==========================  ========================================================================
+
+``BLOB_POINTS``, reached only by a task with a payload or result of 64 KiB or more (a blob, see
+``longrun.stores._blobs``; not in ``POINTS``, which every task reaches): ``blob.temp-opened``,
+``blob.temp-half-written``, ``blob.temp-written``, ``blob.temp-fsynced`` (its ``fdatasync``),
+``blob.replaced`` (renamed to its digest) and ``blob.dir-fsynced`` (the ``blobs`` directory synced:
+the blob is durable, the journal line that names it not yet written).
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ import os
 from ... import _crashpoints
 from ...stores import TEMP_MARK, FileIO
 
-__all__ = ["CALL_POINTS", "POINTS", "WRITE_STAGES", "CrashPointIO", "file_kind", "points_for", "read_trace"]
+__all__ = ["BLOB_POINTS", "CALL_POINTS", "POINTS", "WRITE_STAGES", "CrashPointIO", "file_kind", "points_for", "read_trace"]
 
 WRITE_STAGES = ("temp-opened", "temp-half-written", "temp-written", "temp-fsynced", "replaced", "dir-fsynced")
 POINTS: tuple[str, ...] = (
@@ -71,6 +77,8 @@ POINTS: tuple[str, ...] = (
     "call.started",
     "call.returned",
 )
+BLOB_POINTS = tuple(f"blob.{stage}" for stage in WRITE_STAGES)
+"""The moments of a blob's write (``stores._blobs``): only a task with a large value reaches them."""
 CALL_POINTS = frozenset(("call.started", "call.returned"))
 """Points only a durable function reaches (a declared plan has no calls)."""
 
@@ -80,8 +88,11 @@ def points_for(face: str) -> tuple[str, ...]:
     return POINTS if face == "durable" else tuple(point for point in POINTS if point not in CALL_POINTS)
 
 
-def file_kind(name: str) -> str | None:
-    """Which write protocol a file name belongs to (for the crash point names)."""
+def file_kind(name: str, directory: str = "") -> str | None:
+    """Which write protocol a file name belongs to (for the crash point names); a file in a
+    ``blobs`` directory is a blob."""
+    if os.path.basename(directory.rstrip(os.sep)) == "blobs":
+        return "blob"
     if name.startswith("state.json.bak"):
         return "backup"
     if name.startswith("state.json"):
@@ -110,7 +121,7 @@ class CrashPointIO(FileIO):
 
     def open(self, path: str, flags: int, mode: int = 0o600) -> int:
         fd = super().open(path, flags, mode)
-        kind = file_kind(os.path.basename(path))
+        kind = file_kind(os.path.basename(path), os.path.dirname(path))
         if kind is not None and (TEMP_MARK in path or kind == "journal"):
             self._kinds[fd] = kind
             if TEMP_MARK in path and kind != "backup":
@@ -154,12 +165,15 @@ class CrashPointIO(FileIO):
 
     def fdatasync(self, fd: int) -> None:
         super().fdatasync(fd)
-        if self._kinds.get(fd) == "journal":
+        kind = self._kinds.get(fd)
+        if kind == "journal":
             self._hit("journal.synced")
+        elif kind == "blob":
+            self._hit("blob.temp-fsynced")
 
     def replace(self, source: str, destination: str) -> None:
         super().replace(source, destination)
-        kind = file_kind(os.path.basename(source))
+        kind = file_kind(os.path.basename(source), os.path.dirname(source))
         if kind == "backup":
             self._hit("snapshot.backup-linked")
         elif kind is not None and TEMP_MARK in source:

@@ -31,6 +31,9 @@ that need it (so a skip here is a gap in the store's own tests, not a pass):
   I/O operation (a system call, an SQL statement) raises ``OSError`` or the driver's error.
 - ``damage_lease(store, task_id)``: damage the task's stored lease record so that it no longer
   validates (for ``repair_lease``, which the stores built on ``BaseStore`` offer).
+- ``damage_blobs(store, task_id) -> int`` and ``state_bytes(store, task_id) -> int``: for large
+  payloads and results (see ``_blobs``): damage every blob the task has, and measure the state
+  without its blobs.
 
 Not covered: durability across power loss (that needs a machine that loses power), and
 exclusion across machines (the PostgreSQL store's own tests race processes with skewed clocks).
@@ -38,6 +41,7 @@ exclusion across machines (the PostgreSQL store's own tests race processes with 
 
 
 from ._base import sample_state
+from ._blobs import BlobContract
 from ._control import ControlContract
 from ._leases import LeaseContract
 from ._states import StateContract
@@ -45,5 +49,5 @@ from ._states import StateContract
 __all__ = ["StoreContract", "sample_state"]
 
 
-class StoreContract(LeaseContract, StateContract, ControlContract):
+class StoreContract(LeaseContract, StateContract, ControlContract, BlobContract):
     """The contract every store passes. Mix into ``unittest.TestCase``; see the module docstring."""
