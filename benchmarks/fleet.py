@@ -196,7 +196,7 @@ class _Ready:
         self.store = store
 
     def rows(self, statement: str) -> list[tuple[Any, ...]]:
-        from longrun.stores._queue import open_queue
+        from longrun.stores.queue import open_queue
 
         queue = open_queue(self.store)
         try:

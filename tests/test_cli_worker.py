@@ -121,7 +121,7 @@ class WorkerCommandTests(support.TempDirTest):
             self.assertEqual(result.returncode, 0, result.stderr)
             self.assertEqual(json.loads(result.stdout)["priority"], int(priority))
         from longrun import SqliteStore
-        from longrun.stores._queue import open_queue
+        from longrun.stores.queue import open_queue
 
         queue = open_queue(SqliteStore(self.path("tasks.db")))
         self.addCleanup(queue.close)

@@ -1,4 +1,4 @@
-"""The fleet's due-time index (``longrun.stores._queue``) on each store: claims, wake-ups, triggers, slots.
+"""The fleet's due-time index (``longrun.stores.queue``) on each store: claims, wake-ups, triggers, slots.
 
 The index decides who tries a task, never who holds it; these tests check that it finds every task
 that should run (a lapsed claim, a wake-up during a run, a run outside the fleet, an approval, a
@@ -18,7 +18,7 @@ from longrun import JsonFileStore, SqliteStore, durable
 from longrun.approval import Approval
 from longrun.cancellation import Cancellation
 from longrun.stores import PostgresStore
-from longrun.stores._queue import TaskQueue, open_queue
+from longrun.stores.queue import TaskQueue, open_queue
 from longrun.testing import OutboxAdapter
 
 

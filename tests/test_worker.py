@@ -17,7 +17,7 @@ from longrun.approval import Approval
 from longrun.errors import InvalidInputError
 from longrun.outcome import Status
 from longrun.stores import PostgresStore
-from longrun.stores._queue import open_queue
+from longrun.stores.queue import open_queue
 from longrun.worker import Worker, WorkerReport
 
 DEADLINE_S = 60.0

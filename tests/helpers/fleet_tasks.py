@@ -228,7 +228,7 @@ no task was held by two runners at once."""
 
 
 def _execute(statements: list[str]) -> None:
-    from longrun.stores._queue import open_queue
+    from longrun.stores.queue import open_queue
 
     queue = open_queue(STORE)  # type: ignore[arg-type]
     queue.ensure()

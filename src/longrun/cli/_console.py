@@ -248,9 +248,9 @@ def start_console(
 
         load_key(sign_key)  # a bad key file fails now, not at the first approval
     if control_root is not None:
-        from ._control import _control_root
+        from ._control import open_control_root
 
-        _control_root(control_root)
+        open_control_root(control_root)
     console = Console(store, label, read_only=read_only, approver=approver, sign_key=sign_key, control_root=control_root)
     return ConsoleServer(console, port)
 

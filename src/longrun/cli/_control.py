@@ -49,7 +49,7 @@ from ..protocols import ApprovalSource, RepairableStore, Store
 from ._common import CliError, ExitCode, checked_task, format_time, relative, write_json
 from ._payload import payload_lines, safe_text
 
-__all__ = ["cmd_approve", "cmd_cancel", "cmd_repair", "parse_answer", "payload_view", "request_lines", "unconsumed_matches"]
+__all__ = ["cmd_approve", "cmd_cancel", "cmd_repair", "open_control_root", "parse_answer", "payload_view", "request_lines", "unconsumed_matches"]
 
 def parse_answer(text: str) -> JSONValue:
     """An answer as the operator typed it: JSON if it parses as JSON, else the plain string."""
@@ -83,7 +83,7 @@ def _pick_request(requests: dict[str, ApprovalRequest], step: str | None, task_i
     return next(iter(requests.values()))
 
 
-def _control_root(directory: str | None) -> FileControlSource | None:
+def open_control_root(directory: str | None) -> FileControlSource | None:
     """The control area to write to instead of the store, if one was given; it must exist."""
     if directory is None:
         return None
@@ -191,7 +191,7 @@ def cmd_approve(
     pending request with another payload digest is refused and nothing is written."""
     task_id = checked_task(task_id)
     key = load_key(sign_key) if sign_key is not None else None  # a bad key file fails before any question
-    control = _control_root(control_root)
+    control = open_control_root(control_root)
     state = store.load(task_id).state
     if state is None:
         raise CliError(f"task {task_id!r} has no committed state yet; nothing to approve", ExitCode.NOT_AS_ASKED)
@@ -276,7 +276,7 @@ def cmd_cancel(
 ) -> int:
     task_id = checked_task(task_id)
     key = load_key(sign_key) if sign_key is not None else None
-    control = _control_root(control_root)
+    control = open_control_root(control_root)
     try:
         state = store.load(task_id).state  # UnknownTaskError (exit 2) propagates
     except CorruptStateError as exc:

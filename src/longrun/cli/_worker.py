@@ -73,7 +73,7 @@ def cmd_worker(
 
 
 def cmd_workers(store: Store, as_json: bool, out: TextIO) -> int:
-    from ..stores._queue import open_queue
+    from ..stores.queue import open_queue
 
     queue = open_queue(store)
     try:

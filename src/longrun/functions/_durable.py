@@ -101,7 +101,7 @@ class DurableFunction(Generic[R]):
         True if this call recorded it; False if it was recorded before with the same function and
         arguments (its priority is set, nothing else changes). Other arguments, or another function
         or plan under the same task id, are refused with ``InvalidInputError``, changing nothing."""
-        from ..stores._queue import open_queue  # only a fleet needs the queue's tables
+        from ..stores.queue import open_queue  # only a fleet needs the queue's tables
 
         engine, plan = self._plan(task_id, tuple(args), dict(kwargs or {}))
         queue = open_queue(engine.store)

@@ -1,4 +1,4 @@
-"""The SQL of the fleet's tables (``stores._queue``): what differs between PostgreSQL and SQLite.
+"""The SQL of the fleet's tables (``stores.queue``): what differs between PostgreSQL and SQLite.
 
 Each dialect gives how to connect, begin and end a transaction, the column types, the database's
 clock as an SQL expression, and the triggers that keep the due-time index current from the

@@ -23,7 +23,7 @@ import time
 from ..adapters import EffectRequest, Observation, Receipt
 from ..errors import InvalidInputError, StorageError, TransientError
 from ..protocols import EffectAdapter
-from ..stores._queue import SlotHold, TaskQueue
+from ..stores.queue import SlotHold, TaskQueue
 
 __all__ = ["LimitedAdapter", "SlotKeeper"]
 

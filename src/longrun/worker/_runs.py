@@ -20,7 +20,7 @@ from ..errors import LongrunError, UnknownTaskError
 from ..functions import FUNCTION_STEP, DurableFunction
 from ..outcome import TERMINAL, RunOutcome, Status
 from ..protocols import CancellationSource, Clock, Store
-from ..stores._queue import Claim
+from ..stores.queue import Claim
 from ..stores.postgres import PostgresStore
 from ..stores.sqlite import SqliteStore
 from ._limits import LimitedAdapter, SlotKeeper

@@ -1,6 +1,6 @@
 """The worker: a long-running process that runs every runnable task of the durable functions it knows.
 
-A worker claims due rows of the store's fleet queue (``stores._queue``), at most ``concurrency``
+A worker claims due rows of the store's fleet queue (``stores.queue``), at most ``concurrency``
 at a time, and runs each claimed task once (``fn.run`` in a thread of its pool; an async function,
 ``fn.arun``, on its event loop), then records the outcome in the row: when the task is due next
 (a retry or a timer by the database's clock), or parked until something wakes it (an approval, an
@@ -40,7 +40,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, TypeVar
 from ..errors import InvalidInputError, LongrunError
 from ..functions import DurableFunction
 from ..protocols import Store
-from ..stores._queue import Claim, TaskQueue, open_queue
+from ..stores.queue import Claim, TaskQueue, open_queue
 from ._limits import SlotKeeper
 from ._runs import ClaimRunner, Disposition
 
