@@ -13,7 +13,7 @@ checkout, or ``--dir``), medians of interleaved rounds:
    effect and the ratio to the append + ``fdatasync`` floor.
 3. A 1 MB payload: seconds per effect of a task of sequential effects that each carry a distinct
    1 MB payload, and the ratio to one ``pwrite`` of 1 MB + ``fdatasync``. The payload is kept as a
-   blob (``longrun.stores._blobs``): written once, a new file of 1 MB made durable, so the cost also
+   blob (``longrun.stores.blobs``): written once, a new file of 1 MB made durable, so the cost also
    shows beside a second floor, one new 1 MB file written, ``fdatasync``-ed, renamed and its
    directory synced. ``--only large`` runs this section alone.
 

@@ -251,7 +251,7 @@ class BoundedRetryAcrossProcessesTests(ChildRunnerCase):
 
 
 class LargeValueKillTests(ChildRunnerCase):
-    """Effects whose payloads and results are large (kept as blobs, ``stores._blobs``), SIGKILLed at
+    """Effects whose payloads and results are large (kept as blobs, ``stores.blobs``), SIGKILLed at
     random moments (a random crash point's N-th pass, a blob's write among them, or a signal from
     outside after a random delay) and run again until done, over several tasks: every effect is at
     the target exactly once, and the state loads with every payload and result as written."""

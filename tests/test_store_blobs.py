@@ -1,4 +1,4 @@
-"""Large payloads and results as blobs (``longrun.stores._blobs``): the reference shape and its
+"""Large payloads and results as blobs (``longrun.stores.blobs``): the reference shape and its
 validation, the row codec's round trip, and the JSON-file store's blob files: written once, durable
 before the journal line that names them, never copied by a compaction, checked on load, and
 orphans removed at compaction. The store contract (``test_store_contract``) holds every store to
@@ -19,7 +19,7 @@ from longrun.errors import CorruptStateError, StateUnrecoverableError
 from longrun.lease import Lease
 from longrun.ledger import EffectRecord, EffectState
 from longrun.stores import _journal, jsonfile
-from longrun.stores._blobs import BLOB_MIN_BYTES, BlobCodec, BlobRef, decode_blob, refs_from_json
+from longrun.stores.blobs import BLOB_MIN_BYTES, BlobCodec, BlobRef, decode_blob, refs_from_json
 from longrun.stores._fileio import FileIO
 from longrun.testing.faults.power_loss import check_power_loss
 from longrun.testing.faults.power_loss_model import RecordingIO

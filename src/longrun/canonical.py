@@ -75,7 +75,7 @@ belongs outside the state: pass a reference (a path, a URL, a digest) instead.""
 
 LARGE_VALUE_BYTES = 64 * 1024
 """A payload or result whose canonical encoding is at least this long (64 KiB) is large: the stores
-keep it out of line, once, as a content-addressed blob (``longrun.stores._blobs``), and
+keep it out of line, once, as a content-addressed blob (``longrun.stores.blobs``), and
 ``digest_of`` remembers its encoding for them (``remembered_encoding``), so that it is encoded and
 hashed once."""
 

@@ -270,7 +270,7 @@ class RunState:
 
 def encode(state: RunState, *, record_json: Callable[[EffectRecord], JSONValue] | None = None) -> bytes:
     """The envelope of ``state``; ``record_json``, if given, writes each effect record (a store
-    that keeps large values apart writes them as references, see ``stores._blobs``)."""
+    that keeps large values apart writes them as references, see ``stores.blobs``)."""
     body = state.to_json()
     if record_json is not None:
         body["effects"] = [record_json(record) for record in state.effects.values()]

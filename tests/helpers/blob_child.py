@@ -2,7 +2,7 @@
 (tests/test_crash.py, ``LargeValueKillTests``).
 
 Usage: python blob_child.py ROOT OUTBOX [--sqlite] [--steps N] [--later S] [--compact-early]; prints the
-outcome as one JSON line. Each step's payload is about 96 KiB (over ``stores._blobs.BLOB_MIN_BYTES``,
+outcome as one JSON line. Each step's payload is about 96 KiB (over ``stores.blobs.BLOB_MIN_BYTES``,
 so it is kept as a blob), and every odd step's receipt carries a result of about 80 KiB. The JSON-file
 store runs over ``CrashPointIO``, so ``LONGRUN_CRASH_AT`` may name a blob's write (``blob.*``) as well
 as the points every run reaches; ``--compact-early`` makes it compact (and drop orphans) all the time.

@@ -67,7 +67,7 @@ from ..envelope import MAX_STATE_BYTES, RunState
 from ..errors import CorruptStateError, ForeignStateError, InvalidInputError, SchemaVersionError, SizeLimitError
 from ..ledger import EffectRecord, EffectState
 from ..outcome import Status
-from ._blobs import BLOBS_KEY, BlobCodec, BlobRef, refs_from_json, refs_to_json
+from .blobs import BLOBS_KEY, BlobCodec, BlobRef, refs_from_json, refs_to_json
 
 __all__ = [
     "EFFECT_FIELDS",
@@ -113,14 +113,14 @@ FIRST_EFFECT_FIELDS = EFFECT_FIELDS[:-1]
 snapshot's meta names the fields its rows hold; a journal row's length tells."""
 BLOB_ROW_FIELDS = (*EFFECT_FIELDS, BLOBS_KEY)
 """A row whose payload or result is kept as a blob: the fields, the out-of-line ones null, then the
-reference map (``stores._blobs``). A snapshot that holds one writes every row this wide (the map
+reference map (``stores.blobs``). A snapshot that holds one writes every row this wide (the map
 null where there is none) and names these fields in its meta."""
 _ROW_WIDTHS = (len(EFFECT_FIELDS), len(FIRST_EFFECT_FIELDS), len(BLOB_ROW_FIELDS))
 _FIELD_INDEX = {name: index for index, name in enumerate(EFFECT_FIELDS)}
 _CHANGE_INDEX = {name: index for index, name in enumerate(BLOB_ROW_FIELDS)}
 _BLOBS_AT = len(EFFECT_FIELDS)
 BlobFetch = Callable[[BlobRef, str], Any]
-"""How a reader resolves a blob reference: the value the blob holds, checked (``_blobs.decode_blob``)."""
+"""How a reader resolves a blob reference: the value the blob holds, checked (``blobs.decode_blob``)."""
 _STATES = {state.value: state for state in EffectState}
 
 _SCALAR_KEYS = (

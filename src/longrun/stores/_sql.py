@@ -27,7 +27,7 @@ database whose version is newer than this code knows is refused with ``SchemaVer
     longrun_effects        task_id, step_id, position, revision, record, checksum
     longrun_plans          task_id, revision, body (a declared plan's outline), checksum (version 4)
     longrun_blobs          task_id, digest, data (version 5: a large payload or result, its canonical
-                           bytes, by their SHA-256; see ``stores._blobs``)
+                           bytes, by their SHA-256; see ``stores.blobs``)
     longrun_cancellations  task_id, body (raw JSON text), written_at
     longrun_approvals      task_id, approval_id, body (raw JSON text), written_at
     longrun_quarantine     id, task_id, kind, name, reason, quarantined_at, data
@@ -38,7 +38,7 @@ plan's outline (``RunState.plan_outline``: every step id, so as long as the plan
 the header in its own row, written only when it changes (the first revision, a grown plan). It is
 informational: a damaged outline row is reported in the load's observations and the state loads
 without it (a repairing load moves the row to the quarantine); the runner records it again. A
-payload or result of ``_blobs.BLOB_MIN_BYTES`` (64 KiB) or more is kept once, as a row of
+payload or result of ``blobs.BLOB_MIN_BYTES`` (64 KiB) or more is kept once, as a row of
 ``longrun_blobs`` inserted (if absent) in the transaction of the first commit that references it;
 the effect row holds its reference, so a later commit of that row does not copy it. A load checks
 each blob's size and SHA-256 against its reference: a missing or damaged blob is damage to the
@@ -89,7 +89,7 @@ from ..lease import Lease
 from ..ledger import EffectRecord
 from ..outcome import Evidence
 from ..protocols import LoadResult
-from ._blobs import BlobCodec, BlobFetcher, BlobRef, large_values, resolve_record_json, stored_record_json
+from .blobs import BlobCodec, BlobFetcher, BlobRef, large_values, resolve_record_json, stored_record_json
 from .base import BaseStore, Witness
 
 __all__ = ["SCHEMA_VERSION", "SqlStore"]
@@ -276,7 +276,7 @@ class SqlStore(BaseStore):
         self._stored_outlines: dict[str, PlanOutline | None] = {}
         """Per task, the outline object this instance knows is stored (absent: not known)."""
         self._blobs: dict[str, BlobCodec] = {}
-        """Per task, its large values as this instance knows them (``_blobs``)."""
+        """Per task, its large values as this instance knows them (``stores.blobs``)."""
 
     # -- dialect: a subclass provides these ---------------------------------------------------
 

@@ -46,7 +46,7 @@ from ..errors import (
 )
 from ..lease import Lease
 from ..protocols import LoadResult
-from ..stores._blobs import BlobCodec, BlobFetcher, BlobRef, large_values, resolve_record_json, stored_record_json
+from ..stores.blobs import BlobCodec, BlobFetcher, BlobRef, large_values, resolve_record_json, stored_record_json
 from ..stores.base import BaseStore
 
 __all__ = ["MemoryStore", "TaskRecords"]
@@ -78,7 +78,7 @@ class TaskRecords:
     quarantine: list[tuple[str, str, bytes]] = dataclasses.field(default_factory=list)
     """Damaged records set aside, never deleted: (what, why, the bytes)."""
     blobs: dict[str, bytes] = dataclasses.field(default_factory=dict)
-    """Large payloads and results, by the SHA-256 (hex) of their canonical bytes (``stores._blobs``):
+    """Large payloads and results, by the SHA-256 (hex) of their canonical bytes (``stores.blobs``):
     the state references them, written in the same commit, never rewritten."""
 
 

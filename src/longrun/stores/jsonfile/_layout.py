@@ -23,7 +23,7 @@ from typing import Protocol
 from ...contract import check_task_id
 from ...envelope import MAX_STATE_BYTES
 from ...errors import InvalidInputError, LongrunError, StorageError, UnknownTaskError
-from .._blobs import Blob, BlobRef, decode_blob
+from ..blobs import Blob, BlobRef, decode_blob
 from .._fileio import TEMP_MARK, FileIO, ensure_dir, ensure_dirs, read_file, write_new_files
 from ..controlfiles import APPROVALS, CANCEL, CONTROL, MAX_APPROVAL_FILES, MAX_RECORD_BYTES
 

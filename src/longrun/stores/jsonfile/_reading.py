@@ -18,7 +18,7 @@ from ...envelope import RunState
 from ...envelope import decode as decode_legacy
 from ...errors import CorruptStateError, ForeignStateError, SchemaVersionError
 from .. import _journal as journal
-from .._blobs import BlobRef
+from ..blobs import BlobRef
 from .._fileio import read_file, read_prefix
 from . import _layout as layout
 from ._layout import BACKUP, BLOBS, STATE, TaskFiles

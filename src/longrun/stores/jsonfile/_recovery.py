@@ -16,7 +16,7 @@ from ...errors import CorruptStateError, StateUnrecoverableError
 from ...outcome import Evidence
 from ...protocols import LoadResult
 from .. import _journal as journal
-from .._blobs import BlobRef
+from ..blobs import BlobRef
 from .._fileio import write_atomic
 from ._layout import BACKUP, STATE, TaskFiles, journal_name
 from ._reading import BlobReader, Chain, JournalFile, backup_revision, holds_records, read_journal, read_snapshot, stray_journals, walk

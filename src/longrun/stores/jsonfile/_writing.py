@@ -19,7 +19,7 @@ from typing import Collection
 from ...envelope import RunState
 from ...errors import SizeLimitError, StorageError
 from .. import _journal as journal
-from .._blobs import BlobCodec, BlobRef, large_values
+from ..blobs import BlobCodec, BlobRef, large_values
 from .._fileio import lexists, write_all_at, write_atomic
 from . import _layout as layout
 from ._layout import BACKUP, STATE, Gates, TaskFiles, journal_name

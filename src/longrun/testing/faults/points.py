@@ -41,7 +41,7 @@ call.returned               the call returned; its value is in memory, committed
 ==========================  ========================================================================
 
 ``BLOB_POINTS``, reached only by a task with a payload or result of 64 KiB or more (a blob, see
-``longrun.stores._blobs``; not in ``POINTS``, which every task reaches): ``blob.temp-opened``,
+``longrun.stores.blobs``; not in ``POINTS``, which every task reaches): ``blob.temp-opened``,
 ``blob.temp-half-written``, ``blob.temp-written``, ``blob.temp-fsynced`` (its ``fdatasync``),
 ``blob.replaced`` (renamed to its digest) and ``blob.dir-fsynced`` (the ``blobs`` directory synced:
 the blob is durable, the journal line that names it not yet written).
@@ -78,7 +78,7 @@ POINTS: tuple[str, ...] = (
     "call.returned",
 )
 BLOB_POINTS = tuple(f"blob.{stage}" for stage in WRITE_STAGES)
-"""The moments of a blob's write (``stores._blobs``): only a task with a large value reaches them."""
+"""The moments of a blob's write (``stores.blobs``): only a task with a large value reaches them."""
 CALL_POINTS = frozenset(("call.started", "call.returned"))
 """Points only a durable function reaches (a declared plan has no calls)."""
 

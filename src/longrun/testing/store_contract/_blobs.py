@@ -1,4 +1,4 @@
-"""The store contract, large values: a payload or result of 64 KiB or more (``stores._blobs``)
+"""The store contract, large values: a payload or result of 64 KiB or more (``stores.blobs``)
 round-trips exactly, is written once (later commits and compactions keep only its reference), and
 a damaged copy of it is reported as damage, never read as something else or dropped.
 

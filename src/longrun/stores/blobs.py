@@ -37,7 +37,7 @@ from ..errors import CorruptStateError
 from ..envelope import MAX_STATE_BYTES
 
 __all__ = [
-    "BLOBS_KEY", "BLOB_FIELDS", "BLOB_MIN_BYTES", "Blob", "BlobCodec", "BlobRef", "decode_blob", "large_values", "refs_from_json",
+    "BLOBS_KEY", "BLOB_FIELDS", "BLOB_MIN_BYTES", "Blob", "BlobCodec", "BlobFetcher", "BlobRef", "decode_blob", "large_values", "refs_from_json",
     "refs_to_json", "resolve_record_json", "stored_record_json",
 ]  # fmt: skip
 
