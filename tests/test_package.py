@@ -135,6 +135,83 @@ class LayerTests(unittest.TestCase):
                 siblings = {node.module for node in at_run_time}
                 self.assertLessEqual(siblings, set(order[:index]), "a layer imports only the layers below it")
 
+    def test_no_module_reaches_into_another_modules_private_names_or_another_packages_private_modules(self) -> None:
+        # A private module (``_x``) belongs to its package: code of that package (and below it) may
+        # import it, code elsewhere imports what the package exports. A private name belongs to its module.
+        root = os.path.join(support.SRC, "longrun")
+        reaches = []
+        for folder, _, files in os.walk(root):
+            for name in files:
+                if not name.endswith(".py"):
+                    continue
+                path = os.path.join(folder, name)
+                module = os.path.relpath(path, support.SRC)[:-3].replace(os.sep, ".")
+                package = module.rsplit(".", 1)[0] if name != "__init__.py" else module[: -len(".__init__")]
+                with open(path) as handle:
+                    tree = ast.parse(handle.read())
+                for node in ast.walk(tree):
+                    if not isinstance(node, ast.ImportFrom) or node.level == 0:
+                        continue
+                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                    parts = target.split(".")
+                    for index, part in enumerate(parts):
+                        owner = ".".join(parts[:index])
+                        if part.startswith("_") and not part.startswith("__") and not (package + ".").startswith(owner + "."):
+                            reaches.append(f"{module} imports {target}")
+                            break
+                    for alias in node.names:
+                        if not alias.name.startswith("_") or alias.name.startswith("__"):
+                            continue
+                        if os.path.exists(os.path.join(support.SRC, *target.split("."), alias.name + ".py")):
+                            continue  # a private module of this package, imported as a module
+                        reaches.append(f"{module} imports {alias.name} from {target}")
+        self.assertEqual(reaches, [])
+
+    def test_the_modules_import_one_another_without_a_cycle(self) -> None:
+        # Imports a module runs when it is loaded (not those under TYPE_CHECKING or inside a function).
+        src = support.SRC
+        graph: dict[str, set[str]] = {}
+        for folder, _, files in os.walk(os.path.join(src, "longrun")):
+            for name in files:
+                if not name.endswith(".py"):
+                    continue
+                path = os.path.join(folder, name)
+                module = os.path.relpath(path, src)[:-3].replace(os.sep, ".").removesuffix(".__init__")
+                package = module if name == "__init__.py" else module.rsplit(".", 1)[0]
+                with open(path) as handle:
+                    tree = ast.parse(handle.read())
+                edges = graph.setdefault(module, set())
+                for node in tree.body:
+                    if not isinstance(node, ast.ImportFrom) or node.level == 0:
+                        continue
+                    parts = package.split(".")
+                    target = ".".join(parts[: len(parts) - (node.level - 1)] + ([node.module] if node.module else []))
+                    for alias in node.names:
+                        candidate = f"{target}.{alias.name}"
+                        is_module = os.path.exists(os.path.join(src, *candidate.split(".")) + ".py") or os.path.isdir(
+                            os.path.join(src, *candidate.split("."))
+                        )
+                        edges.add(candidate if is_module else target)
+        seen: dict[str, int] = {}
+        cycles: list[list[str]] = []
+
+        def visit(module: str, path: list[str]) -> None:
+            seen[module] = 1
+            for other in sorted(graph.get(module, ())):
+                if other == module or other not in graph:
+                    continue
+                if seen.get(other) == 1:
+                    cycles.append(path[path.index(other):] + [other] if other in path else [module, other])
+                elif other not in seen:
+                    visit(other, path + [other])
+            seen[module] = 2
+
+        for module in sorted(graph):
+            if module not in seen:
+                visit(module, [module])
+        self.assertEqual(cycles, [])
+
     def test_signing_and_the_control_files_reach_no_private_module_of_another_package(self) -> None:
         self.assertEqual({name for name in self.imports_of("signing.py") if name.startswith("stores")}, set())
         private = {name for name in self.imports_of("authority.py") if "._" in name or name.startswith("_")}
