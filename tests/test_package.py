@@ -212,6 +212,47 @@ class LayerTests(unittest.TestCase):
                 visit(module, [module])
         self.assertEqual(cycles, [])
 
+    LAYERS = {
+        "engine": ("engine", "_io", "_concurrency", "recovery", "clock"),
+        "stores": ("stores",),
+        "faces": ("runner", "functions", "session", "contractfile", "shell"),
+        "applications": ("cli", "worker", "testing", "__main__", "authority", "signing", ""),
+    }
+    """Every other module is a record or a protocol (the layer under the engine and the stores)."""
+    RANK = {"records": 0, "stores": 1, "engine": 1, "faces": 2, "applications": 3}
+
+    def layer_of(self, module: str) -> str:
+        top = module.split(".")[1] if "." in module else ""
+        return next((layer for layer, tops in self.LAYERS.items() if top in tops), "records")
+
+    def test_nothing_imports_upward_and_the_engine_and_the_stores_never_import_each_other(self) -> None:
+        # faces -> engine -> records and protocols <- stores; applications above all of them. Every
+        # import counts here, even one under TYPE_CHECKING or inside a function.
+        src = support.SRC
+        upward = []
+        for folder, _, files in os.walk(os.path.join(src, "longrun")):
+            for name in files:
+                if not name.endswith(".py"):
+                    continue
+                path = os.path.join(folder, name)
+                module = os.path.relpath(path, src)[:-3].replace(os.sep, ".").removesuffix(".__init__")
+                package = module if name == "__init__.py" else module.rsplit(".", 1)[0]
+                with open(path) as handle:
+                    tree = ast.parse(handle.read())
+                for node in ast.walk(tree):
+                    if not isinstance(node, ast.ImportFrom) or node.level == 0:
+                        continue
+                    parts = package.split(".")
+                    target = ".".join(parts[: len(parts) - (node.level - 1)] + ([node.module] if node.module else []))
+                    for alias in node.names:
+                        candidate = f"{target}.{alias.name}"
+                        here = os.path.join(src, *candidate.split("."))
+                        imported = candidate if os.path.exists(here + ".py") or os.path.isdir(here) else target
+                        low, high = self.layer_of(module), self.layer_of(imported)
+                        if self.RANK[high] > self.RANK[low] or {low, high} == {"engine", "stores"}:
+                            upward.append(f"{module} ({low}) imports {imported} ({high})")
+        self.assertEqual(sorted(set(upward)), [])
+
     def test_signing_and_the_control_files_reach_no_private_module_of_another_package(self) -> None:
         self.assertEqual({name for name in self.imports_of("signing.py") if name.startswith("stores")}, set())
         private = {name for name in self.imports_of("authority.py") if "._" in name or name.startswith("_")}
