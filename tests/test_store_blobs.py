@@ -14,7 +14,7 @@ from typing import Any
 
 from helpers import support
 from longrun import JsonFileStore
-from longrun.canonical import LARGE_VALUE_BYTES, canonical_bytes, digest_of
+from longrun.canonical import LARGE_VALUE_BYTES, canonical_bytes, digest_of, parse_json
 from longrun.errors import CorruptStateError, StateUnrecoverableError
 from longrun.lease import Lease
 from longrun.ledger import EffectRecord, EffectState
@@ -108,7 +108,7 @@ class RowCodecTests(unittest.TestCase):
         change = shadow.record_for(state, {"big"})
         assert change is not None
         self.assertEqual(change["effects"]["big"]["blobs"], {"payload": row[-1]["payload"]}, "the map is written whole")
-        replay.apply_record(_journal.parse_json(_journal.frame(change)[17:], what="line", max_bytes=1 << 20))
+        replay.apply_record(parse_json(_journal.frame(change)[17:], what="line", max_bytes=1 << 20))
         self.assertEqual(replay.build(fetch).to_json(), state.to_json())
 
 
