@@ -1,241 +1,38 @@
 """The shared engine of the SQL stores: one schema, one set of statements, two dialects.
 
-``SqlStore`` implements ``BaseStore``'s primitives over a DB-API 2.0 connection; ``SqliteStore``
-and ``PostgresStore`` supply only how to connect, how to begin a transaction and lock a task, and
-the column types. The fencing, lease and revision rules stay in ``BaseStore``; this module adds
-the database's own enforcement of them inside the same transaction as every write:
-
-- A task's exclusive transaction locks the task first (SQLite: ``BEGIN IMMEDIATE`` takes the
-  database's write lock; PostgreSQL: ``SELECT ... FOR UPDATE`` on the task's row), so the fence
-  check that ``BaseStore`` makes and the write it guards commit or roll back together.
-- The state write is ``UPDATE longrun_tasks ... WHERE revision_floor < new revision AND the
-  lease's epoch = the writer's epoch``, and its row count is checked: even if the code above were
-  wrong, the database refuses a stale epoch (``FencedError``) or a revision that does not grow.
-- A lease write is an upsert ``WHERE stored epoch <= new epoch``, so no statement can move an
-  epoch backwards.
-
-Schema (version ``SCHEMA_VERSION``; ``longrun_schema`` records every migration applied; a
-database whose version is newer than this code knows is refused with ``SchemaVersionError``)::
-
-    longrun_tasks          task_id, created_at, revision_floor (highest revision ever committed),
-                           epoch_floor (highest epoch ever issued, should the lease row be lost)
-    longrun_leases         task_id, owner, epoch, acquired_at, expires_at,
-                           monotonic_clock, monotonic_expires_at (version 2),
-                           token, holder_lock (version 3: the holder's secret, its kernel lock)
-    longrun_states         task_id, revision, epoch, plan_digest, status, next_action,
-                           effect_count, header (a state envelope with no effects), checksum
-    longrun_effects        task_id, step_id, position, revision, record, checksum
-    longrun_plans          task_id, revision, body (a declared plan's outline), checksum (version 4)
-    longrun_blobs          task_id, digest, data (version 5: a large payload or result, its canonical
-                           bytes, by their SHA-256; see ``stores.blobs``)
-    longrun_cancellations  task_id, body (raw JSON text), written_at
-    longrun_approvals      task_id, approval_id, body (raw JSON text), written_at
-    longrun_quarantine     id, task_id, kind, name, reason, quarantined_at, data
-
-A commit writes the header row and only the effect rows the runner says changed (plus any row the
-store has not written yet), so its cost grows with the change, not with the ledger. A declared
-plan's outline (``RunState.plan_outline``: every step id, so as long as the plan) is kept out of
-the header in its own row, written only when it changes (the first revision, a grown plan). It is
-informational: a damaged outline row is reported in the load's observations and the state loads
-without it (a repairing load moves the row to the quarantine); the runner records it again. A
-payload or result of ``blobs.BLOB_MIN_BYTES`` (64 KiB) or more is kept once, as a row of
-``longrun_blobs`` inserted (if absent) in the transaction of the first commit that references it;
-the effect row holds its reference, so a later commit of that row does not copy it. A load checks
-each blob's size and SHA-256 against its reference: a missing or damaged blob is damage to the
-effect row that names it. Every row
-carries a SHA-256 checksum and names its task; a load validates every row and the header's effect
-count before it returns anything.
-
-Damage. The database's transactions are the atomicity, so these stores keep no backup revision:
-a damaged header or effect row (checksum, JSON, fields, a missing row) makes the load raise
-``StateUnrecoverableError``; a repairing load (one that carries the lease) first moves the
-damaged rows to ``longrun_quarantine`` (never deletes them), and from then on the task keeps
-raising rather than start afresh. Rows that are well formed but name another task raise
-``ForeignStateError`` and are left where they are. Control records are stored as the raw text an
-operator wrote, so a damaged one is handed to the runner to judge (see ``longrun.control``).
-
-Not guaranteed: protection from someone who can write to the database; progress while another
-process is stopped inside a transaction (it holds the task's lock until the database's timeout
-ends its session, or SQLite's busy timeout ends the wait with ``StorageError``).
+``SqlStore`` implements ``BaseStore``'s primitives over ``SqlConnection`` (``stores._sql_session``:
+the connection, transactions, schema migration). The schema, how the database enforces the fence
+and how damage is handled are described in ``stores._sql_schema``.
 """
-
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import logging
-import threading
 import time
-from typing import Any, Collection, Generator, Sequence
+from typing import Any, Collection, Sequence
 
 from ..approval import Approval
 from ..cancellation import Cancellation
-from ..canonical import canonical_bytes, parse_json, sha256_hex
+from ..canonical import canonical_bytes, parse_json
 from ..contract import check_task_id
 from ..control import ControlRecord, parse_control_record
 from ..envelope import MAX_STATE_BYTES, PlanOutline, RunState, check_loadable, decode, encode
-from ..errors import (
-    CorruptStateError,
-    FencedError,
-    ForeignStateError,
-    LongrunError,
-    SchemaVersionError,
-    StateUnrecoverableError,
-    StorageError,
-    UnknownTaskError,
-)
+from ..errors import CorruptStateError, FencedError, ForeignStateError, SchemaVersionError, StateUnrecoverableError, StorageError
 from ..lease import Lease
 from ..ledger import EffectRecord
 from ..outcome import Evidence
 from ..protocols import LoadResult
 from .blobs import BlobCodec, BlobFetcher, BlobRef, large_values, resolve_record_json, stored_record_json
-from .base import BaseStore, Witness
+from ._sql_schema import SCHEMA_VERSION, column_text, quarantine_text, row_checksum, utf8_bytes
+from ._sql_session import SqlConnection
+from .base import Witness
 
 __all__ = ["SCHEMA_VERSION", "SqlStore"]
 
 log = logging.getLogger("longrun")
 
-SCHEMA_VERSION = 5
 MAX_APPROVALS = 1000
-
-
-def _migrations(types: dict[str, str]) -> list[tuple[int, str, list[str]]]:
-    """Every schema version, in order, as DDL in the dialect's column types."""
-    t = types
-    return [
-        (
-            1,
-            "tasks, leases, state header, effect records, control records, quarantine",
-            [
-                f"""CREATE TABLE IF NOT EXISTS longrun_tasks (
-                    task_id TEXT PRIMARY KEY,
-                    created_at {t['float']} NOT NULL,
-                    revision_floor {t['int']} NOT NULL DEFAULT 0,
-                    epoch_floor {t['int']} NOT NULL DEFAULT 0)""",
-                f"""CREATE TABLE IF NOT EXISTS longrun_leases (
-                    task_id TEXT PRIMARY KEY REFERENCES longrun_tasks (task_id),
-                    owner TEXT NOT NULL,
-                    epoch {t['int']} NOT NULL,
-                    acquired_at {t['float']} NOT NULL,
-                    expires_at {t['float']} NOT NULL)""",
-                f"""CREATE TABLE IF NOT EXISTS longrun_states (
-                    task_id TEXT PRIMARY KEY REFERENCES longrun_tasks (task_id),
-                    revision {t['int']} NOT NULL,
-                    epoch {t['int']} NOT NULL,
-                    plan_digest TEXT NOT NULL,
-                    status TEXT NOT NULL,
-                    next_action TEXT NOT NULL,
-                    effect_count {t['int']} NOT NULL,
-                    header TEXT NOT NULL,
-                    checksum TEXT NOT NULL,
-                    updated_at {t['float']} NOT NULL)""",
-                f"""CREATE TABLE IF NOT EXISTS longrun_effects (
-                    task_id TEXT NOT NULL REFERENCES longrun_tasks (task_id),
-                    step_id TEXT NOT NULL,
-                    position {t['int']} NOT NULL,
-                    revision {t['int']} NOT NULL,
-                    record TEXT NOT NULL,
-                    checksum TEXT NOT NULL,
-                    PRIMARY KEY (task_id, step_id))""",
-                f"""CREATE TABLE IF NOT EXISTS longrun_cancellations (
-                    task_id TEXT PRIMARY KEY REFERENCES longrun_tasks (task_id),
-                    body TEXT NOT NULL,
-                    written_at {t['float']} NOT NULL)""",
-                f"""CREATE TABLE IF NOT EXISTS longrun_approvals (
-                    task_id TEXT NOT NULL REFERENCES longrun_tasks (task_id),
-                    approval_id TEXT NOT NULL,
-                    body TEXT NOT NULL,
-                    written_at {t['float']} NOT NULL,
-                    PRIMARY KEY (task_id, approval_id))""",
-                f"""CREATE TABLE IF NOT EXISTS longrun_quarantine (
-                    id {t['serial']},
-                    task_id TEXT NOT NULL,
-                    kind TEXT NOT NULL,
-                    name TEXT NOT NULL,
-                    reason TEXT NOT NULL,
-                    quarantined_at {t['float']} NOT NULL,
-                    data TEXT)""",
-                "CREATE INDEX IF NOT EXISTS longrun_quarantine_task ON longrun_quarantine (task_id)",
-            ],
-        ),
-        (
-            2,
-            "lease expiry on the holder's monotonic timeline (this boot of this machine)",
-            [
-                "ALTER TABLE longrun_leases ADD COLUMN monotonic_clock TEXT",
-                f"ALTER TABLE longrun_leases ADD COLUMN monotonic_expires_at {t['float']}",
-            ],
-        ),
-        (
-            3,
-            "the lease holder's secret token, and the kernel lock that shows it alive on this machine",
-            [
-                "ALTER TABLE longrun_leases ADD COLUMN token TEXT",
-                "ALTER TABLE longrun_leases ADD COLUMN holder_lock TEXT",
-            ],
-        ),
-        (
-            4,
-            "a declared plan's outline (step ids and actions), apart from the state header",
-            [
-                f"""CREATE TABLE IF NOT EXISTS longrun_plans (
-                    task_id TEXT PRIMARY KEY REFERENCES longrun_tasks (task_id),
-                    revision {t['int']} NOT NULL,
-                    body TEXT NOT NULL,
-                    checksum TEXT NOT NULL)""",
-            ],
-        ),
-        (
-            5,
-            "large payloads and results kept once, apart from the effect rows that reference them",
-            [
-                f"""CREATE TABLE IF NOT EXISTS longrun_blobs (
-                    task_id TEXT NOT NULL REFERENCES longrun_tasks (task_id),
-                    digest TEXT NOT NULL,
-                    data {t['bytes']} NOT NULL,
-                    PRIMARY KEY (task_id, digest))""",
-            ],
-        ),
-    ]
-
-
-def _raw(value: object) -> str | None:
-    """A damaged column's content, kept for the quarantine: text as is, bytes as hex."""
-    if value is None:
-        return value
-    if isinstance(value, str):
-        # Text with a lone surrogate cannot be stored as text again: keep it escaped.
-        return value if _utf8(value) is not None else "escaped:" + value.encode("ascii", "backslashreplace").decode("ascii")
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return "hex:" + bytes(value).hex()
-    return repr(value)
-
-
-def _text(value: object) -> str | None:
-    """A TEXT column's value as str; None if it holds something else (SQLite types are loose)."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        try:
-            return bytes(value).decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-    return None
-
-
-def _utf8(text: str | None) -> bytes | None:
-    """``text`` as UTF-8 bytes; None for None or for text with a lone surrogate (not UTF-8 at all)."""
-    if text is None:
-        return None
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError:
-        return None
-
-
-def _checksum(data: bytes) -> str:
-    return "sha256:" + sha256_hex(data)
 
 
 @dataclasses.dataclass
@@ -248,234 +45,22 @@ class _Damage:
     data: str | None
 
 
-class SqlStore(BaseStore):
-    """``BaseStore`` over SQL. Subclasses supply the dialect (see the methods marked so below).
+class SqlStore(SqlConnection):
+    """``BaseStore`` over SQL. Subclasses supply the dialect (see ``SqlConnection``).
 
-    One connection per store instance, opened on first use and reopened after it breaks; a lock
-    lets one thread at a time use it, for one whole transaction. So an instance may be shared by
-    threads (a runner's lease-renewal thread and its main loop, a pool running many tasks): their
-    transactions take turns, and the per-task state the instance keeps (the rows it knows are
-    stored, the revision it last committed) is read and changed only inside them. For transactions
-    in parallel, give each thread its own instance.
+    The per-task state an instance keeps (the rows it knows are stored, the revision it last
+    committed) is read and changed only inside its transactions, which take turns (see
+    ``SqlConnection``).
     """
-
-    placeholder = "?"
-    """How the driver marks a parameter; statements here are written with ``?``."""
-    types = {"int": "BIGINT", "float": "DOUBLE PRECISION", "serial": "INTEGER PRIMARY KEY", "bytes": "BLOB"}
-    """The dialect's column types for the schema's integers, floats, the quarantine's row id and bytes."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._lock = threading.Lock()
-        self._connection: Any = None
-        self._cursor: Any = None
-        self._schema_checked = False
-        self._keep_writes = False
         self._stored_steps: dict[str, dict[str, int]] = {}
         """Per task, the effect rows this instance knows exist, step id -> position (after a repairing load)."""
         self._stored_outlines: dict[str, PlanOutline | None] = {}
         """Per task, the outline object this instance knows is stored (absent: not known)."""
         self._blobs: dict[str, BlobCodec] = {}
         """Per task, its large values as this instance knows them (``stores.blobs``)."""
-
-    # -- dialect: a subclass provides these ---------------------------------------------------
-
-    def _connect(self) -> Any:
-        """A new DB-API connection with no transaction open."""
-        raise NotImplementedError
-
-    def _driver_errors(self) -> tuple[type[BaseException], ...]:
-        """The exception classes the driver raises, translated to ``StorageError``."""
-        raise NotImplementedError
-
-    def _begin(self, *, write: bool) -> None:
-        raise NotImplementedError
-
-    def _finish(self, *, commit: bool) -> None:
-        raise NotImplementedError
-
-    def _lock_schema(self) -> None:
-        """Serialize schema creation between processes (inside the schema transaction)."""
-
-    def _lock_task_sql(self, *, write: bool) -> str:
-        """The statement that reads (and in a write transaction locks) a task's row."""
-        return "SELECT task_id FROM longrun_tasks WHERE task_id = ?"
-
-    def _now_sql(self) -> str:
-        """An SQL expression for the database's clock, in seconds since the epoch."""
-        raise NotImplementedError
-
-    # -- connection and transactions ----------------------------------------------------------
-
-    def close(self) -> None:
-        """Close the connection (a later call opens a new one)."""
-        with self._lock:
-            self._drop_connection()
-
-    def __enter__(self) -> "SqlStore":
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def _drop_connection(self) -> None:
-        connection, self._connection, self._cursor = self._connection, None, None
-        self._schema_checked = False
-        if connection is not None:
-            with contextlib.suppress(Exception):  # it may already be broken; nothing to save
-                connection.close()
-
-    def _sql(self, statement: str) -> str:
-        return statement if self.placeholder == "?" else statement.replace("?", self.placeholder)
-
-    def _run(self, statement: str, params: Sequence[object] = ()) -> Any:
-        """Execute one statement in the open transaction; the one place SQL reaches the driver."""
-        self._cursor.execute(self._sql(statement), tuple(params))
-        return self._cursor
-
-    def _run_many(self, statement: str, rows: Sequence[Sequence[object]]) -> None:
-        for row in rows:
-            self._run(statement, row)
-
-    def _one(self, statement: str, params: Sequence[object] = ()) -> Any:
-        return self._run(statement, params).fetchone()
-
-    def _all(self, statement: str, params: Sequence[object] = ()) -> list[Any]:
-        return list(self._run(statement, params).fetchall())
-
-    @contextlib.contextmanager
-    def _session(self, *, write: bool, what: str) -> Generator[None, None, None]:
-        """One database transaction, with the driver's errors translated to ``StorageError``."""
-        with self._lock:
-            if self._connection is None:
-                try:
-                    self._connection = self._connect()
-                except LongrunError:
-                    raise
-                except Exception as exc:  # whatever the driver or the caller's factory raises
-                    raise StorageError(f"{self!r}: cannot connect: {exc}") from exc
-            errors = self._driver_errors()
-            try:
-                if not self._schema_checked:
-                    self._ensure_schema()
-                self._cursor = self._connection.cursor()
-                self._begin(write=write)
-            except LongrunError:
-                self._drop_connection()
-                raise
-            except errors as exc:
-                self._drop_connection()
-                raise StorageError(f"{self!r}: cannot open a transaction to {what}: {exc}") from exc
-            self._keep_writes = False
-            try:
-                yield
-            except BaseException as exc:
-                keep = self._keep_writes and isinstance(exc, LongrunError)
-                self._end_after_error(commit=keep)
-                if isinstance(exc, errors) and not isinstance(exc, LongrunError):
-                    raise StorageError(f"{self!r}: cannot {what}: {exc}") from exc
-                raise
-            else:
-                try:
-                    self._finish(commit=True)
-                except errors as exc:
-                    self._end_after_error(commit=False)
-                    raise StorageError(f"{self!r}: the transaction to {what} did not commit: {exc}") from exc
-            finally:
-                cursor, self._cursor = self._cursor, None
-                self._keep_writes = False
-                if cursor is not None:
-                    with contextlib.suppress(Exception):  # a cursor of a broken connection
-                        cursor.close()
-
-    def _end_after_error(self, *, commit: bool) -> None:
-        try:
-            self._finish(commit=commit)
-        except Exception as exc:  # the connection is in an unknown state: never reuse it
-            log.warning("%r: ending a failed transaction failed (%s); reconnecting on next use", self, exc)
-            self._drop_connection()
-
-    def _ensure_schema(self) -> None:
-        """Create or migrate the schema, or refuse a newer one. Once per connection.
-
-        A current schema is only read (no DDL, no lock), so a database user without the right to
-        create tables can use tables an administrator created.
-        """
-        if self._schema_step(write=False) < SCHEMA_VERSION:
-            self._schema_step(write=True)
-        self._schema_checked = True
-
-    def _schema_step(self, *, write: bool) -> int:
-        """In one transaction, read the schema version and (``write``) create or migrate to ours."""
-        self._cursor = self._connection.cursor()
-        self._begin(write=write)
-        try:
-            if write:
-                self._lock_schema()
-                self._run(
-                    f"""CREATE TABLE IF NOT EXISTS longrun_schema (
-                        version INTEGER PRIMARY KEY,
-                        applied_at {self.types['float']} NOT NULL,
-                        description TEXT NOT NULL)"""
-                )
-                current = self._schema_version()  # again: another process may have migrated
-                if current < SCHEMA_VERSION:
-                    self._migrate(current)
-                    current = SCHEMA_VERSION
-            else:
-                current = self._schema_version() if self._one(self._schema_table_sql())[0] else 0
-            self._finish(commit=True)
-            return current
-        except BaseException:
-            self._end_after_error(commit=False)
-            raise
-        finally:
-            cursor, self._cursor = self._cursor, None
-            if cursor is not None:
-                with contextlib.suppress(Exception):
-                    cursor.close()
-
-    def _schema_table_sql(self) -> str:
-        """A query whose one row's first value is true if ``longrun_schema`` exists (dialect)."""
-        raise NotImplementedError
-
-    def _schema_version(self) -> int:
-        row = self._one("SELECT MAX(version) FROM longrun_schema")
-        current = row[0] if row is not None and row[0] is not None else 0
-        if not isinstance(current, int):
-            raise SchemaVersionError(f"{self!r}: the schema version table holds {current!r}, not a version number")
-        if current > SCHEMA_VERSION:
-            raise SchemaVersionError(
-                f"{self!r}: the database has longrun schema version {current}, newer than this code knows "
-                f"({SCHEMA_VERSION}); upgrade longrun to use this database"
-            )
-        return current
-
-    def _migrate(self, current: int) -> None:
-        for version, description, statements in _migrations(self.types):
-            if version <= current:
-                continue
-            for statement in statements:
-                self._run(statement)
-            self._run(
-                f"INSERT INTO longrun_schema (version, applied_at, description) VALUES (?, {self._now_sql()}, ?)",
-                (version, description),
-            )
-            log.info("%r: schema migrated to version %d (%s)", self, version, description)
-
-    @contextlib.contextmanager
-    def _transaction(self, task_id: str, *, create: bool, write: bool = True) -> Generator[None, None, None]:
-        check_task_id(task_id)
-        with self._session(write=write, what=f"access task {task_id!r}"):
-            if create:
-                self._run(
-                    f"INSERT INTO longrun_tasks (task_id, created_at, revision_floor) VALUES (?, {self._now_sql()}, 0) "
-                    "ON CONFLICT (task_id) DO NOTHING",
-                    (task_id,),
-                )
-            if self._one(self._lock_task_sql(write=write), (task_id,)) is None:
-                raise UnknownTaskError(f"no task {task_id!r} in {self!r}")
-            yield
 
     # -- lease --------------------------------------------------------------------------------
 
@@ -538,7 +123,7 @@ class SqlStore(BaseStore):
         """Copy the damaged lease row into the quarantine (as text), then delete it, in this transaction."""
         row = self._one(f"SELECT {self._LEASE_COLUMNS} FROM longrun_leases WHERE task_id = ?", (task_id,))
         names = self._LEASE_COLUMNS.split(", ")
-        data = "; ".join(f"{name}={_raw(value)}" for name, value in zip(names, row or ()))
+        data = "; ".join(f"{name}={quarantine_text(value)}" for name, value in zip(names, row or ()))
         self._run(
             "INSERT INTO longrun_quarantine (task_id, kind, name, reason, quarantined_at, data) "
             f"VALUES (?, 'lease', ?, ?, {self._now_sql()}, ?)",
@@ -606,7 +191,7 @@ class SqlStore(BaseStore):
             codec = self._blobs[task_id] = BlobCodec()
             for value, ref in fetch.seen:
                 codec.read(value, ref)
-        digest = _checksum(encode(state))
+        digest = row_checksum(encode(state))
         return LoadResult(
             state=state,
             source="primary",
@@ -621,11 +206,11 @@ class SqlStore(BaseStore):
         if row is None:
             return None
         written_at, body, checksum = row
-        text = _text(body)
-        data = _utf8(text)
+        text = column_text(body)
+        data = utf8_bytes(text)
         problem = None
         outline = None
-        if data is None or checksum != _checksum(data):
+        if data is None or checksum != row_checksum(data):
             problem = "its checksum does not match"
         elif not isinstance(written_at, int) or written_at > revision:
             problem = f"it names revision {written_at!r}, newer than the state's {revision}"
@@ -645,7 +230,7 @@ class SqlStore(BaseStore):
         if repair:
             self._run(
                 "INSERT INTO longrun_quarantine (task_id, kind, name, reason, quarantined_at, data) VALUES (?, ?, ?, ?, ?, ?)",
-                (task_id, "plan", "longrun_plans", problem[:2000], now, _raw(body)),
+                (task_id, "plan", "longrun_plans", problem[:2000], now, quarantine_text(body)),
             )
             self._run("DELETE FROM longrun_plans WHERE task_id = ?", (task_id,))
             detail += " (the row was moved to the quarantine; the runner records the outline again)"
@@ -655,12 +240,12 @@ class SqlStore(BaseStore):
 
     def _decode_header(self, task_id: str, row: Sequence[Any], damage: list[_Damage]) -> RunState | None:
         revision, _, header, checksum = row
-        text = _text(header)
-        data = _utf8(text)
+        text = column_text(header)
+        data = utf8_bytes(text)
         if data is None:
-            damage.append(_Damage("state", "longrun_states", "the header is not UTF-8 text", (), _raw(header)))
+            damage.append(_Damage("state", "longrun_states", "the header is not UTF-8 text", (), quarantine_text(header)))
             return None
-        if checksum != _checksum(data):
+        if checksum != row_checksum(data):
             damage.append(_Damage("state", "longrun_states", "the header's row checksum does not match", (), text))
             return None
         try:
@@ -689,10 +274,10 @@ class SqlStore(BaseStore):
     ) -> tuple[int, EffectRecord] | None:
         step_id, position, revision, body, checksum = row
         name = f"longrun_effects/{step_id}"
-        text = _text(body)
-        data = _utf8(text)
-        if data is None or checksum != _checksum(data):
-            damage.append(_Damage("effect", name, "the effect row's checksum does not match", (str(step_id),), _raw(body)))
+        text = column_text(body)
+        data = utf8_bytes(text)
+        if data is None or checksum != row_checksum(data):
+            damage.append(_Damage("effect", name, "the effect row's checksum does not match", (str(step_id),), quarantine_text(body)))
             return None
         try:
             document = parse_json(data, what="the effect row", max_bytes=MAX_STATE_BYTES)
@@ -796,7 +381,7 @@ class SqlStore(BaseStore):
             "updated_at = excluded.updated_at",
             (
                 task_id, state.revision, state.lease_epoch, state.plan_digest, state.status.value, state.next_action,
-                len(state.effects), header.decode("utf-8"), _checksum(header), state.updated_at,
+                len(state.effects), header.decode("utf-8"), row_checksum(header), state.updated_at,
             ),
         )
         if delta is None:
@@ -814,7 +399,7 @@ class SqlStore(BaseStore):
             rows = []
             for step_id, position in to_write:
                 body = bodies[step_id]
-                rows.append((task_id, step_id, position, state.revision, body.decode("utf-8"), _checksum(body)))
+                rows.append((task_id, step_id, position, state.revision, body.decode("utf-8"), row_checksum(body)))
             self._run_many(
                 "INSERT INTO longrun_effects (task_id, step_id, position, revision, record, checksum) "
                 "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (task_id, step_id) DO UPDATE SET position = excluded.position, "
@@ -826,7 +411,7 @@ class SqlStore(BaseStore):
                 "INSERT INTO longrun_plans (task_id, revision, body, checksum) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (task_id) DO UPDATE SET revision = excluded.revision, body = excluded.body, "
                 "checksum = excluded.checksum",
-                (task_id, state.revision, outline_body.decode("utf-8"), _checksum(outline_body)),
+                (task_id, state.revision, outline_body.decode("utf-8"), row_checksum(outline_body)),
             )
         elif outline_changed:
             self._run("DELETE FROM longrun_plans WHERE task_id = ?", (task_id,))
@@ -866,10 +451,10 @@ class SqlStore(BaseStore):
 
     @staticmethod
     def _control(name: str, body: object) -> ControlRecord:
-        data = _utf8(_text(body))
+        data = utf8_bytes(column_text(body))
         if data is None:
             raw = bytes(body) if isinstance(body, (bytes, bytearray, memoryview)) else repr(body).encode("utf-8", "replace")
-            return ControlRecord(name=name, error="not UTF-8 text", digest=_checksum(raw))
+            return ControlRecord(name=name, error="not UTF-8 text", digest=row_checksum(raw))
         return parse_control_record(name, data)
 
     def read_cancellation(self, task_id: str) -> ControlRecord | None:
