@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence, TypeVar, cast
 
 from .canonical import REFUSED, ensure_json, plain_or_refused, shown, text_problem
-from .contract import SAFE_NAME, STEP_ID_PATTERN, check_step_id, check_task_id
+from .names import SAFE_NAME, STEP_ID_PATTERN, check_step_id, check_task_id
 from .errors import CorruptStateError, InvalidInputError, SchemaVersionError
 
 E = TypeVar("E")

@@ -18,12 +18,12 @@ once, when its effect is planned, and the value is persisted; resumes use the pe
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from .canonical import MAX_VALUE_BYTES, JSONValue, canonical_bytes, digest_of, ensure_json
 from .errors import InvalidInputError
+from .names import SAFE_NAME, STEP_ID_PATTERN, check_step_id, check_task_id
 
 if TYPE_CHECKING:
     from .budget import RetryPolicy
@@ -49,9 +49,6 @@ PayloadFactory = Callable[[Mapping[str, Any]], Mapping[str, Any]]
 are typed ``Any``: their shape is what the step's own adapter returned, which the caller knows and
 a type checker cannot, so ``results["render"]["html"]`` type-checks as written."""
 
-SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-"""What a task id or a name may be: a letter or digit, then up to 127 of letters, digits, ``.``, ``_``, ``-``."""
-STEP_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+=-]{0,255}")
 
 INTERNAL_PREFIX = "longrun."
 """Actions and step ids the engine records for itself (calls, timers, a durable function's own record)."""
@@ -63,33 +60,6 @@ ASK_ACTION = INTERNAL_PREFIX + "ask"
 
 def is_internal(name: str) -> bool:
     return name.startswith(INTERNAL_PREFIX)
-
-
-def check_task_id(task_id: object, *, what: str = "task id") -> str:
-    """Return ``task_id`` if it is a safe single path component, else raise ``InvalidInputError``.
-
-    Safe: 1-128 characters of ASCII letters, digits, '.', '_' and '-', not starting with '.' or '-'.
-    So it can never name a parent directory, an absolute path or a hidden file.
-    """
-    if not isinstance(task_id, str) or not SAFE_NAME.fullmatch(task_id):
-        raise InvalidInputError(
-            f"{what} {task_id!r} is not a safe name: use 1-128 of [A-Za-z0-9._-], starting with a letter or digit"
-        )
-    return task_id
-
-
-def check_step_id(step_id: object) -> str:
-    """Return ``step_id`` if it is a valid step id, else raise ``InvalidInputError``.
-
-    1-256 characters of ASCII letters, digits and ``. _ : / @ + = -``, starting with a letter or
-    digit: room for semantic ids such as ``label/42`` or ``post:inbox@2026-11-30``. A step id is
-    never used as a file name.
-    """
-    if not isinstance(step_id, str) or not STEP_ID_PATTERN.fullmatch(step_id):
-        raise InvalidInputError(
-            f"step id {step_id!r} is not valid: use 1-256 of [A-Za-z0-9._:/@+=-], starting with a letter or digit"
-        )
-    return step_id
 
 
 def _names(values: Sequence[str], what: str) -> tuple[str, ...]:
