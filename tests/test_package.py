@@ -163,8 +163,11 @@ class LayerTests(unittest.TestCase):
                     for alias in node.names:
                         if not alias.name.startswith("_") or alias.name.startswith("__"):
                             continue
-                        if os.path.exists(os.path.join(support.SRC, *target.split("."), alias.name + ".py")):
-                            continue  # a private module of this package, imported as a module
+                        where = os.path.join(support.SRC, *target.split("."), alias.name)
+                        if os.path.exists(where + ".py") or os.path.isdir(where):  # a private module, imported as one
+                            if not (package + ".").startswith(target + "."):
+                                reaches.append(f"{module} imports {target}.{alias.name}")
+                            continue
                         reaches.append(f"{module} imports {alias.name} from {target}")
         self.assertEqual(reaches, [])
 
@@ -252,6 +255,17 @@ class LayerTests(unittest.TestCase):
                         if self.RANK[high] > self.RANK[low] or {low, high} == {"engine", "stores"}:
                             upward.append(f"{module} ({low}) imports {imported} ({high})")
         self.assertEqual(sorted(set(upward)), [])
+
+    def test_no_module_is_over_500_lines_without_saying_why(self) -> None:
+        long = []
+        for folder, _, files in os.walk(os.path.join(support.SRC, "longrun")):
+            for name in files:
+                if name.endswith(".py"):
+                    with open(os.path.join(folder, name)) as handle:
+                        text = handle.read()
+                    if text.count("\n") > 500 and "Longer than 500 lines" not in text:
+                        long.append(f"{os.path.relpath(os.path.join(folder, name), support.SRC)}: {text.count(chr(10))} lines")
+        self.assertEqual(long, [])
 
     def test_signing_and_the_control_files_reach_no_private_module_of_another_package(self) -> None:
         self.assertEqual({name for name in self.imports_of("signing.py") if name.startswith("stores")}, set())
