@@ -11,6 +11,7 @@ import os
 import pkgutil
 import re
 import unittest
+from typing import Iterator
 
 from helpers import support
 import longrun
@@ -135,83 +136,74 @@ class LayerTests(unittest.TestCase):
                 siblings = {node.module for node in at_run_time}
                 self.assertLessEqual(siblings, set(order[:index]), "a layer imports only the layers below it")
 
-    def test_no_module_reaches_into_another_modules_private_names_or_another_packages_private_modules(self) -> None:
-        # A private module (``_x``) belongs to its package: code of that package (and below it) may
-        # import it, code elsewhere imports what the package exports. A private name belongs to its module.
-        root = os.path.join(support.SRC, "longrun")
-        reaches = []
-        for folder, _, files in os.walk(root):
+    @staticmethod
+    def relative_imports(*, at_load_only: bool = False) -> Iterator[tuple[str, str, str, str]]:
+        """Every relative import in the package: (importing module, its package, the module or
+        package imported from, the name imported). ``at_load_only``: only the imports a module runs
+        when it is loaded (none under TYPE_CHECKING or inside a function)."""
+        for folder, _, files in os.walk(os.path.join(support.SRC, "longrun")):
             for name in files:
                 if not name.endswith(".py"):
                     continue
                 path = os.path.join(folder, name)
-                module = os.path.relpath(path, support.SRC)[:-3].replace(os.sep, ".")
-                package = module.rsplit(".", 1)[0] if name != "__init__.py" else module[: -len(".__init__")]
-                with open(path) as handle:
-                    tree = ast.parse(handle.read())
-                for node in ast.walk(tree):
-                    if not isinstance(node, ast.ImportFrom) or node.level == 0:
-                        continue
-                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                    target = ".".join(base + ([node.module] if node.module else []))
-                    parts = target.split(".")
-                    for index, part in enumerate(parts):
-                        owner = ".".join(parts[:index])
-                        if part.startswith("_") and not part.startswith("__") and not (package + ".").startswith(owner + "."):
-                            reaches.append(f"{module} imports {target}")
-                            break
-                    for alias in node.names:
-                        if not alias.name.startswith("_") or alias.name.startswith("__"):
-                            continue
-                        where = os.path.join(support.SRC, *target.split("."), alias.name)
-                        if os.path.exists(where + ".py") or os.path.isdir(where):  # a private module, imported as one
-                            if not (package + ".").startswith(target + "."):
-                                reaches.append(f"{module} imports {target}.{alias.name}")
-                            continue
-                        reaches.append(f"{module} imports {alias.name} from {target}")
-        self.assertEqual(reaches, [])
-
-    def test_the_modules_import_one_another_without_a_cycle(self) -> None:
-        # Imports a module runs when it is loaded (not those under TYPE_CHECKING or inside a function).
-        src = support.SRC
-        graph: dict[str, set[str]] = {}
-        for folder, _, files in os.walk(os.path.join(src, "longrun")):
-            for name in files:
-                if not name.endswith(".py"):
-                    continue
-                path = os.path.join(folder, name)
-                module = os.path.relpath(path, src)[:-3].replace(os.sep, ".").removesuffix(".__init__")
+                module = os.path.relpath(path, support.SRC)[:-3].replace(os.sep, ".").removesuffix(".__init__")
                 package = module if name == "__init__.py" else module.rsplit(".", 1)[0]
                 with open(path) as handle:
                     tree = ast.parse(handle.read())
-                edges = graph.setdefault(module, set())
-                for node in tree.body:
-                    if not isinstance(node, ast.ImportFrom) or node.level == 0:
-                        continue
-                    parts = package.split(".")
-                    target = ".".join(parts[: len(parts) - (node.level - 1)] + ([node.module] if node.module else []))
-                    for alias in node.names:
-                        candidate = f"{target}.{alias.name}"
-                        is_module = os.path.exists(os.path.join(src, *candidate.split(".")) + ".py") or os.path.isdir(
-                            os.path.join(src, *candidate.split("."))
-                        )
-                        edges.add(candidate if is_module else target)
-        seen: dict[str, int] = {}
+                for node in tree.body if at_load_only else ast.walk(tree):
+                    if isinstance(node, ast.ImportFrom) and node.level > 0:
+                        parts = package.split(".")
+                        target = ".".join(parts[: len(parts) - (node.level - 1)] + ([node.module] if node.module else []))
+                        for alias in node.names:
+                            yield module, package, target, alias.name
+
+    @staticmethod
+    def is_module(dotted: str) -> bool:
+        where = os.path.join(support.SRC, *dotted.split("."))
+        return os.path.exists(where + ".py") or os.path.isdir(where)
+
+    def test_no_module_reaches_into_another_modules_private_names_or_another_packages_private_modules(self) -> None:
+        # A private module (``_x``) belongs to its package: code of that package (and below it) may
+        # import it, code elsewhere imports what the package exports. A private name belongs to its module.
+        reaches = []
+        for module, package, target, name in self.relative_imports():
+            parts = target.split(".")
+            for index, part in enumerate(parts):
+                owner = ".".join(parts[:index])
+                if part.startswith("_") and not part.startswith("__") and not (package + ".").startswith(owner + "."):
+                    reaches.append(f"{module} imports {target}")
+                    break
+            if not name.startswith("_") or name.startswith("__"):
+                continue
+            if self.is_module(f"{target}.{name}"):  # a private module, imported as one
+                if not (package + ".").startswith(target + "."):
+                    reaches.append(f"{module} imports {target}.{name}")
+            else:
+                reaches.append(f"{module} imports {name} from {target}")
+        self.assertEqual(sorted(set(reaches)), [])
+
+    def test_the_modules_import_one_another_without_a_cycle(self) -> None:
+        # Imports a module runs when it is loaded (not those under TYPE_CHECKING or inside a function).
+        graph: dict[str, set[str]] = {}
+        for module, _, target, name in self.relative_imports(at_load_only=True):
+            imported = f"{target}.{name}" if self.is_module(f"{target}.{name}") else target
+            graph.setdefault(module, set()).add(imported)
+        state: dict[str, int] = {}
         cycles: list[list[str]] = []
 
         def visit(module: str, path: list[str]) -> None:
-            seen[module] = 1
+            state[module] = 1
             for other in sorted(graph.get(module, ())):
                 if other == module or other not in graph:
                     continue
-                if seen.get(other) == 1:
-                    cycles.append(path[path.index(other):] + [other] if other in path else [module, other])
-                elif other not in seen:
+                if state.get(other) == 1:
+                    cycles.append(path[path.index(other) :] + [other])
+                elif other not in state:
                     visit(other, path + [other])
-            seen[module] = 2
+            state[module] = 2
 
         for module in sorted(graph):
-            if module not in seen:
+            if module not in state:
                 visit(module, [module])
         self.assertEqual(cycles, [])
 
@@ -231,29 +223,12 @@ class LayerTests(unittest.TestCase):
     def test_nothing_imports_upward_and_the_engine_and_the_stores_never_import_each_other(self) -> None:
         # faces -> engine -> records and protocols <- stores; applications above all of them. Every
         # import counts here, even one under TYPE_CHECKING or inside a function.
-        src = support.SRC
         upward = []
-        for folder, _, files in os.walk(os.path.join(src, "longrun")):
-            for name in files:
-                if not name.endswith(".py"):
-                    continue
-                path = os.path.join(folder, name)
-                module = os.path.relpath(path, src)[:-3].replace(os.sep, ".").removesuffix(".__init__")
-                package = module if name == "__init__.py" else module.rsplit(".", 1)[0]
-                with open(path) as handle:
-                    tree = ast.parse(handle.read())
-                for node in ast.walk(tree):
-                    if not isinstance(node, ast.ImportFrom) or node.level == 0:
-                        continue
-                    parts = package.split(".")
-                    target = ".".join(parts[: len(parts) - (node.level - 1)] + ([node.module] if node.module else []))
-                    for alias in node.names:
-                        candidate = f"{target}.{alias.name}"
-                        here = os.path.join(src, *candidate.split("."))
-                        imported = candidate if os.path.exists(here + ".py") or os.path.isdir(here) else target
-                        low, high = self.layer_of(module), self.layer_of(imported)
-                        if self.RANK[high] > self.RANK[low] or {low, high} == {"engine", "stores"}:
-                            upward.append(f"{module} ({low}) imports {imported} ({high})")
+        for module, _, target, name in self.relative_imports():
+            imported = f"{target}.{name}" if self.is_module(f"{target}.{name}") else target
+            low, high = self.layer_of(module), self.layer_of(imported)
+            if self.RANK[high] > self.RANK[low] or {low, high} == {"engine", "stores"}:
+                upward.append(f"{module} ({low}) imports {imported} ({high})")
         self.assertEqual(sorted(set(upward)), [])
 
     def test_no_module_is_over_500_lines_without_saying_why(self) -> None:
