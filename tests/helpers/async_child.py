@@ -23,23 +23,20 @@ applies are in flight at once, then writes) or ``sync`` (the outbox itself, in w
 from __future__ import annotations
 
 import asyncio
-import importlib
-import json
 import os
 import random
-import signal
 import sys
-import time
-import traceback
 from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src"))  # run by path: longrun from src
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests: for helpers
 
 import longrun  # noqa: E402
 from longrun import EffectRequest, Limits, Observation, Receipt, RetryPolicy, SystemClock  # noqa: E402
-from longrun import _crashpoints  # noqa: E402
 from longrun.stores._spec import open_store  # noqa: E402
 from longrun.testing import OutboxAdapter  # noqa: E402
+
+from helpers import forked  # noqa: E402
 
 
 class LaterClock(SystemClock):
@@ -97,52 +94,14 @@ def run_once(spec: str, outbox: str, task: str, count: int, later: float, adapte
             close()
 
 
-def serve_one(request: dict[str, Any]) -> dict[str, Any]:
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: arm the crash points as the environment would, run once, report
-        os.close(read_end)
-        code = 0
-        try:
-            os.environ.pop("LONGRUN_CRASH_AT", None)
-            os.environ.pop("LONGRUN_CRASH_TRACE", None)
-            if request.get("crash_at"):
-                os.environ["LONGRUN_CRASH_AT"] = request["crash_at"]
-            if request.get("trace"):
-                os.environ["LONGRUN_CRASH_TRACE"] = request["trace"]
-            importlib.reload(_crashpoints)
-            random.seed()
-            outcome = run_once(
-                request["spec"], request["outbox"], request["task"], request["count"], request["later"], request["adapter"]
-            )
-            body = json.dumps(outcome.to_json()).encode()
-            while body:
-                body = body[os.write(write_end, body) :]
-        except BaseException:
-            traceback.print_exc()
-            code = 70
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    if request.get("kill_after_s") is not None:
-        time.sleep(request["kill_after_s"])
-        os.kill(pid, signal.SIGKILL)  # a zombie that already exited ignores it
-    chunks = []
-    while chunk := os.read(read_end, 65536):
-        chunks.append(chunk)
-    os.close(read_end)
-    _, status = os.waitpid(pid, 0)
-    exit_code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-    output = b"".join(chunks)
-    return {"exit": exit_code, "outcome": json.loads(output) if output else None}
+def run_request(request: dict[str, Any]) -> Any:
+    random.seed()
+    return run_once(request["spec"], request["outbox"], request["task"], request["count"], request["later"], request["adapter"])
 
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["serve"]:
-        for line in sys.stdin:
-            if line.strip():
-                print(json.dumps(serve_one(json.loads(line))), flush=True)
-        return 0
+        return forked.serve(run_request)
     print(__doc__, file=sys.stderr)
     return 2
 

@@ -25,14 +25,10 @@ for an approval. ``KIND`` is ``json`` or ``sqlite``.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import random
-import signal
 import sys
-import time
-import traceback
 from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src"))  # run by path: longrun from src
@@ -40,9 +36,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import longrun  # noqa: E402
 from longrun import JsonFileStore, Limits, RetryPolicy, SqliteStore  # noqa: E402
-from longrun import _crashpoints  # noqa: E402
 from longrun.testing import OutboxAdapter  # noqa: E402
 
+from helpers import forked  # noqa: E402
 from helpers.clocks import LaterClock  # noqa: E402
 
 ACTIONS = ("mail.send", "note.write")
@@ -119,52 +115,16 @@ def run_once(
             close()
 
 
-def serve_one(request: dict[str, Any]) -> dict[str, Any]:
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: arm the crash points as the environment would, run once, report
-        os.close(read_end)
-        code = 0
-        try:
-            os.environ.pop("LONGRUN_CRASH_AT", None)
-            os.environ.pop("LONGRUN_CRASH_TRACE", None)
-            if request.get("crash_at"):
-                os.environ["LONGRUN_CRASH_AT"] = request["crash_at"]
-            if request.get("trace"):
-                os.environ["LONGRUN_CRASH_TRACE"] = request["trace"]
-            importlib.reload(_crashpoints)
-            outcome = run_once(
-                request["kind"], request["root"], request["work"], request["task"], request["seed"],
-                request["max_tools"], request["later"], request["label"],
-            )
-            body = json.dumps(outcome.to_json()).encode()
-            while body:
-                body = body[os.write(write_end, body):]
-        except BaseException:
-            traceback.print_exc()
-            code = 70
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    if request.get("kill_after_s") is not None:
-        time.sleep(request["kill_after_s"])
-        os.kill(pid, signal.SIGKILL)  # a zombie that already exited ignores it
-    chunks = []
-    while chunk := os.read(read_end, 65536):
-        chunks.append(chunk)
-    os.close(read_end)
-    _, status = os.waitpid(pid, 0)
-    exit_code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-    output = b"".join(chunks)
-    return {"exit": exit_code, "outcome": json.loads(output) if output else None}
+def run_request(request: dict[str, Any]) -> Any:
+    return run_once(
+        request["kind"], request["root"], request["work"], request["task"], request["seed"],
+        request["max_tools"], request["later"], request["label"],
+    )  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["serve"]:
-        for line in sys.stdin:
-            if line.strip():
-                print(json.dumps(serve_one(json.loads(line))), flush=True)
-        return 0
+        return forked.serve(run_request)
     if argv[:1] == ["run"] and len(argv) >= 6:
         kind, root, work, task, seed = argv[1:6]
         options = dict(zip(argv[6::2], argv[7::2]))
