@@ -425,6 +425,27 @@ class OptionsTests(support.TempDirTest):
         with self.assertRaises(InvalidInputError):
             job.start("s", 3)  # other arguments under the same task id
 
+    def test_a_function_the_worker_cannot_run_with_its_options_stops_it_at_start_not_task_by_task(self) -> None:
+        from longrun.functions import DurableFunction
+
+        store = SqliteStore(self.path("a.db"), create=True)
+        self.addCleanup(store.close)
+
+        @durable(store=store, adapters={"send": Target()}, allowed_actions=("send",))
+        def job(run: Any) -> str:
+            return "ok"
+
+        class Misconfigured(DurableFunction[Any]):
+            def with_options(self, **options: Any) -> "DurableFunction[Any]":
+                raise InvalidInputError("unknown engine options ['owner']")
+
+        broken = Misconfigured(job.fn, job.contract_for("x"), dict(job.engine_options))
+        with self.assertRaises(InvalidInputError) as refused:
+            Worker(store, [job, broken], poll_s=0.05)
+        self.assertIn(job.name, str(refused.exception))
+        self.assertIn("unknown engine options", str(refused.exception))
+        Worker(store, [job], poll_s=0.05)  # the well-configured one alone starts
+
     def test_a_cancellation_source_that_asks_to_pause_stops_the_run_between_two_steps(self) -> None:
         store = SqliteStore(self.path("a.db"), create=True)
         target = Target()

@@ -19,7 +19,7 @@ from ..clock import SystemClock
 from ..errors import LongrunError, UnknownTaskError
 from ..functions import FUNCTION_STEP, DurableFunction
 from ..outcome import TERMINAL, RunOutcome, Status
-from ..protocols import CancellationSource, Clock, Store
+from ..protocols import CancellationSource, Clock, SigningSource, Store
 from ..stores.queue import Claim
 from ..stores.postgres import PostgresStore
 from ..stores.sqlite import SqliteStore
@@ -69,7 +69,7 @@ class _Draining:
     def __init__(self, inner: CancellationSource, stopping: threading.Event):
         self._inner = inner
         self._stopping = stopping
-        self.requires_signature = bool(getattr(inner, "requires_signature", False))
+        self.requires_signature = isinstance(inner, SigningSource) and inner.requires_signature
 
     def read_cancellation(self, task_id: str) -> Any:
         return self._inner.read_cancellation(task_id)
@@ -119,8 +119,12 @@ class ClaimRunner:
         owner, the drain wired into its cancellation source, its limited actions, the clock offset."""
         variants: dict[str, DurableFunction[Any]] = self._local.__dict__.setdefault("variants", {})
         variant = variants.get(function.name)
-        if variant is not None:
-            return variant
+        if variant is None:
+            variant = variants[function.name] = function.with_options(**self._overrides(function, store))
+        return variant
+
+    def _overrides(self, function: DurableFunction[Any], store: Store) -> dict[str, Any]:
+        """The engine options this worker runs ``function`` with, over those it was decorated with."""
         options = function.engine_options
         overrides: dict[str, Any] = {
             "store": store,
@@ -137,9 +141,7 @@ class ClaimRunner:
             overrides["adapters"] = adapters
         if self.clock_offset_s:
             overrides["clock"] = _SkewedClock(options.get("clock") or SystemClock(), self.clock_offset_s)
-        variant = function.with_options(**overrides)
-        variants[function.name] = variant
-        return variant
+        return overrides
 
     def _prepare(self, claim: Claim) -> tuple[DurableFunction[Any], list[Any], dict[str, Any]] | Disposition:
         """The task's function (as this worker runs it) and recorded arguments; or why it is not run."""

@@ -133,6 +133,12 @@ class Worker(ClaimRunner):
         self._slot_queue: TaskQueue | None = None
         self._slots: SlotKeeper | None = None
         self._running: dict[str, tuple[Claim, asyncio.Task[None]]] = {}
+        for function in self.functions.values():  # a deployment mistake fails here, not task by task later
+            try:
+                function.with_options(**self._overrides(function, store))
+            except (LongrunError, TypeError) as exc:
+                self._queue.close()
+                raise InvalidInputError(f"worker {self.name} cannot run {function.name} with its options: {exc}") from exc
         self._statuses: dict[str, int] = {}
         self._drained = 0
         self._runs = 0
