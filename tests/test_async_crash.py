@@ -23,17 +23,14 @@ import errno
 import json
 import os
 import random
-import select
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import unittest
 from collections import Counter
 from typing import Any
 
-from helpers import pg_support, support
+from helpers import forked, pg_support, support
 import longrun
 from longrun import EffectRequest, EffectState, JsonFileStore, Observation, Receipt, RetryPolicy, Status, Store, StorageError
 from longrun.envelope import RunState
@@ -47,7 +44,7 @@ from longrun.testing.faults.store_history import compact_early
 from longrun.testing.faults import FaultyIO
 
 CHILD = os.path.join(support.HELPERS, "async_child.py")
-KILLED = -signal.SIGKILL
+KILLED = forked.KILLED
 EFFECTS = 64
 KILLS = int(os.environ.get("LONGRUN_ASYNC_KILLS", "20"))
 SEED = os.environ.get("LONGRUN_ASYNC_SEED", "")
@@ -79,7 +76,7 @@ class AsyncKillCase(support.TempDirTest):
         self.spec = self.make_spec()
         self.runs: Counter[str] = Counter()
         self.kills: Counter[str] = Counter()
-        self._server: subprocess.Popen[str] | None = None
+        self.server = forked.Server(self, CHILD, self.path("server.err"))
 
     def make_spec(self) -> str:
         return self.path("store")
@@ -96,24 +93,6 @@ class AsyncKillCase(support.TempDirTest):
             if callable(close):
                 close()
 
-    def server(self) -> subprocess.Popen[str]:
-        if self._server is None:
-            errors = open(self.path("server.err"), "w")
-            self.addCleanup(errors.close)
-            self._server = subprocess.Popen(
-                [sys.executable, CHILD, "serve"],
-                env=support.child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True,
-            )  # fmt: skip
-            self.addCleanup(self._stop_server)
-        return self._server
-
-    def _stop_server(self) -> None:
-        assert self._server is not None and self._server.stdin is not None
-        self._server.stdin.close()
-        self._server.wait(timeout=30)
-        assert self._server.stdout is not None
-        self._server.stdout.close()
-
     def run_task(self, task: str, adapter: str, *, crash_at: str | None = None, kill_after_s: float | None = None) -> tuple[int, Any]:
         """One run in a forked process. Each run's clock is 100 s past the previous one's, so a
         killed run's 30 s lease has expired for the next without a wait."""
@@ -122,17 +101,7 @@ class AsyncKillCase(support.TempDirTest):
             "spec": self.spec, "outbox": self.outbox, "task": task, "count": EFFECTS, "later": 100.0 * self.runs[task],
             "adapter": adapter, "crash_at": crash_at, "kill_after_s": kill_after_s,
         }  # fmt: skip
-        server = self.server()
-        assert server.stdin is not None and server.stdout is not None
-        server.stdin.write(json.dumps(request) + "\n")
-        server.stdin.flush()
-        if not select.select([server.stdout], [], [], 120)[0]:
-            server.kill()
-            self.fail(f"run {self.runs[task]} of {task} did not finish in 120 s")
-        reply = json.loads(server.stdout.readline())
-        if reply["exit"] not in (0, KILLED):
-            with open(self.path("server.err")) as handle:
-                self.fail(f"run {self.runs[task]} of {task} exited {reply['exit']}:\n{handle.read()}")
+        reply = self.server.run(request, f"run {self.runs[task]} of {task}")
         if reply["exit"] == KILLED:
             self.kills[task] += 1
         return reply["exit"], reply["outcome"]

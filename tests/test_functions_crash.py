@@ -21,9 +21,7 @@ from __future__ import annotations
 import json
 import os
 import random
-import select
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,12 +29,12 @@ import unittest
 from collections import Counter, defaultdict
 from typing import Any
 
-from helpers import support
+from helpers import forked, support
 from longrun import Approval, EffectState, JsonFileStore, SqliteStore, Store
 from longrun.testing import read_outbox
 
 CHILD = os.path.join(support.HELPERS, "durable_child.py")
-KILLED = -signal.SIGKILL
+KILLED = forked.KILLED
 
 # The crash points passed through inside run.effect and run.call (and around them).
 POINTS = (
@@ -73,7 +71,7 @@ class DurableCrashCase(support.TempDirTest):
         os.makedirs(self.root)
         self.runs: Counter[str] = Counter()
         self.kills: Counter[str] = Counter()
-        self._server: subprocess.Popen[str] | None = None
+        self.server = forked.Server(self, CHILD, self.path("server.err"))
 
     # -- running the agent ----------------------------------------------------------------------
 
@@ -83,24 +81,6 @@ class DurableCrashCase(support.TempDirTest):
         store = SqliteStore(os.path.join(self.root, "longrun.sqlite"), create=True)
         self.addCleanup(store.close)
         return store
-
-    def server(self) -> subprocess.Popen[str]:
-        if self._server is None:
-            errors = open(self.path("server.err"), "w")
-            self.addCleanup(errors.close)
-            self._server = subprocess.Popen(
-                [sys.executable, CHILD, "serve"],
-                env=support.child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True,
-            )
-            self.addCleanup(self._stop_server)
-        return self._server
-
-    def _stop_server(self) -> None:
-        assert self._server is not None and self._server.stdin is not None
-        self._server.stdin.close()
-        self._server.wait(timeout=30)
-        assert self._server.stdout is not None
-        self._server.stdout.close()
 
     def label(self, task: str) -> str:
         self.runs[task] += 1
@@ -117,17 +97,7 @@ class DurableCrashCase(support.TempDirTest):
             "later": 100.0 * self.runs[task], "label": label, "crash_at": crash_at, "kill_after_s": kill_after_s,
             "trace": os.path.join(self.work, "trace", label),
         }
-        server = self.server()
-        assert server.stdin is not None and server.stdout is not None
-        server.stdin.write(json.dumps(request) + "\n")
-        server.stdin.flush()
-        if not select.select([server.stdout], [], [], 120)[0]:  # one line per request: nothing is left buffered
-            server.kill()
-            self.fail(f"run {label} did not finish in 120 s")
-        reply = json.loads(server.stdout.readline())
-        if reply["exit"] not in (0, KILLED):
-            with open(self.path("server.err")) as handle:
-                self.fail(f"run {label} exited {reply['exit']}:\n{handle.read()}")
+        reply = self.server.run(request, f"run {label}")
         if reply["exit"] == KILLED:
             self.kills[task] += 1
         return reply["exit"], reply["outcome"]

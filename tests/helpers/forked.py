@@ -1,19 +1,24 @@
-"""One run in a forked child, armed with crash points, for the kill tests' servers (``durable_child``,
-``async_child``): the server process imports longrun once and forks per run, which is much cheaper
-than starting a Python process each time."""
+"""The kill tests' fork servers (``durable_child``, ``async_child``): the server process imports
+longrun once and forks one child per run, armed with crash points, which is much cheaper than
+starting a Python process each time; ``Server`` is the test's side of it."""
 
 from __future__ import annotations
 
 import importlib
 import json
 import os
+import select
 import signal
+import subprocess
 import sys
 import time
 import traceback
+import unittest
 from typing import Any, Callable
 
 from longrun import _crashpoints
+
+from . import support
 
 
 def serve_one(request: dict[str, Any], run: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
@@ -61,3 +66,52 @@ def serve(run: Callable[[dict[str, Any]], Any]) -> int:
         if line.strip():
             print(json.dumps(serve_one(json.loads(line), run)), flush=True)
     return 0
+
+
+KILLED = -signal.SIGKILL
+"""The exit code ``serve_one`` reports for a child that was SIGKILLed."""
+
+
+class Server:
+    """The test's side: ``python CHILD serve`` started on first use, one request a line, stopped
+    by the test's cleanup. A reply that is neither a clean exit nor a SIGKILL fails the test with
+    the server's error output."""
+
+    def __init__(self, case: unittest.TestCase, child: str, errors_path: str, *, timeout_s: float = 120.0):
+        self._case = case
+        self._child = child
+        self._errors_path = errors_path
+        self._timeout_s = timeout_s
+        self._process: subprocess.Popen[str] | None = None
+
+    def _started(self) -> subprocess.Popen[str]:
+        if self._process is None:
+            errors = open(self._errors_path, "w")
+            self._case.addCleanup(errors.close)
+            self._process = subprocess.Popen(
+                [sys.executable, self._child, "serve"],
+                env=support.child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True,
+            )  # fmt: skip
+            self._case.addCleanup(self._stop)
+        return self._process
+
+    def _stop(self) -> None:
+        assert self._process is not None and self._process.stdin is not None and self._process.stdout is not None
+        self._process.stdin.close()
+        self._process.wait(timeout=30)
+        self._process.stdout.close()
+
+    def run(self, request: dict[str, Any], what: str) -> dict[str, Any]:
+        """Send one run; its reply (``exit``: 0 or ``KILLED``, ``outcome``)."""
+        process = self._started()
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write(json.dumps(request) + "\n")
+        process.stdin.flush()
+        if not select.select([process.stdout], [], [], self._timeout_s)[0]:  # one line a request: nothing is left buffered
+            process.kill()
+            self._case.fail(f"{what} did not finish in {self._timeout_s:g} s")
+        reply: dict[str, Any] = json.loads(process.stdout.readline())
+        if reply["exit"] not in (0, KILLED):
+            with open(self._errors_path) as handle:
+                self._case.fail(f"{what} exited {reply['exit']}:\n{handle.read()}")
+        return reply
