@@ -253,15 +253,18 @@ _ESCAPED = bytes(range(0x20)) + b'"\\'
 _NOT_ESCAPED = bytes(sorted(set(range(256)) - set(_ESCAPED)))
 
 
-def _has_long_string(value: object, depth: int) -> bool:
-    if type(value) is str:
-        return len(value) >= _LONG_STRING
-    if depth >= _SPLICE_DEPTH:
+def _has_long_string(container: dict[str, Any] | list[Any], depth: int) -> bool:
+    """Whether ``container`` (at ``depth``) holds a long string within ``_SPLICE_DEPTH`` levels, in
+    containers of at most ``_SPLICE_WIDTH`` items. On every encoding's path: a plain loop, no generator."""
+    if len(container) > _SPLICE_WIDTH:
         return False
-    if type(value) is dict and len(value) <= _SPLICE_WIDTH:
-        return any(_has_long_string(item, depth + 1) for item in value.values())
-    if type(value) is list and len(value) <= _SPLICE_WIDTH:
-        return any(_has_long_string(item, depth + 1) for item in value)
+    deeper = depth + 1 < _SPLICE_DEPTH
+    for item in container.values() if type(container) is dict else container:
+        if type(item) is str:
+            if len(item) >= _LONG_STRING:
+                return True
+        elif deeper and (type(item) is dict or type(item) is list) and _has_long_string(item, depth + 1):
+            return True
     return False
 
 
