@@ -31,7 +31,7 @@ import stat
 from typing import Sequence
 
 __all__ = [
-    "FileIO", "ensure_dir", "ensure_dirs", "lexists", "read_file", "read_prefix", "read_small", "read_upto", "write_all",
+    "FileIO", "ensure_dir", "ensure_dirs", "lexists", "read_file", "read_prefix", "read_small", "read_small_fd", "read_upto", "write_all",
     "write_all_at", "write_atomic", "write_new_files",
 ]  # fmt: skip
 
@@ -196,9 +196,14 @@ def read_small(io: FileIO, path: str, limit: int) -> bytes | None:
     try:
         # No fstat (the point is fewer calls): a directory raises IsADirectoryError here, and a FIFO
         # (opened non-blocking) reads as empty, which the caller's parser refuses.
-        data = io.read(fd, limit + 1)
+        return read_small_fd(io, fd, path, limit)
     finally:
         io.close(fd)
+
+
+def read_small_fd(io: FileIO, fd: int, path: str, limit: int) -> bytes:
+    """``read_small`` of a file already open (the caller keeps the descriptor)."""
+    data = io.read(fd, limit + 1)
     if len(data) > limit:
         raise OSError(errno.EFBIG, f"file is over the {limit}-byte limit", path)
     return data

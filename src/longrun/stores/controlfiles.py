@@ -40,10 +40,12 @@ between can write the records anyway.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import os
 import stat
+import threading
 from typing import Generator
 
 from ..approval import Approval
@@ -60,6 +62,8 @@ CONTROL = "control"
 APPROVALS = "approvals"
 CANCEL = "cancel.json"
 MAX_APPROVAL_FILES = 1000
+MAX_HELD_DIRECTORIES = 64
+"""The task ``control`` directories a ``ControlFiles`` made with ``hold_directories`` keeps open."""
 
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
@@ -75,6 +79,13 @@ class ControlFiles:
 
     ``strict`` turns on the owner and mode checks, against ``approver_uid`` (None: the root's
     owner). ``dir_mode`` and ``file_mode`` are the modes of what a write creates.
+
+    ``hold_directories`` (not with ``strict``, whose checks are made on every read): a task's
+    ``control`` directory, once walked to, stays open (``MAX_HELD_DIRECTORIES`` tasks, least
+    recently read closed first), and its cancellation is read through it, one ``openat`` when
+    there is none instead of eight calls. A record written into that directory is read fresh as
+    before; a ``control`` directory replaced by another one is not seen until ``close``. A store
+    uses it for the cancellation read before every effect; ``close`` closes what it holds.
     """
 
     def __init__(
@@ -86,23 +97,48 @@ class ControlFiles:
         approver_uid: int | None = None,
         dir_mode: int = 0o700,
         file_mode: int = 0o600,
+        hold_directories: bool = False,
     ):
+        if strict and hold_directories:
+            raise InvalidInputError("hold_directories is refused in strict mode: its checks are made on every read")
         self.root = root
         self.io = io
         self.strict = strict
         self.approver_uid = approver_uid
         self.dir_mode = dir_mode
         self.file_mode = file_mode
+        self.hold_directories = hold_directories
+        self._held: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._held_lock = threading.Lock()
+        """Guards ``_held``; held while a read uses a held descriptor, so none is closed under it."""
+
+    def holds(self, task_id: str) -> bool:
+        """Whether the task's ``control`` directory is held open (see ``hold_directories``)."""
+        return task_id in self._held
+
+    def close(self) -> None:
+        """Close the directories held open; the object stays usable."""
+        with self._held_lock:
+            held, self._held = list(self._held.values()), collections.OrderedDict()
+        for fd in held:
+            self.io.close(fd)
 
     # -- reading ------------------------------------------------------------------------------
 
     def read_cancellation(self, task_id: str) -> ControlRecord | None:
         check_task_id(task_id)
+        label = f"{task_id}/{CONTROL}/{CANCEL}"
+        if self.hold_directories:
+            with self._held_lock:
+                held = self._held.get(task_id)
+                if held is not None:
+                    self._held.move_to_end(task_id)
+                    return self._read(held, CANCEL, label, CANCEL, -1)
         try:
-            with self._walk(task_id, (CONTROL,)) as (directory, approver):
+            with self._walk(task_id, (CONTROL,), hold=self.hold_directories) as (directory, approver):
                 if directory is None:
                     return None
-                return self._read(directory, CANCEL, f"{task_id}/{CONTROL}/{CANCEL}", CANCEL, approver)
+                return self._read(directory, CANCEL, label, CANCEL, approver)
         except _Refused as exc:
             return self._refusal(CANCEL, str(exc))
 
@@ -178,9 +214,10 @@ class ControlFiles:
             raise StorageError(f"cannot open {label}: {exc}") from exc
 
     @contextlib.contextmanager
-    def _walk(self, task_id: str, below: tuple[str, ...]) -> Generator[tuple[int | None, int], None, None]:
+    def _walk(self, task_id: str, below: tuple[str, ...], *, hold: bool = False) -> Generator[tuple[int | None, int], None, None]:
         """Open (and in strict mode check) the root, the task directory and ``below``; yields the
-        last directory's descriptor (None if one is missing) and the approver's uid."""
+        last directory's descriptor (None if one is missing) and the approver's uid. With ``hold``,
+        that last directory, when reached, is kept open for the task (``hold_directories``)."""
         opened: list[int] = []
         try:
             label = f"the control root {self.root}"
@@ -202,9 +239,23 @@ class ControlFiles:
                 if self.strict:
                     self._check(self.io.fstat(directory), f"directory {path}", approver)
             yield directory, approver
+            if hold and directory is not None and len(opened) == len(below) + 2:
+                self._hold(task_id, opened.pop())
         finally:
             for fd in reversed(opened):
                 self.io.close(fd)
+
+    def _hold(self, task_id: str, fd: int) -> None:
+        closing = []
+        with self._held_lock:
+            if task_id in self._held:
+                closing.append(fd)  # another thread held it first
+            else:
+                self._held[task_id] = fd
+                while len(self._held) > MAX_HELD_DIRECTORIES:
+                    closing.append(self._held.popitem(last=False)[1])
+        for old in closing:
+            self.io.close(old)
 
     def _read(self, directory: int, name: str, label: str, record_name: str, approver: int) -> ControlRecord | None:
         try:

@@ -83,6 +83,16 @@ flock. The writer, the journal descriptor and the caches of a task are touched o
 except that the descriptor cache (``MAX_OPEN_JOURNALS``) closes a descriptor only when its task's
 count is zero; so a descriptor is never closed, and its number never reused, under a commit.
 
+Held descriptors (``_handles``). Besides the journal, a store object keeps a task's lock file open
+(each transaction locks and unlocks it: no open and close per commit), the lease file it last read
+(open only so that its inode is not reused: every lease write replaces the file, so an ``lstat``
+that finds the same inode, size and times finds the same bytes), and the task's ``control``
+directory (its cancellation is read with one ``openat``). A commit then makes eight system calls:
+lock, two ``lstat``, the padding check, the write, ``fdatasync``, unlock; a cancellation read one.
+Held descriptors are bounded like the journals', closed by ``close``, dropped after an OS error
+(the next transaction opens the files by name), and forgotten in a child after ``fork`` (a copied
+lock descriptor would share the parent's locks).
+
 ``changed``: a caller names the step ids whose effect records it replaced since its last commit
 (the Runner does). Added and removed records are found even if not named; ``changed=None`` (the
 default) means "not known" and makes the store compare every record (correct, O(n)).
@@ -97,8 +107,9 @@ write-ahead log, unless ``lease.json`` witnessed one of them (then the load refu
 The package, one module per part (each reaches the file system only through the store's
 ``FileIO``, so the fault tests reach every call):
 
-- ``_layout``: the names above, the limits, the checks on paths, and the locks (a task's gate among
-  a store object's threads, then ``flock``);
+- ``_handles``: the held descriptors above, and the transaction that locks the task.
+- ``_layout``: the names above, the limits, the checks on paths, and the gates (a task's turn among
+  a store object's threads);
 - ``_reading``: snapshots, journals and the chains they form;
 - ``_recovery``: one load (``Load``): the clean chain, or the longest valid one, and the repair;
 - ``_writing``: commits (a journal line or a snapshot), compaction, and what a store object

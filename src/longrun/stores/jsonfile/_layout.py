@@ -1,9 +1,9 @@
 """Where the JSON-file store keeps a task's files, the checks every path passes, and the locks.
 
 ``TaskFiles`` is the store root and the task directories in it: names, the plain-directory checks
-(``lstat``), listings, quarantine. ``Gates`` and ``Transaction`` are the locks that order writers:
-a task's gate among one store object's threads, then ``flock(2)`` on the task's lock file among
-processes (see the package docstring, "Threads"). Every file-system call goes through the store's
+(``lstat``), listings, quarantine. ``Gates`` order one store object's threads per task; the
+transaction (``_handles``) then takes ``flock(2)`` on the task's lock file among processes (see the
+package docstring, "Threads"). Every file-system call goes through the store's
 ``FileIO``.
 
 The limits and tunables are module attributes read when used, so that setting one on the package
@@ -12,13 +12,11 @@ The limits and tunables are module attributes read when used, so that setting on
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import stat
 import threading
 import time
-from typing import Protocol
 
 from ...contract import check_task_id
 from ...envelope import MAX_STATE_BYTES
@@ -29,8 +27,8 @@ from ..controlfiles import APPROVALS, CANCEL, CONTROL, MAX_APPROVAL_FILES, MAX_R
 
 __all__ = [
     "APPROVALS", "BACKUP", "BLOBS", "CANCEL", "COMPACT_MIN_BYTES", "COMPACT_RATIO", "CONTROL", "HOLDER_LOCK", "LEASE", "LOCK",
-    "MAX_APPROVAL_FILES", "MAX_JOURNAL_BYTES", "MAX_OPEN_JOURNALS", "MAX_RECORD_BYTES", "MAX_STATE_BYTES",
-    "PREALLOCATE_MAX", "PREALLOCATE_MIN", "QUARANTINE", "STATE", "Gate", "Gates", "TaskFiles", "Transaction", "journal_name",
+    "MAX_APPROVAL_FILES", "MAX_JOURNAL_BYTES", "MAX_OPEN_JOURNALS", "MAX_RECORD_BYTES", "MAX_STATE_BYTES", "NONBLOCK",
+    "PREALLOCATE_MAX", "PREALLOCATE_MIN", "QUARANTINE", "STATE", "Gate", "Gates", "TaskFiles", "journal_name",
 ]  # fmt: skip
 
 STATE = "state.json"
@@ -327,50 +325,3 @@ class Gates:
             gate.users -= 1
             if gate.users == 0:
                 del self._gates[task_id]
-
-
-class Turns(Protocol):
-    """How a transaction takes and leaves a task's turn: the store's own methods, so that a
-    subclass can watch them (the thread tests pause a thread there)."""
-
-    def _enter_gate(self, task_id: str) -> Gate: ...
-
-    def _leave_gate(self, task_id: str, gate: Gate) -> None: ...
-
-
-class Transaction:
-    """The task's gate and flock held for one read-modify-write (a class, not a generator: it runs
-    on every commit). The gate orders this store object's threads, the flock other processes and
-    other store objects. OS errors inside become ``StorageError``; closing the descriptor unlocks."""
-
-    __slots__ = ("turns", "files", "task_id", "create", "write", "fd", "gate")
-
-    def __init__(self, turns: Turns, files: TaskFiles, task_id: str, *, create: bool, write: bool):
-        self.turns, self.files, self.task_id, self.create, self.write, self.fd = turns, files, task_id, create, write, -1
-        self.gate: Gate | None = None
-
-    def __enter__(self) -> None:
-        self.gate = self.turns._enter_gate(self.task_id)
-        try:
-            self.fd = self.files.open_lock(self.task_id, create=self.create, write=self.write)
-            if self.fd >= 0:
-                try:
-                    self.files.io.flock(self.fd, fcntl.LOCK_EX if self.write else fcntl.LOCK_SH)
-                except BaseException as exc:
-                    self.files.io.close(self.fd)
-                    if isinstance(exc, OSError) and not isinstance(exc, LongrunError):
-                        raise StorageError(f"task {self.task_id!r}: cannot lock: {exc}") from exc
-                    raise
-        except BaseException:
-            self.turns._leave_gate(self.task_id, self.gate)
-            raise
-
-    def __exit__(self, kind: object, exc: BaseException | None, traceback: object) -> None:
-        try:
-            if self.fd >= 0:
-                self.files.io.close(self.fd)  # closing the descriptor releases the flock
-        finally:
-            assert self.gate is not None
-            self.turns._leave_gate(self.task_id, self.gate)
-        if isinstance(exc, OSError) and not isinstance(exc, LongrunError):
-            raise StorageError(f"task {self.task_id!r}: {exc}") from exc

@@ -21,12 +21,13 @@ from ...errors import CorruptStateError, ForeignStateError, LongrunError, Schema
 from ...lease import Lease
 from ...protocols import LoadResult
 from .. import _journal as journal
-from .._fileio import FileIO, read_small, write_atomic
+from .._fileio import FileIO, read_small, read_small_fd, write_atomic
 from .._holders import HolderLocks
 from ..base import BaseStore
 from ..controlfiles import ControlFiles
 from ._history import history
-from ._layout import HOLDER_LOCK, LEASE, MAX_RECORD_BYTES, Gate, Gates, TaskFiles, Transaction
+from ._handles import Handles, Held, Transaction, lease_key
+from ._layout import HOLDER_LOCK, LEASE, MAX_RECORD_BYTES, NONBLOCK, Gate, Gates, TaskFiles
 from ._reading import epoch_floor
 from ._recovery import Load
 from ._writing import Writer, Writers
@@ -85,7 +86,8 @@ class JsonFileStore(BaseStore):
         self._files = TaskFiles(self.root, self.io, create=self.create)
         self._gates = Gates()
         self._writing = Writers(self._files, self._gates)
-        self._control = ControlFiles(self.root, io=self.io)
+        self._handles = Handles(self.io, self._gates)
+        self._control = ControlFiles(self.root, io=self.io, hold_directories=True)
         self._leases: dict[str, tuple[bytes, Lease]] = {}
         self._holders = HolderLocks(lambda task_id: os.path.join(self.task_dir(task_id), HOLDER_LOCK))
 
@@ -102,18 +104,21 @@ class JsonFileStore(BaseStore):
         return self._writing.open_journals
 
     def close(self) -> None:
-        """Close the journal descriptors this store keeps open. The store stays usable.
+        """Close the descriptors this store keeps open (journals, lock and lease files, control
+        directories). The store stays usable.
 
-        Safe while other threads use the store: a task's descriptor is closed in that task's turn,
-        so this waits for a commit in flight on it to end."""
+        Safe while other threads use the store: a task's descriptors are closed in that task's
+        turn, so this waits for a commit in flight on it to end."""
         with self._gates.mutex:
-            open_now = list(self._writing.open_journals)
-        for task_id in open_now:
+            open_now = set(self._writing.open_journals)
+        for task_id in sorted(open_now | set(self._handles.tasks())):
             gate = self._enter_gate(task_id)
             try:
                 self._writing.close_journal(task_id)
+                self._handles.drop(task_id)
             finally:
                 self._leave_gate(task_id, gate)
+        self._control.close()
 
     def __enter__(self) -> "JsonFileStore":
         return self
@@ -128,7 +133,7 @@ class JsonFileStore(BaseStore):
     # -- transaction: the task's turn among threads, then flock among processes ----------------
 
     def _transaction(self, task_id: str, *, create: bool, write: bool = True) -> Transaction:
-        return Transaction(self, self._files, task_id, create=create, write=write)
+        return Transaction(self, self._files, self._handles, task_id, create=create, write=write)
 
     def _enter_gate(self, task_id: str) -> Gate:
         """Wait for the task's turn among this store object's threads (see ``Gate``)."""
@@ -140,7 +145,7 @@ class JsonFileStore(BaseStore):
     # -- lease --------------------------------------------------------------------------------
 
     def _get_lease(self, task_id: str) -> Lease | None:
-        data = read_small(self.io, self._files.path(task_id, LEASE), MAX_RECORD_BYTES)
+        data = self._lease_bytes(task_id)
         if data is None:
             return None
         # The record is read on every commit (the fence); parsing it again is only needed when its
@@ -160,9 +165,49 @@ class JsonFileStore(BaseStore):
         self._leases[task_id] = (data, lease)
         return lease
 
+    def _lease_bytes(self, task_id: str) -> bytes | None:
+        """The lease file's bytes (None: no lease file), read in the task's turn.
+
+        A store object that holds the task's lock descriptor also holds the lease file it last
+        read (``_handles``): while an ``lstat`` finds that very file unchanged, its bytes are the
+        ones read then, and the read costs one call instead of three."""
+        held = self._handles.get(task_id)
+        if held is None:
+            return read_small(self.io, self._files.path(task_id, LEASE), MAX_RECORD_BYTES)
+        path = self._files.path(task_id, LEASE)
+        if held.lease_key is not None:
+            try:
+                info = self.io.lstat(path)
+            except FileNotFoundError:
+                info = None
+            if info is not None and lease_key(info) == held.lease_key:
+                return held.lease_data
+        self._unpin_lease(held)
+        try:
+            fd = self.io.open(path, os.O_RDONLY | NONBLOCK)
+        except FileNotFoundError:
+            return None
+        try:
+            info = self.io.fstat(fd)
+            data = read_small_fd(self.io, fd, path, MAX_RECORD_BYTES)
+        except BaseException:
+            self.io.close(fd)
+            raise
+        # Pinned: the inode cannot be reused while this descriptor is open.
+        held.lease, held.lease_key, held.lease_data = fd, lease_key(info), data
+        return data
+
+    def _unpin_lease(self, held: Held) -> None:
+        fd, held.lease, held.lease_key, held.lease_data = held.lease, -1, None, None
+        if fd >= 0:
+            self.io.close(fd)
+
     def _put_lease(self, lease: Lease) -> None:
         body = lease.to_json()
         data = canonical_bytes({**body, "checksum": "sha256:" + sha256_hex(canonical_bytes(body))})
+        held = self._handles.get(lease.task_id)
+        if held is not None:
+            self._unpin_lease(held)  # a new file: the next read reads and pins it
         write_atomic(self.io, self.task_dir(lease.task_id), LEASE, data)
         self._leases[lease.task_id] = (data, lease)
 
@@ -171,6 +216,9 @@ class JsonFileStore(BaseStore):
 
     def _set_lease_aside(self, task_id: str, reason: str) -> str:
         self._leases.pop(task_id, None)
+        held = self._handles.get(task_id)
+        if held is not None:
+            self._unpin_lease(held)
         return self._files.quarantine(task_id, LEASE, reason)
 
     # -- state --------------------------------------------------------------------------------
@@ -202,7 +250,8 @@ class JsonFileStore(BaseStore):
         raise unknown
 
     def read_cancellation(self, task_id: str) -> ControlRecord | None:
-        self._known(task_id)
+        if not self._control.holds(task_id):  # held: the task was there when it was first read
+            self._known(task_id)
         return self._control.read_cancellation(task_id)
 
     def write_cancellation(self, record: Cancellation) -> None:

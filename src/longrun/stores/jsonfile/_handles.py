@@ -1,0 +1,203 @@
+"""The descriptors a JSON-file store object keeps open per task between transactions.
+
+A commit used to open the task's lock file, lock it, read the lease file whole (open, read,
+close) and close the lock file again: five system calls besides its write and flush. Held here:
+
+- the lock file, opened for writing once, then ``flock``-ed and unlocked by each transaction
+  (two calls). ``flock`` locks belong to the open file description, so the descriptor is used by
+  one thread at a time (the task's gate) and forgotten in a child after ``fork``, which would
+  otherwise share its locks with the parent.
+- the lease file last read, held open only so that its inode cannot be reused. Every lease write
+  replaces the file (``write_atomic``: a new inode), so an ``lstat`` that finds the same device,
+  inode, size and change times finds the bytes last read (one call instead of three).
+
+A task's descriptors are closed only in the task's turn, or while no thread holds or waits for it
+(the same rule as the journal descriptors, ``_writing``); at most ``MAX_OPEN_JOURNALS`` tasks keep
+theirs, least recently used closed first.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import fcntl
+import os
+import weakref
+from typing import Protocol
+
+from ...errors import LongrunError, StorageError
+from .._fileio import FileIO
+from . import _layout as layout
+from ._layout import Gate, Gates, TaskFiles
+
+__all__ = ["Held", "Handles", "Transaction", "Turns", "lease_key"]
+
+LeaseKey = tuple[int, int, int, int, int]
+
+
+def lease_key(info: os.stat_result) -> LeaseKey:
+    """What identifies a lease file's content without reading it (see the module docstring)."""
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+class Held:
+    """One task's held descriptors (-1: none) and what was read through the lease descriptor."""
+
+    __slots__ = ("lock", "lease", "lease_key", "lease_data")
+
+    def __init__(self) -> None:
+        self.lock = -1
+        self.lease = -1
+        self.lease_key: LeaseKey | None = None
+        self.lease_data: bytes | None = None
+
+    def descriptors(self) -> list[int]:
+        return [fd for fd in (self.lock, self.lease) if fd >= 0]
+
+
+_all: weakref.WeakSet["Handles"] = weakref.WeakSet()
+
+
+def _forget_after_fork() -> None:
+    for handles in list(_all):
+        handles.forget_inherited()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+class Handles:
+    """The held descriptors of one store object, by task (``gates.mutex`` guards the map)."""
+
+    def __init__(self, io: FileIO, gates: Gates):
+        self.io = io
+        self.gates = gates
+        self._held: collections.OrderedDict[str, Held] = collections.OrderedDict()
+        _all.add(self)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def get(self, task_id: str) -> Held | None:
+        """The task's held descriptors, most recently used now; call in the task's turn."""
+        with self.gates.mutex:
+            held = self._held.get(task_id)
+            if held is not None:
+                self._held.move_to_end(task_id)
+            return held
+
+    def make(self, task_id: str) -> Held:
+        """The task's entry, made if missing; call in the task's turn. Idle tasks beyond the bound
+        have their descriptors closed."""
+        idle: list[Held] = []
+        with self.gates.mutex:
+            held = self._held.get(task_id)
+            if held is None:
+                held = self._held[task_id] = Held()
+                excess = len(self._held) - layout.MAX_OPEN_JOURNALS
+                for other in list(self._held):
+                    if excess <= 0:
+                        break
+                    if other == task_id or self.gates.busy(other):
+                        continue
+                    idle.append(self._held.pop(other))
+                    excess -= 1
+        for entry in idle:
+            self._close(entry.descriptors())
+        return held
+
+    def drop(self, task_id: str) -> None:
+        """Close the task's descriptors; call in the task's turn (or with no thread in it)."""
+        with self.gates.mutex:
+            held = self._held.pop(task_id, None)
+        if held is not None:
+            self._close(held.descriptors())
+
+    def tasks(self) -> list[str]:
+        with self.gates.mutex:
+            return list(self._held)
+
+    def forget_inherited(self) -> None:
+        """In a child after ``fork``: close the copies without unlocking (the locks are the
+        parent's) and forget them, so the child opens descriptors of its own."""
+        held, self._held = list(self._held.values()), collections.OrderedDict()
+        for entry in held:
+            for fd in entry.descriptors():
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def _close(self, fds: list[int]) -> None:
+        for fd in fds:
+            with contextlib.suppress(OSError):  # closing a descriptor we own: nothing to lose
+                self.io.close(fd)
+
+
+class Turns(Protocol):
+    """How a transaction takes and leaves a task's turn: the store's own methods, so that a
+    subclass can watch them (the thread tests pause a thread there)."""
+
+    def _enter_gate(self, task_id: str) -> Gate: ...
+
+    def _leave_gate(self, task_id: str, gate: Gate) -> None: ...
+
+
+class Transaction:
+    """The task's gate and flock held for one read-modify-write (a class, not a generator: it runs
+    on every commit). The gate orders this store object's threads, the flock other processes and
+    other store objects. A writer locks the task's held lock descriptor (opened on first use) and
+    unlocks it at the end; a reader opens a read-only descriptor of its own and closes it. OS
+    errors inside become ``StorageError``, and drop the task's held descriptors, so that the next
+    transaction opens its files again by name."""
+
+    __slots__ = ("turns", "files", "handles", "task_id", "create", "write", "fd", "kept", "gate")
+
+    def __init__(self, turns: Turns, files: TaskFiles, handles: Handles, task_id: str, *, create: bool, write: bool):
+        self.turns, self.files, self.handles, self.task_id = turns, files, handles, task_id
+        self.create, self.write, self.fd, self.kept = create, write, -1, False
+        self.gate: Gate | None = None
+
+    def __enter__(self) -> None:
+        self.gate = self.turns._enter_gate(self.task_id)
+        try:
+            held = self.handles.get(self.task_id) if self.write else None
+            if held is not None and held.lock >= 0:
+                self.fd, self.kept = held.lock, True
+            else:
+                self.fd = self.files.open_lock(self.task_id, create=self.create, write=self.write)
+            if self.fd >= 0:
+                try:
+                    self.files.io.flock(self.fd, fcntl.LOCK_EX if self.write else fcntl.LOCK_SH)
+                except BaseException as exc:
+                    if self.kept:
+                        self.handles.drop(self.task_id)
+                    else:
+                        self.files.io.close(self.fd)
+                    if isinstance(exc, OSError) and not isinstance(exc, LongrunError):
+                        raise StorageError(f"task {self.task_id!r}: cannot lock: {exc}") from exc
+                    raise
+                if self.write and not self.kept:
+                    self.handles.make(self.task_id).lock = self.fd
+                    self.kept = True
+        except BaseException:
+            self.turns._leave_gate(self.task_id, self.gate)
+            raise
+
+    def __exit__(self, kind: object, exc: BaseException | None, traceback: object) -> None:
+        try:
+            if self.fd >= 0:
+                if not self.kept:
+                    self.files.io.close(self.fd)  # closing the descriptor releases the flock
+                elif isinstance(exc, OSError):
+                    self.handles.drop(self.task_id)  # closing releases the flock too
+                else:
+                    try:
+                        self.files.io.flock(self.fd, fcntl.LOCK_UN)
+                    except OSError as unlock_error:
+                        self.handles.drop(self.task_id)  # closing releases it
+                        raise StorageError(f"task {self.task_id!r}: cannot unlock: {unlock_error}") from unlock_error
+        finally:
+            assert self.gate is not None
+            self.turns._leave_gate(self.task_id, self.gate)
+        if isinstance(exc, OSError) and not isinstance(exc, LongrunError):
+            raise StorageError(f"task {self.task_id!r}: {exc}") from exc
