@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import shutil
 import unittest
 from typing import Any
+from unittest import mock
 
 from helpers import support
 from longrun import JsonFileStore
@@ -110,6 +112,44 @@ class RowCodecTests(unittest.TestCase):
         self.assertEqual(change["effects"]["big"]["blobs"], {"payload": row[-1]["payload"]}, "the map is written whole")
         replay.apply_record(parse_json(_journal.frame(change)[17:], what="line", max_bytes=1 << 20))
         self.assertEqual(replay.build(fetch).to_json(), state.to_json())
+
+
+class SmallValueTests(unittest.TestCase):
+    def test_a_few_fields_are_told_inline_without_being_encoded(self) -> None:
+        codec = BlobCodec()
+        with mock.patch("longrun.stores.blobs.canonical_bytes", side_effect=AssertionError("encoded")) as encode:
+            self.assertIsNone(codec.ref_of({"item": 7, "label": "cat", "scores": [0.5, 1.25], "ok": True, "note": None}))
+        self.assertEqual(encode.call_count, 0)
+
+    def test_every_value_that_encodes_large_gets_a_reference_whatever_its_shape(self) -> None:
+        rng = random.Random(7)
+
+        def value(depth: int = 0) -> Any:
+            roll = rng.random()
+            if depth > 2 or roll < 0.3:
+                return rng.choice([
+                    None, True, rng.randint(-(2**70), 2**70), rng.random() * 1e300, "x" * rng.randint(0, 20_000),
+                    "\u00e9\U0001F600\x01\"\\" * rng.randint(0, 5_000),
+                ])  # fmt: skip
+            if roll < 0.65:
+                return {"k" * rng.randint(0, 3_000) + str(i): value(depth + 1) for i in range(rng.randint(0, 8))}
+            return [value(depth + 1) for _ in range(rng.randint(0, 8))]
+
+        large = small = 0
+        for _ in range(300):
+            sample = value()
+            if type(sample) not in (dict, list):
+                continue
+            size = len(canonical_bytes(sample))
+            ref = BlobCodec().ref_of(sample)
+            if size >= BLOB_MIN_BYTES:
+                large += 1
+                self.assertIsNotNone(ref, f"a {size}-byte value was told small")
+            else:
+                small += 1
+                self.assertIsNone(ref)
+        self.assertGreater(large, 10)
+        self.assertGreater(small, 10)
 
 
 class JsonFileBlobTests(support.TempDirTest):

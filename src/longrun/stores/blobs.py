@@ -103,6 +103,50 @@ def decode_blob(ref: BlobRef, data: bytes | None, what: str) -> JSONValue:
     return parse_json(data, what=f"{what}: blob {ref.sha256}", max_bytes=MAX_STATE_BYTES)
 
 
+_SMALL_BOUND_ITEMS = 64
+"""The most items ``_surely_small`` looks at before it gives up (the caller then encodes)."""
+
+
+def _surely_small(value: object) -> bool:
+    """Whether the canonical encoding of ``value`` is certainly under ``BLOB_MIN_BYTES``, from an
+    upper bound on its length (at most 6 bytes a character, every separator counted) over at most
+    ``_SMALL_BOUND_ITEMS`` items; False when that does not tell. Most payloads and results are a
+    few fields: this spares them an encoding on every commit that names them."""
+    total = 0
+    items = 0
+    stack: list[Any] = [value]  # Any: checked by exact type below, which mypy does not narrow
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str:
+            total += 6 * len(item) + 3  # quotes and a separator
+        elif kind is dict:
+            items += len(item)
+            if items > _SMALL_BOUND_ITEMS:
+                return False
+            total += 2
+            for key, inner in item.items():
+                if type(key) is not str:
+                    return False
+                total += 6 * len(key) + 4  # quotes, colon, separator
+                stack.append(inner)
+        elif kind is list:
+            items += len(item)
+            if items > _SMALL_BOUND_ITEMS:
+                return False
+            total += 2
+            stack.extend(item)
+        elif item is None or kind is bool:
+            total += 6
+        elif kind is int:
+            total += item.bit_length() // 3 + 3
+        elif kind is float:
+            total += 26
+        else:
+            return False
+    return total < BLOB_MIN_BYTES
+
+
 class Blob(NamedTuple):
     ref: BlobRef
     data: bytes
@@ -133,7 +177,7 @@ class BlobCodec:
             return None
         if kind is str and 6 * len(value) + 2 < BLOB_MIN_BYTES:  # type: ignore[arg-type]
             return None  # even escaped, it could not reach the threshold
-        if (kind is dict or kind is list) and not value:
+        if (kind is dict or kind is list) and (not value or _surely_small(value)):
             return None
         known = self._known.get(id(value))
         if known is not None and known[0] is value:
