@@ -126,10 +126,7 @@ class EffectRecord:
         unknown = changes.keys() - _FIELD_NAMES
         if unknown:
             raise TypeError(f"EffectRecord has no field(s) {sorted(unknown)}")
-        copy = object.__new__(EffectRecord)
-        for name in _FIELD_ORDER:
-            object.__setattr__(copy, name, changes[name] if name in changes else getattr(self, name))
-        return copy
+        return _copy_with(self, changes)
 
     @property
     def in_flight(self) -> bool:
@@ -238,6 +235,20 @@ def _checked_builder() -> Callable[[Sequence[Any]], EffectRecord]:
 
 
 _build_checked = _checked_builder()
+
+
+def _copier() -> Callable[[EffectRecord, dict[str, Any]], EffectRecord]:
+    """``with_changes`` as straight-line code (three copies per effect): one assignment per field."""
+    lines = ["def copy_with(self, changes):", "    record = new(EffectRecord)"]
+    lines += [f"    put(record, {name!r}, changes[{name!r}] if {name!r} in changes else self.{name})" for name in _FIELD_ORDER]
+    lines.append("    return record")
+    names: dict[str, Any] = {"new": object.__new__, "put": object.__setattr__, "EffectRecord": EffectRecord}
+    exec("\n".join(lines), names)  # built from the dataclass's own field names, never from data
+    copy_with: Callable[[EffectRecord, dict[str, Any]], EffectRecord] = names["copy_with"]
+    return copy_with
+
+
+_copy_with = _copier()
 _FIELD_NAMES = frozenset(_FIELD_ORDER)
 
 
