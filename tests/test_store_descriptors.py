@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import fcntl
+import gc
 import os
 import time
 import unittest
@@ -51,7 +52,22 @@ def new_state(task: str = "t") -> RunState:
     return state
 
 
+def descriptors_under(path: str) -> list[str]:
+    """What this process's open descriptors name inside ``path``."""
+    gc.collect()
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # the listing's own descriptor, closed by now
+        if target.startswith(path + os.sep):
+            found.append(target)
+    return found
+
+
 def open_descriptors() -> int:
+    gc.collect()  # store objects earlier tests dropped close theirs when collected
     return len(os.listdir("/proc/self/fd"))
 
 
@@ -130,10 +146,24 @@ class HeldDescriptorTests(support.TempDirTest):
         lease, state = self.started()
         self.assertGreater(open_descriptors(), before)
         self.store.close()
-        self.assertEqual(open_descriptors(), before)
+        self.assertEqual(open_descriptors(), before + 1, "all but the lease holder's lock, held for the lease's life")
         state.next_action = "after close"
         self.store.commit(lease, state, ())
         self.assertEqual(JsonFileStore(self.store.root).load("t").state.next_action, "after close")
+
+    def test_a_store_object_dropped_without_close_closes_its_descriptors_when_collected(self) -> None:
+        store = JsonFileStore(self.path("dropped"), create=True)
+        lease = store.acquire_lease("t", "me", 30.0, time.time())
+        store.load("t", lease=lease)
+        state = new_state()
+        for _ in range(3):
+            store.commit(lease, state, {"s0"})
+        store.read_cancellation("t")
+        store.release_lease(lease, time.time())
+        held = descriptors_under(self.path("dropped"))
+        self.assertEqual(len(held), 3, held)  # journal, lock, control (the lease pin went with the release)
+        del store
+        self.assertEqual(descriptors_under(self.path("dropped")), [], "all closed when the store object is collected")
 
     def test_held_descriptors_are_bounded_by_task(self) -> None:
         with mock.patch.object(jsonfile, "MAX_OPEN_JOURNALS", 2), mock.patch.object(controlfiles, "MAX_HELD_DIRECTORIES", 2):

@@ -46,6 +46,7 @@ import errno
 import os
 import stat
 import threading
+import weakref
 from typing import Generator
 
 from ..approval import Approval
@@ -68,6 +69,13 @@ MAX_HELD_DIRECTORIES = 64
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 """A FIFO planted in place of a record must not hang the reader; it then fails the regular-file check."""
+
+
+def _close_held(held: dict[str, int]) -> None:
+    for fd in held.values():
+        with contextlib.suppress(OSError):  # our own descriptor, at collection: nothing to lose
+            os.close(fd)
+    held.clear()
 
 
 class _Refused(Exception):
@@ -111,6 +119,7 @@ class ControlFiles:
         self._held: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._held_lock = threading.Lock()
         """Guards ``_held``; held while a read uses a held descriptor, so none is closed under it."""
+        weakref.finalize(self, _close_held, self._held)  # an object dropped without ``close``
 
     def holds(self, task_id: str) -> bool:
         """Whether the task's ``control`` directory is held open (see ``hold_directories``)."""
@@ -119,7 +128,8 @@ class ControlFiles:
     def close(self) -> None:
         """Close the directories held open; the object stays usable."""
         with self._held_lock:
-            held, self._held = list(self._held.values()), collections.OrderedDict()
+            held = list(self._held.values())
+            self._held.clear()
         for fd in held:
             self.io.close(fd)
 

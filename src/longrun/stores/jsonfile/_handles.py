@@ -67,6 +67,14 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_after_fork)
 
 
+def _close_all(held: dict[str, Held]) -> None:
+    for entry in held.values():
+        for fd in entry.descriptors():
+            with contextlib.suppress(OSError):  # our own descriptor, at collection: nothing to lose
+                os.close(fd)
+    held.clear()
+
+
 class Handles:
     """The held descriptors of one store object, by task (``gates.mutex`` guards the map)."""
 
@@ -75,6 +83,7 @@ class Handles:
         self.gates = gates
         self._held: collections.OrderedDict[str, Held] = collections.OrderedDict()
         _all.add(self)
+        weakref.finalize(self, _close_all, self._held)  # a store object dropped without ``close``
 
     def __len__(self) -> int:
         return len(self._held)
@@ -121,7 +130,8 @@ class Handles:
     def forget_inherited(self) -> None:
         """In a child after ``fork``: close the copies without unlocking (the locks are the
         parent's) and forget them, so the child opens descriptors of its own."""
-        held, self._held = list(self._held.values()), collections.OrderedDict()
+        held = list(self._held.values())
+        self._held.clear()
         for entry in held:
             for fd in entry.descriptors():
                 with contextlib.suppress(OSError):

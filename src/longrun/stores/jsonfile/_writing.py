@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import weakref
 from typing import Collection
 
 from ...envelope import RunState
@@ -58,6 +59,14 @@ class Writer:
         return due and self.journal_end >= self.retry_compaction_at
 
 
+def _close_journals(writers: dict[str, Writer]) -> None:
+    for writer in writers.values():
+        fd, writer.fd = writer.fd, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):  # our own descriptor, at collection: nothing to lose
+                os.close(fd)
+
+
 class Writers:
     """The writers of one store object, by task, and its cache of open journal descriptors."""
 
@@ -70,6 +79,7 @@ class Writers:
         """Tasks whose journal descriptor is open, least recently committed first (``gates.mutex``)."""
         self.codecs: dict[str, BlobCodec] = {}
         """Per task, its large values as this store object knows them (``_blobs``)."""
+        weakref.finalize(self, _close_journals, self.writers)  # a store object dropped without ``close``
 
     # -- blobs -----------------------------------------------------------------------------------
 
