@@ -187,22 +187,28 @@ class AsyncDriver:
             thread = self._pool.submit(fn, request)
             inner = asyncio.wrap_future(thread)
         try:
-            done, _ = await asyncio.wait({inner}, timeout=timeout_s)
-        except asyncio.CancelledError:
-            inner.cancel()
-            raise
-        finally:
-            self._applying.discard(inner)
-        if not done:
+            # Awaited in this task (``asyncio.timeout``, not ``asyncio.wait``: about half the cost,
+            # three times per effect). A timeout or a cancellation of this task cancels ``inner``.
+            async with asyncio.timeout(timeout_s):
+                return await inner
+        except TimeoutError:
+            if inner.done() and not inner.cancelled():
+                return inner.result()  # it finished as the time ran out: its outcome stands
             inner.cancel()
             if thread is not None and not thread.done():
                 self.engine.note_straggler(thread)
                 self._retire_pool()
-                raise ApplyTimedOut(timeout_s or 0.0, pending=thread)
-            raise ApplyTimedOut(timeout_s or 0.0)
-        if inner.cancelled():
-            raise ApplyInterrupted("the apply was cancelled: the task was cancelled while it ran")
-        return inner.result()
+                raise ApplyTimedOut(timeout_s or 0.0, pending=thread) from None
+            raise ApplyTimedOut(timeout_s or 0.0) from None
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if inner.cancelled() and current is not None and current.cancelling() == 0:
+                # Not this task: a cancellation of the run reached the apply (``signal_cancelled``).
+                raise ApplyInterrupted("the apply was cancelled: the task was cancelled while it ran") from None
+            inner.cancel()
+            raise
+        finally:
+            self._applying.discard(inner)
 
     def _retire_pool(self) -> None:
         """A timed-out call goes on in its worker thread, which the pool cannot have back: the
