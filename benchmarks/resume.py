@@ -1,11 +1,12 @@
 """Resume of a long task: ``python benchmarks/resume.py [--size N]`` (standard library only).
 
 A task whose ledger already holds N verified effects (written directly through the store, as a run
-would leave it) is resumed by a ``Runner`` whose plan has those N steps and one more. Printed, each
-the median of three resumes of fresh store objects (warm page cache): the seconds from building the
-``Runner`` to the first new ``apply`` call, split into building the ``Runner`` (plan validation and
-digest) and the run up to the apply (lease, load, replay of the verified steps); and the memory the
-loaded state holds per verified effect (``tracemalloc``, after a load).
+would leave it: the plan's digest and its outline recorded) is resumed by a ``Runner`` whose plan has
+those N steps and one more. Printed, each the median of three resumes of fresh store objects (warm
+page cache): the seconds from building the ``Runner`` to the first new ``apply`` call, split into
+building the ``Runner`` (plan validation and digest) and the run up to the apply (lease, load, replay
+of the verified steps); and the memory the loaded state holds per verified effect (``tracemalloc``,
+after a load).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from stores import NoopAdapter, ledger_state  # noqa: E402
 
 from longrun import JsonFileStore, Receipt, RunContract, Runner, Status, Step  # noqa: E402
 from longrun.contract import plan_digest  # noqa: E402
+from longrun.envelope import PlanOutline  # noqa: E402
 
 
 class FirstApply(NoopAdapter):
@@ -50,6 +52,7 @@ def build(root: str, size: int) -> tuple[RunContract, list[Step]]:
     plan = [Step(f"s{index}", "noop", {"i": index}) for index in range(size + 1)]
     state = ledger_state(task_id, size)
     state.plan_digest = plan_digest(contract, plan)
+    state.plan_outline = PlanOutline.of(plan)
     store = JsonFileStore(root, create=True)
     lease = store.acquire_lease(task_id, "bench", 30.0, time.time())
     store.commit(lease, state)
