@@ -68,6 +68,24 @@ class LifecycleTests(unittest.TestCase):
         with self.assertRaises(CorruptStateError):
             EffectRecord.from_json(["not", "an", "object"])
 
+    def test_a_record_built_from_checked_values_is_a_frozen_effect_record_like_any_other(self) -> None:
+        import dataclasses
+
+        from longrun.budget import Backoff
+
+        original = dataclasses.replace(
+            record(S.UNCERTAIN), attempts=3, epoch=2, result=[1, {"a": None}], cost=1.5, receipt="r", evidence="e",
+            last_error="x", not_before=9.0, approval_id="a1", updated_at=4.0, backoff=Backoff(2.0, 1.0),
+        )  # fmt: skip
+        built = EffectRecord.from_checked([getattr(original, f.name) for f in dataclasses.fields(EffectRecord)])
+        self.assertIs(type(built), EffectRecord)
+        self.assertEqual(built, original)
+        with self.assertRaises(dataclasses.FrozenInstanceError):
+            built.attempts = 4  # type: ignore[misc]
+        self.assertEqual(built.move(S.VERIFIED, 5.0).state, S.VERIFIED)
+        self.assertEqual(built.with_changes(attempts=4).attempts, 4)
+        self.assertEqual(EffectRecord.from_json(built.to_json()), built)
+
 
 if __name__ == "__main__":
     unittest.main()

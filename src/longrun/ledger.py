@@ -222,13 +222,23 @@ if tuple(field.name for field in _SPEC) != _FIELD_ORDER:  # from_checked takes v
     raise ImportError("EffectRecord's fields and _SPEC disagree: update _SPEC in ledger.py")
 
 
+class _OpenRecord:
+    """An ``EffectRecord`` under construction: the very same slots, without the frozen guard, so
+    that each field is set by a plain attribute store (``object.__setattr__``, which a frozen class
+    needs, costs three times as much). Python lets an object change its class between two classes
+    whose slots are the same, which is how the finished record becomes an ``EffectRecord``."""
+
+    __slots__ = EffectRecord.__slots__
+
+
 def _checked_builder() -> Callable[[Sequence[Any]], EffectRecord]:
     """``from_checked`` as straight-line code (a load builds records by the thousand): one
-    assignment per field, generated from the field names, instead of a loop."""
-    lines = ["def build(values):", "    record = new(EffectRecord)", f"    ({', '.join(_FIELD_ORDER)},) = values"]
-    lines += [f"    put(record, {name!r}, {name})" for name in _FIELD_ORDER]
-    lines.append("    return record")
-    names: dict[str, Any] = {"new": object.__new__, "put": object.__setattr__, "EffectRecord": EffectRecord}
+    assignment per field, generated from the field names, instead of a loop; the record is built
+    as an ``_OpenRecord`` and then made an ``EffectRecord``."""
+    lines = ["def build(values):", "    record = new(OpenRecord)", f"    ({', '.join(_FIELD_ORDER)},) = values"]
+    lines += [f"    record.{name} = {name}" for name in _FIELD_ORDER]
+    lines += ["    record.__class__ = EffectRecord", "    return record"]
+    names: dict[str, Any] = {"new": object.__new__, "OpenRecord": _OpenRecord, "EffectRecord": EffectRecord}
     exec("\n".join(lines), names)  # built from the dataclass's own field names, never from data
     build: Callable[[Sequence[Any]], EffectRecord] = names["build"]
     return build
