@@ -293,6 +293,60 @@ class RoundTripTests(unittest.TestCase):
             with self.subTest(seed=seed):
                 self.assertEqual(_journal.record_from_row(row), record)
 
+    def test_a_row_with_a_bad_value_in_any_field_is_refused_naming_the_field(self) -> None:
+        record = EffectRecord("t/s", "s", "write", {"n": 1}, "sha256:x", EffectState.VERIFIED, 1, 1, receipt="ok", updated_at=1.0)
+        row = _journal.row_of(record)
+        self.assertEqual(_journal.record_from_row(list(row)), record)
+        bad: dict[str, list[Any]] = {
+            "key": [None, 1, ["t/s"]],
+            "step_id": [None, 1],
+            "action": [None, {"a": 1}],
+            "payload": [None, [], "x", 1],
+            "payload_digest": [None, 1],
+            "state": ["done", "VERIFIED", None, 1, ["verified"], {"verified": 1}],
+            "attempts": [-1, 1.0, "1", True, None, MAX_INT + 1],
+            "epoch": [-1, 1.0, "1", False, None, MAX_INT + 1],
+            "cost": ["1", None, True, float("nan"), float("inf"), 10**400, [0.0]],
+            "receipt": [1, {"r": 1}, False],
+            "evidence": [1, ["e"]],
+            "last_error": [1.5, {}],
+            "not_before": ["x", True, float("-inf"), {}],
+            "approval_id": [1, []],
+            "updated_at": [None, "x", True, float("nan"), 10**400],
+            "backoff": [1, "x", [], {}, {"duration_s": -1.0, "scheduled_at": 1.0}],
+        }
+        self.assertEqual(set(bad), set(_journal.EFFECT_FIELDS) - {"result"}, "every field but result (any JSON) is tried")
+        for name, values in bad.items():
+            index = _journal.EFFECT_FIELDS.index(name)
+            for value in values:
+                for width, extra in (("current", []), ("blob-carrying", [None])):
+                    broken = [*row, *extra]
+                    broken[index] = value
+                    with self.subTest(field=name, value=value, row=width), self.assertRaises(CorruptStateError) as caught:
+                        _journal.record_from_row(broken)
+                    self.assertIn(repr(name) if name != "backoff" else "backoff", str(caught.exception))
+
+    def test_rows_of_every_width_and_of_values_written_another_way_read_as_the_record_they_hold(self) -> None:
+        from longrun.budget import Backoff
+
+        record = EffectRecord("t/s", "s", "write", {"n": 1}, "sha256:x", EffectState.PLANNED, 2, 3, updated_at=1.0)
+        first = _journal.row_of(record)[:-1]  # written before rows had a backoff
+        self.assertEqual(_journal.record_from_row(first), record)
+        self.assertEqual(_journal.record_from_row([*_journal.row_of(record), None]), record)  # a blob row without blobs
+        waiting = dataclasses.replace(record, not_before=5.0, backoff=Backoff(4.0, 1.0), cost=2.0, updated_at=7.0)
+        row = _journal.row_of(waiting)
+        self.assertEqual(_journal.record_from_row(row), waiting)
+        as_integers = list(row)
+        for name in ("cost", "not_before", "updated_at"):
+            as_integers[_journal.EFFECT_FIELDS.index(name)] = int(getattr(waiting, name))
+        read = _journal.record_from_row(as_integers)
+        self.assertEqual(read, waiting)
+        self.assertEqual([type(read.cost), type(read.not_before), type(read.updated_at)], [float, float, float])
+        with self.assertRaises(CorruptStateError):
+            _journal.record_from_row(row[:-2])
+        with self.assertRaises(CorruptStateError):
+            _journal.record_from_row(tuple(row))
+
 
 class StoreRoundTripTests(support.TempDirTest):
     def test_random_states_committed_and_changed_read_back_equal_from_both_stores(self) -> None:

@@ -126,9 +126,39 @@ def _number(field: str, value: object) -> float:
 _isfinite = math.isfinite
 
 
+_WIDTH = len(EFFECT_FIELDS)
+_from_checked = EffectRecord.from_checked
+
+
 def record_from_row(row: object, fetch: BlobFetch | None = None) -> EffectRecord:
     """Validate a row with the rules of ``EffectRecord.from_json`` and build the record; a blob
-    reference is resolved with ``fetch`` (which checks the blob)."""
+    reference is resolved with ``fetch`` (which checks the blob).
+
+    A load builds one record per row, so the row as writers write it (every value of the type it is
+    written as, no blob, no backoff) is checked in one expression; any other row, valid or not, takes
+    the checks field by field (``_record_from_any_row``), which name the field a bad value is in."""
+    if type(row) is list and len(row) == _WIDTH:
+        (key, step_id, action, payload, payload_digest, state, attempts, epoch, result, cost, receipt, evidence,
+         last_error, not_before, approval_id, updated_at, backoff) = row  # fmt: skip
+        if (
+            type(key) is str and type(step_id) is str and type(action) is str and type(payload) is dict
+            and type(payload_digest) is str and type(state) is str and (lifecycle := _STATES.get(state)) is not None
+            and type(attempts) is int and 0 <= attempts <= MAX_INT and type(epoch) is int and 0 <= epoch <= MAX_INT
+            and type(cost) is float and _isfinite(cost) and type(updated_at) is float and _isfinite(updated_at)
+            and (not_before is None or (type(not_before) is float and _isfinite(not_before)))
+            and (receipt is None or type(receipt) is str) and (evidence is None or type(evidence) is str)
+            and (last_error is None or type(last_error) is str) and (approval_id is None or type(approval_id) is str)
+            and backoff is None
+        ):  # fmt: skip
+            return _from_checked((
+                key, step_id, action, payload, payload_digest, lifecycle, attempts, epoch, result,
+                cost, receipt, evidence, last_error, not_before, approval_id, updated_at, None,
+            ))  # fmt: skip
+    return _record_from_any_row(row, fetch)
+
+
+def _record_from_any_row(row: object, fetch: BlobFetch | None) -> EffectRecord:
+    """``record_from_row`` for any row: each field checked on its own, a bad one named."""
     if type(row) is not list or len(row) not in ROW_WIDTHS:
         raise CorruptStateError(f"effect record row must be a list of {len(EFFECT_FIELDS)} values")
     values: list[Any] = row if len(row) == len(EFFECT_FIELDS) else [*row, None] if len(row) < len(EFFECT_FIELDS) else row[:BLOBS_AT]
@@ -174,7 +204,7 @@ def record_from_row(row: object, fetch: BlobFetch | None = None) -> EffectRecord
             raise _bad("backoff", backoff)
         backoff = Backoff.from_json(backoff)
     # Checked above with the rules of the record's spec (JSON values by ``parse_json``): built as is.
-    return EffectRecord.from_checked((
+    return _from_checked((
         key, step_id, action, payload, payload_digest, lifecycle, attempts, epoch, result,
         cost, receipt, evidence, last_error, not_before, approval_id, updated_at, backoff,
     ))  # fmt: skip
