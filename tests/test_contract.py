@@ -2,12 +2,53 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import random
 import unittest
+from typing import Any, Sequence
 
 import helpers  # noqa: F401  (puts src on sys.path)
 from longrun import InvalidInputError, RunContract, Step, plan_digest
 from longrun.canonical import canonical_bytes, digest_of, ensure_json
-from longrun.contract import check_task_id, validate_plan
+from longrun.contract import check_task_id, plan_prefix_digests, validate_plan
+
+
+def encoded_afresh(contract: RunContract, steps: Sequence[Step]) -> str:
+    """The plan digest by its definition: one ``json.dumps`` of the contract and every step's
+    ``static_json``, independent of how ``plan_digest`` assembles the same bytes."""
+    document = {"contract": contract.to_json(), "steps": [step.static_json(contract.task_id) for step in steps]}
+    data = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def varied_steps(rng: random.Random, count: int) -> list[Step]:
+    """Steps that exercise every part ``static_json`` pins, and every value the encoder escapes."""
+    texts = ["plain", "", 'quote " and \\ backslash', "tab\t nl\n nul\x00 \x1f", "café ∑ 😀", "slash / </script>", "\u2028\u2029"]
+    values: list[Any] = [0, -1, 2**70, 1.5, -0.0, 1e-7, 1e300, True, False, None, [], {}, [1, [2, {"z": None}]]]
+    steps: list[Step] = []
+    for index in range(count):
+        step_id = rng.choice([f"s{index}", f"step-{index}.x", f"a:{index}/b@c+d=e_f"])
+        payload: Any = {rng.choice(texts) + str(key): rng.choice(values + texts) for key in range(rng.randint(0, 4))}
+        if rng.random() < 0.1:
+            payload = lambda results: {}  # noqa: E731
+        elif rng.random() < 0.05:
+            payload = {"big": "x" * rng.choice([5000, 20_000]), "n": 1}  # kept out of the step's part; long strings spliced
+        after: tuple[str, ...] | None = None
+        if steps and rng.random() < 0.3:
+            after = tuple(rng.sample([step.step_id for step in steps], rng.randint(0, min(3, len(steps)))))
+        steps.append(
+            Step(
+                step_id,
+                rng.choice(["write", "send", "é-action", 'q"uote', "\\back"]),
+                payload,
+                approval=rng.random() < 0.3,
+                key=rng.choice([None, None, None, f"k{index}", f"ключ/{index}", f'k"{index}']),
+                observe_first=rng.random() < 0.2,
+                after=after,
+            )
+        )
+    return steps
 
 
 class TaskIdTests(unittest.TestCase):
@@ -61,6 +102,33 @@ class PlanDigestTests(unittest.TestCase):
         self.assertNotEqual(plan_digest(self.contract, [Step("a", "write", {"x": 1}, observe_first=True), plan[1]]), known)
         with self.assertRaises(InvalidInputError):
             Step("a", "write", observe_first=1)  # type: ignore[arg-type]
+
+    def test_the_digest_is_the_sha256_of_one_encoding_of_the_whole_plan_for_varied_plans(self) -> None:
+        contracts = [
+            self.contract,
+            RunContract("task_9.x-y", "goal with \"quotes\", é and \n", non_goals=("n1", "ü"), allowed_actions=("write", "send"),
+                        forbidden_actions=("rm",), completion_evidence=()),
+        ]  # fmt: skip
+        for seed in range(30):
+            rng = random.Random(seed)
+            steps = varied_steps(rng, rng.randint(1, 40))
+            for contract in contracts:
+                with self.subTest(seed=seed, task=contract.task_id):
+                    self.assertEqual(plan_digest(contract, steps), encoded_afresh(contract, steps))
+                    prefixes = plan_prefix_digests(contract, steps)
+                    self.assertEqual(prefixes, {encoded_afresh(contract, steps[:length]): length for length in range(1, len(steps) + 1)})
+        default_keys_only = [Step(f"s{index}", "write", {"i": index, "t": "é"}) for index in range(1000)]
+        self.assertEqual(plan_digest(self.contract, default_keys_only), encoded_afresh(self.contract, default_keys_only))
+        self.assertEqual(plan_digest(self.contract, []), encoded_afresh(self.contract, []))
+
+    def test_a_step_that_cannot_be_encoded_is_named_when_the_plan_is_digested(self) -> None:
+        steps = [Step("a", "write", {"x": 1}), Step("b", "wri\udcfete")]
+        with self.assertRaises(InvalidInputError) as caught:
+            plan_digest(self.contract, steps)
+        self.assertIn("plan.steps[1].action holds a lone surrogate", str(caught.exception))
+        with self.assertRaises(InvalidInputError) as caught:
+            plan_digest(RunContract("t", "go\udcfeal"), steps[:1])
+        self.assertIn("plan.contract.goal holds a lone surrogate", str(caught.exception))
 
     def test_key_order_in_payload_does_not_change_the_digest(self) -> None:
         one = plan_digest(self.contract, [Step("a", "write", {"x": 1, "y": 2})])

@@ -18,10 +18,12 @@ once, when its effect is planned, and the value is persisted; resumes use the pe
 from __future__ import annotations
 
 import hashlib
+import operator
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from .canonical import MAX_VALUE_BYTES, JSONValue, canonical_bytes, digest_of, ensure_json
+from .canonical import LARGE_VALUE_BYTES, MAX_VALUE_BYTES, JSONValue, canonical_bytes, digest_of, ensure_json, sha256_hex
 from .errors import InvalidInputError
 from .names import SAFE_NAME, STEP_ID_PATTERN, check_step_id, check_task_id
 
@@ -137,8 +139,15 @@ class Step:
     """Bounds each ``apply`` of this step (the run's ``timeout_s`` otherwise); not pinned by the digest."""
     retry: RetryPolicy | None = None
     """This step's retry policy (the run's otherwise); not pinned by the digest."""
-    _static: tuple[dict[str, JSONValue], str] | None = field(default=None, init=False, repr=False, compare=False)
-    """A static payload as plain JSON and its digest, made once when the step is built."""
+    _static: tuple[dict[str, JSONValue], str, bytes | None, bytes | None] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+    """A static payload as plain JSON and its digest, made once when the step is built; then what
+    the step adds to the plan digest's encoding (``_pinned_parts``), made from the payload's encoding
+    that its digest took anyway: None, None for a payload over ``_PINNED_PAYLOAD_BYTES`` (not kept
+    twice) or a step that cannot be encoded (``plan_digest`` encodes ``static_json`` then, and
+    names the bad value). In this one field: a field more would make each step a larger object,
+    which the garbage collector's passes over a long plan were measured to walk at twice the cost."""
 
     def __post_init__(self) -> None:
         check_step_id(self.step_id)
@@ -171,7 +180,13 @@ class Step:
             # run. The payload is captured now: the plain copy and its digest serve every planning.
             what = f"step {self.step_id!r} payload"
             plain = ensure_json(self.payload, what=what)
-            object.__setattr__(self, "_static", (plain, digest_of(plain, what=what, max_bytes=MAX_VALUE_BYTES, checked=True)))
+            encoded = canonical_bytes(plain, what=what)
+            if len(encoded) > _PINNED_PAYLOAD_BYTES:  # encoded again: size-checked, and a large one remembered for a store
+                digest = digest_of(plain, what=what, max_bytes=MAX_VALUE_BYTES, checked=True)
+                object.__setattr__(self, "_static", (plain, digest, None, None))
+                return
+            head, tail = _pinned_parts(self, encoded)  # far below the size limit, too small to remember
+            object.__setattr__(self, "_static", (plain, "sha256:" + sha256_hex(encoded), head, tail))
 
     @property
     def dynamic(self) -> bool:
@@ -181,7 +196,7 @@ class Step:
     def static_payload(self) -> tuple[dict[str, JSONValue], str] | None:
         """A static step's payload as plain JSON and its digest (computed once, when the step was
         built); None for a payload factory."""
-        return self._static
+        return None if self._static is None else self._static[:2]
 
     def effect_key(self, task_id: str) -> str:
         return self.key if self.key is not None else f"{task_id}/{self.step_id}"
@@ -220,6 +235,82 @@ class Step:
         return payload
 
 
+_PINNED_PAYLOAD_BYTES = 4096
+"""The longest payload encoding a step keeps in its part of the plan encoding; a longer one is encoded
+again when a plan is digested, rather than held twice for as long as the step lives."""
+if not _PINNED_PAYLOAD_BYTES < LARGE_VALUE_BYTES <= MAX_VALUE_BYTES:  # Step.__post_init__ hashes a small payload itself
+    raise ImportError("a payload small enough to pin must be under the size limit and too small to remember")
+
+
+def _text(value: str) -> bytes:
+    """A string as the canonical encoder writes it (``ensure_ascii=False``: the same escapes)."""
+    return encode_basestring(value).encode("utf-8")  # a lone surrogate raises UnicodeEncodeError
+
+
+def _pinned_parts(step: Step, payload: bytes) -> tuple[bytes | None, bytes | None]:
+    """What ``step`` adds to the plan digest's encoding: ``static_json``'s keys in the canonical
+    (sorted) order, each value as ``canonical_bytes`` writes it. The default effect key holds the
+    task id, which a step does not know: then the bytes before the task id and the bytes after it;
+    with a key of its own, all of it and None; None, None if a value cannot be encoded."""
+    try:
+        head = b'{"action":' + _text(step.action)
+        if step.after is not None:
+            head += b',"after":[' + b",".join(map(_text, step.after)) + b"]"
+        head += b',"approval":' + (b"true" if step.approval else b"false") + b',"key":'
+        tail = b',"observe_first":true' if step.observe_first else b""
+        tail += b',"payload":' + payload + b',"step_id":' + _text(step.step_id) + b"}"
+        if step.key is not None:
+            return head + _text(step.key) + tail, None
+    except UnicodeEncodeError:
+        return None, None
+    # The default key, "<task id>/<step id>": both are names that JSON writes as they are.
+    return head + b'"', b"/" + step.step_id.encode("ascii") + b'"' + tail
+
+
+def _step_encoding(step: Step, task_id: str, index: int) -> bytes:
+    """``canonical_bytes(step.static_json(task_id))``, from the parts the step made when it has them."""
+    static = step._static
+    if static is None or static[2] is None:
+        return canonical_bytes(step.static_json(task_id), what=f"plan.steps[{index}]")
+    head, tail = static[2], static[3]
+    return head if tail is None else head + task_id.encode("ascii") + tail
+
+
+_statics_of = operator.attrgetter("_static")
+_heads_of = operator.itemgetter(2)
+_tails_of = operator.itemgetter(3)
+
+
+def _plan_encoding(contract: RunContract, steps: Sequence[Step]) -> bytes:
+    """The canonical JSON of ``{"contract": C, "steps": [S1, ..., Sk]}`` (``plan_digest``'s
+    definition): its keys in order, the contract encoded, each step's part as the step made it.
+
+    When every step has its part and the default key (static payloads, the common plan), the parts
+    are laid out around the task id by list slicing, with no Python-level loop over the steps."""
+    task_id = contract.task_id.encode("ascii")  # a safe name
+    opening = b'{"contract":' + canonical_bytes(contract.to_json(), what="plan.contract") + b',"steps":['
+    statics = list(map(_statics_of, steps))
+    count = len(statics)
+    if count and all(statics):
+        heads: list[bytes] = list(map(_heads_of, statics))
+        tails: list[bytes] = list(map(_tails_of, statics))
+        if all(heads) and all(tails):  # no None among them
+            pieces = [b","] * (4 * count + 1)  # the opening, then per step: head, task id, tail, comma
+            pieces[0] = opening
+            pieces[1::4] = heads
+            pieces[2::4] = [task_id] * count
+            pieces[3::4] = tails
+            pieces[-1] = b"]}"
+            return b"".join(pieces)
+    parts = [opening]
+    for index, step in enumerate(steps):
+        if index:
+            parts.append(b",")
+        parts.append(_step_encoding(step, contract.task_id, index))
+    parts.append(b"]}")
+    return b"".join(parts)
+
+
 def validate_plan(contract: RunContract, steps: Sequence[Step]) -> tuple[Step, ...]:
     """Check the steps against each other and the contract; return them as a tuple."""
     if isinstance(contract, RunContract) is False:
@@ -249,15 +340,9 @@ def validate_plan(contract: RunContract, steps: Sequence[Step]) -> tuple[Step, .
 
 
 def plan_digest(contract: RunContract, steps: Sequence[Step]) -> str:
-    """SHA-256 over the canonical JSON of the contract and the steps' static parts."""
-    return digest_of(
-        {
-            "contract": contract.to_json(),
-            "steps": [step.static_json(contract.task_id) for step in steps],
-        },
-        what="plan",
-        checked=True,  # made of plain parts: the contract's fields and each step's checked payload
-    )
+    """SHA-256 over the canonical JSON of the contract and the steps' static parts:
+    ``{"contract": contract.to_json(), "steps": [step.static_json(task_id), ...]}``."""
+    return "sha256:" + sha256_hex(_plan_encoding(contract, steps))
 
 
 def plan_prefix_digests(contract: RunContract, steps: Sequence[Step]) -> dict[str, int]:
@@ -268,12 +353,12 @@ def plan_prefix_digests(contract: RunContract, steps: Sequence[Step]) -> dict[st
     A task whose recorded digest is among these was started with a shorter plan that this one
     extends by appending steps.
     """
-    running = hashlib.sha256(b'{"contract":' + canonical_bytes(contract.to_json()) + b',"steps":[')
+    running = hashlib.sha256(b'{"contract":' + canonical_bytes(contract.to_json(), what="plan.contract") + b',"steps":[')
     digests: dict[str, int] = {}
     for index, step in enumerate(steps):
         if index:
             running.update(b",")
-        running.update(canonical_bytes(step.static_json(contract.task_id)))
+        running.update(_step_encoding(step, contract.task_id, index))
         prefix = running.copy()
         prefix.update(b"]}")
         digests["sha256:" + prefix.hexdigest()] = index + 1
