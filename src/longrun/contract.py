@@ -169,12 +169,13 @@ class Step:
             isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or not 0 < self.timeout_s < float("inf")
         ):
             raise InvalidInputError(f"step {self.step_id!r}: timeout_s must be a finite number > 0, got {self.timeout_s!r}")
-        from .budget import RetryPolicy  # here: budget's records import this module's step id rules
+        if self.retry is not None:
+            from .budget import RetryPolicy  # here: budget's records import this module's step id rules
 
-        if self.retry is not None and not isinstance(self.retry, RetryPolicy):
-            raise InvalidInputError(f"step {self.step_id!r}: retry must be a RetryPolicy")
+            if not isinstance(self.retry, RetryPolicy):
+                raise InvalidInputError(f"step {self.step_id!r}: retry must be a RetryPolicy")
         if not callable(self.payload):
-            if not isinstance(self.payload, Mapping):
+            if type(self.payload) is not dict and not isinstance(self.payload, Mapping):  # a dict skips the ABC's check
                 raise InvalidInputError(f"step {self.step_id!r}: payload must be a mapping or a callable")
             # Plain JSON a load reads back, within the size a run records: refused here, before any
             # run. The payload is captured now: the plain copy and its digest serve every planning.
