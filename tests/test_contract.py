@@ -147,6 +147,29 @@ class PlanDigestTests(unittest.TestCase):
         with self.assertRaises(InvalidInputError):
             validate_plan(self.contract, ["not a step"])  # type: ignore[list-item]
 
+    def test_every_check_of_a_plan_applies_wherever_the_offending_step_stands(self) -> None:
+        many = [Step(f"s{index}", "write") for index in range(500)]
+        refused = {
+            "a key of its own equal to another step's default key": [*many, Step("x", "write", key="t/s7")],
+            "two keys of their own alike": [Step("x", "write", key="k"), *many, Step("y", "write", key="k")],
+            "a step id twice, far apart": [*many, Step("s3", "write")],
+            "after a later step": [*many[:10], Step("x", "write", after=("s20",)), *many[10:]],
+            "after itself": [*many, Step("x", "write", after=("x",))],
+            "after an unknown step": [*many, Step("x", "write", after=("s1", "nope"))],
+            "not a step, late": [*many, "late"],
+        }
+        for case, plan in refused.items():
+            with self.subTest(case=case), self.assertRaises(InvalidInputError):
+                validate_plan(self.contract, plan)  # type: ignore[arg-type]
+        accepted = {
+            "its own default key, spelled out": [*many, Step("x", "write", key="t/x")],
+            "keys of their own that no default key equals": [*many, Step("x", "write", key="other/s7"), Step("y", "write", key="t/s7x")],
+            "after earlier steps, and at once": [*many, Step("x", "write", after=("s499", "s0")), Step("y", "write", after=())],
+        }
+        for case, plan in accepted.items():
+            with self.subTest(case=case):
+                self.assertEqual(validate_plan(self.contract, plan), tuple(plan))
+
     def test_bad_contract_fields_are_refused(self) -> None:
         for kwargs in (dict(goal=""), dict(goal="g", allowed_actions="write"), dict(goal="g", non_goals=("a", "a")), dict(goal="g", forbidden_actions=(3,))):
             with self.subTest(kwargs=kwargs), self.assertRaises(InvalidInputError):
