@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
 import shutil
 import threading
 import unittest
+from typing import Any
 
 from helpers.runner_case import RecordingAdapter, RunnerCase, SpyStore
 from longrun import (
@@ -28,6 +30,7 @@ from longrun import (
     UnknownActionError,
 )
 from longrun.adapters import EffectRequest
+from longrun.ledger import EffectState
 from longrun.testing import FakeClock, OutboxAdapter, copy_keeping_links
 
 
@@ -87,6 +90,34 @@ class LifecycleTests(RunnerCase):
         self.assertEqual(self.outbox.counts(), before)
         self.assertEqual(sum(self.outbox.calls.values()), 3)
         self.assertEqual(set(outcome.results), {"s0", "s1", "s2"})
+
+    def test_a_resume_passes_over_the_verified_steps_and_makes_each_other_one_in_order(self) -> None:
+        steps = [Step(f"s{i}", "write", {"n": i}) for i in range(6)]
+        self.assertEqual(self.runner(steps).run().status, Status.DONE)
+        # A state in which s3 is planned again between verified steps (as a restored copy may be).
+        lease = self.store.acquire_lease("task-1", "editor", 30.0, self.clock.now())
+        state = self.store.load("task-1", lease=lease).state
+        assert state is not None
+        state.effects["s3"] = dataclasses.replace(state.effects["s3"], state=EffectState.PLANNED, attempts=0, receipt=None, evidence=None, result=None)
+        state.status, state.lease_owner, state.lease_epoch = Status.RUNNING, "editor", lease.epoch
+        self.store.commit(lease, state)
+        self.store.release_lease(lease, self.clock.now())
+        adapter = RecordingAdapter()
+        runner = self.runner(steps, adapter=adapter)
+        made: list[str] = []
+        effect = runner.engine.effect
+
+        def counted(step: Step, **options: Any) -> Any:
+            made.append(step.step_id)
+            return effect(step, **options)
+
+        runner.engine.effect = counted  # type: ignore[method-assign]
+        outcome = runner.run()
+        self.assertEqual(outcome.status, Status.DONE)
+        self.assertEqual(adapter.applied, ["task-1/s3"])
+        self.assertEqual(adapter.events, [("observe", "task-1/s3"), ("apply", "task-1/s3"), ("observe", "task-1/s3")])
+        self.assertEqual(made, ["s3", "s4", "s5"], "the verified steps before the first other one are passed over in one go")
+        self.assertEqual(set(outcome.results), {step.step_id for step in steps})
 
     def test_one_commit_per_effect_in_a_sequential_run(self) -> None:
         steps = [Step(f"s{i}", "write", {"n": i}) for i in range(10)]

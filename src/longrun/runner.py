@@ -19,6 +19,7 @@ cancellation and approvals, the fenced lease) are the engine's: see ``longrun.en
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Mapping, Sequence, Unpack
 
 from .budget import Limits
@@ -146,7 +147,8 @@ class _DeclaredPlan:
         if self._runner.parallel:
             engine.concurrently(lambda driver: self._graph(engine), engine.max_parallel)
         else:
-            for step in self._runner.steps:
+            steps = self._runner.steps
+            for step in itertools.islice(steps, engine.verified_prefix(steps), None):  # verified ones would return at once
                 engine.effect(step, retry=step.retry, timeout_s=step.timeout_s)
         raise self._finish(engine)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from typing import Sequence
 
 from .. import _crashpoints
 from .._io import COMMIT, Apply, ApplyTimedOut, Observe, Steps, drive
@@ -49,6 +50,17 @@ class EffectRules(StepRules):
         if recorded is not None and recorded.state is _VERIFIED_STATE:
             return recorded  # replay: nothing to wait for
         return drive(self.effect_steps(step, retry=retry, timeout_s=timeout_s), self._perform)
+
+    def verified_prefix(self, steps: Sequence[Step]) -> int:
+        """How many of ``steps``, from the first, are verified: the steps that ``effect`` would
+        replay (return at once, changing nothing), found with a lookup and a state test each. A
+        face that makes its steps in order starts at the first step after them."""
+        effects = self.state.effects
+        for index, step in enumerate(steps):
+            record = effects.get(step.step_id)
+            if record is None or record.state is not _VERIFIED_STATE:
+                return index
+        return len(steps)
 
     def effect_steps(
         self, step: Step, *, retry: RetryPolicy | None = None, timeout_s: float | None = None
