@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import threading
 
 from .. import _crashpoints
@@ -11,6 +12,7 @@ from ..contract import is_internal
 from ..envelope import RunState
 from ..errors import CorruptStateError, FencedError, InvalidInputError, LeaseHeldError, StateUnrecoverableError, StorageError
 from ..lease import Lease, LeaseKeeper
+from ..ledger import IN_FLIGHT
 from ..outcome import TERMINAL, RunOutcome, Status
 from ..recovery import Reconciled, Verdict
 from ._effects import EffectRules
@@ -18,6 +20,8 @@ from ._evidence import EvidenceLog
 from ._plans import AsyncPlan, Plan, Stop, utc
 
 __all__ = ["Engine"]
+
+_state_of = operator.attrgetter("state")
 
 
 class Engine(EffectRules):
@@ -197,7 +201,10 @@ class Engine(EffectRules):
             self._evidence.inferred(f"the run already ended {state.status.value}; nothing more will be applied")
             raise Stop(state.status, state.next_action)
         in_flight = []
-        for record in list(state.effects.values()):
+        records = list(state.effects.values())
+        if IN_FLIGHT.isdisjoint(map(_state_of, records)):  # as after a clean stop: one pass in C, not one call a record
+            records = []
+        for record in records:
             if not record.in_flight:
                 continue
             if is_internal(record.action):
