@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import operator
 from typing import Mapping, Sequence, Unpack
 
 from .budget import Limits
@@ -35,6 +36,9 @@ from .outcome import TERMINAL, RunOutcome
 from .protocols import AnyEffectAdapter, Clock, Store
 
 __all__ = ["Runner", "SystemClock", "default_owner", "utc"]
+
+_after_of = operator.attrgetter("after")
+_action_of = operator.attrgetter("action")
 
 
 class Runner:
@@ -60,9 +64,10 @@ class Runner:
         self.steps = validate_plan(contract, steps)
         adapter_map = adapters if isinstance(adapters, Mapping) else {}
         self.asynchronous = any(is_async_callable(getattr(a, "apply", None)) or is_async_callable(getattr(a, "observe", None)) for a in adapter_map.values())
-        self.parallel = any(step.after is not None for step in self.steps)
+        self.parallel = list(map(_after_of, self.steps)).count(None) != len(self.steps)  # passes in C: plans are long
         self.engine = Engine(contract, store=store, adapters=adapters, asynchronous=self.asynchronous, **options)
-        for action in dict.fromkeys(step.action for step in self.steps):
+        actions = dict.fromkeys(map(_action_of, self.steps))
+        for action in actions:
             if action not in self.engine.adapters:
                 step = next(step for step in self.steps if step.action == action)
                 raise UnknownActionError(
@@ -70,7 +75,7 @@ class Runner:
                 )
         self.contract = contract
         self.plan_digest = plan_digest(contract, self.steps)
-        self.refusals = [reason for reason in map(contract.action_refusal, dict.fromkeys(s.action for s in self.steps)) if reason]
+        self.refusals = [reason for reason in map(contract.action_refusal, actions) if reason]
 
     @property
     def task_id(self) -> str:
