@@ -11,7 +11,8 @@ from typing import Any, Sequence
 import helpers  # noqa: F401  (puts src on sys.path)
 from longrun import InvalidInputError, RunContract, Step, plan_digest
 from longrun.canonical import canonical_bytes, digest_of, ensure_json
-from longrun.contract import check_task_id, plan_prefix_digests, validate_plan
+from longrun.contract import check_step_id, check_task_id, plan_prefix_digests, validate_plan
+from longrun.names import are_step_ids
 
 
 def encoded_afresh(contract: RunContract, steps: Sequence[Step]) -> str:
@@ -62,6 +63,22 @@ class TaskIdTests(unittest.TestCase):
                 check_task_id(name)
         with self.assertRaises(InvalidInputError):
             RunContract("../escape", "goal")
+
+
+class StepIdTests(unittest.TestCase):
+    def test_many_ids_checked_at_once_pass_exactly_when_each_passes_on_its_own(self) -> None:
+        valid = ["a", "s1", "label/42", "post:inbox@2026-11-30", "a+b=c", "x" * 256, "9"]
+        invalid = ["", "-a", ".a", "a b", "x" * 257, "tâche", "a\n", "\na", "a\nb", "a\n\nb", "a\r", "a\x00"]
+        self.assertTrue(are_step_ids(valid))
+        self.assertTrue(are_step_ids([]))
+        for bad in invalid:
+            for position in (0, 3, len(valid)):
+                ids = [*valid[:position], bad, *valid[position:]]
+                with self.subTest(bad=bad, position=position):
+                    self.assertFalse(are_step_ids(ids))
+                    with self.assertRaises(InvalidInputError):
+                        check_step_id(bad)
+        self.assertTrue(are_step_ids([f"s{index}" for index in range(10_000)]))
 
 
 class PlanDigestTests(unittest.TestCase):

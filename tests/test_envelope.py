@@ -33,12 +33,13 @@ class PlanOutlineTests(unittest.TestCase):
         self.assertEqual(len(outline), 6)
         self.assertEqual(PlanOutline.from_json({"steps": [], "actions": []}), PlanOutline((), ()))
         self.assertEqual(PlanOutline(["label/42"], ["mail"]).steps, ("label/42",))  # held as tuples, as read
+        self.assertEqual(PlanOutline.from_json({"steps": ["a", "b"], "actions": ["mail", "é-mail"]}).actions, ("mail", "é-mail"))
 
     BAD = [
         {"steps": ["a", "a"], "actions": ["x", "x"]}, {"steps": ["../a"], "actions": ["x"]},
         {"steps": ["a", "b"], "actions": ["x"]}, {"steps": ["a"], "actions": ["x", "y"]}, {"steps": ["a"], "actions": [""]},
         {"steps": ["a"], "actions": [1]}, {"steps": [1], "actions": ["x"]}, {"steps": "a", "actions": ["x"]},
-        {"steps": ["a"], "actions": ["\ud800"]},
+        {"steps": ["a"], "actions": ["\ud800"]}, {"steps": ["a\nb"], "actions": ["x"]}, {"steps": ["a", "b\n"], "actions": ["x", "y"]},
     ]  # fmt: skip
 
     def test_one_schema_refuses_a_malformed_outline_when_read_and_when_built(self) -> None:

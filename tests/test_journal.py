@@ -632,6 +632,61 @@ def first_format(data: bytes, *, snapshot: bool) -> bytes:
     return rewritten + bytes(max(0, len(data) - len(rewritten)))  # a journal keeps its zero padding
 
 
+class SnapshotDecodeTests(unittest.TestCase):
+    """Rows a snapshot's checksums let through but the format forbids: refused wherever they stand."""
+
+    def snapshot_lines(self, effects: int) -> list[bytes]:
+        state = base_state()
+        state.effects.clear()
+        for index in range(effects):
+            step_id = f"s{index}"
+            state.effects[step_id] = EffectRecord(f"{TASK}/{step_id}", step_id, "write", {"n": index}, "sha256:" + "0" * 64)
+        state.revision = 4
+        return _journal.encode_snapshot(state)
+
+    def decode_with(self, lines: list[bytes], line: int, change: Callable[[list[Any]], None]) -> _journal.RawSnapshot:
+        body = json.loads(lines[line].split(b" ", 1)[1])
+        change(body)
+        changed = [*lines[:line], _journal.frame(body), *lines[line + 1 :]]
+        return _journal.decode_snapshot(b"".join(changed), task_id=TASK)
+
+    def test_a_malformed_row_or_a_step_named_twice_is_refused_in_any_row_line(self) -> None:
+        lines = self.snapshot_lines(2500)  # meta, header, then row lines of 1000, 1000 and 500 rows
+        self.assertEqual(len(lines), 5)
+        self.assertEqual(len(_journal.decode_snapshot(b"".join(lines), task_id=TASK).rows), 2500)
+        cases: dict[str, tuple[Callable[[list[Any]], None], str]] = {
+            "a row that is not a list": (lambda rows: rows.__setitem__(7, {"step_id": "s7"}), "malformed"),
+            "a row one value short": (lambda rows: rows[7].pop(), "malformed"),
+            "a row one value long": (lambda rows: rows[7].append(None), "malformed"),
+            "a step id that is not text": (lambda rows: rows[7].__setitem__(1, 7), "malformed"),
+            "a step id twice in one line": (lambda rows: rows[9].__setitem__(1, rows[3][1]), "two effect records for step"),
+            "a step id of an earlier line": (lambda rows: rows[-1].__setitem__(1, "s0"), "two effect records for step 's0'"),
+        }
+        for line in (2, 3, 4):
+            for case, (change, message) in cases.items():
+                with self.subTest(line=line, case=case), self.assertRaises(CorruptStateError) as caught:
+                    self.decode_with(lines, line, change)
+                self.assertIn(message, str(caught.exception))
+        with self.assertRaises(CorruptStateError):
+            self.decode_with(lines, 3, lambda rows: rows.clear())  # fewer rows than the meta says
+
+    def test_an_effect_filed_under_a_step_id_that_is_not_one_or_not_its_own_is_refused(self) -> None:
+        raw = _journal.decode_snapshot(b"".join(self.snapshot_lines(1500)), task_id=TASK)
+        self.assertEqual(len(_journal.build_state(raw.header, raw.revision, raw.rows).effects), 1500)
+        for bad in ("", "-s", "s\n1", "s" * 257, "tâche"):
+            rows = dict(raw.rows)
+            rows[bad] = [*rows.pop("s1200")]
+            rows[bad][1] = bad
+            with self.subTest(step_id=bad), self.assertRaises(CorruptStateError) as caught:
+                _journal.build_state(raw.header, raw.revision, rows)
+            self.assertIn("is not valid", str(caught.exception))
+        rows = dict(raw.rows)
+        rows["s1200"] = rows["s1201"]
+        with self.assertRaises(CorruptStateError) as caught:
+            _journal.build_state(raw.header, raw.revision, rows)
+        self.assertIn("effect record filed under 's1200' names step 's1201'", str(caught.exception))
+
+
 class FirstFormatTests(JournalCase):
     def test_rows_and_headers_written_before_backoffs_and_worked_time_load_and_go_on(self) -> None:
         store = JsonFileStore(self.root, create=True)

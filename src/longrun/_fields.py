@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence, TypeVar, cast
 
 from .canonical import REFUSED, ensure_json, plain_or_refused, shown, text_problem
-from .names import SAFE_NAME, STEP_ID_PATTERN, check_step_id, check_task_id
+from .names import SAFE_NAME, STEP_ID_PATTERN, are_step_ids, check_step_id, check_task_id
 from .errors import CorruptStateError, InvalidInputError, SchemaVersionError
 
 E = TypeVar("E")
@@ -209,11 +209,13 @@ class Field:
     """For ``Kind.TUPLE``: the kind of each value."""
 
 
-_PLAIN_ITEMS: dict[Kind, Callable[[str], object]] = {
-    Kind.TEXT: str.isascii, Kind.NAME: SAFE_NAME.fullmatch, Kind.STEP: STEP_ID_PATTERN.fullmatch
+_PLAIN_ITEMS: dict[Kind, Callable[[Sequence[str]], object]] = {
+    Kind.TEXT: lambda items: "".join(items).isascii(),
+    Kind.NAME: lambda items: all(map(SAFE_NAME.fullmatch, items)),
+    Kind.STEP: are_step_ids,
 }  # fmt: skip
-"""For a ``TUPLE`` of strings of these kinds: a test that passes every plain item (ASCII text, a
-name, a step id), for a quick pass over all of them before ``_problem`` looks at each."""
+"""For a ``TUPLE`` of strings of these kinds: a test that passes if every item is plain (ASCII text,
+a name, a step id), for a quick pass over all of them before ``_problem`` looks at each."""
 
 
 def _problem(field: Field, value: object, *, reading: bool) -> str | None:
@@ -270,7 +272,7 @@ def _problem(field: Field, value: object, *, reading: bool) -> str | None:
             return f"must be a list, got {type(value).__name__}"
         assert field.item is not None
         plain = _PLAIN_ITEMS.get(field.item)
-        if plain is not None and set(map(type, value)) <= {str} and all(map(plain, value)):
+        if plain is not None and set(map(type, value)) <= {str} and plain(value):
             return None  # the common case, in C loops: an outline holds a plan's every step id
         item = Field(field.name, field.item)
         for index, element in enumerate(value):

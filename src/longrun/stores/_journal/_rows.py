@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 
 from ..._fields import MAX_INT, finite_float
 from ...budget import Backoff, BudgetCounters
-from ...contract import STEP_ID_PATTERN, check_step_id
+from ...names import are_step_ids, check_step_id
 from ...envelope import RunState
 from ...errors import CorruptStateError, InvalidInputError
 from ...ledger import EffectRecord, EffectState
@@ -43,7 +43,7 @@ __all__ = [
     "scalar_values",
 ]
 
-_is_step_id = STEP_ID_PATTERN.fullmatch
+_step_id_of = operator.attrgetter("step_id")
 
 EFFECT_FIELDS: tuple[str, ...] = (
     "key", "step_id", "action", "payload", "payload_digest", "state", "attempts", "epoch", "result",
@@ -294,16 +294,15 @@ def build_state(
     if header.get("plan_outline") is not None:
         document["plan_outline"] = header["plan_outline"]
     state = RunState.from_json(document)
-    effects: dict[str, EffectRecord] = {}
-    for step_id, row in rows.items():
-        record = record_from_row(row, fetch)
-        if _is_step_id(step_id) is None:  # check_step_id's rule, without a call per record
+    effects = {step_id: record_from_row(row, fetch) for step_id, row in rows.items()}
+    if not are_step_ids(list(effects)):  # check_step_id's rule, in one match for all of them
+        for step_id in effects:
             try:
                 check_step_id(step_id)
             except InvalidInputError as exc:
                 raise CorruptStateError(str(exc)) from None
-        if record.step_id != step_id:
-            raise CorruptStateError(f"effect record filed under {step_id!r} names step {record.step_id!r}")
-        effects[step_id] = record
+    if list(map(_step_id_of, effects.values())) != list(effects):
+        step_id, record = next(item for item in effects.items() if item[1].step_id != item[0])
+        raise CorruptStateError(f"effect record filed under {step_id!r} names step {record.step_id!r}")
     state.effects = effects
     return state
