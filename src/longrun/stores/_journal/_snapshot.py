@@ -8,6 +8,7 @@ Holds ``encode_snapshot`` (the lines to write, refused before any I/O if too lar
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import operator
 from typing import Any, Mapping
 
@@ -119,14 +120,15 @@ def decode_snapshot(data: bytes, *, task_id: str) -> RawSnapshot:
         step_ids = list(map(_step_id_of, chunk))
         if not _STRINGS.issuperset(map(type, step_ids)):
             raise CorruptStateError("snapshot effect row is malformed")
-        if len(set(step_ids)) != len(step_ids) or not rows.keys().isdisjoint(step_ids):
-            seen = set(rows)
-            twice = next(step_id for step_id in step_ids if step_id in seen or seen.add(step_id))  # type: ignore[func-returns-value]
-            raise CorruptStateError(f"snapshot has two effect records for step {twice!r:.80}")
         if width == len(FIRST_EFFECT_FIELDS):
             for row in chunk:
                 row.append(None)  # written before the row had a backoff
+        before = len(rows)
         rows.update(zip(step_ids, chunk))
+        if len(rows) != before + len(step_ids):  # a step id named twice: find it (the first ``before`` keys came earlier)
+            seen = set(itertools.islice(rows, before))
+            twice = next(step_id for step_id in step_ids if step_id in seen or seen.add(step_id))  # type: ignore[func-returns-value]
+            raise CorruptStateError(f"snapshot has two effect records for step {twice!r:.80}")
     if len(rows) != count:
         raise CorruptStateError(f"snapshot holds {len(rows)} effect records, its meta says {count}")
     return RawSnapshot(revision, header, rows, found.meta, found.checksums)
