@@ -119,6 +119,17 @@ class LifecycleTests(RunnerCase):
         self.assertEqual(made, ["s3", "s4", "s5"], "the verified steps before the first other one are passed over in one go")
         self.assertEqual(set(outcome.results), {step.step_id for step in steps})
 
+    def test_a_done_run_names_the_verified_steps_it_required_only_while_they_are_few(self) -> None:
+        few = self.runner().run()
+        self.assertIn("every required effect is verified: ['s0', 's1', 's2']", [item.detail for item in few.inferences])
+        steps = [Step(f"s{i}", "write", {"n": i}) for i in range(25)]
+        many = self.runner(steps, contract=RunContract("task-2", "write lines")).run()
+        self.assertEqual(many.status, Status.DONE)
+        self.assertEqual(set(many.results), {step.step_id for step in steps})
+        detail = next(item.detail for item in many.inferences if item.detail.startswith("every required effect is verified"))
+        self.assertTrue(detail.startswith("every required effect is verified: 25 steps, ['s0', 's1', "), detail)
+        self.assertNotIn("'s20'", detail)
+
     def test_one_commit_per_effect_in_a_sequential_run(self) -> None:
         steps = [Step(f"s{i}", "write", {"n": i}) for i in range(10)]
         self.runner(steps).run()

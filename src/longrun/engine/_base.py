@@ -350,10 +350,12 @@ class EngineBase:
         self._worked_mark += self._monotonic() - slept_from
 
     def _results(self) -> Mapping[str, JSONValue]:
+        return MappingProxyType(self._verified_results())
+
+    def _verified_results(self) -> dict[str, JSONValue]:
         assert self._state is not None
-        return MappingProxyType(
-            {sid: rec.result for sid, rec in self._state.effects.items() if rec.state is EffectState.VERIFIED}
-        )
+        verified = EffectState.VERIFIED
+        return {sid: rec.result for sid, rec in self._state.effects.items() if rec.state is verified}
 
     def _policy(self, record: EffectRecord) -> RetryPolicy:
         return self._policies.get(record.step_id, self.retry)
@@ -367,7 +369,7 @@ class EngineBase:
             status=status,
             next_action=next_action,
             task_id=self.task_id,
-            results=dict(self._results()) if state is not None else {},
+            results=self._verified_results() if state is not None else {},
             observations=self._evidence.observations.items(),
             inferences=self._evidence.inferences.items(),
             unknowns=tuple(self._evidence.unknowns),

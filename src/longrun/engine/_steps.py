@@ -11,7 +11,7 @@ from ..budget import RetryPolicy
 from ..canonical import MAX_VALUE_BYTES, JSONValue, canonical_bytes, digest_of, ensure_json, printable
 from ..contract import Step
 from ..errors import InvalidInputError, PayloadError, PermanentError, SizeLimitError, TransientError
-from ..ledger import EffectRecord, EffectState, recordable_result
+from ..ledger import IN_FLIGHT, EffectRecord, EffectState, recordable_result
 from ..outcome import RunOutcome, Status
 from ._evidence import EvidenceLog
 from ._gate import Gating
@@ -20,6 +20,8 @@ from ._plans import Stop, check_timeout, utc
 __all__ = ["StepRules"]
 
 
+_NAMED_STEPS = 20
+"""The most required steps the inference of a ``done`` run names one by one."""
 _MIN_WAIT_S = 0.001
 """A backoff with less than this left is over (see ``Engine._backing_off``)."""
 
@@ -177,15 +179,18 @@ class StepRules(Gating):
             raise self._stopping.again()
         self._check_cancellation()
         state = self.state
-        missing = [sid for sid in required if state.effects.get(sid) is None or state.effects[sid].state is not EffectState.VERIFIED]
+        effects, verified = state.effects, EffectState.VERIFIED
+        missing = [sid for sid in required if (record := effects.get(sid)) is None or record.state is not verified]
         if missing:  # unreachable while every step must be verified before the plan ends; kept as a guard
             raise self._stop(Status.UNSAFE_TO_CONTINUE, f"completion evidence missing for {missing}")
-        in_flight = [record.key for record in state.effects.values() if record.in_flight]
+        in_flight = [record.key for record in effects.values() if record.state in IN_FLIGHT]
         if in_flight:
             self._evidence.unknown("ledger", f"effects still in flight at the end: {in_flight}")
             raise self._stop(Status.UNSAFE_TO_CONTINUE, f"check the target for {in_flight[0]!r}; then run again")
         state.current_step = None
-        self._evidence.inferred(f"every required effect is verified: {list(required)}")
+        # The steps named while they are few: a plan of 100,000 would make this one item a megabyte.
+        named = list(required) if len(required) <= _NAMED_STEPS else f"{len(required)} steps, {list(required[:_NAMED_STEPS])} ..."
+        self._evidence.inferred(f"every required effect is verified: {named}")
         return self._stop(Status.DONE, "nothing: every required effect is verified")
 
     def refuse(self, reasons: Sequence[str], next_action: str) -> RunOutcome:
