@@ -34,7 +34,7 @@ def varied_steps(rng: random.Random, count: int) -> list[Step]:
         if rng.random() < 0.1:
             payload = lambda results: {}  # noqa: E731
         elif rng.random() < 0.05:
-            payload = {"big": "x" * rng.choice([5000, 20_000]), "n": 1}  # kept out of the step's part; long strings spliced
+            payload = {"big": "x" * rng.choice([5000, 20_000, 70_000]), "n": 1}  # kept out of the step's part; long strings spliced
         after: tuple[str, ...] | None = None
         if steps and rng.random() < 0.3:
             after = tuple(rng.sample([step.step_id for step in steps], rng.randint(0, min(3, len(steps)))))
@@ -137,6 +137,24 @@ class PlanDigestTests(unittest.TestCase):
         default_keys_only = [Step(f"s{index}", "write", {"i": index, "t": "é"}) for index in range(1000)]
         self.assertEqual(plan_digest(self.contract, default_keys_only), encoded_afresh(self.contract, default_keys_only))
         self.assertEqual(plan_digest(self.contract, []), encoded_afresh(self.contract, []))
+
+    def test_a_step_s_payload_digest_is_the_digest_of_its_payload_on_both_sides_of_every_size_threshold(self) -> None:
+        from longrun.canonical import LARGE_VALUE_BYTES, remembered_encoding
+        from longrun.errors import SizeLimitError
+
+        for size in (4096 - 12, 4096 - 11, 4096 - 10, LARGE_VALUE_BYTES - 12, LARGE_VALUE_BYTES - 11, LARGE_VALUE_BYTES - 10):
+            step = Step("s", "write", {"t": "x" * size})  # encoded: {"t":"..."} is size + 10 bytes
+            static = step.static_payload
+            assert static is not None
+            with self.subTest(size=size):
+                self.assertEqual(static[1], digest_of({"t": "x" * size}))
+                self.assertEqual(plan_digest(self.contract, [step]), encoded_afresh(self.contract, [step]))
+        large = Step("s", "write", {"t": "x" * LARGE_VALUE_BYTES})
+        static = large.static_payload
+        assert static is not None
+        self.assertIsNotNone(remembered_encoding(static[0]), "a large payload's encoding is kept for the store that writes it")
+        with self.assertRaises(SizeLimitError):
+            Step("s", "write", {"t": "x" * (16 * 1024 * 1024)})
 
     def test_a_step_that_cannot_be_encoded_is_named_when_the_plan_is_digested(self) -> None:
         steps = [Step("a", "write", {"x": 1}), Step("b", "wri\udcfete")]

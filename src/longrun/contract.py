@@ -183,12 +183,12 @@ class Step:
             what = f"step {self.step_id!r} payload"
             plain = ensure_json(self.payload, what=what)
             encoded = canonical_bytes(plain, what=what)
-            if len(encoded) > _PINNED_PAYLOAD_BYTES:  # encoded again: size-checked, and a large one remembered for a store
+            if len(encoded) < LARGE_VALUE_BYTES:  # under the size limit, and too small for a store to reuse
+                digest = "sha256:" + sha256_hex(encoded)
+            else:  # encoded again, to be size-checked and remembered for the store that writes it as a blob
                 digest = digest_of(plain, what=what, max_bytes=MAX_VALUE_BYTES, checked=True)
-                object.__setattr__(self, "_static", (plain, digest, None, None))
-                return
-            head, tail = _pinned_parts(self, encoded)  # far below the size limit, too small to remember
-            object.__setattr__(self, "_static", (plain, "sha256:" + sha256_hex(encoded), head, tail))
+            head, tail = _pinned_parts(self, encoded) if len(encoded) <= _PINNED_PAYLOAD_BYTES else (None, None)
+            object.__setattr__(self, "_static", (plain, digest, head, tail))
 
     @property
     def dynamic(self) -> bool:
@@ -241,7 +241,7 @@ _PINNED_PAYLOAD_BYTES = 4096
 """The longest payload encoding a step keeps in its part of the plan encoding; a longer one is encoded
 again when a plan is digested, rather than held twice for as long as the step lives."""
 if not _PINNED_PAYLOAD_BYTES < LARGE_VALUE_BYTES <= MAX_VALUE_BYTES:  # Step.__post_init__ hashes a small payload itself
-    raise ImportError("a payload small enough to pin must be under the size limit and too small to remember")
+    raise ImportError("a payload under LARGE_VALUE_BYTES must be under the size limit, and one small enough to pin under both")
 
 
 def _text(value: str) -> bytes:
