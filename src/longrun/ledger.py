@@ -248,11 +248,12 @@ _build_checked = _checked_builder()
 
 
 def _copier() -> Callable[[EffectRecord, dict[str, Any]], EffectRecord]:
-    """``with_changes`` as straight-line code (three copies per effect): one assignment per field."""
-    lines = ["def copy_with(self, changes):", "    record = new(EffectRecord)"]
-    lines += [f"    put(record, {name!r}, changes[{name!r}] if {name!r} in changes else self.{name})" for name in _FIELD_ORDER]
-    lines.append("    return record")
-    names: dict[str, Any] = {"new": object.__new__, "put": object.__setattr__, "EffectRecord": EffectRecord}
+    """``with_changes`` as straight-line code (three copies per effect): one assignment per field,
+    built as an ``_OpenRecord`` like ``from_checked``'s records."""
+    lines = ["def copy_with(self, changes):", "    record = new(OpenRecord)"]
+    lines += [f"    record.{name} = changes[{name!r}] if {name!r} in changes else self.{name}" for name in _FIELD_ORDER]
+    lines += ["    record.__class__ = EffectRecord", "    return record"]
+    names: dict[str, Any] = {"new": object.__new__, "OpenRecord": _OpenRecord, "EffectRecord": EffectRecord}
     exec("\n".join(lines), names)  # built from the dataclass's own field names, never from data
     copy_with: Callable[[EffectRecord, dict[str, Any]], EffectRecord] = names["copy_with"]
     return copy_with
