@@ -86,6 +86,19 @@ class LifecycleTests(unittest.TestCase):
         self.assertEqual(built.with_changes(attempts=4).attempts, 4)
         self.assertEqual(EffectRecord.from_json(built.to_json()), built)
 
+    def test_a_copy_with_changes_is_a_frozen_effect_record_that_changes_only_what_was_named(self) -> None:
+        import dataclasses
+
+        original = record(S.STARTED)
+        copy = original.with_changes(state=S.ACKNOWLEDGED, attempts=2, evidence="ok")
+        self.assertIs(type(copy), EffectRecord)
+        self.assertEqual(copy, dataclasses.replace(original, state=S.ACKNOWLEDGED, attempts=2, evidence="ok"))
+        self.assertEqual(original.state, S.STARTED, "the original is untouched")
+        with self.assertRaises(dataclasses.FrozenInstanceError):
+            copy.attempts = 4  # type: ignore[misc]
+        with self.assertRaises(TypeError):
+            original.with_changes(colour="red")
+
 
 if __name__ == "__main__":
     unittest.main()
