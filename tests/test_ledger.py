@@ -100,5 +100,21 @@ class LifecycleTests(unittest.TestCase):
             original.with_changes(colour="red")
 
 
+class VerifiedResultsTests(unittest.TestCase):
+    def test_a_view_of_the_verified_results_only_that_follows_the_ledger_and_cannot_be_written(self) -> None:
+        from longrun.ledger import VerifiedResults
+
+        effects = {"a": record(S.VERIFIED).with_changes(step_id="a", result={"n": 1}), "b": record(S.STARTED).with_changes(step_id="b")}
+        results = VerifiedResults(effects)
+        self.assertEqual(dict(results), {"a": {"n": 1}})
+        self.assertEqual((len(results), "a" in results, "b" in results, results.get("b")), (1, True, False, None))
+        with self.assertRaises(KeyError):
+            results["b"]
+        effects["b"] = effects["b"].with_changes(state=S.VERIFIED, result=[2])
+        self.assertEqual(results["b"], [2], "the view follows the ledger")
+        with self.assertRaises(TypeError):
+            results["c"] = 3  # type: ignore[index]
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from . import _fields as f
 from .adapters import Receipt
@@ -32,7 +32,10 @@ from .budget import Backoff
 from .canonical import MAX_VALUE_BYTES, JSONValue, canonical_bytes, sha256_hex
 from .errors import IllegalTransitionError
 
-__all__ = ["CheckedReceipt", "EffectRecord", "EffectState", "IllegalTransitionError", "OMITTED", "check_receipt", "recordable_result"]
+__all__ = [
+    "CheckedReceipt", "EffectRecord", "EffectState", "IllegalTransitionError", "OMITTED", "VerifiedResults", "check_receipt",
+    "recordable_result",
+]  # fmt: skip
 
 
 class EffectState(str, enum.Enum):
@@ -293,3 +296,31 @@ def check_receipt(receipt: object, *, key: str, step_id: str, already_spent: flo
     if omitted is not None:
         problems.append(omitted)
     return CheckedReceipt(float(cost), result, receipt.evidence or "acknowledged", tuple(problems))
+
+
+class VerifiedResults(Mapping[str, Any]):
+    """The results of a ledger's verified effects, by step id: a read-only view of ``effects``, not
+    a copy, so that planning each of many dynamic steps costs a lookup, not a pass over the ledger.
+    It follows the ledger as it changes; a step that is not verified is not in it."""
+
+    __slots__ = ("_effects",)
+
+    def __init__(self, effects: Mapping[str, EffectRecord]):
+        self._effects = effects
+
+    def __getitem__(self, step_id: str) -> Any:
+        record = self._effects[step_id]
+        if record.state is not EffectState.VERIFIED:
+            raise KeyError(step_id)
+        return record.result
+
+    def __iter__(self) -> Iterator[str]:
+        verified = EffectState.VERIFIED
+        return iter([step_id for step_id, record in self._effects.items() if record.state is verified])
+
+    def __len__(self) -> int:
+        verified = EffectState.VERIFIED
+        return sum(1 for record in self._effects.values() if record.state is verified)
+
+    def __repr__(self) -> str:
+        return f"VerifiedResults({dict(self)!r})"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping, TypedDict
 
 from .. import _crashpoints
@@ -20,7 +19,7 @@ from ..envelope import RunState
 from ..errors import FencedError, InvalidInputError, SizeLimitError, UnknownActionError
 from ..events import EventHook, Reporter
 from ..lease import Lease, LeaseKeeper, MonotonicReading
-from ..ledger import EffectRecord, EffectState
+from ..ledger import EffectRecord, EffectState, VerifiedResults
 from ..outcome import TERMINAL, WAITING, RunOutcome, Status
 from ..protocols import (
     AnyEffectAdapter,
@@ -350,7 +349,9 @@ class EngineBase:
         self._worked_mark += self._monotonic() - slept_from
 
     def _results(self) -> Mapping[str, JSONValue]:
-        return MappingProxyType(self._verified_results())
+        """What a payload factory reads: the verified results, as a view (each planning a lookup)."""
+        assert self._state is not None
+        return VerifiedResults(self._state.effects)
 
     def _verified_results(self) -> dict[str, JSONValue]:
         assert self._state is not None
