@@ -88,7 +88,7 @@ class HeldDescriptorTests(support.TempDirTest):
         self.store.read_cancellation(task)
         return lease, state
 
-    def test_a_commit_locks_a_held_descriptor_and_checks_the_lease_with_one_lstat(self) -> None:
+    def test_a_commit_locks_a_held_descriptor_and_checks_the_lock_and_lease_files_with_one_lstat_each(self) -> None:
         lease, state = self.started()
         for index in range(5):
             self.io.calls.clear()
@@ -96,8 +96,8 @@ class HeldDescriptorTests(support.TempDirTest):
             self.store.commit(lease, state, ())
             self.assertEqual(
                 dict(self.io.calls),
-                {"flock": 2, "lstat": 2, "pread": 1, "pwrite": 1, "fdatasync": 1},
-                "lock and unlock, the lease and the snapshot checked by lstat, then the write",
+                {"flock": 2, "lstat": 3, "pread": 1, "pwrite": 1, "fdatasync": 1},
+                "lock and unlock; the lock file, the lease and the snapshot checked by lstat; then the write",
             )
 
     def test_a_cancellation_read_is_one_openat_through_the_held_control_directory(self) -> None:

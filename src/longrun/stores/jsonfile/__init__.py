@@ -87,8 +87,10 @@ Held descriptors (``_handles``). Besides the journal, a store object keeps a tas
 (each transaction locks and unlocks it: no open and close per commit), the lease file it last read
 (open only so that its inode is not reused: every lease write replaces the file, so an ``lstat``
 that finds the same inode, size and times finds the same bytes), and the task's ``control``
-directory (its cancellation is read with one ``openat``). A commit then makes seven system calls:
-lock, two ``lstat``, the padding check, the write, ``fdatasync``, unlock; a cancellation read one.
+directory (its cancellation is read with one ``openat``). A lock file whose name no longer gives
+the held file (deleted or replaced) is noticed under the lock and opened again by name. A commit
+then makes eight system calls: lock, three ``lstat`` (the lock file, the lease, the snapshot), the
+padding check, the write, ``fdatasync``, unlock; a cancellation read one.
 Held descriptors are bounded like the journals', closed by ``close``, dropped after an OS error
 (the next transaction opens the files by name), and forgotten in a child after ``fork`` (a copied
 lock descriptor would share the parent's locks).

@@ -3,10 +3,12 @@
 A commit used to open the task's lock file, lock it, read the lease file whole (open, read,
 close) and close the lock file again: five system calls besides its write and flush. Held here:
 
-- the lock file, opened for writing once, then ``flock``-ed and unlocked by each transaction
-  (two calls). ``flock`` locks belong to the open file description, so the descriptor is used by
-  one thread at a time (the task's gate) and forgotten in a child after ``fork``, which would
-  otherwise share its locks with the parent.
+- the lock file, opened for writing once, then ``flock``-ed, checked and unlocked by each
+  transaction (three calls). The check, made with the lock taken, is an ``lstat`` of the lock
+  file's name: if it no longer gives the locked file (deleted, or replaced), a newcomer would lock
+  another file, so the descriptor is closed and the name opened again. ``flock`` locks belong to
+  the open file description, so the descriptor is used by one thread at a time (the task's gate)
+  and forgotten in a child after ``fork``, which would otherwise share its locks with the parent.
 - the lease file last read, held open only so that its inode cannot be reused. Every lease write
   replaces the file (``write_atomic``: a new inode), so an ``lstat`` that finds the same device,
   inode, size and change times finds the bytes last read (one call instead of three).
@@ -43,10 +45,12 @@ def lease_key(info: os.stat_result) -> LeaseKey:
 class Held:
     """One task's held descriptors (-1: none) and what was read through the lease descriptor."""
 
-    __slots__ = ("lock", "lease", "lease_key", "lease_data")
+    __slots__ = ("lock", "lock_file", "lease", "lease_key", "lease_data")
 
     def __init__(self) -> None:
         self.lock = -1
+        self.lock_file: tuple[int, int] | None = None
+        """The device and inode of the lock file ``lock`` was opened on."""
         self.lease = -1
         self.lease_key: LeaseKey | None = None
         self.lease_data: bytes | None = None
@@ -173,25 +177,66 @@ class Transaction:
             held = self.handles.get(self.task_id) if self.write else None
             if held is not None and held.lock >= 0:
                 self.fd, self.kept = held.lock, True
-            else:
+                self._lock()
+                if not self._still_named(held):
+                    # The lock file was deleted or replaced: a newcomer locks the file the name
+                    # gives, so this descriptor excludes nobody any more. Closed (which unlocks),
+                    # and the file the name gives is opened and locked instead.
+                    self.handles.drop(self.task_id)
+                    self.fd, self.kept = -1, False
+            if not self.kept:
                 self.fd = self.files.open_lock(self.task_id, create=self.create, write=self.write)
-            if self.fd >= 0:
-                try:
-                    self.files.io.flock(self.fd, fcntl.LOCK_EX if self.write else fcntl.LOCK_SH)
-                except BaseException as exc:
-                    if self.kept:
-                        self.handles.drop(self.task_id)
-                    else:
-                        self.files.io.close(self.fd)
-                    if isinstance(exc, OSError) and not isinstance(exc, LongrunError):
-                        raise StorageError(f"task {self.task_id!r}: cannot lock: {exc}") from exc
-                    raise
-                if self.write and not self.kept:
-                    self.handles.make(self.task_id).lock = self.fd
-                    self.kept = True
+                if self.fd >= 0:
+                    self._lock()
+                    if self.write:
+                        self._keep()
         except BaseException:
             self.turns._leave_gate(self.task_id, self.gate)
             raise
+
+    def _lock(self) -> None:
+        try:
+            self.files.io.flock(self.fd, fcntl.LOCK_EX if self.write else fcntl.LOCK_SH)
+        except BaseException as exc:
+            self._let_go()
+            if isinstance(exc, OSError) and not isinstance(exc, LongrunError):
+                raise StorageError(f"task {self.task_id!r}: cannot lock: {exc}") from exc
+            raise
+
+    def _still_named(self, held: Held) -> bool:
+        """Whether the lock file's name still gives the file this descriptor locks (checked with
+        the lock taken, as lock files are: its inode cannot be reused while it is open)."""
+        try:
+            info = self.files.io.lstat(self.files.path(self.task_id, layout.LOCK))
+        except FileNotFoundError:
+            return False
+        except BaseException as exc:
+            self._let_go()
+            if isinstance(exc, OSError) and not isinstance(exc, LongrunError):
+                raise StorageError(f"task {self.task_id!r}: cannot check its lock file: {exc}") from exc
+            raise
+        return (info.st_dev, info.st_ino) == held.lock_file
+
+    def _keep(self) -> None:
+        """Keep the descriptor just opened and locked for the transactions to come."""
+        try:
+            info = self.files.io.fstat(self.fd)
+        except BaseException as exc:
+            self._let_go()
+            if isinstance(exc, OSError) and not isinstance(exc, LongrunError):
+                raise StorageError(f"task {self.task_id!r}: cannot check its lock file: {exc}") from exc
+            raise
+        held = self.handles.make(self.task_id)
+        held.lock, held.lock_file = self.fd, (info.st_dev, info.st_ino)
+        self.kept = True
+
+    def _let_go(self) -> None:
+        """Close this transaction's descriptor after a failure (closing unlocks it)."""
+        if self.kept:
+            self.handles.drop(self.task_id)
+        else:
+            self.files.io.close(self.fd)
+        self.fd, self.kept = -1, False
 
     def __exit__(self, kind: object, exc: BaseException | None, traceback: object) -> None:
         try:
