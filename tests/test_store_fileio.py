@@ -4,6 +4,7 @@ of the control files goes through it, so the fault tests reach every one of them
 from __future__ import annotations
 
 import dataclasses
+import gc
 import errno
 import fcntl
 import os
@@ -64,6 +65,12 @@ def store_sequence(root: str, io: FileIO) -> None:
         store.load("nosuch")
     except LookupError:
         pass
+    dropped = JsonFileStore(root, io=io)  # dropped without close: its descriptors close when collected
+    lease = dropped.acquire_lease(TASK, "me", 3600.0, NOW + 3)
+    dropped.commit(lease, dropped.load(TASK, lease=lease).state or state, None)
+    dropped.read_cancellation(TASK)
+    del dropped
+    gc.collect()
 
 
 def control_source_sequence(root: str, io: FileIO) -> None:

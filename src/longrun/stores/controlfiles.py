@@ -71,10 +71,10 @@ _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 """A FIFO planted in place of a record must not hang the reader; it then fails the regular-file check."""
 
 
-def _close_held(held: dict[str, int]) -> None:
+def _close_held(io: FileIO, held: dict[str, int]) -> None:
     for fd in held.values():
         with contextlib.suppress(OSError):  # our own descriptor, at collection: nothing to lose
-            os.close(fd)
+            io.close(fd)
     held.clear()
 
 
@@ -119,7 +119,7 @@ class ControlFiles:
         self._held: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._held_lock = threading.Lock()
         """Guards ``_held``; held while a read uses a held descriptor, so none is closed under it."""
-        weakref.finalize(self, _close_held, self._held)  # an object dropped without ``close``
+        weakref.finalize(self, _close_held, io, self._held)  # an object dropped without ``close``
 
     def holds(self, task_id: str) -> bool:
         """Whether the task's ``control`` directory is held open (see ``hold_directories``)."""

@@ -71,11 +71,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-def _close_all(held: dict[str, Held]) -> None:
+def _close_all(io: FileIO, held: dict[str, Held]) -> None:
     for entry in held.values():
         for fd in entry.descriptors():
             with contextlib.suppress(OSError):  # our own descriptor, at collection: nothing to lose
-                os.close(fd)
+                io.close(fd)
     held.clear()
 
 
@@ -87,7 +87,7 @@ class Handles:
         self.gates = gates
         self._held: collections.OrderedDict[str, Held] = collections.OrderedDict()
         _all.add(self)
-        weakref.finalize(self, _close_all, self._held)  # a store object dropped without ``close``
+        weakref.finalize(self, _close_all, io, self._held)  # a store object dropped without ``close``
 
     def __len__(self) -> int:
         return len(self._held)
@@ -139,7 +139,7 @@ class Handles:
         for entry in held:
             for fd in entry.descriptors():
                 with contextlib.suppress(OSError):
-                    os.close(fd)
+                    self.io.close(fd)
 
     def _close(self, fds: list[int]) -> None:
         for fd in fds:

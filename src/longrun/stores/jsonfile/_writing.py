@@ -21,7 +21,7 @@ from ...envelope import RunState
 from ...errors import SizeLimitError, StorageError
 from .. import _journal as journal
 from ..blobs import BlobCodec, BlobRef, large_values
-from .._fileio import lexists, write_all_at, write_atomic
+from .._fileio import FileIO, lexists, write_all_at, write_atomic
 from . import _layout as layout
 from ._layout import BACKUP, STATE, Gates, TaskFiles, journal_name
 from ._reading import Chain, backup_revision, read_snapshot, walk
@@ -59,12 +59,12 @@ class Writer:
         return due and self.journal_end >= self.retry_compaction_at
 
 
-def _close_journals(writers: dict[str, Writer]) -> None:
+def _close_journals(io: FileIO, writers: dict[str, Writer]) -> None:
     for writer in writers.values():
         fd, writer.fd = writer.fd, -1
         if fd >= 0:
             with contextlib.suppress(OSError):  # our own descriptor, at collection: nothing to lose
-                os.close(fd)
+                io.close(fd)
 
 
 class Writers:
@@ -79,7 +79,7 @@ class Writers:
         """Tasks whose journal descriptor is open, least recently committed first (``gates.mutex``)."""
         self.codecs: dict[str, BlobCodec] = {}
         """Per task, its large values as this store object knows them (``_blobs``)."""
-        weakref.finalize(self, _close_journals, self.writers)  # a store object dropped without ``close``
+        weakref.finalize(self, _close_journals, self.io, self.writers)  # a store object dropped without ``close``
 
     # -- blobs -----------------------------------------------------------------------------------
 
