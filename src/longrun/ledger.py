@@ -314,13 +314,16 @@ class VerifiedResults(Mapping[str, Any]):
             raise KeyError(step_id)
         return record.result
 
-    def __iter__(self) -> Iterator[str]:
+    def copy(self) -> dict[str, Any]:
+        """The results as they are now, in a dict of their own (one pass over the ledger)."""
         verified = EffectState.VERIFIED
-        return iter([step_id for step_id, record in self._effects.items() if record.state is verified])
+        return {step_id: record.result for step_id, record in self._effects.items() if record.state is verified}
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.copy())
 
     def __len__(self) -> int:
-        verified = EffectState.VERIFIED
-        return sum(1 for record in self._effects.values() if record.state is verified)
+        return len(self.copy())
 
     def __repr__(self) -> str:
-        return f"VerifiedResults({dict(self)!r})"
+        return f"VerifiedResults({self.copy()!r})"

@@ -19,7 +19,7 @@ from ..envelope import RunState
 from ..errors import FencedError, InvalidInputError, SizeLimitError, UnknownActionError
 from ..events import EventHook, Reporter
 from ..lease import Lease, LeaseKeeper, MonotonicReading
-from ..ledger import EffectRecord, EffectState, VerifiedResults
+from ..ledger import EffectRecord, VerifiedResults
 from ..outcome import TERMINAL, WAITING, RunOutcome, Status
 from ..protocols import (
     AnyEffectAdapter,
@@ -353,11 +353,6 @@ class EngineBase:
         assert self._state is not None
         return VerifiedResults(self._state.effects)
 
-    def _verified_results(self) -> dict[str, JSONValue]:
-        assert self._state is not None
-        verified = EffectState.VERIFIED
-        return {sid: rec.result for sid, rec in self._state.effects.items() if rec.state is verified}
-
     def _policy(self, record: EffectRecord) -> RetryPolicy:
         return self._policies.get(record.step_id, self.retry)
 
@@ -370,7 +365,7 @@ class EngineBase:
             status=status,
             next_action=next_action,
             task_id=self.task_id,
-            results=self._verified_results() if state is not None else {},
+            results=VerifiedResults(state.effects).copy() if state is not None else {},
             observations=self._evidence.observations.items(),
             inferences=self._evidence.inferences.items(),
             unknowns=tuple(self._evidence.unknowns),

@@ -127,8 +127,10 @@ def decode_snapshot(data: bytes, *, task_id: str) -> RawSnapshot:
         rows.update(zip(step_ids, chunk))
         if len(rows) != before + len(step_ids):  # a step id named twice: find it (the first ``before`` keys came earlier)
             seen = set(itertools.islice(rows, before))
-            twice = next(step_id for step_id in step_ids if step_id in seen or seen.add(step_id))  # type: ignore[func-returns-value]
-            raise CorruptStateError(f"snapshot has two effect records for step {twice!r:.80}")
+            for step_id in step_ids:
+                if step_id in seen:
+                    raise CorruptStateError(f"snapshot has two effect records for step {step_id!r:.80}")
+                seen.add(step_id)
     if len(rows) != count:
         raise CorruptStateError(f"snapshot holds {len(rows)} effect records, its meta says {count}")
     return RawSnapshot(revision, header, rows, found.meta, found.checksums)
