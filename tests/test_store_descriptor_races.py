@@ -6,21 +6,17 @@ that already holds the task's lock file, lease file and control directory."""
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
-import gc
 import os
 import threading
 import time
 import unittest
-from typing import Any
+from typing import Any, Callable
 from unittest import mock
 
 from helpers import support
-from longrun import Cancellation, FencedError, JsonFileStore, RunState, StorageError
-from longrun.budget import BudgetCounters
+from helpers.descriptors import NOW, HeldTaskCase, descriptors_under, new_state, open_descriptors, started
+from longrun import Cancellation, FencedError, JsonFileStore, StorageError
 from longrun.errors import CorruptStateError, LongrunError
-from longrun.ledger import EffectRecord, EffectState
 from longrun.stores import controlfiles, jsonfile
 from longrun.stores._fileio import FileIO
 from longrun.stores.controlfiles import ControlFiles
@@ -28,45 +24,29 @@ from longrun.testing import FaultyIO
 
 WAIT_S = 0.5
 """How long a transaction that must be excluded is watched: still blocked after this, it waits."""
-NOW = 1_000_000.0
 
 
-def new_state(task: str = "t", action: str = "go") -> RunState:
-    state = RunState(task_id=task, plan_digest="sha256:p", budget=BudgetCounters(created_at=0.0), next_action=action)
-    state.effects["s0"] = EffectRecord(f"{task}/s0", "s0", "write", {"n": 0}, f"sha256:{0:064x}", EffectState.PLANNED, updated_at=1.0)
-    return state
-
-
-def started(store: JsonFileStore, task: str = "t", owner: str = "me", now: float = NOW) -> tuple[Any, RunState]:
-    """A lease, a loaded task and three commits: the store object holds the task's lock file, its
-    lease file and (after the cancellation read) its control directory."""
-    lease = store.acquire_lease(task, owner, 30.0, now)
-    store.load(task, lease=lease)
-    state = new_state(task)
-    for _ in range(3):
-        store.commit(lease, state, {"s0"})
-    store.read_cancellation(task)
-    held = store._handles.get(task)
-    assert held is not None and held.lock >= 0 and held.lease >= 0
-    return lease, state
-
-
-def open_descriptors() -> int:
-    gc.collect()
-    return len(os.listdir("/proc/self/fd"))
-
-
-def descriptors_under(path: str) -> list[str]:
-    gc.collect()
-    found = []
-    for fd in os.listdir("/proc/self/fd"):
+def in_a_child(case: unittest.TestCase, action: Callable[[], object]) -> None:
+    """Run ``action`` in a forked child of this process; the test fails unless it returned."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
         try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith(path + os.sep):
-            found.append(target)
-    return found
+            action()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    case.assertEqual(os.waitstatus_to_exitcode(status), 0, "the child's action raised")
+
+
+def in_threads(target: Callable[[Any], None], arguments: Any) -> None:
+    """Run ``target`` on each of ``arguments`` at once, a thread each, and wait for them all."""
+    threads = [threading.Thread(target=target, args=(argument,)) for argument in arguments]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
 
 
 class Inside:
@@ -122,14 +102,7 @@ class PausingIO(FileIO):
 # -- 1. exclusion and fencing ------------------------------------------------------------------
 
 
-class ExclusionTests(support.TempDirTest):
-    def setUp(self) -> None:
-        super().setUp()
-        self.root = self.path("root")
-        self.store = JsonFileStore(self.root, create=True)
-        self.addCleanup(self.store.close)
-        self.lease, self.state = started(self.store)
-
+class ExclusionTests(HeldTaskCase):
     def test_a_second_store_object_waits_for_a_transaction_on_a_held_lock_descriptor(self) -> None:
         other = JsonFileStore(self.root)
         self.addCleanup(other.close)
@@ -173,11 +146,7 @@ class ExclusionTests(support.TempDirTest):
                 with lock:
                     revisions.append(revision)
 
-        threads = [threading.Thread(target=worker, args=(number,)) for number in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
+        in_threads(worker, range(4))
         self.assertEqual(errors, [])
         self.assertEqual(sorted(revisions), list(range(4, 84)), "every commit got its own revision")
         self.assertEqual(JsonFileStore(self.root).load("t").state.revision, 83)  # type: ignore[union-attr]
@@ -223,17 +192,8 @@ class ExclusionTests(support.TempDirTest):
         self.assertEqual(os.waitstatus_to_exitcode(status), 0)
 
     def test_a_takeover_in_another_process_fences_the_held_lease(self) -> None:
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                other = JsonFileStore(self.root)
-                other.acquire_lease("t", "them", 30.0, NOW + 1000.0)  # expired by this clock
-                code = 0
-            finally:
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+        # Expired by the clock it passes: taken over with a newer epoch.
+        in_a_child(self, lambda: JsonFileStore(self.root).acquire_lease("t", "them", 30.0, NOW + 1000.0))
         before = JsonFileStore(self.root).load("t").state.revision  # type: ignore[union-attr]
         with self.assertRaises(FencedError):
             self.store.commit(self.lease, self.state, ())
@@ -262,41 +222,34 @@ class ExclusionTests(support.TempDirTest):
             lease, holder = new_lease, contender
 
 
-class LockFileReplacedTests(support.TempDirTest):
-    """The lock file is the one name every process meets at. Before held descriptors, each
-    transaction opened it by name, so a lock file deleted (or replaced) between transactions cost
-    nothing: every later transaction met at the new one. A store object that keeps the old one
-    open keeps locking an inode nobody else opens."""
+class LockFileReplacedTests(HeldTaskCase):
+    """The lock file is the one name every process meets at, and ``flock`` locks a file, not a name:
+    a store object that held the descriptor of a lock file since deleted (or replaced) must not go
+    on locking an inode nobody else opens. Each transaction checks the name under the lock."""
 
     def setUp(self) -> None:
         super().setUp()
-        self.root = self.path("root")
-        self.store = JsonFileStore(self.root, create=True)
-        self.addCleanup(self.store.close)
-        self.lease, self.state = started(self.store)
         self.lock_path = os.path.join(self.store.task_dir("t"), jsonfile.LOCK)
+
+    def newcomer_excluded(self) -> bool:
+        """Whether another store object waits while this one is inside a transaction."""
+        other = JsonFileStore(self.root)
+        self.addCleanup(other.close)
+        with self.store._transaction("t", create=False):
+            inside = Inside(lambda: self._enter_and_leave(other))
+            excluded = not inside.done.wait(WAIT_S)
+        inside.join()
+        return excluded
 
     def test_a_deleted_lock_file_still_orders_a_holder_and_a_newcomer(self) -> None:
         os.unlink(self.lock_path)  # an operator "cleaning a stale lock"; no transaction in flight
-        other = JsonFileStore(self.root)
-        self.addCleanup(other.close)
-        with self.store._transaction("t", create=False):
-            inside = Inside(lambda: self._enter_and_leave(other))
-            excluded = not inside.done.wait(WAIT_S)
-        inside.join()
-        self.assertTrue(excluded, "another store object locked the task while this one was inside its transaction")
+        self.assertTrue(self.newcomer_excluded(), "another store object locked the task while this one was inside its transaction")
 
     def test_a_deleted_lock_file_between_transactions_orders_two_fresh_store_objects(self) -> None:
-        # The same without held descriptors (the behaviour before them): this passes.
+        # The same with nothing held: the store object opens the lock file by name.
         self.store.close()
         os.unlink(self.lock_path)
-        other = JsonFileStore(self.root)
-        self.addCleanup(other.close)
-        with self.store._transaction("t", create=False):
-            inside = Inside(lambda: self._enter_and_leave(other))
-            excluded = not inside.done.wait(WAIT_S)
-        inside.join()
-        self.assertTrue(excluded)
+        self.assertTrue(self.newcomer_excluded())
 
     def test_a_paused_holder_never_lands_a_commit_after_a_takeover_once_the_lock_file_was_deleted(self) -> None:
         io = PausingIO(on="pwrite")
@@ -338,13 +291,9 @@ class LockFileReplacedTests(support.TempDirTest):
 # -- 2. cancellations read through a held control directory -------------------------------------
 
 
-class CancellationTests(support.TempDirTest):
+class CancellationTests(HeldTaskCase):
     def setUp(self) -> None:
         super().setUp()
-        self.root = self.path("root")
-        self.store = JsonFileStore(self.root, create=True)
-        self.addCleanup(self.store.close)
-        started(self.store)
         self.assertTrue(self.store._control.holds("t"))
         self.control = os.path.join(self.store.task_dir("t"), "control")
 
@@ -361,29 +310,11 @@ class CancellationTests(support.TempDirTest):
         self.assert_reason("direct")
 
     def test_written_by_another_process(self) -> None:
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                JsonFileStore(self.root).write_cancellation(Cancellation("t", NOW, "op", "from a child"))
-                code = 0
-            finally:
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+        in_a_child(self, lambda: JsonFileStore(self.root).write_cancellation(Cancellation("t", NOW, "op", "from a child")))
         self.assert_reason("from a child")
 
     def test_written_by_the_same_store_object_in_a_forked_child(self) -> None:
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                self.store.write_cancellation(Cancellation("t", NOW, "op", "child, same object"))
-                code = 0
-            finally:
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+        in_a_child(self, lambda: self.store.write_cancellation(Cancellation("t", NOW, "op", "child, same object")))
         self.assert_reason("child, same object")
 
     def test_replaced_twice_then_removed(self) -> None:
@@ -449,11 +380,7 @@ class CancellationTests(support.TempDirTest):
                     return
 
         with mock.patch.object(controlfiles, "MAX_HELD_DIRECTORIES", 2):
-            threads = [threading.Thread(target=reader, args=(offset,)) for offset in range(4)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join(120)
+            in_threads(reader, range(4))
         self.assertEqual(errors, [])
         self.assertLessEqual(len(self.store._control._held), 2)
 
@@ -561,11 +488,7 @@ class DescriptorTests(support.TempDirTest):
                 errors.append(exc)
 
         with mock.patch.object(jsonfile, "MAX_OPEN_JOURNALS", 2), mock.patch.object(controlfiles, "MAX_HELD_DIRECTORIES", 2):
-            threads = [threading.Thread(target=worker, args=(task,)) for task in tasks]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join(120)
+            in_threads(worker, tasks)
         self.assertEqual(errors, [])
         fresh = JsonFileStore(root)
         for task in tasks:
@@ -642,13 +565,9 @@ class OsErrorTests(support.TempDirTest):
 # -- 5. lease file edge cases ------------------------------------------------------------------
 
 
-class LeaseFileTests(support.TempDirTest):
+class LeaseFileTests(HeldTaskCase):
     def setUp(self) -> None:
         super().setUp()
-        self.root = self.path("root")
-        self.store = JsonFileStore(self.root, create=True)
-        self.addCleanup(self.store.close)
-        self.lease, self.state = started(self.store)
         self.lease_path = os.path.join(self.store.task_dir("t"), jsonfile.LEASE)
 
     def revision(self) -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import fcntl
-import gc
 import os
 import time
 import unittest
@@ -14,9 +13,8 @@ from typing import Any, Callable
 from unittest import mock
 
 from helpers import support
+from helpers.descriptors import descriptors_under, new_state, open_descriptors, started
 from longrun import Cancellation, FencedError, InvalidInputError, JsonFileStore, RunState, StorageError
-from longrun.budget import BudgetCounters
-from longrun.ledger import EffectRecord, EffectState
 from longrun.stores import controlfiles, jsonfile
 from longrun.stores._fileio import FileIO
 from longrun.stores.controlfiles import ControlFiles
@@ -46,31 +44,6 @@ for _name in COUNTED:
     setattr(CallCounting, _name, _counted(_name))
 
 
-def new_state(task: str = "t") -> RunState:
-    state = RunState(task_id=task, plan_digest="sha256:p", budget=BudgetCounters(created_at=0.0), next_action="go")
-    state.effects["s0"] = EffectRecord(f"{task}/s0", "s0", "write", {"n": 0}, f"sha256:{0:064x}", EffectState.PLANNED, updated_at=1.0)
-    return state
-
-
-def descriptors_under(path: str) -> list[str]:
-    """What this process's open descriptors name inside ``path``."""
-    gc.collect()
-    found = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue  # the listing's own descriptor, closed by now
-        if target.startswith(path + os.sep):
-            found.append(target)
-    return found
-
-
-def open_descriptors() -> int:
-    gc.collect()  # store objects earlier tests dropped close theirs when collected
-    return len(os.listdir("/proc/self/fd"))
-
-
 class HeldDescriptorTests(support.TempDirTest):
     def setUp(self) -> None:
         super().setUp()
@@ -79,14 +52,7 @@ class HeldDescriptorTests(support.TempDirTest):
         self.addCleanup(self.store.close)
 
     def started(self, task: str = "t") -> tuple[Any, RunState]:
-        lease = self.store.acquire_lease(task, "me", 30.0, time.time())
-        self.store.load(task, lease=lease)
-        state = new_state(task)
-        self.store.commit(lease, state, {"s0"})
-        self.store.commit(lease, state, {"s0"})
-        self.store.commit(lease, state, {"s0"})  # appends to its journal from here on
-        self.store.read_cancellation(task)
-        return lease, state
+        return started(self.store, task, now=time.time())
 
     def test_a_commit_locks_a_held_descriptor_and_checks_the_lock_and_lease_files_with_one_lstat_each(self) -> None:
         lease, state = self.started()
