@@ -97,7 +97,9 @@ def run_block(block: Block) -> subprocess.CompletedProcess[str]:
     environment = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(ROOT, "src"), environment.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory(prefix="longrun-docs-block-") as directory:
-        program = os.path.join(directory, f"{os.path.basename(block.document)}.py")
+        # A name a module could be imported by (docs_fleet_md.py): a durable function in the block
+        # is defined in a script, whose module name must be one Python can import again.
+        program = os.path.join(directory, re.sub(r"\W", "_", block.document) + ".py")
         with open(program, "w", encoding="utf-8") as handle:
             handle.write("\n" * block.line + block.code)  # a traceback's line numbers are the document's
         return subprocess.run(
@@ -125,7 +127,7 @@ class ExtractionTests(unittest.TestCase):
     def test_a_failing_block_reports_the_line_of_the_document_that_raised(self) -> None:
         result = run_block(Block("docs/x.md", 7, "import sys\nraise RuntimeError('broken on purpose')\n"))
         self.assertEqual(result.returncode, 1)
-        self.assertIn("x.md.py\", line 9, in <module>", result.stderr)  # the document's line 9: the fence is line 7
+        self.assertIn("docs_x_md.py\", line 9, in <module>", result.stderr)  # the document's line 9: the fence is line 7
         self.assertIn("RuntimeError: broken on purpose", result.stderr)
 
     def test_the_first_example_of_the_readme_is_a_short_program_before_the_guarantees(self) -> None:
