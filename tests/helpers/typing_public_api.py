@@ -122,6 +122,40 @@ def api_tour() -> longrun.Runner:
     return runner
 
 
+# -- README.md, "Durable functions: `@longrun.durable`" --------------------------------------------
+
+
+def durable_function() -> RunOutcome:
+    import tempfile
+    import longrun
+    from longrun.testing import OutboxAdapter
+
+    def fetch_inbox(day: str) -> list[dict[str, str]]:        # your read: a mail server's API, say
+        return [{"id": "m1", "subject": "Invoice 1142 overdue"}, {"id": "m2", "subject": "Lunch on Friday?"}]
+
+    def ask_model(item: dict[str, str]) -> str:               # your model call
+        return "finance" if "invoice" in item["subject"].lower() else "personal"
+
+    directory = tempfile.mkdtemp()
+    store = longrun.JsonFileStore(f"{directory}/store", create=True)
+    outbox = OutboxAdapter(f"{directory}/outbox.jsonl")      # a local target; your own adapters are written as above
+
+    @longrun.durable(store=store, adapters={"label.post": outbox, "report.write": outbox},
+                     allowed_actions=("label.post", "report.write"))
+    def triage(run: longrun.Run, day: str) -> dict[str, int]:
+        items = run.call("inbox", fetch_inbox, day)                         # recorded once, replayed after a crash
+        for item in items:
+            label = run.call(f"label/{item['id']}", ask_model, item)        # a model's answer, frozen once recorded
+            run.effect(f"post/{item['id']}", "label.post", {"id": item["id"], "label": label})
+        run.effect("report", "report.write", {"day": day, "n": len(items)}, approval=True)
+        return {"labelled": len(items)}
+
+    outcome = triage.run("triage-2026-11-30", "2026-11-30")   # starts, or resumes with the recorded arguments
+    print(outcome.status.value, outcome.result)                # awaiting-approval None; the return value once done
+    assert_type(triage, longrun.DurableFunction[dict[str, int]])
+    return outcome
+
+
 # -- docs/security.md, "Threat model: approvals and cancellation" --------------------------------
 
 
