@@ -328,7 +328,8 @@ def cmd_verify(store: Store, label: str, task_id: str, as_json: bool, out: TextI
     if report["next_action"]:
         report["next_action"] = name_store(report["next_action"], label)
     for item in report["checks"]:
-        item["detail"] = name_store(item["detail"], label)
+        if item["name"] == "status":  # the checks that quote the recorded next action
+            item["detail"] = name_store(item["detail"], label)
     if as_json:
         write_json(out, report)
         return code
