@@ -159,9 +159,8 @@ def store_label(spec: str) -> str:
 
 
 STORE_PLACEHOLDER = "<store>"
-"""What a next action recorded by a run says for its store: one store may be reached under several
-names (a mount point, a URL), so the run records the placeholder and a command names the store it
-read the action from (``name_store``)."""
+"""What a next action recorded by a run says for a store it could not name; a command puts the
+store it read the action from in its place (``name_store``)."""
 
 
 def name_store(text: str, label: str) -> str:
