@@ -405,15 +405,6 @@ class StoreCases(DurableCase):
         self.assertEqual(state.effects["pay"].approval_id, approval.approval_id)
         self.assertIn(approval.approval_id, state.consumed_approvals)
 
-    def test_an_unanswered_question_says_no_answer_yet_not_no_approval(self) -> None:
-        @self.durable()
-        def pick(run: longrun.Run) -> Any:
-            return run.ask("colour", "which colour?", choices=["red", "blue"])
-
-        outcome = pick.run("pick-1")
-        self.assertEqual(outcome.status, Status.AWAITING_INPUT)
-        self.assertEqual([(item.source, item.detail) for item in outcome.unknowns], [("answer", "no answer yet for step 'colour'")])
-
     def test_child_tasks_done_waiting_and_ended(self) -> None:
         @self.durable()
         def child(run: longrun.Run, n: int) -> int:

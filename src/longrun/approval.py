@@ -193,12 +193,9 @@ def _broader_fields(body: Mapping[str, Any]) -> list[str]:
 
 
 def evaluate_gate(
-    request: ApprovalRequest, records: Iterable[ControlRecord], consumed: frozenset[str] | set[str], now: float,
-    *, awaited: str = "approval",
+    request: ApprovalRequest, records: Iterable[ControlRecord], consumed: frozenset[str] | set[str], now: float
 ) -> GateDecision:
-    """Decide whether any of ``records`` authorizes ``request`` now (see the module docstring).
-    ``awaited`` names what the step waits for when nothing is found: ``"approval"``, or
-    ``"answer"`` for a question (answers are bound and consumed as approvals are)."""
+    """Decide whether any of ``records`` authorizes ``request`` now (see the module docstring)."""
     reasons: list[str] = []
     refusals: list[str] = []
     granted: Approval | None = None
@@ -238,5 +235,5 @@ def evaluate_gate(
     if granted is not None:
         return GateDecision(GateVerdict.GRANTED, granted, tuple(reasons))
     if not reasons:
-        reasons.append(f"no {awaited} yet for step {request.step_id!r}")
+        reasons.append(f"no approval yet for step {request.step_id!r}")
     return GateDecision(GateVerdict.AWAITING, None, tuple(reasons))

@@ -113,8 +113,7 @@ class Gating(Reconciling):
         for raw in records:
             refused += isinstance(raw, RefusedRecord)
             state.note_control(self._evidence.observed("control", _describe("approval record", raw)))
-        question = waiting is Status.AWAITING_INPUT
-        decision = evaluate_gate(request, records, frozenset(state.consumed_approvals), now, awaited="answer" if question else "approval")
+        decision = evaluate_gate(request, records, frozenset(state.consumed_approvals), now)
         if decision.verdict is GateVerdict.GRANTED:
             assert decision.approval is not None
             approval = decision.approval
@@ -131,7 +130,7 @@ class Gating(Reconciling):
                 _crashpoints.hit("approval.consumed", step.step_id)
             return record, approval
         for reason in decision.reasons:
-            self._evidence.unknown("answer" if question else "approval", reason)
+            self._evidence.unknown("approval", reason)
         if decision.verdict is GateVerdict.REFUSED:
             raise self._stop(
                 Status.UNSAFE_TO_CONTINUE,
