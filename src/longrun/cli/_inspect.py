@@ -50,7 +50,7 @@ __all__ = ["LS_STATUSES", "NO_STATE_ACTION", "cmd_ls", "cmd_status", "ls_entry",
 NO_STATE_ACTION = "run the task: no revision has been committed yet"
 
 
-def status_json(task_id: str, loaded: LoadResult, lease: Lease | None, now: float, label: str = STORE_PLACEHOLDER) -> dict[str, object]:
+def status_json(task_id: str, loaded: LoadResult, lease: Lease | None, now: float) -> dict[str, object]:
     """``state.to_json()`` plus ``store_lease`` (the lease record now) and ``load`` (where it came from).
 
     The state's own ``lease`` key is the lease recorded with the last commit; ``store_lease`` is
@@ -67,7 +67,6 @@ def status_json(task_id: str, loaded: LoadResult, lease: Lease | None, now: floa
         "digest": loaded.digest,
         "observations": [item.to_json() for item in loaded.observations],
     }
-    body["next_action"] = name_store(str(body["next_action"]), label)
     body["checked_at"] = now
     body["progress"] = progress_of(state).to_json() if state is not None else None
     return body
@@ -184,7 +183,9 @@ def cmd_status(store: Store, label: str, task_id: str, as_json: bool, out: TextI
     lease = store.read_lease(task_id)
     now = time.time()
     if as_json:
-        write_json(out, status_json(task_id, loaded, lease, now, label))
+        body = status_json(task_id, loaded, lease, now)
+        body["next_action"] = name_store(str(body["next_action"]), label)
+        write_json(out, body)
     else:
         out.write("\n".join(render_status(task_id, loaded, lease, now, label)) + "\n")
     return 0
