@@ -213,6 +213,28 @@ class ApprovalTest(CliCase):
         self.assert_fails(cli("approve", self.store_dir, "gated", "--yes", "--ttl", "soon"), 2, "not a number")
 
 
+class NextActionTest(CliCase):
+    def test_every_command_names_the_store_it_read_the_next_action_from_and_the_action_works(self) -> None:
+        self.awaiting_task()
+        command = f"longrun approve {os.path.abspath(self.store_dir)} gated --step publish"
+        outputs = {
+            " ".join(args): cli(*args)
+            for args in (
+                ("status", self.store_dir, "gated"), ("status", self.store_dir, "gated", "--json"), ("ls", self.store_dir),
+                ("ls", self.store_dir, "--json"), ("verify", self.store_dir, "gated"), ("verify", self.store_dir, "gated", "--json"),
+                ("watch", self.store_dir, "gated", "--json"),
+            )
+        }  # fmt: skip
+        for args, result in outputs.items():
+            with self.subTest(args):
+                self.assertIn(command, result.stdout)
+                self.assertNotIn("<store>", result.stdout)
+        next_action = json.loads(outputs[f"status {self.store_dir} gated --json"].stdout)["next_action"]
+        followed = cli(*next_action.split("`")[1].split()[1:], "--yes")  # the command the next action names, as written
+        self.assert_exit(followed, 0)
+        self.assertIs(self.runner("gated", self.approval_steps()).run().status, Status.DONE)
+
+
 class CancelTest(CliCase):
     def test_cancel_then_run_ends_cancelled_without_a_new_effect(self) -> None:
         self.awaiting_task()

@@ -187,6 +187,16 @@ class LoggingTests(EventCase):
         self.assertEqual((verified[0]["task"], verified[0]["step"], verified[0]["attempt"]), ("t", "a", 1))
         self.assertTrue(all(set(LOG_FIELDS) <= line.keys() for line in lines))
 
+    def test_a_retry_with_no_error_recorded_says_what_was_observed_not_none(self) -> None:
+        # Acknowledged, then observed unknown at a deduplicating target: sent again, with no error to name.
+        adapter = OutboxAdapter(self.outbox, deduplicates=True, unknown_observations=2)  # before and after the apply
+        with self.assertLogs("longrun", logging.INFO) as logs:
+            self.runner([Step("a", "send", {"n": 1})], adapter, limits=Limits(max_block_s=0.0)).run()
+        retry = [record.getMessage() for record in logs.records if record.step == "a" and record.state == "retry-scheduled"]  # type: ignore[attr-defined]
+        self.assertEqual(len(retry), 1)
+        self.assertIn("retry scheduled (attempt 1 observed: outbox briefly unreadable for t/a)", retry[0])
+        self.assertNotIn("None", retry[0])
+
     def test_a_retry_and_an_unsafe_stop(self) -> None:
         with self.assertLogs("longrun", logging.INFO) as logs:
             self.runner([Step("a", "send", {"n": 1})], OutboxAdapter(self.outbox, fail_transient=1), limits=Limits(max_block_s=0.0)).run()

@@ -352,10 +352,28 @@ class RetryTests(RunnerCase):
         outcome = self.runner(adapter=adapter).run()
         self.assertEqual(outcome.status, Status.UNSAFE_TO_CONTINUE)
         self.assertEqual(adapter.applied, ["task-1/s0", "task-1/s1"])
-        self.assertTrue(any("acknowledged" in item.detail for item in outcome.unknowns))
+        cause = "RecordingAdapter.observe answered absent after a successful apply of step 's1'"
+        self.assertTrue(any(cause in item.detail for item in outcome.unknowns))
+        self.assertIn(cause, outcome.next_action)
         outcome = self.runner(adapter=adapter).run()
         self.assertEqual(outcome.status, Status.UNSAFE_TO_CONTINUE, "still contradictory: still not re-applied")
         self.assertEqual(adapter.applied.count("task-1/s1"), 1)
+
+    def test_an_observe_that_keeps_answering_absent_after_a_successful_apply_is_named_when_attempts_run_out(self) -> None:
+        # A step with nothing to observe, written as an adapter whose observe always says absent: a
+        # deduplicating target may be sent again, until the attempts are spent. The stop names why.
+        class Renderer(RecordingAdapter):
+            deduplicates = True
+
+        adapter = Renderer()
+        adapter.observe_as["task-1/s0"] = Observation.absent("renders are not kept")
+        outcome = self.runner([Step("s0", "write", {})], adapter=adapter, limits=Limits(max_attempts=3)).run()
+        self.assertEqual(outcome.status, Status.LIMITS_EXHAUSTED)
+        self.assertEqual(adapter.applied, ["task-1/s0"] * 3)
+        self.assertIn("used all 3 attempts (last error: Renderer.observe answered absent after a successful apply of "
+                      "step 's0' (apply returned a receipt: recorded; observe said: renders are not kept); an observe "
+                      "must confirm an apply that succeeded)", outcome.next_action)
+        self.assertNotIn("None", outcome.next_action)
 
     def test_a_deduplicating_target_that_never_becomes_observable_is_not_declared_done(self) -> None:
         dedup = OutboxAdapter(self.path("outbox.jsonl"), deduplicates=True, unobservable={"s0"})

@@ -85,7 +85,8 @@ class Limits:
     def attempts_exhausted(self, key: str, attempts: int, last_error: str | None) -> str | None:
         """Why one more attempt of effect ``key`` is not allowed, or None: the per-effect attempt limit."""
         if attempts >= self.max_attempts:
-            return f"effect {key!r} used all {self.max_attempts} attempts (last error: {last_error})"
+            why = "no error was recorded" if last_error is None else f"last error: {last_error}"
+            return f"effect {key!r} used all {self.max_attempts} attempts ({why})"
         return None
 
 

@@ -168,11 +168,17 @@ class Reporter:
         what = f"{kind_of(record.action)} {record.step_id}"
         state = record.state.value
         if record.state is EffectState.PLANNED and previous is not None:
+            # No error is recorded when the attempt was observed not to have taken place (a process
+            # that died mid-apply) or a deduplicating target could not say: name what is known.
+            if record.last_error:
+                why = f"failed: {record.last_error}"
+            else:
+                why = f"observed: {record.evidence}" if record.evidence else "no error recorded"
             if record.not_before is not None:
                 state = "retry-scheduled"
-                text = f"retry scheduled (attempt {record.attempts} failed: {record.last_error})"
+                text = f"retry scheduled (attempt {record.attempts} {why})"
             else:
-                text = f"may be applied again (attempt {record.attempts}: {record.last_error})"
+                text = f"may be applied again (attempt {record.attempts}: {record.last_error or why})"
         elif record.state is EffectState.PLANNED:
             text = f"planned (action {record.action})"
         elif record.state is EffectState.STARTED:

@@ -85,11 +85,17 @@ def as_observation(request: EffectRequest, returned: object) -> Observation:
 
 def reconcile(record: EffectRecord, adapter: EffectAdapter, request: EffectRequest, now: float) -> Reconciled:
     """Settle an in-flight effect (started, acknowledged or uncertain) by observing the target."""
-    return settle(record, observe_safely(adapter, request), adapter.deduplicates, now)
+    return settle(record, observe_safely(adapter, request), adapter.deduplicates, now, observer=f"{type(adapter).__name__}.observe")
 
 
-def settle(record: EffectRecord, observation: Observation, deduplicates: bool, now: float) -> Reconciled:
-    """The verdict on an in-flight effect given what the target says (``observation``)."""
+def settle(record: EffectRecord, observation: Observation, deduplicates: bool, now: float, *, observer: str = "observe") -> Reconciled:
+    """The verdict on an in-flight effect given what the target says (``observation``).
+
+    ``observer`` names the observe that answered (``"Mailer.observe"``), for the reason given when
+    it answers absent after an ``apply`` that returned a receipt: either the effect was lost at the
+    target, or the adapter's ``observe`` does not confirm an apply that succeeded (a step with
+    nothing to observe, whose ``observe`` always answers absent). That reason is kept as the
+    record's ``last_error``, so a run that retries it until its attempts are spent says why."""
     if observation.state is ObservedState.APPLIED:
         result = observation.result if observation.result is not None else record.result
         result, omitted = recordable_result(result, what=f"the result of step {record.step_id!r}")
@@ -102,15 +108,20 @@ def settle(record: EffectRecord, observation: Observation, deduplicates: bool, n
     if observation.state is ObservedState.ABSENT and record.receipt is None:
         retry = record.move(EffectState.PLANNED, now, evidence=observation.evidence)
         return Reconciled(retry, Verdict.RETRY, observation, f"observed absent: {observation.evidence}")
+    last_error = record.last_error
     if observation.state is ObservedState.ABSENT:
-        reason = f"the target acknowledged {record.key!r} ({record.receipt}) but observation says absent ({observation.evidence})"
+        reason = last_error = (
+            f"{observer} answered absent after a successful apply of step {record.step_id!r} "
+            f"(apply returned a receipt: {record.receipt}; observe said: {observation.evidence}); "
+            "an observe must confirm an apply that succeeded"
+        )
     else:
         reason = f"outcome of {record.key!r} is unknown: {observation.evidence}"
     if deduplicates:
-        retry = record.move(EffectState.PLANNED, now, evidence=observation.evidence)
+        retry = record.move(EffectState.PLANNED, now, evidence=observation.evidence, last_error=last_error)
         return Reconciled(retry, Verdict.RETRY, observation, reason + "; the target deduplicates, so it may be sent again")
     if record.state is EffectState.UNCERTAIN:
-        uncertain = replace(record, evidence=observation.evidence, updated_at=now)
+        uncertain = replace(record, evidence=observation.evidence, updated_at=now, last_error=last_error)
     else:
-        uncertain = record.move(EffectState.UNCERTAIN, now, evidence=observation.evidence)
+        uncertain = record.move(EffectState.UNCERTAIN, now, evidence=observation.evidence, last_error=last_error)
     return Reconciled(uncertain, Verdict.UNSAFE, observation, reason)

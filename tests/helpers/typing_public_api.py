@@ -22,14 +22,6 @@ from longrun.testing import FakeClock, OutboxAdapter, read_outbox
 # -- stand-ins for the reader's own code --------------------------------------------------------
 
 
-def smtp_send(payload: JSONValue, *, idempotency_key: str) -> str:
-    return f"<{idempotency_key}@example.org>"
-
-
-def mailbox_search(key: str) -> str | None:
-    return None
-
-
 class Renderer:
     deduplicates = True
 
@@ -37,29 +29,71 @@ class Renderer:
         return longrun.Receipt(result={"html": "<p>week 48</p>"}, evidence="rendered")
 
     def observe(self, request: longrun.EffectRequest) -> longrun.Observation:
-        return longrun.Observation.absent("renders are not kept")
+        return longrun.Observation.applied("recomputed", {"html": "<p>week 48</p>"})
+
+
+# -- README.md, "A first example" ---------------------------------------------------------------
+
+
+def first_example() -> None:
+    import tempfile
+    from longrun import JsonFileStore, RunContract, Runner, Step
+    from longrun.testing import OutboxAdapter, read_outbox
+
+    directory = tempfile.mkdtemp()
+    store = JsonFileStore(f"{directory}/store", create=True)      # the ledger: state, leases, approvals
+    outbox = OutboxAdapter(f"{directory}/outbox.jsonl")           # a local target: one line per effect applied
+    contract = RunContract("hello-1", "greet two people", allowed_actions=("send",))
+    steps = [Step("ana", "send", {"to": "ana", "text": "hello"}), Step("bob", "send", {"to": "bob", "text": "hello"})]
+
+    outcome = Runner(contract, steps, store=store, adapters={"send": outbox}).run()
+    print(outcome.status.value, "-", outcome.next_action)         # done - nothing: every required effect is verified
+    again = Runner(contract, steps, store=store, adapters={"send": outbox}).run()
+    print(again.status.value, len(read_outbox(outbox.path)))      # done 2: running it again sent nothing twice
 
 
 # -- README.md, "Declared plans: `Runner`" (docs/plans.md, "A plan") ----------------------------
 
 
 def api_tour() -> longrun.Runner:
+    import os
+    import tempfile
     from longrun import (RunContract, Step, Runner, Limits, RetryPolicy, JsonFileStore,
-                         EffectRequest, Receipt, Observation, TransientError, PermanentError)
+                         EffectRequest, Receipt, Observation, PermanentError)
+
+    class Renderer:                     # a step with nothing to observe: observe recomputes it
+        deduplicates = True             # rendering again changes nothing anywhere
+
+        def apply(self, request: EffectRequest) -> Receipt:
+            return Receipt(result={"html": f"<h1>Week {request.payload['week']}</h1>"}, evidence="rendered")
+
+        def observe(self, request: EffectRequest) -> Observation:
+            return Observation.applied("recomputed", {"html": f"<h1>Week {request.payload['week']}</h1>"})
 
     class Mailer:                       # an EffectAdapter: apply, observe, deduplicates
         deduplicates = False            # True only if the target ignores a repeated key
 
+        def __init__(self, outbox: str) -> None:
+            self.outbox = outbox        # stands for a mail server: one file per message, named by its key
+
+        def path(self, request: EffectRequest) -> str:
+            return os.path.join(self.outbox, request.key.replace("/", "_") + ".eml")
+
         def apply(self, request: EffectRequest) -> Receipt:
-            message_id = smtp_send(request.payload, idempotency_key=request.key)   # your code
-            return Receipt(result={"message_id": message_id}, evidence=f"queued {message_id}")
+            address, body = str(request.payload["to"]), str(request.payload["body"])
+            if "@" not in address:
+                raise PermanentError(f"not an address: {address}")   # the run stops blocked
+            with open(self.path(request) + ".tmp", "w") as handle:
+                handle.write(body)
+            os.replace(self.path(request) + ".tmp", self.path(request))           # whole or absent, never half
+            return Receipt(result={"message_id": request.key}, evidence=f"queued {self.path(request)}")
 
-        def observe(self, request: EffectRequest) -> Observation:
-            found = mailbox_search(request.key)                                       # your code
-            if found is None:
-                return Observation.absent("no message with that key")
-            return Observation.applied(f"message {found}", {"message_id": found})
+        def observe(self, request: EffectRequest) -> Observation:   # must confirm an apply that succeeded
+            if os.path.exists(self.path(request)):
+                return Observation.applied(f"{self.path(request)} exists", {"message_id": request.key})
+            return Observation.absent("no message with that key")
 
+    directory = tempfile.mkdtemp()      # in production, a directory of its own: /var/lib/longrun, say
     contract = RunContract(
         task_id="newsletter-48",                   # a safe single path component
         goal="send the week 48 newsletter",
@@ -68,23 +102,58 @@ def api_tour() -> longrun.Runner:
     )
     steps = [
         Step("render", "render", {"week": 48}),
-        Step("mail", "mail", lambda results: {"body": results["render"]["html"]}, approval=True),
+        Step("mail", "mail", lambda results: {"to": "team@example.org", "body": results["render"]["html"]}, approval=True),
     ]
-    runner = Runner(contract, steps, store=JsonFileStore("/var/lib/longrun"),
-                    adapters={"render": Renderer(), "mail": Mailer()},
+    runner = Runner(contract, steps, store=JsonFileStore(os.path.join(directory, "store"), create=True),
+                    adapters={"render": Renderer(), "mail": Mailer(directory)},
                     limits=Limits(max_attempts=3, max_elapsed_s=3600, max_cost=5.0),
                     retry=RetryPolicy(base_delay_s=1.0, max_delay_s=60.0, jitter=0.2))
     outcome = runner.run()
-    print(outcome.status, outcome.next_action)    # e.g. awaiting-approval, "approve step 'mail' ..."
+    print(outcome.status.value, "-", outcome.next_action)    # awaiting-approval - approve step 'mail' ...
 
     # What docs/plans.md's prose promises about these names.
     assert_type(runner, RunnerClass)
     assert_type(outcome, RunOutcome)
     assert_type(outcome.status, Status)
     assert_type(outcome.next_action, str)
-    mailer: EffectAdapter = Mailer()
-    print(mailer, TransientError("busy"), PermanentError("never"))
+    mailer: EffectAdapter = Mailer(directory)
+    renderer: EffectAdapter = Renderer()
+    print(mailer, renderer, longrun.TransientError("busy"))
     return runner
+
+
+# -- README.md, "Durable functions: `@longrun.durable`" --------------------------------------------
+
+
+def durable_function() -> RunOutcome:
+    import tempfile
+    import longrun
+    from longrun.testing import OutboxAdapter
+
+    def fetch_inbox(day: str) -> list[dict[str, str]]:        # your read: a mail server's API, say
+        return [{"id": "m1", "subject": "Invoice 1142 overdue"}, {"id": "m2", "subject": "Lunch on Friday?"}]
+
+    def ask_model(item: dict[str, str]) -> str:               # your model call
+        return "finance" if "invoice" in item["subject"].lower() else "personal"
+
+    directory = tempfile.mkdtemp()
+    store = longrun.JsonFileStore(f"{directory}/store", create=True)
+    outbox = OutboxAdapter(f"{directory}/outbox.jsonl")      # a local target; your own adapters are written as above
+
+    @longrun.durable(store=store, adapters={"label.post": outbox, "report.write": outbox},
+                     allowed_actions=("label.post", "report.write"))
+    def triage(run: longrun.Run, day: str) -> dict[str, int]:
+        items = run.call("inbox", fetch_inbox, day)                         # recorded once, replayed after a crash
+        for item in items:
+            label = run.call(f"label/{item['id']}", ask_model, item)        # a model's answer, frozen once recorded
+            run.effect(f"post/{item['id']}", "label.post", {"id": item["id"], "label": label})
+        run.effect("report", "report.write", {"day": day, "n": len(items)}, approval=True)
+        return {"labelled": len(items)}
+
+    outcome = triage.run("triage-2026-11-30", "2026-11-30")   # starts, or resumes with the recorded arguments
+    print(outcome.status.value, outcome.result)                # awaiting-approval None; the return value once done
+    assert_type(triage, longrun.DurableFunction[dict[str, int]])
+    return outcome
 
 
 # -- docs/security.md, "Threat model: approvals and cancellation" --------------------------------

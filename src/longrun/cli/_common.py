@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import shlex
 import time
 import urllib.parse
 from typing import TextIO
@@ -39,6 +40,7 @@ __all__ = [
     "format_time",
     "lease_summary",
     "login_name",
+    "name_store",
     "open_store",
     "relative",
     "short_digest",
@@ -154,6 +156,17 @@ def store_label(spec: str) -> str:
         return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
     except ValueError:
         return spec.split("://", 1)[0] + "://..."
+
+
+STORE_PLACEHOLDER = "<store>"
+"""What a next action recorded by a run says for a store it could not name; a command puts the
+store it read the action from in its place (``name_store``)."""
+
+
+def name_store(text: str, label: str) -> str:
+    """``text`` (a next action) with the store it was read from, as one shell word, in place of
+    ``<store>``; ``label`` is ``store_label(spec)``."""
+    return text.replace(STORE_PLACEHOLDER, shlex.quote(label))
 
 
 def checked_task(task_id: str) -> str:

@@ -32,7 +32,7 @@ from ..envelope import RunState
 from ..lease import Lease
 from ..ledger import EffectRecord
 from ..protocols import HistoryStore, Store
-from ._common import CliError, ExitCode, checked_task, format_time, short_digest, write_json
+from ._common import STORE_PLACEHOLDER, CliError, ExitCode, checked_task, format_time, name_store, short_digest, write_json
 
 __all__ = ["cmd_history", "timeline"]
 
@@ -207,10 +207,13 @@ def timeline(store: Store, task_id: str, now: float) -> tuple[RunState | None, l
     return state, entries
 
 
-def cmd_history(store: Store, task_id: str, as_json: bool, out: TextIO) -> int:
+def cmd_history(store: Store, task_id: str, as_json: bool, out: TextIO, label: str = STORE_PLACEHOLDER) -> int:
     task_id = checked_task(task_id)
     now = time.time()
     state, entries = timeline(store, task_id, now)
+    for entry in entries:
+        if entry["kind"] == "commit":  # the latest revision's next action
+            entry["detail"] = name_store(entry["detail"], label)
     if as_json:
         write_json(out, entries)
         return 0

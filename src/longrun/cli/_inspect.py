@@ -32,10 +32,12 @@ from ..outcome import Status
 from ..progress import Progress, progress_of
 from ..protocols import LoadResult, Store
 from ._common import (
+    STORE_PLACEHOLDER,
     checked_task,
     evidence_line,
     format_time,
     lease_summary,
+    name_store,
     relative,
     short_digest,
     write_json,
@@ -142,7 +144,7 @@ def progress_line(progress: Progress) -> str:
     return ", ".join(parts)
 
 
-def render_status(task_id: str, loaded: LoadResult, lease: Lease | None, now: float) -> list[str]:
+def render_status(task_id: str, loaded: LoadResult, lease: Lease | None, now: float, label: str = STORE_PLACEHOLDER) -> list[str]:
     state = loaded.state
     lines = [f"task {task_id}"]
     if state is None:
@@ -169,21 +171,23 @@ def render_status(task_id: str, loaded: LoadResult, lease: Lease | None, now: fl
     if loaded.source != "primary" or len(loaded.observations) > 1:
         lines.append("  store notes")
         lines += [f"    - {evidence_line(item)}" for item in loaded.observations]
-    lines.append(f"  next action  {state.next_action or '(none recorded)'}")
+    lines.append(f"  next action  {name_store(state.next_action, label) if state.next_action else '(none recorded)'}")
     if state.status is Status.RUNNING and lease is not None and lease.expired(now):
         lines.append("               (no live runner holds the lease: running the task again does this)")
     return lines
 
 
-def cmd_status(store: Store, task_id: str, as_json: bool, out: TextIO) -> int:
+def cmd_status(store: Store, label: str, task_id: str, as_json: bool, out: TextIO) -> int:
     task_id = checked_task(task_id)
     loaded = store.load(task_id)  # no lease: read-only, never quarantines
     lease = store.read_lease(task_id)
     now = time.time()
     if as_json:
-        write_json(out, status_json(task_id, loaded, lease, now))
+        body = status_json(task_id, loaded, lease, now)
+        body["next_action"] = name_store(str(body["next_action"]), label)
+        write_json(out, body)
     else:
-        out.write("\n".join(render_status(task_id, loaded, lease, now)) + "\n")
+        out.write("\n".join(render_status(task_id, loaded, lease, now, label)) + "\n")
     return 0
 
 
@@ -269,6 +273,8 @@ def cmd_ls(
     threshold = parse_since(since, now) if since is not None else None
     tasks = store.list_tasks()
     entries = select([ls_entry(store, task_id) for task_id in tasks], statuses=statuses, since=threshold, limit=limit)
+    for entry in entries:
+        entry["next_action"] = name_store(str(entry["next_action"]), label)
     if as_json:
         write_json(out, entries)
         return 0

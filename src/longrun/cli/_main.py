@@ -128,7 +128,7 @@ def _store_command(args: argparse.Namespace, store: Store, label: str, out: Text
     if args.command == "status":
         from ._inspect import cmd_status
 
-        return cmd_status(store, args.task, args.json, out)
+        return cmd_status(store, label, args.task, args.json, out)
     if args.command == "ls":
         from ._inspect import cmd_ls
 
@@ -136,7 +136,7 @@ def _store_command(args: argparse.Namespace, store: Store, label: str, out: Text
     if args.command == "watch":
         from ._watch import cmd_watch
 
-        return cmd_watch(store, args.task, interval=args.interval, out=out, as_json=args.json)
+        return cmd_watch(store, args.task, interval=args.interval, out=out, as_json=args.json, label=label)
     if args.command == "console":
         from ._console import cmd_console
 
@@ -154,7 +154,7 @@ def _store_command(args: argparse.Namespace, store: Store, label: str, out: Text
     if args.command == "history":
         from ._history import cmd_history
 
-        return cmd_history(store, args.task, args.json, out)
+        return cmd_history(store, args.task, args.json, out, label)
     if args.command == "verify":
         from ._verify import cmd_verify
 

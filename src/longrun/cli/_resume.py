@@ -37,6 +37,7 @@ privileges; ``resume`` is as trustworthy as the module it is pointed at.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -49,7 +50,9 @@ from ..canonical import parse_json
 from ..engine import utc
 from ..errors import CorruptStateError, LongrunError, PayloadError
 from ..outcome import ENDED_UNFINISHED, RunOutcome, Status
-from ._common import CliError, ExitCode, TaskCodeError, checked_task, close_store, evidence_line, open_store, write_json
+from ._common import (
+    CliError, ExitCode, TaskCodeError, checked_task, close_store, evidence_line, name_store, open_store, store_label, write_json,
+)  # fmt: skip
 
 __all__ = ["STATUS_EXIT", "cmd_resume", "cmd_resume_task", "cmd_start", "load_target"]
 
@@ -174,9 +177,12 @@ def cmd_resume(target: str, paths: Sequence[str], as_json: bool, out: TextIO, er
     return _report(outcome, as_json, out)
 
 
-def _report(outcome: RunOutcome, as_json: bool, out: TextIO) -> int:
-    """Print the outcome (text or JSON) and return the exit code its status maps to."""
+def _report(outcome: RunOutcome, as_json: bool, out: TextIO, label: str | None = None) -> int:
+    """Print the outcome (text or JSON) and return the exit code its status maps to; ``label``, when
+    the command line named the store, takes the place of ``<store>`` in the next action."""
     code = STATUS_EXIT.get(outcome.status, ExitCode.NOT_AS_ASKED)
+    if label is not None:
+        outcome = dataclasses.replace(outcome, next_action=name_store(outcome.next_action, label))
     if as_json:
         write_json(out, outcome.to_json())
     else:
@@ -193,7 +199,9 @@ def _durable_target(target: str, paths: Sequence[str], err: TextIO, verbose: boo
     return function
 
 
-def _run_durable(function: Any, task_id: str, args: list[Any], kwargs: dict[str, Any], as_json: bool, out: TextIO) -> int:
+def _run_durable(
+    function: Any, task_id: str, args: list[Any], kwargs: dict[str, Any], as_json: bool, out: TextIO, label: str | None = None
+) -> int:
     name = function.name
     try:
         outcome = function.run(task_id, *args, **kwargs)
@@ -201,7 +209,7 @@ def _run_durable(function: Any, task_id: str, args: list[Any], kwargs: dict[str,
         raise
     except Exception as exc:
         raise TaskCodeError(f"{name}: the function raised {_explain(exc)}") from exc
-    return _report(outcome, as_json, out)
+    return _report(outcome, as_json, out, label)
 
 
 def _json_argument(text: str, option: str, kind: type) -> Any:
@@ -267,4 +275,4 @@ def cmd_resume_task(
     if not isinstance(name, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
         raise CliError(f"task {task_id!r}: its function record is malformed", ExitCode.STORAGE)
     function = _durable_target(name, paths, err, verbose)
-    return _run_durable(function, task_id, args, kwargs, as_json, out)
+    return _run_durable(function, task_id, args, kwargs, as_json, out, store_label(spec))

@@ -49,7 +49,7 @@ from ..errors import CorruptStateError, LongrunError
 from ..ledger import EffectState
 from ..outcome import ENDED_UNFINISHED, Status
 from ..protocols import LoadResult, Store
-from ._common import ExitCode, checked_task, format_time, lease_summary, relative, short_digest, write_json
+from ._common import ExitCode, checked_task, format_time, lease_summary, name_store, relative, short_digest, write_json
 from ._control import unconsumed_matches
 
 __all__ = ["Check", "cmd_verify", "verify"]
@@ -325,6 +325,11 @@ def cmd_verify(store: Store, label: str, task_id: str, as_json: bool, out: TextI
     now = time.time()
     report, code = verify(store, task_id, now)
     report["store"] = label
+    if report["next_action"]:
+        report["next_action"] = name_store(report["next_action"], label)
+    for item in report["checks"]:
+        if item["name"] == "status":  # the checks that quote the recorded next action
+            item["detail"] = name_store(item["detail"], label)
     if as_json:
         write_json(out, report)
         return code

@@ -40,7 +40,7 @@ from ..ledger import EffectRecord
 from ..outcome import ENDED_UNFINISHED, Status
 from ..progress import Progress, progress_of
 from ..protocols import Store
-from ._common import ExitCode, checked_task, format_duration, format_time, lease_summary, relative
+from ._common import STORE_PLACEHOLDER, ExitCode, checked_task, format_duration, format_time, lease_summary, name_store, relative
 from ._inspect import progress_line
 from ._payload import safe_text
 
@@ -201,14 +201,18 @@ def cmd_watch(
     as_json: bool = False,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.time,
+    label: str = STORE_PLACEHOLDER,
 ) -> int:
-    """Poll until the run stops; the exit code says how it stopped (see the module docstring)."""
+    """Poll until the run stops; the exit code says how it stopped (see the module docstring).
+    ``label`` names the store in the next actions shown."""
     task_id = checked_task(task_id)
     terminal = not as_json and _is_terminal(out)
     screen = _Screen(out) if terminal else None
     plain = None if terminal else _Plain(out, task_id, as_json)
     while True:
         state = store.load(task_id).state  # read-only: no lease, moves nothing (an unknown task: exit 2)
+        if state is not None:  # this copy is only shown
+            state.next_action = name_store(state.next_action, label)
         lease = store.read_lease(task_id)
         now = clock()
         if screen is not None:

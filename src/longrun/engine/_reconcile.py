@@ -101,7 +101,7 @@ class Reconciling(Driving):
         else:
             timeout_s = self._timeouts.get(record.step_id, self.timeout_s)
             observed = yield Observe(adapter, self._request(record, max(record.attempts, 1)), timeout_s)
-            settled = settle(record, observed, adapter.deduplicates, self.clock.now())
+            settled = settle(record, observed, adapter.deduplicates, self.clock.now(), observer=f"{type(adapter).__name__}.observe")
         self._evidence.observed(f"target:{record.action}", f"{record.key}: {settled.observation.state.value} ({settled.observation.evidence})")
         record = settled.record
         if settled.verdict is Verdict.VERIFIED:
@@ -118,8 +118,8 @@ class Reconciling(Driving):
     def _unsafe(self, settled: Reconciled) -> Stop:
         return self._stop(
             Status.UNSAFE_TO_CONTINUE,
-            f"check the target for effect {settled.record.key!r} and resolve it by hand; then run again "
-            "(it will be observed again before anything is applied)",
+            f"check the target for effect {settled.record.key!r} and resolve it by hand ({settled.reason}); then run "
+            "again (it will be observed again before anything is applied)",
         )
 
     def _with_backoff(self, record: EffectRecord) -> EffectRecord:
