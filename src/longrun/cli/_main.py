@@ -49,7 +49,7 @@ __all__ = ["build_parser", "main"]
 _SESSION_COMMANDS = ("init", "next", "exec", "checkpoint", "done", "stop")
 _STORE_COMMANDS = (
     "status", "history", "verify", "approve", "answer", "cancel", "repair", "ls", "watch", "console", "worker", "workers",
-    *_SESSION_COMMANDS,
+    "mcp", *_SESSION_COMMANDS,
 )  # fmt: skip
 _TASK_COMMANDS = ("status", "history", "verify", "approve", "answer", "cancel", "repair", "watch", "init", "next", "done", "stop")
 _STEP_COMMANDS = ("exec", "checkpoint")
@@ -104,6 +104,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         from ._session import create_store
 
         load_contract(args.contract)  # a bad contract is refused before anything is created
+        if args.create_store:
+            create_store(spec)
+    if args.command == "mcp":
+        from ._session import create_store
+
+        if args.task is not None:
+            checked_task(args.task)
         if args.create_store:
             create_store(spec)
     store = open_store(spec)
@@ -212,6 +219,10 @@ def _store_command(args: argparse.Namespace, store: Store, label: str, out: Text
         return cmd_repair(store, args.task, repaired_by=f"longrun repair ({login_name()})", out=out, as_json=args.json)
     if args.command in _SESSION_COMMANDS:
         return _session_command(args, store, out, err)
+    if args.command == "mcp":
+        from ._mcp import cmd_mcp
+
+        return cmd_mcp(store, args.store_spec, task=args.task, control_root=args.control_root)
     raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover
 
 

@@ -362,6 +362,29 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument("--reason", metavar="TEXT", type=reason, required=True, help="why: what is blocked or must be decided")
     add_json(stop, "{status, step, outcome, next, exit_code}")
 
+    mcp = add(
+        "mcp",
+        "serve a checkpointed session's tools to an agent over the Model Context Protocol (stdio)",
+        "Serve the Level A commands as MCP tools (longrun_init, longrun_next, longrun_exec, longrun_checkpoint, "
+        "longrun_done, longrun_stop, longrun_status), each task's contract, status and history as longrun://TASK/... "
+        "resources, and the continuation rule as a prompt, over stdin and stdout (JSON-RPC 2.0, one message a line). "
+        "Each tool is the same call as its command, with the same guarantees. There is no tool to approve, answer or "
+        "cancel: a person does that with longrun approve, answer and cancel. Register it with an MCP host as the "
+        "command `longrun mcp STORE --task TASK`. It serves until stdin ends; the library's log goes to stderr.",
+        SESSION_EPILOG,
+    )
+    add_store(mcp, task=False)
+    mcp.add_argument("--task", metavar="TASK", help="serve this task only (its tools then need no task argument)")
+    mcp.add_argument(
+        "--control-root", metavar="DIR", type=path,
+        help="read approvals and cancellations from DIR (a control area only the approver's account can write, read "
+        "by a strict FileControlSource) instead of from the store",
+    )  # fmt: skip
+    mcp.add_argument(
+        "--create-store", action="store_true", help="create the store if it does not exist (a directory, or sqlite:PATH's file)"
+    )
+    add_json(mcp, "nothing else: stdout carries only the protocol's messages")
+
     demo = add(
         "demo",
         "run a fictional 5-step task, SIGKILL its worker mid-effect, resume, check exactly-once",
