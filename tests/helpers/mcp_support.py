@@ -91,7 +91,11 @@ class RawClient:
                 self.process.stdin.close()
             except OSError:
                 pass
-        code = self.process.wait(timeout=120)
+        try:
+            code = self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise
         self._reader.join(timeout=10)
         if self.process.stdout is not None:
             self.process.stdout.close()
