@@ -310,8 +310,8 @@ class SessionTools:
 
     # -- tools ----------------------------------------------------------------------------------
 
-    def tool_list(self, *, structured: bool = True) -> list[dict[str, JSONValue]]:
-        tools: list[dict[str, JSONValue]] = []
+    def tool_list(self, *, structured: bool = True) -> list[JSONValue]:
+        tools: list[JSONValue] = []
         for tool in _TOOLS:
             properties = dict(tool.properties)
             required = list(tool.required)
@@ -573,8 +573,8 @@ class SessionTools:
                 break
         return found
 
-    def resource_list(self) -> list[dict[str, JSONValue]]:
-        resources: list[dict[str, JSONValue]] = []
+    def resource_list(self) -> list[JSONValue]:
+        resources: list[JSONValue] = []
         for task in self.tasks():
             for kind in RESOURCE_KINDS:
                 resources.append(
@@ -584,7 +584,7 @@ class SessionTools:
         return resources
 
     @staticmethod
-    def resource_templates() -> list[dict[str, JSONValue]]:
+    def resource_templates() -> list[JSONValue]:
         return [
             {"uriTemplate": f"{URI_PREFIX}{{task}}/{kind}", "name": kind, "title": _RESOURCE_TITLES[kind].format(task="a task"),
              "description": _RESOURCE_DESCRIPTIONS[kind], "mimeType": "application/json"}
@@ -629,7 +629,7 @@ class SessionTools:
     # -- the prompt -----------------------------------------------------------------------------
 
     @staticmethod
-    def prompt_list() -> list[dict[str, JSONValue]]:
+    def prompt_list() -> list[JSONValue]:
         return [
             {
                 "name": "longrun_continue",
