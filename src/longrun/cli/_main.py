@@ -44,7 +44,7 @@ from ._help import INTERNAL_ERROR
 from ._arguments import path
 from ._parser import build_parser
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "error_text", "main"]
 
 _SESSION_COMMANDS = ("init", "next", "exec", "checkpoint", "done", "stop")
 _STORE_COMMANDS = (
@@ -282,7 +282,7 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
     return args
 
 
-def _error_text(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
     """The error as one line (a driver's message may span several)."""
     if isinstance(exc, CorruptStateError):
         text = f"damaged state: {exc}"
@@ -312,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, BrokenPipeError):
             _silence_stdout()
             return ExitCode.NOT_AS_ASKED
-        sys.stderr.write(f"longrun {args.command}: error: {_error_text(exc)}\n")
+        sys.stderr.write(f"longrun {args.command}: error: {error_text(exc)}\n")
         return exit_code_for(exc)
     except KeyboardInterrupt:
         sys.stderr.write("longrun: interrupted\n")

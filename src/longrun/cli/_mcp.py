@@ -5,8 +5,9 @@ The transport is MCP's stdio: JSON-RPC 2.0, one message per line, UTF-8, on stdi
 else is ever written to stdout (the library's log, and a command's output as it runs, go to stderr).
 The protocol is the initialize handshake with version negotiation: a client's requested revision is
 answered with itself when it is one of ``PROTOCOL_VERSIONS``, else with the newest of them. What is
-offered is in ``_mcp_tools``: the session's commands as tools, a task's contract, status and history as
-``longrun://TASK/...`` resources (with ``resources/subscribe``), and the continuation rule as a prompt.
+offered is in ``_mcp_tools`` (the session's commands as tools; their schemas in ``_mcp_catalog``) and
+``_mcp_resources`` (a task's contract, status and history as ``longrun://TASK/...`` resources, with
+``resources/subscribe``, and the continuation rule as a prompt).
 
 Guarantees:
 
@@ -42,7 +43,8 @@ from typing import IO, Any, Callable
 from .. import __version__
 from ..canonical import JSONValue
 from ..protocols import Store
-from ._mcp_tools import ResourceError, SessionTools, UnknownToolError
+from ._mcp_resources import ResourceError, SessionResources
+from ._mcp_tools import SessionTools, UnknownToolError
 
 __all__ = ["MAX_MESSAGE_BYTES", "PROTOCOL_VERSIONS", "McpServer", "cmd_mcp"]
 
@@ -77,10 +79,12 @@ class _RequestError(Exception):
 
 
 class McpServer:
-    """Serve ``tools`` on ``reader`` / ``writer`` (binary streams, one JSON-RPC message a line) until the end of ``reader``."""
+    """Serve ``tools`` (and their store's resources and prompt) on ``reader`` / ``writer`` (binary streams, one
+    JSON-RPC message a line) until the end of ``reader``."""
 
     def __init__(self, tools: SessionTools, reader: IO[bytes], writer: IO[bytes], *, poll_s: float = 1.0):
         self.tools = tools
+        self.resources = SessionResources(tools)
         self._reader = reader
         self._writer = writer
         self._poll_s = poll_s
@@ -204,13 +208,13 @@ class McpServer:
             "initialize": self._initialize,
             "ping": lambda params: {},
             "tools/list": lambda params: {"tools": self.tools.tool_list(structured=self._structured())},
-            "resources/list": lambda params: {"resources": self.tools.resource_list()},
-            "resources/templates/list": lambda params: {"resourceTemplates": self.tools.resource_templates()},
+            "resources/list": lambda params: {"resources": self.resources.resource_list()},
+            "resources/templates/list": lambda params: {"resourceTemplates": self.resources.resource_templates()},
             "resources/read": self._read,
             "resources/subscribe": self._subscribe,
             "resources/unsubscribe": self._unsubscribe,
-            "prompts/list": lambda params: {"prompts": self.tools.prompt_list()},
-            "prompts/get": lambda params: self.tools.get_prompt(params.get("name"), params.get("arguments")),
+            "prompts/list": lambda params: {"prompts": self.resources.prompt_list()},
+            "prompts/get": lambda params: self.resources.get_prompt(params.get("name"), params.get("arguments")),
         }
 
     def _structured(self) -> bool:
@@ -236,11 +240,11 @@ class McpServer:
         uri = params.get("uri")
         if not isinstance(uri, str):
             raise _RequestError(INVALID_PARAMS, "invalid params: resources/read needs a uri (a string)")
-        return {"contents": [self.tools.read_resource(uri)]}
+        return {"contents": [self.resources.read_resource(uri)]}
 
     def _subscribe(self, params: dict[str, Any]) -> dict[str, JSONValue]:
         uri = params.get("uri")
-        task, _ = self.tools.parse_uri(uri)
+        task, _ = self.resources.parse_uri(uri)
         assert isinstance(uri, str)
         fingerprint = self.tools.fingerprint(task)
         with self._subscription_lock:
@@ -250,7 +254,7 @@ class McpServer:
 
     def _unsubscribe(self, params: dict[str, Any]) -> dict[str, JSONValue]:
         uri = params.get("uri")
-        self.tools.parse_uri(uri)
+        self.resources.parse_uri(uri)
         with self._subscription_lock:
             self._subscriptions.discard(str(uri))
         return {}
@@ -289,13 +293,13 @@ class McpServer:
                 return
             with self._subscription_lock:
                 uris = sorted(self._subscriptions)
-            tasks = sorted({self.tools.parse_uri(uri)[0] for uri in uris})
+            tasks = sorted({self.resources.parse_uri(uri)[0] for uri in uris})
             for task in tasks:
                 fingerprint = self.tools.fingerprint(task)
                 with self._subscription_lock:
                     changed = self._seen.get(task) != fingerprint
                     self._seen[task] = fingerprint
-                    targets = [uri for uri in sorted(self._subscriptions) if self.tools.parse_uri(uri)[0] == task]
+                    targets = [uri for uri in sorted(self._subscriptions) if self.resources.parse_uri(uri)[0] == task]
                 if changed:
                     for uri in targets:
                         self._send({"jsonrpc": "2.0", "method": "notifications/resources/updated", "params": {"uri": uri}})

@@ -1,5 +1,5 @@
-"""What ``longrun mcp`` offers an agent: a session's commands as MCP tools, its task as resources, the
-continuation rule as a prompt.
+"""What ``longrun mcp`` offers an agent as tools: a session's commands, each the call its CLI twin makes
+(the task's resources and the continuation rule as a prompt are in ``_mcp_resources``).
 
 Each tool is the same call as its CLI twin in ``_session`` (``Session.init``, ``next``, ``exec``,
 ``checkpoint``, ``done``, ``stop``; ``longrun_status`` is ``status_json``, as ``longrun status
@@ -25,29 +25,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shlex
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from ..authority import FileControlSource
 from ..canonical import JSONValue
 from ..contractfile import MAX_CONTRACT_BYTES, SessionContract, load_contract, parse_contract
-from ..errors import ContractFileError, CorruptStateError, InvalidInputError, LongrunError, UnknownTaskError
+from ..errors import ContractFileError, LongrunError, UnknownTaskError
 from ..outcome import ENDED_UNFINISHED, Status
 from ..protocols import Store
 from ..session import NextAction, Session, SessionResult, recorded_contract
 from ._arguments import MAX_REASON_CHARS, path, positive_seconds, step_id, text_argument
 from ._common import CliError, ExitCode, checked_task, exit_code_for
-from ._session import _result_exit, next_exit
+from ._mcp_catalog import FORBIDDEN_TOOLS, TOOLS, checked_arguments, tool_entries
+from ._session import next_exit, result_exit
 
 __all__ = [
-    "CONTINUE_PROMPT",
-    "FORBIDDEN_TOOLS",
     "MAX_OUTPUT_BYTES",
-    "ResourceError",
     "SessionTools",
     "ToolResult",
     "UnknownToolError",
@@ -55,51 +52,10 @@ __all__ = [
 ]
 
 MAX_OUTPUT_BYTES = 16 * 1024
-"""How much of a command's stdout and of its stderr a ``longrun_exec`` result carries (the end of each)."""
-
-URI_PREFIX = "longrun://"
-RESOURCE_KINDS = ("contract", "status", "history")
-_MAX_LISTED_TASKS = 200
-
-FORBIDDEN_TOOLS: Mapping[str, str] = {
-    "longrun_approve": "an agent cannot approve its own requests: a person approves with `longrun approve STORE TASK --step STEP`",
-    "longrun_answer": "an agent cannot answer its own stops: a person answers with `longrun answer STORE TASK decision-N VALUE`",
-    "longrun_cancel": "an agent cannot cancel or resolve its own task: a person does, with `longrun cancel STORE TASK`",
-    "longrun_repair": "an agent cannot repair its own task's lease: a person does, with `longrun repair STORE TASK --lease`",
-}
-"""The operator's commands, which are no tools: a call for one is refused with why and who can."""
-
-CONTINUE_PROMPT = """\
-You are working on a long task whose progress lives in a longrun store, not in your context. \
-Follow the continuation rule:
-
-1. Whenever you start, and after every step, call `longrun_next`. It says, from the store alone, \
-the one safe next action. If you lost your context, this call is all you need.
-2. `who` says who acts. `agent`: do exactly the step it names. Its `tool` field is the call that \
-records it (`longrun_exec` for an external effect, `longrun_checkpoint` for work that is not one, \
-`longrun_done` at the end); do a checkpoint's work first (`commands` shows it), then record it. \
-`operator`: a person must approve, answer or resolve something (`unblock` says what); tell them \
-and end your turn. `time`: wait `retry_after_s` seconds, then call `longrun_next` again. \
-`nobody`: the task is finished, or it ended.
-3. Every external effect (a deploy, a message, a write to someone else's system) goes through \
-`longrun_exec`, which runs it exactly once. If a call was interrupted, make the same call again: \
-it observes the target instead of running the command twice. Never run an effect some other way.
-4. When a stop rule of the contract applies, or you are blocked or need a decision, call \
-`longrun_stop` with the reason and end your turn.
-5. When every step is recorded, call `longrun_done`: it checks the contract's completion evidence \
-and names what is missing if it refuses.
-
-Never approve your own steps, answer your own stops, or edit the store's files. A checkpoint \
-records what you say you did: check the work before recording it.
-"""
-
+"""How much of a command's output (stdout and stderr, as they came) a ``longrun_exec`` result carries: its end."""
 
 class UnknownToolError(Exception):
     """A ``tools/call`` for a tool this server does not have (a JSON-RPC error, not a tool error)."""
-
-
-class ResourceError(Exception):
-    """A resource that cannot be read: an unknown URI or task (a JSON-RPC error)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,9 +81,9 @@ class ToolResult:
 
 def error_line(command: str, exc: BaseException) -> str:
     """The CLI's error line for ``exc`` (``longrun exec: error: ...``), the same words."""
-    from ._main import _error_text  # the one wording of an error, shared with `main`
+    from ._main import error_text  # the one wording of an error, shared with `main`
 
-    return f"longrun {command}: error: {_error_text(exc)}"
+    return f"longrun {command}: error: {error_text(exc)}"
 
 
 class _Output:
@@ -152,123 +108,6 @@ class _Output:
         with self._lock:
             return bytes(self._kept).decode("utf-8", "replace")
 
-
-_OBJECT: dict[str, JSONValue] = {"type": "object"}
-
-
-def _schema(properties: Mapping[str, JSONValue], required: Sequence[str] = ()) -> dict[str, JSONValue]:
-    return {"type": "object", "properties": dict(properties), "required": list(required), "additionalProperties": False}
-
-
-_TASK: dict[str, JSONValue] = {"type": "string", "description": "the task id"}
-_STEP: dict[str, JSONValue] = {"type": "string", "description": "the step id, as the run contract names it"}
-
-
-@dataclass(frozen=True, slots=True)
-class _Tool:
-    name: str
-    title: str
-    description: str
-    properties: Mapping[str, JSONValue]
-    required: tuple[str, ...] = ()
-    read_only: bool = False
-    idempotent: bool = True
-    open_world: bool = False
-    cli: str = ""
-    one_of: tuple[tuple[str, ...], ...] = field(default=())
-
-
-_TOOLS: tuple[_Tool, ...] = (
-    _Tool(
-        "longrun_init",
-        "Start a task from a run contract",
-        "Validate a run contract (TOML, as in templates/run-contract.toml), given as text or as a path on the server's "
-        "machine, and start the task from it: the contract is recorded with the task's first revision and pinned by its "
-        "plan digest. The same contract again changes nothing; another is refused. A bad contract is refused with the "
-        "line that holds the problem, and nothing is created. Twin of `longrun init`.",
-        {
-            "contract": {"type": "string", "description": "the run contract as TOML text (relative paths start at the server's working directory)"},
-            "contract_path": {"type": "string", "description": "or: the path of the run-contract file"},
-        },
-        one_of=(("contract", "contract_path"),),
-        cli="init",
-    ),
-    _Tool(
-        "longrun_next",
-        "The one safe next action",
-        "The continuation rule: from the store alone, exactly one safe next action for the agent (with `tool`, the call "
-        "that records it), or the legal stop and what would unblock it. Call it whenever you start and after every step. "
-        "Read-only. Twin of `longrun next`.",
-        {},
-        read_only=True,
-        cli="next",
-    ),
-    _Tool(
-        "longrun_exec",
-        "Run a step's command exactly once",
-        "Run an exec step's command through the effect ledger: the intent is durable before the command starts, the "
-        "step's action must be allowed by the contract, cancellation and approval are read fresh, the lease is held. "
-        "Called again after an interruption, it observes (the observe command: exit 0 applied, 1 absent) instead of "
-        "running the command twice. The result carries the end of the command's output. Twin of `longrun exec`.",
-        {
-            "step": _STEP,
-            "argv": {
-                "type": "array", "items": {"type": "string"},
-                "description": "the command and its arguments, when the run contract does not give the step's command",
-            },  # fmt: skip
-            "observe": {"type": "string", "description": "a shell command: exit 0 if the effect took place, 1 if not"},
-            "timeout_s": {"type": "number", "exclusiveMinimum": 0, "description": "kill the command after this long (its outcome is then observed)"},
-            "approval": {"type": "boolean", "description": "gate the command on a person's approval (also if the contract says so)"},
-        },
-        ("step",),
-        idempotent=False,
-        open_world=True,
-        cli="exec",
-    ),
-    _Tool(
-        "longrun_checkpoint",
-        "Record a step that is not an external effect",
-        "Record a checkpoint step (a file written, a test run) with its evidence: `evidence_file` records a file's "
-        "SHA-256, `note` a note saying what was done and how you know. Do the step's work first. A checkpoint is "
-        "recorded once. Twin of `longrun checkpoint`.",
-        {
-            "step": _STEP,
-            "evidence_file": {"type": "string", "description": "the file the step produced (a path on the server's machine)"},
-            "note": {"type": "string", "description": "what was done and how you know"},
-        },
-        ("step",),
-        one_of=(("evidence_file", "note"),),
-        cli="checkpoint",
-    ),
-    _Tool(
-        "longrun_done",
-        "Finish the task",
-        "Check the run contract's completion evidence against what was recorded: end the run done, or refuse, naming "
-        "what is missing, and write nothing. Twin of `longrun done`.",
-        {},
-        cli="done",
-    ),
-    _Tool(
-        "longrun_stop",
-        "Record a legal stop for a person",
-        "Record a stop: a question for a person (step decision-N). Until a person answers it (`longrun answer`), every "
-        "call stops awaiting-input. Use it when a stop rule applies, or when you are blocked or need a decision. Twin "
-        "of `longrun stop`.",
-        {"reason": {"type": "string", "description": "why: what is blocked or must be decided"}},
-        ("reason",),
-        idempotent=False,
-        cli="stop",
-    ),
-    _Tool(
-        "longrun_status",
-        "The task's state",
-        "The task's state, lease, effects, pending approval requests and its one next action, as `longrun status "
-        "--json` shows them, with `next` (the continuation rule's answer). Read-only.",
-        {},
-        read_only=True,
-        cli="status",
-    ),
-)
 
 _REASON = text_argument(MAX_REASON_CHARS, "the reason")
 _NOTE = text_argument(MAX_REASON_CHARS, "the note")
@@ -311,82 +150,23 @@ class SessionTools:
     # -- tools ----------------------------------------------------------------------------------
 
     def tool_list(self, *, structured: bool = True) -> list[JSONValue]:
-        tools: list[JSONValue] = []
-        for tool in _TOOLS:
-            properties = dict(tool.properties)
-            required = list(tool.required)
-            if self.task is None:
-                properties = {"task": _TASK, **properties}
-                required = ["task", *required]
-            else:
-                properties = {"task": {**_TASK, "description": f"the task id (this server serves {self.task} only)"}, **properties}
-            entry: dict[str, JSONValue] = {
-                "name": tool.name,
-                "title": tool.title,
-                "description": tool.description,
-                "inputSchema": _schema(properties, required),
-                "annotations": {
-                    "title": tool.title,
-                    "readOnlyHint": tool.read_only,
-                    "destructiveHint": False,
-                    "idempotentHint": tool.idempotent,
-                    "openWorldHint": tool.open_world,
-                },
-            }
-            if structured:
-                entry["outputSchema"] = _OBJECT
-            tools.append(entry)
-        return tools
+        return tool_entries(self.task, structured=structured)
 
     def call(self, name: str, arguments: object) -> ToolResult:
         """Call tool ``name``; a refusal or an error comes back as a tool error with the CLI's words."""
         if name in FORBIDDEN_TOOLS:
             message = f"longrun {name.removeprefix('longrun_')}: error: refused: {FORBIDDEN_TOOLS[name]}"
             return ToolResult(message, {"error": message, "exit_code": int(ExitCode.USAGE)}, is_error=True)
-        tool = next((item for item in _TOOLS if item.name == name), None)
+        tool = next((item for item in TOOLS if item.name == name), None)
         if tool is None:
-            raise UnknownToolError(f"unknown tool {name!r}: this server has {', '.join(item.name for item in _TOOLS)}")
+            raise UnknownToolError(f"unknown tool {name!r}: this server has {', '.join(item.name for item in TOOLS)}")
         try:
-            args = self._checked_arguments(tool, arguments)
+            args = checked_arguments(tool, arguments)
             task = self._task(args)
             return getattr(self, "_" + tool.cli)(task, args)  # type: ignore[no-any-return]
         except (CliError, LongrunError, OSError) as exc:
             message = error_line(tool.cli, exc)
             return ToolResult(message, {"error": message, "exit_code": int(exit_code_for(exc))}, is_error=True)
-
-    def _checked_arguments(self, tool: _Tool, arguments: object) -> dict[str, Any]:
-        if arguments is None:
-            arguments = {}
-        if not isinstance(arguments, dict):
-            raise CliError("the arguments must be a JSON object", ExitCode.USAGE)
-        known = {"task", *tool.properties}
-        unknown = sorted(str(key) for key in arguments if key not in known)
-        if unknown:
-            raise CliError(f"unrecognized arguments: {', '.join(unknown)} (this tool takes {', '.join(sorted(known))})", ExitCode.USAGE)
-        for key, value in arguments.items():
-            expected = ({"task": _TASK} | dict(tool.properties))[key]
-            assert isinstance(expected, dict)
-            kind = expected.get("type")
-            if value is None:
-                continue
-            fits = {
-                "string": isinstance(value, str),
-                "boolean": isinstance(value, bool),
-                "number": isinstance(value, (int, float)) and not isinstance(value, bool),
-                "array": isinstance(value, list) and all(isinstance(item, str) for item in value),
-            }[str(kind)]
-            if not fits:
-                what = {"string": "text", "boolean": "true or false", "number": "a number", "array": "an array of text"}[str(kind)]
-                raise CliError(f"argument {key}: must be {what}", ExitCode.USAGE)
-        given = {key for key, value in arguments.items() if value is not None}
-        missing = [key for key in tool.required if key not in given]
-        if missing:
-            raise CliError(f"the following arguments are required: {', '.join(missing)}", ExitCode.USAGE)
-        for group in tool.one_of:
-            present = [key for key in group if key in given]
-            if len(present) != 1:
-                raise CliError(f"give exactly one of: {', '.join(group)}", ExitCode.USAGE)
-        return {key: value for key, value in arguments.items() if value is not None}
 
     def _task(self, args: Mapping[str, Any]) -> str:
         task = args.get("task")
@@ -437,7 +217,7 @@ class SessionTools:
             source = None
         result = self._session(task).init(contract, source=source)
         what = "started" if result.created else "unchanged"
-        return self._answer(result, _result_exit(result), [f"task {task}: {what} ({len(contract.steps)} steps; goal: {contract.goal})"])
+        return self._answer(result, result_exit(result), [f"task {task}: {what} ({len(contract.steps)} steps; goal: {contract.goal})"])
 
     def _next(self, task: str, args: Mapping[str, Any]) -> ToolResult:
         action = self._session(task).next()
@@ -464,7 +244,7 @@ class SessionTools:
         if captured:
             head.append("output" + (" (its end)" if output.truncated else "") + ":\n" + captured.rstrip("\n"))
         extra: dict[str, JSONValue] = {"output": captured, "output_truncated": output.truncated}
-        return self._answer(result, _result_exit(result), head, extra)
+        return self._answer(result, result_exit(result), head, extra)
 
     def _checkpoint(self, task: str, args: Mapping[str, Any]) -> ToolResult:
         step = _argument("STEP", step_id, args["step"])
@@ -473,7 +253,7 @@ class SessionTools:
         result = self._session(task).checkpoint(step, evidence_file=evidence, note=note)
         record = result.record
         head = [f"step {result.step}: {record.state.value}"] if record is not None and result.step is not None else []
-        return self._answer(result, _result_exit(result), head)
+        return self._answer(result, result_exit(result), head)
 
     def _done(self, task: str, args: Mapping[str, Any]) -> ToolResult:
         result = self._session(task).done()
@@ -482,12 +262,12 @@ class SessionTools:
             answer = self._answer(result, ExitCode.NOT_AS_ASKED, [f"task {task}: not done: not recorded yet: {', '.join(result.missing)}; nothing was written"])
             return ToolResult(line + "\n" + answer.text, answer.structured, is_error=True)
         status = result.outcome.status.value if result.outcome is not None else "done"
-        return self._answer(result, _result_exit(result, expected=Status.DONE), [f"task {task}: {status}"])
+        return self._answer(result, result_exit(result, expected=Status.DONE), [f"task {task}: {status}"])
 
     def _stop(self, task: str, args: Mapping[str, Any]) -> ToolResult:
         reason = _argument("reason", _REASON, args["reason"])
         result = self._session(task).stop(reason)
-        code = _result_exit(result, expected=Status.AWAITING_INPUT)
+        code = result_exit(result, expected=Status.AWAITING_INPUT)
         if result.outcome is not None and result.outcome.status is Status.RUNNING:
             code = ExitCode.OK
         head = [f"task {task}: stop recorded as {result.step}: a person answers it with `longrun answer`"] if result.step else []
@@ -527,7 +307,7 @@ class SessionTools:
             return {"name": "longrun_checkpoint", "arguments": arguments}
         return None
 
-    # -- resources ------------------------------------------------------------------------------
+    # -- what the resources read --------------------------------------------------------------
 
     def status_document(self, task: str) -> dict[str, JSONValue]:
         """``longrun status --json``'s document, with ``next``: the continuation rule's answer (None if not a session)."""
@@ -557,113 +337,9 @@ class SessionTools:
         except (LongrunError, OSError) as exc:
             return f"unreadable: {exc}"
 
-    def tasks(self) -> list[str]:
-        """The session tasks the resources cover: the pinned task, or the store's sessions (at most 200)."""
-        if self.task is not None:
-            return [self.task]
-        found = []
-        for task in sorted(self.store.list_tasks()):
-            try:
-                state = self.store.load(task).state
-            except (LongrunError, OSError):
-                continue
-            if state is not None and recorded_contract(state) is not None:
-                found.append(task)
-            if len(found) >= _MAX_LISTED_TASKS:
-                break
-        return found
-
-    def resource_list(self) -> list[JSONValue]:
-        resources: list[JSONValue] = []
-        for task in self.tasks():
-            for kind in RESOURCE_KINDS:
-                resources.append(
-                    {"uri": f"{URI_PREFIX}{task}/{kind}", "name": f"{task} {kind}", "title": _RESOURCE_TITLES[kind].format(task=task),
-                     "description": _RESOURCE_DESCRIPTIONS[kind], "mimeType": "application/json"}
-                )  # fmt: skip
-        return resources
-
-    @staticmethod
-    def resource_templates() -> list[JSONValue]:
-        return [
-            {"uriTemplate": f"{URI_PREFIX}{{task}}/{kind}", "name": kind, "title": _RESOURCE_TITLES[kind].format(task="a task"),
-             "description": _RESOURCE_DESCRIPTIONS[kind], "mimeType": "application/json"}
-            for kind in RESOURCE_KINDS
-        ]  # fmt: skip
-
-    def parse_uri(self, uri: object) -> tuple[str, str]:
-        """``longrun://TASK/KIND`` as (task, kind); else ``ResourceError``."""
-        match = re.fullmatch(r"longrun://([^/]+)/([a-z]+)", uri) if isinstance(uri, str) else None
-        if match is None or match.group(2) not in RESOURCE_KINDS:
-            raise ResourceError(f"not a longrun resource: {str(uri)[:200]!r} (longrun://TASK/contract, /status or /history)")
-        try:
-            task = checked_task(match.group(1))
-        except InvalidInputError as exc:
-            raise ResourceError(str(exc)) from None
-        if self.task is not None and task != self.task:
-            raise ResourceError(f"this server serves task {self.task!r} only, not {task!r}")
-        return task, match.group(2)
-
-    def read_resource(self, uri: str) -> dict[str, JSONValue]:
-        task, kind = self.parse_uri(uri)
-        try:
-            if kind == "status":
-                value: JSONValue = self.status_document(task)
-            elif kind == "history":
-                from ._history import timeline
-
-                value = json.loads(json.dumps(timeline(self.store, task, time.time())[1], default=str))
-            else:
-                state = self.store.load(task).state
-                contract = recorded_contract(state) if state is not None else None
-                if state is None or contract is None:
-                    raise ResourceError(f"task {task!r} is not a checkpointed session (it records no run contract)")
-                value = {"task_id": task, "plan_digest": state.plan_digest, "contract": contract.to_json()}
-        except UnknownTaskError:
-            raise ResourceError(f"no task {task!r} in the store") from None
-        except CorruptStateError as exc:
-            raise ResourceError(error_line(kind, exc)) from None
-        text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
-        return {"uri": uri, "mimeType": "application/json", "text": text}
-
-    # -- the prompt -----------------------------------------------------------------------------
-
-    @staticmethod
-    def prompt_list() -> list[JSONValue]:
-        return [
-            {
-                "name": "longrun_continue",
-                "title": "Continue a durable task",
-                "description": "The continuation rule: how to work on a longrun task through these tools, and what never to do.",
-                "arguments": [{"name": "task", "description": "the task id, to name it in the instructions", "required": False}],
-            }
-        ]
-
-    def get_prompt(self, name: object, arguments: object) -> dict[str, JSONValue]:
-        if name != "longrun_continue":
-            raise ResourceError(f"unknown prompt {str(name)[:100]!r}: this server has longrun_continue")
-        task = arguments.get("task") if isinstance(arguments, dict) else None
-        task = task if isinstance(task, str) and task else self.task
-        text = CONTINUE_PROMPT
-        if task is not None:
-            text = f"Your task is {shlex.quote(task)}: pass it as `task` to every longrun tool.\n\n" + text
-        return {
-            "description": "The continuation rule of a longrun task",
-            "messages": [{"role": "user", "content": {"type": "text", "text": text}}],
-        }
-
-
 _FAILED = frozenset({Status.UNSAFE_TO_CONTINUE, Status.PLAN_MISMATCH, Status.STATE_UNRECOVERABLE, Status.LEASE_LOST})
 """Stops a tool call reports as a tool error: the call could not do what was asked, and only a person can
 resolve it (the run-ended statuses count too)."""
-
-_RESOURCE_TITLES = {"contract": "Run contract of {task}", "status": "Status of {task}", "history": "History of {task}"}
-_RESOURCE_DESCRIPTIONS = {
-    "contract": "the run contract the task recorded with its first revision, and its plan digest",
-    "status": "the task's state, lease, effects and pending approvals (as `longrun status --json`), and `next`, the one safe next action",
-    "history": "the task's timeline: commits, effect moves, approvals, control records read (as `longrun history --json`)",
-}
-
 
 def _render_next(action: NextAction) -> str:
     lines = [f"next ({action.who}): {action.text}"]
