@@ -28,13 +28,15 @@ class ProtocolTests(McpCase):
     def test_malformed_requests_get_json_rpc_errors_and_the_server_keeps_serving(self) -> None:
         client = self.start()
         client.initialize()
-        cases: list[tuple[bytes, int, Any]] = [
+        cases: list[tuple[bytes, int | None, Any]] = [
             (b"this is not json\n", -32700, None),
             (b"\xff\xfe{}\n", -32700, None),
             (b'{"jsonrpc": "2.0", "id": 1, "method": "ping"\n', -32700, None),
             (b"[]\n", -32600, None),
             (b'[{"jsonrpc": "2.0", "id": 2, "method": "ping"}]\n', -32600, None),
             (b'"a string"\n', -32600, None),
+            (b"[" * 100_000 + b"]" * 100_000 + b"\n", -32700, None),
+            (b'{"jsonrpc": "2.0", "id": 20, "method": "tools/call", "params": {"name": "longrun_exec", "arguments": {"step": "a", "timeout_s": 1' + b"0" * 400 + b'}}}\n', None, 20),
             (b'{"id": 3, "method": "ping"}\n', -32600, 3),
             (b'{"jsonrpc": "1.0", "id": 4, "method": "ping"}\n', -32600, 4),
             (b'{"jsonrpc": "2.0", "id": 5}\n', -32600, 5),
@@ -55,11 +57,15 @@ class ProtocolTests(McpCase):
             (b'{"jsonrpc": "2.0", "id": 19, "method": "initialize", "params": {}}\n', -32602, 19),
         ]
         for line, code, request_id in cases:
-            with self.subTest(line=line):
+            with self.subTest(line=line[:100]):
                 client.send_line(line)
                 answer = client.receive()
-                self.assertEqual((answer["id"], answer["error"]["code"]), (request_id, code), answer)
-                self.assertNotIn("Traceback", answer["error"]["message"])
+                if code is None:  # a tool error, not a JSON-RPC one
+                    self.assertTrue(answer["result"]["isError"], answer)
+                    self.assertIn("longrun exec: error: argument timeout_s: ", answer["result"]["content"][0]["text"])
+                else:
+                    self.assertEqual((answer["id"], answer["error"]["code"]), (request_id, code), answer)
+                    self.assertNotIn("Traceback", answer["error"]["message"])
                 self.assertEqual(client.request("ping")["result"], {}, "still serving")
         client.send_line(b"\n   \n")  # blank lines are skipped
         client.send({"jsonrpc": "2.0", "method": "notifications/whatever", "params": {"x": 1}})  # a notification: no answer

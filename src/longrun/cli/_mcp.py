@@ -136,7 +136,11 @@ class McpServer:
                     self._error(None, INVALID_REQUEST, f"the message is longer than {MAX_MESSAGE_BYTES} bytes")
                     continue
                 if line.strip():
-                    self._handle_line(line)
+                    try:
+                        self._handle_line(line)
+                    except Exception:  # a bug must not end the session: answered, logged, and serving goes on
+                        log.exception("mcp: internal error on a message (a bug in longrun, please report it)")
+                        self._error(None, INTERNAL_ERROR, "internal error (a bug in longrun; its traceback is in the server's log)")
         finally:
             self._calls.put(None)
             worker.join()
@@ -156,6 +160,9 @@ class McpServer:
             message = json.loads(line.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
             self._error(None, PARSE_ERROR, f"parse error: the line is not JSON ({exc})")
+            return
+        except RecursionError:
+            self._error(None, PARSE_ERROR, "parse error: the line nests JSON deeper than can be read")
             return
         if isinstance(message, list):
             self._error(None, INVALID_REQUEST, "invalid request: batches are not supported; send one message a line")

@@ -228,7 +228,7 @@ class SessionTools:
     def _exec(self, task: str, args: Mapping[str, Any]) -> ToolResult:
         step = _argument("STEP", step_id, args["step"])
         observe = _argument("observe", _REASON, args["observe"]) if "observe" in args else None
-        timeout = _argument("timeout_s", positive_seconds, repr(float(args["timeout_s"]))) if "timeout_s" in args else None
+        timeout = _argument("timeout_s", positive_seconds, _number_text(args["timeout_s"])) if "timeout_s" in args else None
         argv = list(args.get("argv") or ()) or None
         output = _Output(self._echo)
         result = self._session(task, output).exec(step, argv, observe=observe, timeout_s=timeout, approval=bool(args.get("approval", False)))
@@ -340,6 +340,14 @@ class SessionTools:
 _FAILED = frozenset({Status.UNSAFE_TO_CONTINUE, Status.PLAN_MISMATCH, Status.STATE_UNRECOVERABLE, Status.LEASE_LOST})
 """Stops a tool call reports as a tool error: the call could not do what was asked, and only a person can
 resolve it (the run-ended statuses count too)."""
+
+def _number_text(value: float) -> str:
+    """A JSON number as the CLI would have read it; an integer too large for a float stays as it is."""
+    try:
+        return repr(float(value))
+    except OverflowError:
+        return str(value)
+
 
 def _render_next(action: NextAction) -> str:
     lines = [f"next ({action.who}): {action.text}"]
