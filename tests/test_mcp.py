@@ -191,6 +191,30 @@ class ProtocolTests(McpCase):
         self.assertEqual(client.close(), 2)
         self.assertEqual(client.lines, [])
         self.assertIn("longrun mcp: error: store directory", self.server_log())
+        client = self.start("--control-root", self.path("no-such-area"))
+        self.assertEqual(client.close(), 2)
+        self.assertIn("longrun mcp: error: control root", self.server_log())
+
+    def test_a_sqlite_store_serves_the_same_contract(self) -> None:
+        spec = "sqlite:" + self.path("runs.db")
+        client = RawClient([sys.executable, "-m", "longrun", "mcp", spec, "--task", "t1", "--create-store"], env=self.env(),
+                           cwd=self.work, stderr=self.stderr_file())  # fmt: skip
+        self.addCleanup(client.close)
+        client.initialize()
+        self.assertFalse(client.call("longrun_init", {"contract_path": self.contract})["isError"])
+        client.request("resources/subscribe", {"uri": "longrun://t1/history"})  # its poller reads while the tools write
+
+        def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+            result = client.call(name, arguments)
+            self.assertFalse(result["isError"], result)
+            structured: dict[str, Any] = result["structuredContent"]
+            return structured
+
+        self.assertEqual(follow(call, "t1", self.env())["step"], "append-b")
+        self.cli_json("approve", spec, "t1", "--step", "append-b", "--yes")
+        self.assertEqual(follow(call, "t1", self.env())["kind"], "finished")
+        self.assertEqual(self.lines(), ["a", "b"])
+        self.assertEqual(client.close(), 0)
 
     def test_an_agent_follows_next_through_the_tools_and_the_resources_and_prompt_say_the_same(self) -> None:
         client = self.start()
