@@ -10,6 +10,7 @@ at most 200 in a listing (any task's resource can still be read by its URI).
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shlex
 import time
@@ -21,6 +22,8 @@ from ._common import checked_task
 from ._mcp_tools import SessionTools, error_line
 
 __all__ = ["CONTINUE_PROMPT", "RESOURCE_KINDS", "ResourceError", "SessionResources"]
+
+log = logging.getLogger("longrun")
 
 URI_PREFIX = "longrun://"
 RESOURCE_KINDS = ("contract", "status", "history")
@@ -71,7 +74,8 @@ class SessionResources:
         for task in sorted(self.store.list_tasks()):
             try:
                 state = self.store.load(task).state
-            except (LongrunError, OSError):
+            except (LongrunError, OSError) as exc:  # listed by `longrun ls` as DAMAGED; its URIs still answer why
+                log.warning("mcp: task %s is not listed among the resources: its state cannot be read (%s)", task, exc)
                 continue
             if state is not None and recorded_contract(state) is not None:
                 found.append(task)

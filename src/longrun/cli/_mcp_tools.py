@@ -40,6 +40,7 @@ from ..protocols import Store
 from ..session import NextAction, Session, SessionResult, recorded_contract
 from ._arguments import MAX_REASON_CHARS, path, positive_seconds, step_id, text_argument
 from ._common import CliError, ExitCode, checked_task, exit_code_for
+from ._main import error_text
 from ._mcp_catalog import FORBIDDEN_TOOLS, TOOLS, checked_arguments, tool_entries
 from ._session import next_exit, result_exit
 
@@ -81,8 +82,6 @@ class ToolResult:
 
 def error_line(command: str, exc: BaseException) -> str:
     """The CLI's error line for ``exc`` (``longrun exec: error: ...``), the same words."""
-    from ._main import error_text  # the one wording of an error, shared with `main`
-
     return f"longrun {command}: error: {error_text(exc)}"
 
 
@@ -122,7 +121,7 @@ def _argument(name: str, check: Callable[[str], Any], value: str) -> Any:
 
 
 class SessionTools:
-    """The tools, resources and prompt of ``longrun mcp`` over one store (see the module docstring).
+    """The tools of ``longrun mcp`` over one store, and what its resources read (see the module docstring).
 
     ``task`` pins the server to one task (its tools then need no ``task`` argument and refuse
     another). ``echo`` receives a command's output as it arrives (the server's stderr).
