@@ -19,8 +19,8 @@ Guarantees:
 - Tool calls run one at a time, in the order they came, on a thread of their own: while one runs (an
   ``exec`` may run a long command), ``ping``, listings, resource reads and subscriptions are answered.
 - A subscriber gets ``notifications/resources/updated`` for a task's resources when its revision, its
-  status or its next action changes: right after a tool call, and otherwise within ``poll_s`` (an
-  approval given from outside, say).
+  status or its next action changes: what a tool call changed before that call's result, and
+  otherwise within ``poll_s`` (an approval given from outside, say).
 - At the end of stdin the server stops reading, answers the tool calls it had read (in order, as
   ever; a client that closes its end early still gets what it asked for done), and exits 0.
 
@@ -97,6 +97,7 @@ class McpServer:
         self._subscription_lock = threading.Lock()
         self._seen: dict[str, str] = {}
         self._wake = threading.Event()
+        self._check_lock = threading.Lock()
 
     # -- writing --------------------------------------------------------------------------------
 
@@ -287,8 +288,8 @@ class McpServer:
                 log.exception("mcp: internal error in tool %s (a bug in longrun, please report it)", name)
                 self._error(request_id, INTERNAL_ERROR, f"internal error in {name[:100]} (a bug in longrun; its traceback is in the server's log)")
                 continue
+            self._notify_changes()  # what this call changed is announced before its result
             self._result(request_id, result.to_json(structured=self._structured()))
-            self._wake.set()  # a subscriber hears of what this call changed now, not at the next poll
 
     # -- subscriptions --------------------------------------------------------------------------
 
@@ -298,10 +299,14 @@ class McpServer:
             self._wake.clear()
             if self._stopping.is_set():
                 return
+            self._notify_changes()
+
+    def _notify_changes(self) -> None:
+        """Tell the subscribers of each task whose revision, status or next action changed since it was last looked at."""
+        with self._check_lock:  # one look at a time: a change is announced once
             with self._subscription_lock:
                 uris = sorted(self._subscriptions)
-            tasks = sorted({self.resources.parse_uri(uri)[0] for uri in uris})
-            for task in tasks:
+            for task in sorted({self.resources.parse_uri(uri)[0] for uri in uris}):
                 fingerprint = self.tools.fingerprint(task)
                 with self._subscription_lock:
                     changed = self._seen.get(task) != fingerprint
