@@ -175,6 +175,30 @@ class ProtocolTests(McpCase):
             self.assertEqual(json.loads(line)["jsonrpc"], "2.0")
         self.assertIn("printed-by-the-command", self.server_log(), "the command's output went to stderr")
 
+    def test_next_names_the_call_to_make_and_what_the_contract_leaves_to_the_agent(self) -> None:
+        self.contract_text = self.contract_text.replace('command = "echo a >> target.txt"\n', "", 1).replace('path = "notes.txt"\n', "", 1)
+        self.write("run-contract.toml", self.contract_text)
+        client = self.start()
+        client.initialize()
+        client.call("longrun_init", {"contract_path": self.contract})
+        first = client.call("longrun_next")["structuredContent"]["tool"]
+        self.assertEqual(first, {"name": "longrun_checkpoint", "arguments": {"task": "t1", "step": "notes"}, "missing": ["evidence_file"]})
+        without = client.call("longrun_checkpoint", first["arguments"])
+        self.assertEqual(without["content"][0]["text"], "longrun checkpoint: error: give exactly one of: evidence_file, note")
+        self.write("notes.txt", "plan\n")
+        self.assertFalse(client.call("longrun_checkpoint", {"step": "notes", "evidence_file": "notes.txt"})["isError"])
+        second = client.call("longrun_next")["structuredContent"]["tool"]
+        self.assertEqual(second, {"name": "longrun_exec", "arguments": {"task": "t1", "step": "append-a"}, "missing": ["argv"]})
+        refused = client.call("longrun_exec", second["arguments"])
+        self.assertTrue(refused["content"][0]["text"].startswith("longrun exec: error: step 'append-a' needs its command: "))
+        ran = client.call("longrun_exec", {**second["arguments"], "argv": ["sh", "-c", "echo a >> target.txt"]})
+        self.assertEqual(ran["structuredContent"]["record"]["state"], "verified")
+        third = client.call("longrun_next")["structuredContent"]["tool"]
+        self.assertEqual(third["name"], "longrun_checkpoint")
+        self.assertEqual(third["arguments"]["step"], "check-a")
+        self.assertIn("note", third["arguments"])
+        self.assertEqual(self.lines(), ["a"])
+
     def test_at_the_end_of_stdin_the_calls_read_are_answered_and_the_server_exits_0(self) -> None:
         client = self.start()
         client.initialize()

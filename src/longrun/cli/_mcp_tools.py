@@ -281,7 +281,11 @@ class SessionTools:
         return ToolResult(text, {**body, "exit_code": int(ExitCode.OK)})
 
     def _suggested(self, action: NextAction) -> dict[str, JSONValue] | None:
-        """The tool call that does what ``action`` says the agent records next, or None."""
+        """The tool call that does what ``action`` says the agent records next, or None.
+
+        Where the contract leaves an argument to the agent (an exec step's command, a checkpoint's
+        evidence file), ``missing`` names it: the call is refused without it.
+        """
         if action.who != "agent":
             return None
         for command in action.commands:
@@ -304,6 +308,9 @@ class SessionTools:
             elif rest[:1] == ["--note"] and len(rest) == 2:
                 arguments["note"] = rest[1]
             return {"name": "longrun_checkpoint", "arguments": arguments}
+        if action.step is not None and action.kind in ("exec", "checkpoint"):
+            missing = "argv" if action.kind == "exec" else "evidence_file"
+            return {"name": f"longrun_{action.kind}", "arguments": {"task": action.task_id, "step": action.step}, "missing": [missing]}
         return None
 
     # -- what the resources read --------------------------------------------------------------
