@@ -1,4 +1,4 @@
-"""The operator command line: ``longrun ls | status | history | verify | watch | console | approve | answer | cancel | repair | resume | start | demo``, and a session's ``init | next | exec | checkpoint | done | stop``.
+"""The operator command line: ``longrun ls | status | history | verify | watch | console | approve | answer | cancel | repair | resume | start | demo``, and a session's ``init | next | exec | checkpoint | done | stop`` (and ``mcp``, which serves them as MCP tools).
 
 The only part of longrun that prints. Every command but ``resume`` and ``demo`` works on a store
 named by the operator: a JSON-file store directory, ``sqlite:PATH`` or a ``postgresql://`` URL,

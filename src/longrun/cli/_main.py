@@ -44,12 +44,12 @@ from ._help import INTERNAL_ERROR
 from ._arguments import path
 from ._parser import build_parser
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "error_text", "main"]
 
 _SESSION_COMMANDS = ("init", "next", "exec", "checkpoint", "done", "stop")
 _STORE_COMMANDS = (
     "status", "history", "verify", "approve", "answer", "cancel", "repair", "ls", "watch", "console", "worker", "workers",
-    *_SESSION_COMMANDS,
+    "mcp", *_SESSION_COMMANDS,
 )  # fmt: skip
 _TASK_COMMANDS = ("status", "history", "verify", "approve", "answer", "cancel", "repair", "watch", "init", "next", "done", "stop")
 _STEP_COMMANDS = ("exec", "checkpoint")
@@ -104,6 +104,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         from ._session import create_store
 
         load_contract(args.contract)  # a bad contract is refused before anything is created
+        if args.create_store:
+            create_store(spec)
+    if args.command == "mcp":
+        from ._session import create_store
+
+        if args.task is not None:
+            checked_task(args.task)
         if args.create_store:
             create_store(spec)
     store = open_store(spec)
@@ -212,6 +219,10 @@ def _store_command(args: argparse.Namespace, store: Store, label: str, out: Text
         return cmd_repair(store, args.task, repaired_by=f"longrun repair ({login_name()})", out=out, as_json=args.json)
     if args.command in _SESSION_COMMANDS:
         return _session_command(args, store, out, err)
+    if args.command == "mcp":
+        from ._mcp import cmd_mcp
+
+        return cmd_mcp(store, args.store_spec, task=args.task, control_root=args.control_root)
     raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover
 
 
@@ -271,7 +282,7 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
     return args
 
 
-def _error_text(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
     """The error as one line (a driver's message may span several)."""
     if isinstance(exc, CorruptStateError):
         text = f"damaged state: {exc}"
@@ -301,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, BrokenPipeError):
             _silence_stdout()
             return ExitCode.NOT_AS_ASKED
-        sys.stderr.write(f"longrun {args.command}: error: {_error_text(exc)}\n")
+        sys.stderr.write(f"longrun {args.command}: error: {error_text(exc)}\n")
         return exit_code_for(exc)
     except KeyboardInterrupt:
         sys.stderr.write("longrun: interrupted\n")

@@ -33,6 +33,16 @@ from ._inspect import LS_STATUSES
 __all__ = ["build_parser"]
 
 
+_MCP_EPILOG = """\
+exit codes:
+  0  stdin ended and every request read was answered
+  2  usage or bad input before serving: a missing store, an unsafe task id, a missing control root
+  3  storage error before serving
+A tool's errors are tool results (isError) with the error line of its command; the server goes on.
+See docs/mcp.md for the tools, the resources, the prompt and how to register the server with a host.
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = {"epilog": EPILOG, "formatter_class": argparse.RawDescriptionHelpFormatter}
     parser = argparse.ArgumentParser(prog="longrun", description=DESCRIPTION, **common)  # type: ignore[arg-type]
@@ -361,6 +371,29 @@ def build_parser() -> argparse.ArgumentParser:
     add_store(stop, task=True)
     stop.add_argument("--reason", metavar="TEXT", type=reason, required=True, help="why: what is blocked or must be decided")
     add_json(stop, "{status, step, outcome, next, exit_code}")
+
+    mcp = add(
+        "mcp",
+        "serve a checkpointed session's tools to an agent over the Model Context Protocol (stdio)",
+        "Serve the Level A commands as MCP tools (longrun_init, longrun_next, longrun_exec, longrun_checkpoint, "
+        "longrun_done, longrun_stop, longrun_status), each task's contract, status and history as longrun://TASK/... "
+        "resources, and the continuation rule as a prompt, over stdin and stdout (JSON-RPC 2.0, one message a line). "
+        "Each tool is the same call as its command, with the same guarantees. There is no tool to approve, answer or "
+        "cancel: a person does that with longrun approve, answer and cancel. Register it with an MCP host as the "
+        "command `longrun mcp STORE --task TASK`. It serves until stdin ends; the library's log goes to stderr.",
+        _MCP_EPILOG,
+    )
+    add_store(mcp, task=False)
+    mcp.add_argument("--task", metavar="TASK", help="serve this task only (its tools then need no task argument)")
+    mcp.add_argument(
+        "--control-root", metavar="DIR", type=path,
+        help="read approvals and cancellations from DIR (a control area only the approver's account can write, read "
+        "by a strict FileControlSource) instead of from the store",
+    )  # fmt: skip
+    mcp.add_argument(
+        "--create-store", action="store_true", help="create the store if it does not exist (a directory, or sqlite:PATH's file)"
+    )
+    mcp.add_argument("--json", action="store_true", help="accepted as by every command: stdout carries only JSON-RPC messages anyway")
 
     demo = add(
         "demo",

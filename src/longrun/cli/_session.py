@@ -37,7 +37,7 @@ from ..session import NextAction, Session, SessionResult
 from ..shell import OutputSink
 from ._common import CliError, ExitCode, checked_task, close_store, write_json
 
-__all__ = ["cmd_checkpoint", "cmd_done", "cmd_exec", "cmd_init", "cmd_next", "cmd_stop", "create_store", "next_exit"]
+__all__ = ["cmd_checkpoint", "cmd_done", "cmd_exec", "cmd_init", "cmd_next", "cmd_stop", "create_store", "next_exit", "result_exit"]
 
 
 def next_exit(action: NextAction) -> ExitCode:
@@ -95,7 +95,8 @@ def _render_next_full(action: NextAction) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _result_exit(result: SessionResult, *, expected: Status = Status.RUNNING) -> ExitCode:
+def result_exit(result: SessionResult, *, expected: Status = Status.RUNNING) -> ExitCode:
+    """A command's exit code: 0 if its outcome is ``expected`` (or done, or it ran nothing), 4 ended, else 1."""
     outcome = result.outcome
     if outcome is None or outcome.status in (expected, Status.DONE):
         return ExitCode.OK
@@ -155,7 +156,7 @@ def cmd_init(store: Store, spec: str, task_id: str, contract_path: str, as_json:
 
     contract = load_contract(contract_path)
     result = _session(store, spec, task_id, out, err, as_json).init(contract, source=os.path.abspath(contract_path))
-    code = _result_exit(result)
+    code = result_exit(result)
     what = "started" if result.created else "unchanged"
     head = [f"task {task_id}: {what} from {contract_path} ({len(contract.steps)} steps; goal: {contract.goal})"]
     return _emit(result, code, as_json, out, head)
@@ -187,7 +188,7 @@ def cmd_exec(
 ) -> int:
     session = _session(store, spec, task_id, out, err, as_json)
     result = session.exec(step_id, list(command) or None, observe=observe, timeout_s=timeout_s, approval=approval)
-    return _emit(result, _result_exit(result), as_json, out, _step_line(result))
+    return _emit(result, result_exit(result), as_json, out, _step_line(result))
 
 
 def cmd_checkpoint(
@@ -203,7 +204,7 @@ def cmd_checkpoint(
     err: TextIO,
 ) -> int:
     result = _session(store, spec, task_id, out, err, as_json).checkpoint(step_id, evidence_file=evidence, note=note)
-    return _emit(result, _result_exit(result), as_json, out, _step_line(result))
+    return _emit(result, result_exit(result), as_json, out, _step_line(result))
 
 
 def cmd_done(store: Store, spec: str, task_id: str, as_json: bool, out: TextIO, err: TextIO) -> int:
@@ -212,7 +213,7 @@ def cmd_done(store: Store, spec: str, task_id: str, as_json: bool, out: TextIO, 
         code = ExitCode.NOT_AS_ASKED
         head = [f"task {task_id}: not done: not recorded yet: {', '.join(result.missing)}; nothing was written"]
     else:
-        code = _result_exit(result, expected=Status.DONE)
+        code = result_exit(result, expected=Status.DONE)
         status = result.outcome.status.value if result.outcome is not None else "done"
         head = [f"task {task_id}: {status}"]
     if result.missing and not as_json:
@@ -222,7 +223,7 @@ def cmd_done(store: Store, spec: str, task_id: str, as_json: bool, out: TextIO, 
 
 def cmd_stop(store: Store, spec: str, task_id: str, reason: str, as_json: bool, out: TextIO, err: TextIO) -> int:
     result = _session(store, spec, task_id, out, err, as_json).stop(reason)
-    code = _result_exit(result, expected=Status.AWAITING_INPUT)
+    code = result_exit(result, expected=Status.AWAITING_INPUT)
     if result.outcome is not None and result.outcome.status is Status.RUNNING:
         code = ExitCode.OK
     head = [f"task {task_id}: stop recorded as {result.step}: a person answers it with `longrun answer`"] if result.step else []
