@@ -36,6 +36,16 @@ from longrun.ledger import EffectState
 from longrun.testing import FakeClock, OutboxAdapter
 
 
+class Unprintable(Exception):
+    """An exception whose ``str()`` and ``repr()`` raise, as some clients' exceptions do."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ failed")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("__repr__ failed")
+
+
 class Model:
     """A fake model: answers from a script and counts every call per prompt."""
 
@@ -307,6 +317,59 @@ class StoreCases(DurableCase):
             self.assertEqual(raised.exception.type_name, "ZeroDivisionError")
         self.assertEqual(calls, [1])
         self.assertEqual(self.outbox.calls, Counter({"agent-1/before": 1}))
+
+    def test_a_call_whose_exception_cannot_print_itself_is_a_call_failed_recorded_once(self) -> None:
+        calls: list[int] = []
+
+        def ask_model() -> str:
+            calls.append(1)  # a paid model call: it must not run again on every run
+            raise Unprintable("the model's client failed")
+
+        @self.durable()
+        def agent(run: longrun.Run) -> str:
+            try:
+                return str(run.call("answer", ask_model))
+            except CallFailed as exc:
+                return f"{exc.type_name} / {exc.message}"
+
+        for _ in range(2):
+            outcome = agent.run("agent-1")
+            self.assertEqual(outcome.status, Status.DONE, outcome.next_action)
+            self.assertEqual(outcome.result, "Unprintable / <unprintable Unprintable>")
+        self.assertEqual(calls, [1], "recorded as the call's failure, replayed without calling")
+        record = self.state("agent-1").effects["answer"]
+        self.assertEqual(record.state, EffectState.FAILED)
+        self.assertEqual(record.result, {"type": "Unprintable", "message": "<unprintable Unprintable>"})
+
+    def test_an_adapter_whose_exceptions_cannot_print_themselves_leaves_an_uncertain_effect_observed(self) -> None:
+        class Broken(OutboxAdapter):
+            def apply(self, request: EffectRequest) -> longrun.Receipt:
+                super().apply(request)  # it reached the target, then failed to say so
+                raise Unprintable("lost the reply")
+
+            def observe(self, request: EffectRequest) -> longrun.Observation:
+                self.observe_calls[request.key] += 1
+                if self.observe_calls[request.key] == 1:
+                    raise Unprintable("target unreachable")
+                return super().observe(request)
+
+        broken = Broken(self.path("broken.jsonl"))
+
+        @self.durable(adapters={"mail.send": broken}, retry=RetryPolicy(base_delay_s=0.0, jitter=0.0))
+        def agent(run: longrun.Run) -> Any:
+            return run.effect("mail", "mail.send", {"to": "a"})
+
+        with self.assertLogs("longrun", "WARNING") as logs:
+            outcome = agent.run("agent-1")
+        self.assertEqual(outcome.status, Status.DONE, outcome.next_action)
+        logged = "\n".join(logs.output)
+        self.assertIn("apply of agent-1/mail raised Unprintable: <unprintable Unprintable>; observing", logged)
+        self.assertIn("observe of agent-1/mail failed: Unprintable: <unprintable Unprintable>", logged)
+        self.assertIn("agent-1/mail attempt 1 raised Unprintable: <unprintable Unprintable>", self.details(outcome))
+        self.assertIn("observe raised Unprintable: <unprintable Unprintable>", self.details(outcome))
+        self.assertEqual(broken.calls, Counter({"agent-1/mail": 1}), "observed, never applied again")
+        self.assertEqual(self.state("agent-1").effects["mail"].state, EffectState.VERIFIED)
+        self.assertEqual(broken.calls, Counter({"agent-1/mail": 1}), "observed, never applied again")
 
     def test_a_call_returning_a_value_that_is_not_json_is_a_call_failed_recorded_once(self) -> None:
         calls: list[int] = []

@@ -25,6 +25,11 @@
 
 Any other exception escaping ``EffectAdapter.apply`` is treated as "outcome unknown": the
 effect becomes ``uncertain`` and is reconciled by observation, never blindly retried.
+
+``exception_message`` and ``describe_exception`` are how longrun describes an exception it did not
+raise itself (a user's call, adapter, payload factory or store): a ``__str__`` that raises, or
+returns something other than text, is never called unguarded; the description then says
+``<unprintable TypeName>``.
 """
 
 from __future__ import annotations
@@ -49,7 +54,36 @@ __all__ = [
     "TransientError",
     "UnknownActionError",
     "UnknownTaskError",
+    "describe_exception",
+    "exception_message",
+    "exception_type_name",
 ]
+
+
+def exception_type_name(exc: BaseException) -> str:
+    """The name of ``exc``'s type; a metaclass may make even that raise, so it is guarded too."""
+    try:
+        name = type(exc).__name__
+    except Exception:
+        return "<unnamed exception type>"
+    return name if isinstance(name, str) else "<unnamed exception type>"
+
+
+def exception_message(exc: BaseException) -> str:
+    """``str(exc)``, or ``<unprintable TypeName>`` when its ``__str__`` raises (anything but a
+    ``BaseException`` that is not an ``Exception``, such as ``KeyboardInterrupt``, which propagates);
+    lone surrogates are escaped, so the text can be stored as JSON."""
+    try:
+        text = str(exc)
+    except Exception:
+        return f"<unprintable {exception_type_name(exc)}>"
+    # The escaping ``canonical.printable`` does (errors imports nothing of longrun's).
+    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``TypeName: message`` for an exception longrun did not raise itself (see ``exception_message``)."""
+    return f"{exception_type_name(exc)}: {exception_message(exc)}"
 
 
 class LongrunError(Exception):
