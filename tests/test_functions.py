@@ -530,6 +530,43 @@ class StoreCases(DurableCase):
         self.assertEqual(self.outbox.calls, Counter(), "no effect was started for a cancelled run")
         self.assertEqual(self.state("child-1").status, Status.SLEEPING, "the child was not driven")
 
+    def test_a_task_that_asks_for_itself_as_its_child_is_refused_as_a_cycle(self) -> None:
+        @self.durable()
+        def selfish(run: longrun.Run) -> Any:
+            run.effect("before", "note.write", {})
+            return run.child("loop-1", selfish)
+
+        for _ in range(2):
+            with self.assertRaises(longrun.ChildCycleError) as raised:
+                selfish.run("loop-1")
+            self.assertEqual((raised.exception.child, raised.exception.lineage), ("loop-1", ("loop-1",)))
+            self.assertIsInstance(raised.exception, InvalidInputError)
+        state = self.state("loop-1")
+        self.assertNotIn("longrun.child:loop-1", state.effects, "nothing was planned for the child")
+        self.assertNotEqual(state.status, Status.WAITING_ON_CHILD)
+        self.assertEqual(self.outbox.calls, Counter({"loop-1/before": 1}))
+
+    def test_a_task_that_asks_for_an_ancestor_as_its_child_is_refused_as_a_cycle(self) -> None:
+        @self.durable()
+        def grandchild(run: longrun.Run) -> Any:
+            return run.child("top", top)  # the root of its own lineage
+
+        @self.durable()
+        def middle(run: longrun.Run) -> Any:
+            return run.child("bottom", grandchild)
+
+        @self.durable()
+        def top(run: longrun.Run) -> Any:
+            return run.child("mid", middle)
+
+        with self.assertRaises(longrun.ChildCycleError) as raised:
+            top.run("top")
+        self.assertEqual((raised.exception.child, raised.exception.lineage), ("top", ("bottom", "mid", "top")))
+        self.assertIn("'bottom' <- 'mid' <- 'top'", str(raised.exception))
+        function_record = self.state("bottom").effects[FUNCTION_STEP]
+        self.assertEqual((function_record.payload["parent"], function_record.payload["ancestors"]), ("mid", ["mid", "top"]))
+        self.assertNotIn("longrun.child:top", self.state("bottom").effects)
+
     def test_the_function_record_names_the_function_and_its_arguments(self) -> None:
         @self.durable()
         def agent(run: longrun.Run, goal: str, *, budget: int) -> str:

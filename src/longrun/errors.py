@@ -8,6 +8,8 @@
     |   +-- SizeLimitError            a value or the state is over a size limit; nothing was written
     |   +-- UnknownActionError        a step names an action with no adapter
     |   +-- UnknownTaskError(LookupError) no such task in the store
+    |   +-- ChildCycleError           a durable task asked for itself or an ancestor as its child
+    |   +-- ApprovalWaitingError      an approval or answer of the same request already waits, unused
     |   +-- ContractFileError         a run-contract file that cannot be used (its file and line)
     +-- StorageError(OSError)         the store could not read or write; __cause__ holds the OSError
     |   +-- FencedError               a write carried an epoch other than the store's current one
@@ -36,7 +38,9 @@ from __future__ import annotations
 
 __all__ = [
     "AdapterError",
+    "ApprovalWaitingError",
     "CallFailed",
+    "ChildCycleError",
     "ContractFileError",
     "CorruptStateError",
     "FencedError",
@@ -111,6 +115,26 @@ class UnknownActionError(InvalidInputError):
 
 class UnknownTaskError(InvalidInputError, LookupError):
     """The store holds no task by that id."""
+
+
+class ChildCycleError(InvalidInputError):
+    """A durable task asked for itself, or one of its ancestors, as its child: it would wait on
+    itself for ever. ``lineage`` is the chain from the task up to its root; nothing was started."""
+
+    def __init__(self, message: str, *, child: str, lineage: tuple[str, ...]):
+        super().__init__(message)
+        self.child = child
+        self.lineage = lineage
+
+
+class ApprovalWaitingError(InvalidInputError):
+    """An approval (or an answer) of the same request is already written and not yet used: a second
+    one is refused, so that which one counts never depends on storage order. Nothing was written;
+    ``waiting`` names the approval id already waiting."""
+
+    def __init__(self, message: str, *, waiting: str):
+        super().__init__(message)
+        self.waiting = waiting
 
 
 class ContractFileError(InvalidInputError):

@@ -16,6 +16,7 @@ from ..errors import InvalidInputError, UnknownTaskError
 from ..outcome import RunOutcome, Status
 from ..protocols import AnyEffectAdapter, Store
 from ._plan import FunctionPlan, Recording, run_coroutine
+from ._family import cancelled_down
 from ._steps import qualified_name
 
 __all__ = ["DurableFunction", "durable"]
@@ -43,12 +44,20 @@ class DurableFunction(Generic[R]):
         return dataclasses.replace(self._contract, task_id=check_task_id(task_id))
 
     def _plan(
-        self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any], *, parent: str | None = None
+        self,
+        task_id: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        parent: str | None = None,
+        ancestors: Sequence[str] = (),
+        detached: bool = False,
     ) -> tuple[Engine, FunctionPlan]:
         contract = self.contract_for(task_id)
         arguments = ensure_json({"args": list(args), "kwargs": dict(kwargs)}, what=f"arguments of {self.name}")
         assert isinstance(arguments, dict)
-        return Engine(contract, **self._options), FunctionPlan(self, arguments, contract, parent)
+        plan = FunctionPlan(self, arguments, contract, parent, ancestors=ancestors, detached=detached)
+        return Engine(contract, **self._options), plan
 
     @property
     def is_async(self) -> bool:
@@ -63,22 +72,43 @@ class DurableFunction(Generic[R]):
         if self.is_async:
             return run_coroutine(self.arun(task_id, *args, **kwargs), f"{self.name}.run")
         engine, plan = self._plan(task_id, args, kwargs)
-        return engine.run(plan)
+        return cancelled_down(engine, engine.run(plan))
 
     async def arun(self, task_id: str, *args: Any, **kwargs: Any) -> RunOutcome:
         """``run``, awaited: an async function runs on this event loop, a synchronous one in a
         worker thread (so that many tasks can run side by side)."""
         return await self._arun(task_id, args, kwargs, None)
 
-    async def _arun(self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any], parent: str | None) -> RunOutcome:
-        engine, plan = self._plan(task_id, args, kwargs, parent=parent)
+    async def _arun(
+        self,
+        task_id: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        parent: str | None,
+        ancestors: Sequence[str] = (),
+        detached: bool = False,
+    ) -> RunOutcome:
+        engine, plan = self._plan(task_id, args, kwargs, parent=parent, ancestors=ancestors, detached=detached)
         if not self.is_async:
-            return await asyncio.to_thread(engine.run, plan)
-        return await engine.arun(plan)
+            outcome = await asyncio.to_thread(engine.run, plan)
+        else:
+            outcome = await engine.arun(plan)
+        if outcome.status is Status.CANCELLED:  # the store's calls block: in a thread, off this loop
+            return await asyncio.to_thread(cancelled_down, engine, outcome)
+        return outcome
 
-    async def arun_child(self, task_id: str, parent: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> RunOutcome:
+    async def arun_child(
+        self,
+        task_id: str,
+        parent: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        ancestors: Sequence[str] = (),
+        detached: bool = False,
+    ) -> RunOutcome:
         """``run_child``, awaited."""
-        return await self._arun(task_id, args, kwargs, parent)
+        return await self._arun(task_id, args, kwargs, parent, ancestors, detached)
 
     def plan_digest(self, task_id: str, *args: Any, **kwargs: Any) -> str:
         """The plan digest a task of this function with these arguments has: what an approval written
@@ -159,12 +189,23 @@ class DurableFunction(Generic[R]):
         clone._options = merged
         return clone
 
-    def run_child(self, task_id: str, parent: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> RunOutcome:
-        """``run`` for a child task of ``parent`` (``Run.child``): its first record names the parent."""
+    def run_child(
+        self,
+        task_id: str,
+        parent: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        ancestors: Sequence[str] = (),
+        detached: bool = False,
+    ) -> RunOutcome:
+        """``run`` for a child task of ``parent`` (``Run.child``): its first record names the parent,
+        its lineage (``ancestors``, nearest first, the parent among them) and whether it is detached."""
         if self.is_async:
-            return run_coroutine(self.arun_child(task_id, parent, args, kwargs), f"child {task_id!r}")
-        engine, plan = self._plan(task_id, args, kwargs, parent=parent)
-        return engine.run(plan)
+            coroutine = self.arun_child(task_id, parent, args, kwargs, ancestors=ancestors, detached=detached)
+            return run_coroutine(coroutine, f"child {task_id!r}")
+        engine, plan = self._plan(task_id, args, kwargs, parent=parent, ancestors=ancestors, detached=detached)
+        return cancelled_down(engine, engine.run(plan))
 
     def __repr__(self) -> str:
         return f"<durable function {self.name}>"

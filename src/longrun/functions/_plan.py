@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..canonical import JSONValue, digest_of, ensure_json
 from ..contract import INTERNAL_PREFIX, RunContract, Step
@@ -27,13 +27,23 @@ class FunctionPlan:
     """The ``Plan`` of a durable function: its code is the plan, its arguments pin it."""
 
     def __init__(
-        self, function: DurableFunction[Any], arguments: dict[str, JSONValue], contract: RunContract, parent: str | None = None
+        self,
+        function: DurableFunction[Any],
+        arguments: dict[str, JSONValue],
+        contract: RunContract,
+        parent: str | None = None,
+        *,
+        ancestors: Sequence[str] = (),
+        detached: bool = False,
     ):
         self._function = function
         self._arguments = arguments
         self._payload: dict[str, JSONValue] = {"function": function.name, **arguments}
-        if parent is not None:  # a child task names its parent; the link is not part of the plan digest
+        if parent is not None:  # a child task names its parent and lineage; the links are not part of the plan digest
             self._payload["parent"] = parent
+            self._payload["ancestors"] = list(ancestors) or [parent]
+            if detached:
+                self._payload["detached"] = True
         self.digest = digest_of({"contract": contract.to_json(), "function": function.name, "arguments": arguments})
 
     def initial(self, engine: Engine, state: RunState) -> None:

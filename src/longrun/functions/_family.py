@@ -1,0 +1,117 @@
+"""The cancellation a cancelled parent passes down to the children it started.
+
+``cancel_children`` writes a cancellation for each child a task started and has not seen finish
+(a child record of the parent neither verified nor failed, without ``detached: true``), and for
+theirs in turn; each record names the parent whose cancellation caused it.
+``longrun cancel`` calls it with the writer it used for the parent (the store, a control root,
+signed), and a durable task that ends ``cancelled`` calls it through its store. Not guaranteed:
+that a child run by a runner reading another control area sees a record written to the store;
+cancel the parent with ``longrun cancel`` through that area.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Callable, Iterator
+
+from ..cancellation import Cancellation, judge_cancellation
+from ..envelope import RunState
+from ..errors import LongrunError, UnknownTaskError
+from ..ledger import EffectState
+from ..engine import Engine
+from ..outcome import TERMINAL, Evidence, RunOutcome, Status
+from ..protocols import CancellationSource, Store
+from ._steps import CHILD_ACTION
+
+__all__ = ["cancel_children", "cancelled_down", "unfinished_children"]
+
+log = logging.getLogger("longrun")
+
+_MAX_DEPTH = 64
+"""The deepest family ``cancel_children`` walks (a guard: lineages are acyclic by construction)."""
+
+
+def unfinished_children(state: RunState) -> Iterator[str]:
+    """The task ids of the children ``state``'s task started, has not seen finish, and did not detach."""
+    for record in state.effects.values():
+        if record.action != CHILD_ACTION or record.state in (EffectState.VERIFIED, EffectState.FAILED):
+            continue
+        payload = record.payload
+        if isinstance(payload, dict) and isinstance(payload.get("task"), str) and payload.get("detached") is not True:
+            yield str(payload["task"])
+
+
+def cancel_children(
+    store: Store,
+    task_id: str,
+    cause: Cancellation,
+    *,
+    write: Callable[[Cancellation], object] | None = None,
+    source: CancellationSource | None = None,
+    state: RunState | None = None,
+) -> list[str]:
+    """Cancel the unfinished, not detached children of ``task_id`` and theirs; return their ids.
+
+    ``cause`` is the parent's cancellation: each child's record keeps its ``requested_by`` and
+    names the parent in its ``reason``. ``write`` writes a record (by default
+    ``store.write_cancellation``); ``source`` is where a child's existing record is read (by
+    default the store): a child that already has a valid cancellation, or whose run already
+    ended, is left as it is. ``state`` is the parent's, if the caller has it."""
+    writer = write if write is not None else store.write_cancellation
+    reader = source if source is not None else store
+    cancelled: list[str] = []
+    seen = {task_id}
+    if state is None:
+        state = store.load(task_id).state
+    pending = [(task_id, state, 0)]
+    while pending:
+        parent, parent_state, depth = pending.pop()
+        if parent_state is None or depth >= _MAX_DEPTH:
+            continue
+        for child in unfinished_children(parent_state):
+            if child in seen:
+                continue
+            seen.add(child)
+            try:
+                child_state = store.load(child).state
+            except UnknownTaskError:
+                continue  # planned by the parent, never started: there is no run to stop
+            except LongrunError as exc:  # its cancellation is still written; its own children cannot be read
+                log.warning("task %s: its state cannot be read (%s); its own children are not cancelled", child, exc)
+                child_state = None
+            if child_state is not None and child_state.status in TERMINAL:
+                continue
+            if not _already_cancelled(reader, child):
+                reason = f"its parent task {parent!r} was cancelled: {cause.reason}"
+                writer(Cancellation(child, cause.requested_at, cause.requested_by, reason))
+                cancelled.append(child)
+            pending.append((child, child_state, depth + 1))
+    return cancelled
+
+
+def _already_cancelled(source: CancellationSource, task_id: str) -> bool:
+    try:
+        raw = source.read_cancellation(task_id)
+    except LongrunError as exc:
+        log.warning("task %s: its cancellation record cannot be read (%s); a new one is written", task_id, exc)
+        return False
+    return raw is not None and judge_cancellation(raw, task_id).verdict == "cancelled"
+
+
+def cancelled_down(engine: Engine, outcome: RunOutcome) -> RunOutcome:
+    """``outcome``; if the task ended ``cancelled``, after cancelling its unfinished children through
+    the store (an inference of the outcome names them). A store error propagates: the task is
+    cancelled and stays so, and running it again (it returns ``cancelled`` at once) tries again."""
+    if outcome.status is not Status.CANCELLED:
+        return outcome
+    task_id = engine.task_id
+    raw = engine.cancellations.read_cancellation(task_id)
+    judged = judge_cancellation(raw, task_id).record if raw is not None else None
+    cause = judged if judged is not None else Cancellation(task_id, engine.clock.now(), "longrun", "the run ended cancelled")
+    cancelled = cancel_children(engine.store, task_id, cause)
+    if not cancelled:
+        return outcome
+    log.info("task %s ended cancelled: its children %s are cancelled too", task_id, cancelled, extra={"task": task_id})
+    note = Evidence("children", f"the run ended cancelled, so its unfinished children are cancelled too: {cancelled}", engine.clock.now())
+    return dataclasses.replace(outcome, inferences=(*outcome.inferences, note))
