@@ -4,6 +4,10 @@
 touches the state. ``repair --lease`` replaces a damaged lease record through the store's
 ``repair_lease`` (the damaged record is moved aside, never deleted; see ``stores.base``).
 
+``cancel`` also cancels the unfinished children a durable task started (not those started with
+``detached=True``), and theirs, each by a record naming its parent, written the same way; it says
+how many.
+
 ``approve`` first shows the pending request in full: the task, step and action, the payload the
 step will apply (pretty-printed from the state's record, long values elided with their size, every
 control character escaped: see ``_payload``), its digest and the expiry. It then copies the
@@ -290,19 +294,31 @@ def cmd_cancel(
         err.write(f"longrun: note: the earlier cancellation record could not be read ({exc}); it is replaced\n")
         earlier = None
     now = time.time()
-    record = Cancellation(task_id=task_id, requested_at=now, requested_by=requested_by, reason=reason)
-    if key is not None:
-        record = sign_cancellation(record, key)
-    written = None
-    if control is not None:
-        written = control.write_cancellation(record)
-    else:
+
+    def write(record: Cancellation) -> str | None:
+        """Sign ``record`` if asked to, and write it where this command writes: the control root or the store."""
+        if key is not None:
+            record = sign_cancellation(record, key)
+        if control is not None:
+            return control.write_cancellation(record)
         store.write_cancellation(record)
+        return None
+
+    record = Cancellation(task_id=task_id, requested_at=now, requested_by=requested_by, reason=reason)
+    written = write(record)
+    children: list[str] = []
+    if state is not None:
+        from ..functions import cancel_children  # the durable face: only a task that may have children
+
+        children = cancel_children(store, task_id, record, write=write, source=control or store, state=state)
+    if key is not None:
+        record = sign_cancellation(record, key)  # as written, for the JSON report
     if as_json:
         write_json(
             out,
             {
                 "cancellation": record.to_json(),
+                "children_cancelled": children,
                 "replaced_earlier_record": earlier is not None,
                 "signed_with_key": key_id(key) if key is not None else None,
                 "written_to": written,
@@ -317,6 +333,7 @@ def cmd_cancel(
         f"  at      {format_time(now)}\n"
         + (f"  signed  hmac-sha256 with key {key_id(key)}\n" if key is not None else "")
         + (f"  file    {written}\n" if written is not None else "")
+        + (f"  children  {len(children)} cancelled, unfinished children it started: {', '.join(children)}\n" if children else "")
         + "the runner reads it before every new effect: an effect in flight is still reconciled, "
         "then the run ends cancelled\n"
     )
