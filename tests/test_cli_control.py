@@ -104,6 +104,65 @@ class ControlCases(support.TempDirTest):
         self.assertEqual(self.outbox.calls, {"free/send": 1})
 
 
+    # -- answer and approve ------------------------------------------------------------------
+
+    def chooser(self) -> Any:
+        @self.durable()
+        def chooser(run: longrun.Run) -> Any:
+            colour = run.ask("colour", "which colour?", choices=["red", "blue"])
+            run.effect("paint", "send", {"colour": colour}, approval=True)
+            return colour
+
+        self.assertEqual(chooser.run("c1").status, Status.AWAITING_INPUT)
+        return chooser
+
+    def approvals(self, task_id: str) -> list[Approval]:
+        return [Approval.from_json(raw.body) for raw in self.store.read_approvals(task_id)]
+
+    def test_a_second_answer_is_refused_naming_the_first_which_the_run_then_reads(self) -> None:
+        chooser = self.chooser()
+        code, out, err = run_cli("--json", "answer", self.spec, "c1", "colour", "blue")
+        self.assertEqual(code, 0, err)
+        first = json.loads(out)["approval"]["approval_id"]
+        code, out, err = run_cli("answer", self.spec, "c1", "colour", "red")
+        self.assertEqual((code, out), (2, ""))
+        self.assertIn(f'already has an answer ("blue", by ', err)
+        self.assertIn(f"approval {first}) waiting, not yet used: the first answer written is the one the run reads; nothing was written", err)
+        self.assertEqual([approval.answer for approval in self.approvals("c1")], ["blue"], "nothing else was written")
+        self.assertEqual(chooser.run("c1").status, Status.AWAITING_APPROVAL)
+        self.assertEqual(self.store.load("c1").state.effects["colour"].result, "blue")
+        # The first approval of the effect is written; a second is refused with a note that one waits.
+        self.assertEqual(run_cli("approve", self.spec, "c1", "--yes")[0], 0)
+        code, _, err = run_cli("approve", self.spec, "c1", "--yes")
+        self.assertEqual(code, 2)
+        self.assertIn("step 'paint' of task 'c1' already has an approval (approval ", err)
+        self.assertIn("waiting, not yet used: one approval authorizes the effect, once; nothing was written", err)
+        self.assertEqual(len(self.approvals("c1")), 2, "the answer and one approval")
+        self.assertEqual(chooser.run("c1").result, "blue")
+        self.assertEqual(self.outbox.calls, {"c1/paint": 1})
+
+    def test_an_answer_outside_the_choices_is_refused_when_written_listing_them(self) -> None:
+        self.chooser()
+        code, out, err = run_cli("answer", self.spec, "c1", "colour", "green")
+        self.assertEqual((code, out), (2, ""))
+        self.assertIn('"green" is not one of the choices of step \'colour\': ["red", "blue"]; nothing was written', err)
+        self.assertEqual(self.approvals("c1"), [])
+
+    def test_of_two_answers_that_got_in_anyway_the_run_reads_the_first_granted_on_every_run(self) -> None:
+        chooser = self.chooser()
+        request = self.store.load("c1").state.approval_requests["colour"]
+        now = self.clock.now()
+        # Two writers raced past the check. The ids sort the other way round, as random ids may.
+        for approval_id, granted_at, answer in (("zz-first", now, "blue"), ("aa-second", now + 1, "red")):
+            self.store.write_approval(
+                Approval.for_request(request, approval_id=approval_id, approver="ops", granted_at=granted_at, expires_at=now + 600, answer=answer)
+            )
+        outcome = chooser.run("c1")
+        self.assertEqual(outcome.status, Status.AWAITING_APPROVAL)
+        self.assertEqual(self.store.load("c1").state.effects["colour"].result, "blue")
+        self.assertIn("approval aa-second also matches; zz-first, granted first, is used", "\n".join(item.detail for item in outcome.inferences + outcome.unknowns))
+
+
 class JsonStoreTests(ControlCases):
     def make_store(self) -> tuple[Store, str]:
         root = self.path("store")
@@ -125,6 +184,17 @@ class JsonStoreTests(ControlCases):
             assert raw is not None, task_id
             self.assertIsNone(verify_cancellation(Cancellation.from_json(raw.body), key), f"{task_id}: signed with the key")
             self.assertIsNone(self.store.read_cancellation(task_id), "written to the control root, not the store")
+
+
+    def test_a_second_answer_through_a_control_root_is_refused_there(self) -> None:
+        control = self.path("control")
+        os.makedirs(control)
+        self.chooser()
+        self.assertEqual(run_cli("answer", self.spec, "c1", "colour", "blue", "--control-root", control)[0], 0)
+        code, _, err = run_cli("answer", self.spec, "c1", "colour", "red", "--control-root", control)
+        self.assertEqual(code, 2, err)
+        self.assertIn('already has an answer ("blue"', err)
+        self.assertEqual(len(FileControlSource(control).read_approvals("c1")), 1)
 
 
 class SqliteStoreTests(ControlCases):

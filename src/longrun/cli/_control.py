@@ -41,8 +41,8 @@ import sys
 import time
 from typing import TextIO
 
-from ..approval import Approval, ApprovalRequest
-from ..authority import FileControlSource, key_id, load_key, sign_approval, sign_cancellation
+from ..approval import Approval, ApprovalRequest, refuse_second, waiting_approvals
+from ..authority import FileControlSource, key_id, load_key, sign_approval, sign_cancellation, verify_approval
 from ..cancellation import Cancellation
 from ..canonical import JSONValue, digest_of, ensure_json, parse_json
 from ..contract import ASK_ACTION
@@ -97,20 +97,23 @@ def open_control_root(directory: str | None) -> FileControlSource | None:
 
 
 def unconsumed_matches(source: ApprovalSource, request: ApprovalRequest, consumed: list[str], now: float) -> list[str]:
-    """Ids of existing, unexpired, unconsumed approvals that already cover ``request``."""
-    ids = []
-    for raw in source.read_approvals(request.task_id):
-        if raw.error is not None:
-            continue
-        try:
-            approval = Approval.from_json(raw.body)
-        except CorruptStateError:
-            continue
-        if approval.approval_id not in consumed and now < approval.expires_at and all(
-            getattr(approval, name) == value for name, value in request.scope().items()
-        ):
-            ids.append(approval.approval_id)
-    return ids
+    """Ids of existing, unexpired, unconsumed approvals that already cover ``request``, the one the
+    run would use first."""
+    return [approval.approval_id for approval in waiting_approvals(request, source.read_approvals(request.task_id), consumed, now)]
+
+
+def _check_choice(state: RunState, request: ApprovalRequest, answer: JSONValue) -> None:
+    """``InvalidInputError`` listing the choices if the question has some and ``answer`` is not one
+    (by the rule the run applies: Python equality, so ``1`` and ``1.0`` are the same answer)."""
+    record = state.effects.get(request.step_id)
+    payload = record.payload if record is not None else None
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    if isinstance(choices, list) and answer not in choices:
+        listed = json.dumps(choices, ensure_ascii=False)
+        raise InvalidInputError(
+            f"{json.dumps(answer, ensure_ascii=False)[:200]} is not one of the choices of step {request.step_id!r}: "
+            f"{listed[:1000]}; nothing was written"
+        )
 
 
 def _confirm(stdin: TextIO, err: TextIO) -> bool:
@@ -212,12 +215,14 @@ def cmd_approve(
         if answer is None:
             raise CliError(f"step {request.step_id!r} asks a question: answer it with `longrun answer`", ExitCode.USAGE)
         raise CliError(f"step {request.step_id!r} is an effect, not a question: approve it with `longrun approve`", ExitCode.USAGE)
+    if answer is not None:
+        _check_choice(state, request, answer)
     now = time.time()
-    existing = unconsumed_matches(control or store, request, state.consumed_approvals, now)
-    shown = _request_text(task_id, state, request, now) + "".join(
-        f"  note: approval {approval_id} already covers this request and is unused; only one will be consumed\n"
-        for approval_id in existing
-    )
+    # Where this command writes is where a second record would go: refused there, before anything is asked.
+    # A signed approval is not blocked by an unsigned one, which a runner that wants signatures refuses.
+    counts = None if key is None else (lambda approval: verify_approval(approval, key) is None)
+    refuse_second(request, (control or store).read_approvals(task_id), state.consumed_approvals, now, counts=counts)
+    shown = _request_text(task_id, state, request, now)
     if not as_json:
         out.write(shown)
         out.flush()
@@ -244,7 +249,6 @@ def cmd_approve(
                 "approval": approval.to_json(),
                 "signed_with_key": key_id(key) if key is not None else None,
                 "written_to": written,
-                "unused_matching_approvals": existing,
             },
         )
         return 0
