@@ -6,6 +6,7 @@ The store-dependent cases run against every store (``JsonFileStore``, ``SqliteSt
 
 from __future__ import annotations
 
+import os
 import secrets
 import unittest
 from collections import Counter
@@ -30,6 +31,7 @@ from longrun import (
     Store,
     TransientError,
 )
+from longrun.authority import FileControlSource
 from longrun.canonical import digest_of
 from longrun.functions import FUNCTION_STEP
 from longrun.ledger import EffectState
@@ -93,6 +95,16 @@ class DurableCase(support.TempDirTest):
         now = self.clock.now()
         approval = Approval.for_request(
             request, approval_id=secrets.token_hex(8), approver="tester", granted_at=now, expires_at=now + 3600
+        )
+        self.store.write_approval(approval)
+        return approval
+
+    def approve_answer(self, task_id: str, step_id: str, answer: Any) -> Approval:
+        """What ``longrun answer`` does: an answer bound to the pending question."""
+        request = self.state(task_id).approval_requests[step_id]
+        now = self.clock.now()
+        approval = Approval.for_request(
+            request, approval_id=secrets.token_hex(8), approver="tester", granted_at=now, expires_at=now + 3600, answer=answer
         )
         self.store.write_approval(approval)
         return approval
@@ -566,6 +578,51 @@ class StoreCases(DurableCase):
         function_record = self.state("bottom").effects[FUNCTION_STEP]
         self.assertEqual((function_record.payload["parent"], function_record.payload["ancestors"]), ("mid", ["mid", "top"]))
         self.assertNotIn("longrun.child:top", self.state("bottom").effects)
+
+    def test_a_child_reads_its_parents_cancellation_through_its_own_control_source(self) -> None:
+        # The parent is cancelled in a strictly owned control area, which is also where the child's
+        # runner reads cancellations: the record the cancelled parent writes to the store is not
+        # seen there, so the child must read its parent's own record.
+        control = self.path("control")
+        os.makedirs(control)
+        source = FileControlSource(control, approver_uid=os.geteuid())
+
+        @self.durable(cancellations=source)
+        def asker(run: longrun.Run) -> Any:
+            answer = run.ask("who", "to whom?")
+            run.effect("send", "mail.send", {"to": answer})
+            return answer
+
+        @self.durable(cancellations=source)
+        def parent(run: longrun.Run) -> Any:
+            return run.child("child-1", asker)
+
+        self.assertEqual(parent.run("parent-1").status, Status.WAITING_ON_CHILD)
+        record = self.state("child-1").effects[FUNCTION_STEP]
+        self.assertEqual(record.payload["cancelled_with"], ["parent-1"])
+        source.write_cancellation(Cancellation("parent-1", self.clock.now(), "ops", "not wanted"))
+        self.approve_answer("child-1", "who", "ann")
+        outcome = asker.run("child-1")
+        self.assertEqual(outcome.status, Status.CANCELLED, outcome.next_action)
+        self.assertIn("its ancestor task 'parent-1' was cancelled by ops: not wanted", outcome.next_action)
+        self.assertEqual(self.outbox.calls, Counter(), "nothing was applied")
+
+    def test_a_detached_child_does_not_read_its_parents_cancellation(self) -> None:
+        @self.durable()
+        def asker(run: longrun.Run) -> Any:
+            return run.ask("who", "to whom?")
+
+        @self.durable()
+        def parent(run: longrun.Run) -> Any:
+            return run.child("child-1", asker, detached=True)
+
+        self.assertEqual(parent.run("parent-1").status, Status.WAITING_ON_CHILD)
+        self.assertNotIn("cancelled_with", self.state("child-1").effects[FUNCTION_STEP].payload)
+        self.store.write_cancellation(Cancellation("parent-1", self.clock.now(), "ops", "not wanted"))
+        self.approve_answer("child-1", "who", "ann")
+        self.assertEqual(asker.run("child-1").result, "ann")
+        self.assertEqual(parent.run("parent-1").status, Status.CANCELLED)
+        self.assertIsNone(self.store.read_cancellation("child-1"), "a detached child is left alone")
 
     def test_the_function_record_names_the_function_and_its_arguments(self) -> None:
         @self.durable()

@@ -144,6 +144,9 @@ class EngineBase:
         self._dirty = False
         self._changed: set[str] = set()
         self._cancellation_checked = False
+        self.cancelled_with: tuple[str, ...] = ()
+        """Other tasks whose cancellation record cancels this run too, read through the same source
+        after the task's own (a child's ancestors, up to the first detached link); set by the plan."""
         self._policies: dict[str, RetryPolicy] = {}
         self._timeouts: dict[str, float] = {}
         self._stopping: Stop | None = None

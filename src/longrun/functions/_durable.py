@@ -17,7 +17,7 @@ from ..outcome import RunOutcome, Status
 from ..protocols import AnyEffectAdapter, Store
 from ._plan import FunctionPlan, Recording, run_coroutine
 from ._family import cancelled_down
-from ._steps import qualified_name
+from ._steps import ChildLink, qualified_name
 
 __all__ = ["DurableFunction", "durable"]
 
@@ -49,14 +49,12 @@ class DurableFunction(Generic[R]):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         *,
-        parent: str | None = None,
-        ancestors: Sequence[str] = (),
-        detached: bool = False,
+        link: ChildLink | None = None,
     ) -> tuple[Engine, FunctionPlan]:
         contract = self.contract_for(task_id)
         arguments = ensure_json({"args": list(args), "kwargs": dict(kwargs)}, what=f"arguments of {self.name}")
         assert isinstance(arguments, dict)
-        plan = FunctionPlan(self, arguments, contract, parent, ancestors=ancestors, detached=detached)
+        plan = FunctionPlan(self, arguments, contract, link)
         return Engine(contract, **self._options), plan
 
     @property
@@ -84,11 +82,9 @@ class DurableFunction(Generic[R]):
         task_id: str,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        parent: str | None,
-        ancestors: Sequence[str] = (),
-        detached: bool = False,
+        link: ChildLink | None,
     ) -> RunOutcome:
-        engine, plan = self._plan(task_id, args, kwargs, parent=parent, ancestors=ancestors, detached=detached)
+        engine, plan = self._plan(task_id, args, kwargs, link=link)
         if not self.is_async:
             outcome = await asyncio.to_thread(engine.run, plan)
         else:
@@ -104,11 +100,10 @@ class DurableFunction(Generic[R]):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         *,
-        ancestors: Sequence[str] = (),
-        detached: bool = False,
+        link: ChildLink | None = None,
     ) -> RunOutcome:
         """``run_child``, awaited."""
-        return await self._arun(task_id, args, kwargs, parent, ancestors, detached)
+        return await self._arun(task_id, args, kwargs, link or ChildLink.of(parent))
 
     def plan_digest(self, task_id: str, *args: Any, **kwargs: Any) -> str:
         """The plan digest a task of this function with these arguments has: what an approval written
@@ -196,15 +191,14 @@ class DurableFunction(Generic[R]):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         *,
-        ancestors: Sequence[str] = (),
-        detached: bool = False,
+        link: ChildLink | None = None,
     ) -> RunOutcome:
-        """``run`` for a child task of ``parent`` (``Run.child``): its first record names the parent,
-        its lineage (``ancestors``, nearest first, the parent among them) and whether it is detached."""
+        """``run`` for a child task of ``parent`` (``Run.child``): its first record names the parent
+        and the rest of ``link`` (its lineage, whether it is detached, whose cancellation reaches it)."""
+        link = link or ChildLink.of(parent)
         if self.is_async:
-            coroutine = self.arun_child(task_id, parent, args, kwargs, ancestors=ancestors, detached=detached)
-            return run_coroutine(coroutine, f"child {task_id!r}")
-        engine, plan = self._plan(task_id, args, kwargs, parent=parent, ancestors=ancestors, detached=detached)
+            return run_coroutine(self.arun_child(task_id, parent, args, kwargs, link=link), f"child {task_id!r}")
+        engine, plan = self._plan(task_id, args, kwargs, link=link)
         return cancelled_down(engine, engine.run(plan))
 
     def __repr__(self) -> str:

@@ -4,9 +4,11 @@
 (a child record of the parent neither verified nor failed, without ``detached: true``), and for
 theirs in turn; each record names the parent whose cancellation caused it.
 ``longrun cancel`` calls it with the writer it used for the parent (the store, a control root,
-signed), and a durable task that ends ``cancelled`` calls it through its store. Not guaranteed:
-that a child run by a runner reading another control area sees a record written to the store;
-cancel the parent with ``longrun cancel`` through that area.
+signed), and a durable task that ends ``cancelled`` calls it through its store. Besides these
+records, a child reads the cancellation of each task its record names in ``cancelled_with`` (its
+parent, and theirs up to a detached link) through its own source before every new effect
+(``Engine.cancelled_with``), so a parent cancelled in a control area or by a signed record stops
+its children there too, even where the records written to the store are not read.
 """
 
 from __future__ import annotations
@@ -106,9 +108,13 @@ def cancelled_down(engine: Engine, outcome: RunOutcome) -> RunOutcome:
     if outcome.status is not Status.CANCELLED:
         return outcome
     task_id = engine.task_id
-    raw = engine.cancellations.read_cancellation(task_id)
-    judged = judge_cancellation(raw, task_id).record if raw is not None else None
-    cause = judged if judged is not None else Cancellation(task_id, engine.clock.now(), "longrun", "the run ended cancelled")
+    cause = Cancellation(task_id, engine.clock.now(), "longrun", "the run ended cancelled")
+    for whose in (task_id, *engine.cancelled_with):  # the record that cancelled it: its own, or an ancestor's
+        raw = engine.cancellations.read_cancellation(whose)
+        judged = judge_cancellation(raw, whose).record if raw is not None else None
+        if judged is not None:
+            cause = judged
+            break
     cancelled = cancel_children(engine.store, task_id, cause)
     if not cancelled:
         return outcome

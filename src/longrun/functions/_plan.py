@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..canonical import JSONValue, digest_of, ensure_json
 from ..contract import INTERNAL_PREFIX, RunContract, Step
@@ -15,7 +15,7 @@ from ..errors import InvalidInputError
 from ..ledger import EffectState
 from ..outcome import RunOutcome, Status
 from ._run import AsyncRun, Run
-from ._steps import FUNCTION_STEP
+from ._steps import FUNCTION_STEP, ChildLink, cancelled_with
 
 if TYPE_CHECKING:
     from ._durable import DurableFunction
@@ -31,25 +31,21 @@ class FunctionPlan:
         function: DurableFunction[Any],
         arguments: dict[str, JSONValue],
         contract: RunContract,
-        parent: str | None = None,
-        *,
-        ancestors: Sequence[str] = (),
-        detached: bool = False,
+        link: ChildLink | None = None,
     ):
         self._function = function
         self._arguments = arguments
         self._payload: dict[str, JSONValue] = {"function": function.name, **arguments}
-        if parent is not None:  # a child task names its parent and lineage; the links are not part of the plan digest
-            self._payload["parent"] = parent
-            self._payload["ancestors"] = list(ancestors) or [parent]
-            if detached:
-                self._payload["detached"] = True
+        if link is not None:  # a child task names its family; the links are not part of the plan digest
+            self._payload.update(link.recorded())
         self.digest = digest_of({"contract": contract.to_json(), "function": function.name, "arguments": arguments})
 
     def initial(self, engine: Engine, state: RunState) -> None:
         engine.plan(Step(FUNCTION_STEP, FUNCTION_STEP, self._payload))
+        engine.cancelled_with = cancelled_with(state)
 
     def accept(self, engine: Engine, state: RunState) -> None:
+        engine.cancelled_with = cancelled_with(state)  # as recorded: a resumed child names no parent in its call
         if state.plan_digest == self.digest:
             return
         recorded = state.effects.get(FUNCTION_STEP)

@@ -128,7 +128,7 @@ class Run(RunSteps):
         or one of its ancestors is refused with ``ChildCycleError``."""
         step_id, record = self._child_record(task_id, function, args, kwargs, detached)
         if record.state is EffectState.PLANNED:
-            outcome = function.run_child(task_id, self.task_id, args, kwargs, ancestors=self._lineage(), detached=detached)
+            outcome = function.run_child(task_id, self.task_id, args, kwargs, link=self._link(detached))
             record = self._child_settled(step_id, task_id, outcome)
         return self._child_result(step_id, record)
 
@@ -193,6 +193,6 @@ class AsyncRun(RunSteps):
         """``Run.child``, awaited: an async child runs on this event loop, a synchronous one in a thread."""
         step_id, record = self._child_record(task_id, function, args, kwargs, detached)
         if record.state is EffectState.PLANNED:
-            outcome = await function.arun_child(task_id, self.task_id, args, kwargs, ancestors=self._lineage(), detached=detached)
+            outcome = await function.arun_child(task_id, self.task_id, args, kwargs, link=self._link(detached))
             record = self._child_settled(step_id, task_id, outcome)
         return self._child_result(step_id, record)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from .. import _crashpoints
@@ -24,7 +25,7 @@ from ..outcome import ENDED_UNFINISHED, RunOutcome, Status
 if TYPE_CHECKING:
     from ._durable import DurableFunction
 
-__all__ = ["CALL_ACTION", "CHILD_ACTION", "FUNCTION_STEP", "SLEEP_ACTION", "RunSteps", "check_no_cycle", "lineage", "qualified_name"]
+__all__ = ["CALL_ACTION", "CHILD_ACTION", "FUNCTION_STEP", "SLEEP_ACTION", "ChildLink", "RunSteps", "cancelled_with", "check_no_cycle", "lineage", "qualified_name"]
 
 
 FUNCTION_STEP = INTERNAL_PREFIX + "function"
@@ -58,6 +59,45 @@ def lineage(state: RunState | None) -> tuple[str, ...]:
     if isinstance(ancestors, list) and all(isinstance(task, str) for task in ancestors):
         return tuple(str(task) for task in ancestors)
     parent = payload.get("parent")  # recorded before the lineage was: the parent alone
+    return (parent,) if isinstance(parent, str) else ()
+
+
+@dataclass(frozen=True, slots=True)
+class ChildLink:
+    """What a child task's function record says of its family (none of it is in the plan digest)."""
+
+    parent: str
+    ancestors: tuple[str, ...]
+    """The parent first, then its ancestors."""
+    detached: bool = False
+    cancelled_with: tuple[str, ...] = ()
+    """The tasks whose cancellation cancels the child: () if detached."""
+
+    @classmethod
+    def of(cls, parent: str) -> "ChildLink":
+        """The link of a child whose parent is a root task."""
+        return cls(parent, (parent,), False, (parent,))
+
+    def recorded(self) -> dict[str, JSONValue]:
+        fields: dict[str, JSONValue] = {"parent": self.parent, "ancestors": list(self.ancestors)}
+        if self.detached:
+            fields["detached"] = True
+        else:
+            fields["cancelled_with"] = list(self.cancelled_with)
+        return fields
+
+
+def cancelled_with(state: RunState | None) -> tuple[str, ...]:
+    """The tasks whose cancellation cancels this one, as its function record names them: its
+    parent and those whose cancellation reaches the parent; () for a root or a detached child."""
+    record = state.effects.get(FUNCTION_STEP) if state is not None else None
+    payload = record.payload if record is not None else None
+    if not isinstance(payload, dict) or payload.get("detached") is True:
+        return ()
+    named = payload.get("cancelled_with")
+    if isinstance(named, list) and all(isinstance(task, str) for task in named):
+        return tuple(str(task) for task in named)
+    parent = payload.get("parent")  # recorded before the list was: the parent alone
     return (parent,) if isinstance(parent, str) else ()
 
 
@@ -174,9 +214,12 @@ class RunSteps:
         choice_list = listed if isinstance(listed, list) else None
         return self._engine.ask(Step(step_id, ASK_ACTION, payload), choice_list).result
 
-    def _lineage(self) -> tuple[str, ...]:
-        """This task and its ancestors, nearest first: what a child it starts records as its own."""
-        return (self.task_id, *lineage(self._engine.state))
+    def _link(self, detached: bool) -> ChildLink:
+        """What a child this task starts records of its family: this task, its lineage, and whose
+        cancellation reaches the child (this task's and whose reaches this task, unless detached)."""
+        state = self._engine.state
+        reached = () if detached else (self.task_id, *cancelled_with(state))
+        return ChildLink(self.task_id, (self.task_id, *lineage(state)), detached, reached)
 
     def _child_record(
         self, task_id: str, function: DurableFunction[Any], args: tuple[Any, ...], kwargs: dict[str, Any], detached: bool
