@@ -579,6 +579,38 @@ class StoreCases(DurableCase):
         self.assertEqual((function_record.payload["parent"], function_record.payload["ancestors"]), ("mid", ["mid", "top"]))
         self.assertNotIn("longrun.child:top", self.state("bottom").effects)
 
+    def test_a_parent_that_ends_cancelled_writes_a_cancellation_naming_it_for_each_unfinished_child(self) -> None:
+        @self.durable()
+        def asker(run: longrun.Run) -> Any:
+            answer = run.ask("who", "to whom?")
+            run.effect("send", "mail.send", {"to": answer})
+            return answer
+
+        @self.durable()
+        def middle(run: longrun.Run) -> Any:
+            return run.child("grandchild-1", asker)
+
+        @self.durable()
+        def parent(run: longrun.Run) -> Any:
+            return run.child("child-1", middle)
+
+        self.assertEqual(parent.run("parent-1").status, Status.WAITING_ON_CHILD)
+        self.store.write_cancellation(Cancellation("parent-1", self.clock.now(), "ops", "not wanted"))
+        outcome = parent.run("parent-1")
+        self.assertEqual(outcome.status, Status.CANCELLED)
+        self.assertIn("its unfinished children are cancelled too: ['child-1', 'grandchild-1']", self.details(outcome))
+        for task_id, cause in (("child-1", "parent-1"), ("grandchild-1", "child-1")):
+            raw = self.store.read_cancellation(task_id)
+            assert raw is not None, task_id
+            record = Cancellation.from_json(raw.body)
+            self.assertEqual((record.requested_by, record.reason), ("ops", f"its parent task {cause!r} was cancelled: not wanted"))
+        self.approve_answer("grandchild-1", "who", "ann")
+        self.assertEqual(asker.run("grandchild-1").status, Status.CANCELLED)
+        self.assertEqual(self.outbox.calls, Counter(), "nothing was applied")
+        again = parent.run("parent-1")
+        self.assertEqual(again.status, Status.CANCELLED)
+        self.assertNotIn("children are cancelled too", self.details(again), "each child once")
+
     def test_a_child_reads_its_parents_cancellation_through_its_own_control_source(self) -> None:
         # The parent is cancelled in a strictly owned control area, which is also where the child's
         # runner reads cancellations: the record the cancelled parent writes to the store is not

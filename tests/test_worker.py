@@ -194,13 +194,11 @@ class WorkerCases:
         # Written to the store as any control source's writer would: not through `longrun cancel`.
         self.store.write_cancellation(Cancellation("p", time.time(), "op", "the job is not wanted"))
         self.serve([parent, asker], lambda: self.status("p") == "cancelled")
-        raw = self.store.read_cancellation("p-child")
-        self.assertIsNotNone(raw)
-        record = Cancellation.from_json(raw.body)
-        self.assertEqual(record.requested_by, "op")
-        self.assertEqual(record.reason, "its parent task 'p' was cancelled: the job is not wanted")
         self.answer(question, "alice")  # the question is answered after all (the child may have ended already)
-        self.serve([parent, asker], lambda: self.status("p-child") == "cancelled")
+        self.serve([parent, asker], lambda: self.status("p-child") in ("cancelled", "done"))
+        self.assertEqual(self.status("p-child"), "cancelled")
+        # By the record the parent wrote for it, or by reading the parent's own: either names the parent.
+        self.assertIn("task 'p' was cancelled", self.store.load("p-child").state.next_action)
         self.assertEqual(target.applied, {}, "the child applied nothing")  # type: ignore[attr-defined]
 
     def test_a_detached_child_runs_on_after_its_parent_is_cancelled(self) -> None:
