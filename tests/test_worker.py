@@ -248,6 +248,24 @@ class WorkerCases:
         self.assertGreater(entry.due_in_s, 1.0)  # type: ignore[attr-defined]
         self.assertEqual(target.applied, {"b/first": 1})  # type: ignore[attr-defined]  # committed before it raised
 
+    def test_a_function_whose_exception_cannot_print_itself_is_tried_again_later_like_any_other(self) -> None:
+        class Unprintable(Exception):
+            def __str__(self) -> str:
+                raise RuntimeError("__str__ failed")
+
+        @self.durable(Target())
+        def broken(run: Any) -> str:
+            raise Unprintable()
+
+        broken.start("b")
+        queue = open_queue(self.store)
+        self.addCleanup(queue.close)
+        with self.assertLogs("longrun", "WARNING") as logs:  # type: ignore[attr-defined]
+            self.serve([broken], lambda: queue.entries(["b"])[0].failures == 1)
+        self.assertTrue(any("task b raised Unprintable: <unprintable Unprintable>" in line for line in logs.output))  # type: ignore[attr-defined]
+        entry = queue.entries(["b"])[0]
+        self.assertEqual((entry.status, entry.last_error), ("error", "Unprintable: <unprintable Unprintable>"))  # type: ignore[attr-defined]
+
     def test_a_limited_action_has_at_most_k_applies_under_way(self) -> None:
         target = Target(apply_s=0.03)
 
