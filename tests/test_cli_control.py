@@ -197,6 +197,19 @@ class JsonStoreTests(ControlCases):
         self.assertEqual(len(FileControlSource(control).read_approvals("c1")), 1)
 
 
+    def test_a_signed_answer_is_refused_after_a_signed_one_but_not_after_an_unsigned_one(self) -> None:
+        key_file = self.path("ops.key")
+        generate_key_file(key_file)
+        self.chooser()
+        self.assertEqual(run_cli("answer", self.spec, "c1", "colour", "red")[0], 0)  # unsigned: a signed source refuses it
+        code, _, err = run_cli("answer", self.spec, "c1", "colour", "blue", "--sign-key", key_file)
+        self.assertEqual(code, 0, err)
+        code, _, err = run_cli("answer", self.spec, "c1", "colour", "red", "--sign-key", key_file)
+        self.assertEqual(code, 2, err)
+        self.assertIn('already has an answer ("blue"', err)
+        self.assertEqual(sorted(str(approval.answer) for approval in self.approvals("c1")), ["blue", "red"])
+
+
 class SqliteStoreTests(ControlCases):
     def make_store(self) -> tuple[Store, str]:
         path = self.path("tasks.sqlite")
