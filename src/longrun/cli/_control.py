@@ -337,7 +337,7 @@ def cmd_cancel(
         f"  at      {format_time(now)}\n"
         + (f"  signed  hmac-sha256 with key {key_id(key)}\n" if key is not None else "")
         + (f"  file    {written}\n" if written is not None else "")
-        + (f"  children  {len(children)} cancelled, unfinished children it started: {', '.join(children)}\n" if children else "")
+        + (f"  children  {len(children)} cancelled ({', '.join(children)}): the unfinished tasks it started, and theirs\n" if children else "")
         + "the runner reads it before every new effect: an effect in flight is still reconciled, "
         "then the run ends cancelled\n"
     )
