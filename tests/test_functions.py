@@ -656,6 +656,21 @@ class StoreCases(DurableCase):
         self.assertEqual(parent.run("parent-1").status, Status.CANCELLED)
         self.assertIsNone(self.store.read_cancellation("child-1"), "a detached child is left alone")
 
+    def test_a_cycle_through_a_task_started_on_its_own_is_refused_too(self) -> None:
+        @self.durable()
+        def flex(run: longrun.Run) -> Any:
+            return run.child(str(run.ask("next", "which task next?")), flex)
+
+        self.assertEqual(flex.run("t").status, Status.AWAITING_INPUT)  # started on its own: no lineage
+        self.assertEqual(flex.run("x").status, Status.AWAITING_INPUT)
+        self.approve_answer("x", "next", "t")
+        self.assertEqual(flex.run("x").status, Status.WAITING_ON_CHILD, "x waits on t")
+        self.approve_answer("t", "next", "x")
+        with self.assertRaises(longrun.ChildCycleError) as raised:
+            flex.run("t")
+        self.assertIn("which waits on it ('t' -> 'x' -> 't')", str(raised.exception))
+        self.assertNotIn("longrun.child:x", self.state("t").effects, "nothing was planned")
+
     def test_the_function_record_names_the_function_and_its_arguments(self) -> None:
         @self.durable()
         def agent(run: longrun.Run, goal: str, *, budget: int) -> str:

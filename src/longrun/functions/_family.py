@@ -19,29 +19,58 @@ from typing import Callable, Iterator
 
 from ..cancellation import Cancellation, judge_cancellation
 from ..envelope import RunState
-from ..errors import LongrunError, UnknownTaskError
+from ..errors import CorruptStateError, LongrunError, UnknownTaskError
 from ..ledger import EffectState
 from ..engine import Engine
 from ..outcome import TERMINAL, Evidence, RunOutcome, Status
 from ..protocols import CancellationSource, Store
 from ._steps import CHILD_ACTION
 
-__all__ = ["cancel_children", "cancelled_down", "unfinished_children"]
+__all__ = ["cancel_children", "cancelled_down", "unfinished_children", "waiting_path"]
 
 log = logging.getLogger("longrun")
 
 _MAX_DEPTH = 64
 """The deepest family ``cancel_children`` walks (a guard: lineages are acyclic by construction)."""
+_MAX_WALK = 10_000
+"""The most tasks ``waiting_path`` loads looking for a cycle through tasks started on their own."""
 
 
-def unfinished_children(state: RunState) -> Iterator[str]:
-    """The task ids of the children ``state``'s task started, has not seen finish, and did not detach."""
+def unfinished_children(state: RunState, *, detached: bool = False) -> Iterator[str]:
+    """The task ids of the children ``state``'s task started, has not seen finish, and did not
+    detach (with ``detached=True``, the detached ones too: the task waits on them all the same)."""
     for record in state.effects.values():
         if record.action != CHILD_ACTION or record.state in (EffectState.VERIFIED, EffectState.FAILED):
             continue
         payload = record.payload
-        if isinstance(payload, dict) and isinstance(payload.get("task"), str) and payload.get("detached") is not True:
+        if isinstance(payload, dict) and isinstance(payload.get("task"), str) and (detached or payload.get("detached") is not True):
             yield str(payload["task"])
+
+
+def waiting_path(store: Store, start: str, target: str) -> tuple[str, ...]:
+    """The chain of unfinished children by which ``start`` waits on ``target`` (``start`` first,
+    ``target`` last), or () if it does not: a child started independently of its parent records no
+    lineage, so a cycle through it is found by following what each task waits on."""
+    paths: dict[str, tuple[str, ...]] = {start: (start,)}
+    pending = [start]
+    while pending and len(paths) <= _MAX_WALK:
+        task = pending.pop()
+        try:
+            state = store.load(task).state
+        except UnknownTaskError:
+            continue
+        except CorruptStateError as exc:  # its own run stops on the damage; what it waits on is unknown
+            log.warning("task %s: its state cannot be read (%s); a cycle through it is not looked for", task, exc)
+            continue
+        if state is None:
+            continue
+        for child in unfinished_children(state, detached=True):
+            if child == target:
+                return (*paths[task], child)
+            if child not in paths:
+                paths[child] = (*paths[task], child)
+                pending.append(child)
+    return ()
 
 
 def cancel_children(

@@ -4,7 +4,8 @@ from the record, and how each kind of step is built and its record replayed.
 A child's function record names its parent (``parent``) and its whole lineage (``ancestors``,
 nearest first), and ``detached: true`` if it was started with ``run.child(..., detached=True)``.
 A task that asks for itself or any ancestor as its child would wait on itself for ever; it is
-refused with ``ChildCycleError`` before anything is planned."""
+refused with ``ChildCycleError`` before anything is planned, as is a new child that already waits
+on the task through its own unfinished children (a task started on its own records no lineage)."""
 
 from __future__ import annotations
 
@@ -234,6 +235,18 @@ class RunSteps:
             raise InvalidInputError(f"child {task_id!r}: detached must be True or False, got {detached!r}")
         check_no_cycle(self.task_id, task_id, lineage(self._engine.state))
         step_id = f"{CHILD_ACTION}:{task_id}"
+        if step_id not in self._engine.state.effects:  # a new child: does it (through its own children) wait on this task?
+            from ._family import waiting_path
+
+            path = waiting_path(self._engine.store, task_id, self.task_id)
+            if path:
+                shown = " -> ".join(repr(task) for task in (self.task_id, *path))
+                raise ChildCycleError(
+                    f"task {self.task_id!r} asks for {task_id!r} as its child, which waits on it ({shown}): both would "
+                    "wait for ever; nothing was started: give the child another task id",
+                    child=task_id,
+                    lineage=(self.task_id, *lineage(self._engine.state)),
+                )
         if step_id in self._used:
             raise InvalidInputError(f"child task {task_id!r} is used twice in one run of {self._function.name}")
         self._used.add(step_id)
