@@ -6,6 +6,7 @@ The store-dependent cases run against every store (``JsonFileStore``, ``SqliteSt
 
 from __future__ import annotations
 
+import os
 import secrets
 import unittest
 from collections import Counter
@@ -30,10 +31,21 @@ from longrun import (
     Store,
     TransientError,
 )
+from longrun.authority import FileControlSource
 from longrun.canonical import digest_of
 from longrun.functions import FUNCTION_STEP
 from longrun.ledger import EffectState
 from longrun.testing import FakeClock, OutboxAdapter
+
+
+class Unprintable(Exception):
+    """An exception whose ``str()`` and ``repr()`` raise, as some clients' exceptions do."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ failed")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("__repr__ failed")
 
 
 class Model:
@@ -83,6 +95,16 @@ class DurableCase(support.TempDirTest):
         now = self.clock.now()
         approval = Approval.for_request(
             request, approval_id=secrets.token_hex(8), approver="tester", granted_at=now, expires_at=now + 3600
+        )
+        self.store.write_approval(approval)
+        return approval
+
+    def approve_answer(self, task_id: str, step_id: str, answer: Any) -> Approval:
+        """What ``longrun answer`` does: an answer bound to the pending question."""
+        request = self.state(task_id).approval_requests[step_id]
+        now = self.clock.now()
+        approval = Approval.for_request(
+            request, approval_id=secrets.token_hex(8), approver="tester", granted_at=now, expires_at=now + 3600, answer=answer
         )
         self.store.write_approval(approval)
         return approval
@@ -308,6 +330,59 @@ class StoreCases(DurableCase):
         self.assertEqual(calls, [1])
         self.assertEqual(self.outbox.calls, Counter({"agent-1/before": 1}))
 
+    def test_a_call_whose_exception_cannot_print_itself_is_a_call_failed_recorded_once(self) -> None:
+        calls: list[int] = []
+
+        def ask_model() -> str:
+            calls.append(1)  # a paid model call: it must not run again on every run
+            raise Unprintable("the model's client failed")
+
+        @self.durable()
+        def agent(run: longrun.Run) -> str:
+            try:
+                return str(run.call("answer", ask_model))
+            except CallFailed as exc:
+                return f"{exc.type_name} / {exc.message}"
+
+        for _ in range(2):
+            outcome = agent.run("agent-1")
+            self.assertEqual(outcome.status, Status.DONE, outcome.next_action)
+            self.assertEqual(outcome.result, "Unprintable / <unprintable Unprintable>")
+        self.assertEqual(calls, [1], "recorded as the call's failure, replayed without calling")
+        record = self.state("agent-1").effects["answer"]
+        self.assertEqual(record.state, EffectState.FAILED)
+        self.assertEqual(record.result, {"type": "Unprintable", "message": "<unprintable Unprintable>"})
+
+    def test_an_adapter_whose_exceptions_cannot_print_themselves_leaves_an_uncertain_effect_observed(self) -> None:
+        class Broken(OutboxAdapter):
+            def apply(self, request: EffectRequest) -> longrun.Receipt:
+                super().apply(request)  # it reached the target, then failed to say so
+                raise Unprintable("lost the reply")
+
+            def observe(self, request: EffectRequest) -> longrun.Observation:
+                self.observe_calls[request.key] += 1
+                if self.observe_calls[request.key] == 1:
+                    raise Unprintable("target unreachable")
+                return super().observe(request)
+
+        broken = Broken(self.path("broken.jsonl"))
+
+        @self.durable(adapters={"mail.send": broken}, retry=RetryPolicy(base_delay_s=0.0, jitter=0.0))
+        def agent(run: longrun.Run) -> Any:
+            return run.effect("mail", "mail.send", {"to": "a"})
+
+        with self.assertLogs("longrun", "WARNING") as logs:
+            outcome = agent.run("agent-1")
+        self.assertEqual(outcome.status, Status.DONE, outcome.next_action)
+        logged = "\n".join(logs.output)
+        self.assertIn("apply of agent-1/mail raised Unprintable: <unprintable Unprintable>; observing", logged)
+        self.assertIn("observe of agent-1/mail failed: Unprintable: <unprintable Unprintable>", logged)
+        self.assertIn("agent-1/mail attempt 1 raised Unprintable: <unprintable Unprintable>", self.details(outcome))
+        self.assertIn("observe raised Unprintable: <unprintable Unprintable>", self.details(outcome))
+        self.assertEqual(broken.calls, Counter({"agent-1/mail": 1}), "observed, never applied again")
+        self.assertEqual(self.state("agent-1").effects["mail"].state, EffectState.VERIFIED)
+        self.assertEqual(broken.calls, Counter({"agent-1/mail": 1}), "observed, never applied again")
+
     def test_a_call_returning_a_value_that_is_not_json_is_a_call_failed_recorded_once(self) -> None:
         calls: list[int] = []
 
@@ -466,6 +541,135 @@ class StoreCases(DurableCase):
         self.assertEqual(outcome.status, Status.CANCELLED)
         self.assertEqual(self.outbox.calls, Counter(), "no effect was started for a cancelled run")
         self.assertEqual(self.state("child-1").status, Status.SLEEPING, "the child was not driven")
+
+    def test_a_task_that_asks_for_itself_as_its_child_is_refused_as_a_cycle(self) -> None:
+        @self.durable()
+        def selfish(run: longrun.Run) -> Any:
+            run.effect("before", "note.write", {})
+            return run.child("loop-1", selfish)
+
+        for _ in range(2):
+            with self.assertRaises(longrun.ChildCycleError) as raised:
+                selfish.run("loop-1")
+            self.assertEqual((raised.exception.child, raised.exception.lineage), ("loop-1", ("loop-1",)))
+            self.assertIsInstance(raised.exception, InvalidInputError)
+        state = self.state("loop-1")
+        self.assertNotIn("longrun.child:loop-1", state.effects, "nothing was planned for the child")
+        self.assertNotEqual(state.status, Status.WAITING_ON_CHILD)
+        self.assertEqual(self.outbox.calls, Counter({"loop-1/before": 1}))
+
+    def test_a_task_that_asks_for_an_ancestor_as_its_child_is_refused_as_a_cycle(self) -> None:
+        @self.durable()
+        def grandchild(run: longrun.Run) -> Any:
+            return run.child("top", top)  # the root of its own lineage
+
+        @self.durable()
+        def middle(run: longrun.Run) -> Any:
+            return run.child("bottom", grandchild)
+
+        @self.durable()
+        def top(run: longrun.Run) -> Any:
+            return run.child("mid", middle)
+
+        with self.assertRaises(longrun.ChildCycleError) as raised:
+            top.run("top")
+        self.assertEqual((raised.exception.child, raised.exception.lineage), ("top", ("bottom", "mid", "top")))
+        self.assertIn("'bottom' <- 'mid' <- 'top'", str(raised.exception))
+        function_record = self.state("bottom").effects[FUNCTION_STEP]
+        self.assertEqual((function_record.payload["parent"], function_record.payload["ancestors"]), ("mid", ["mid", "top"]))
+        self.assertNotIn("longrun.child:top", self.state("bottom").effects)
+
+    def test_a_parent_that_ends_cancelled_writes_a_cancellation_naming_it_for_each_unfinished_child(self) -> None:
+        @self.durable()
+        def asker(run: longrun.Run) -> Any:
+            answer = run.ask("who", "to whom?")
+            run.effect("send", "mail.send", {"to": answer})
+            return answer
+
+        @self.durable()
+        def middle(run: longrun.Run) -> Any:
+            return run.child("grandchild-1", asker)
+
+        @self.durable()
+        def parent(run: longrun.Run) -> Any:
+            return run.child("child-1", middle)
+
+        self.assertEqual(parent.run("parent-1").status, Status.WAITING_ON_CHILD)
+        self.store.write_cancellation(Cancellation("parent-1", self.clock.now(), "ops", "not wanted"))
+        outcome = parent.run("parent-1")
+        self.assertEqual(outcome.status, Status.CANCELLED)
+        self.assertIn("its unfinished children are cancelled too: ['child-1', 'grandchild-1']", self.details(outcome))
+        for task_id, cause in (("child-1", "parent-1"), ("grandchild-1", "child-1")):
+            raw = self.store.read_cancellation(task_id)
+            assert raw is not None, task_id
+            record = Cancellation.from_json(raw.body)
+            self.assertEqual((record.requested_by, record.reason), ("ops", f"its parent task {cause!r} was cancelled: not wanted"))
+        self.approve_answer("grandchild-1", "who", "ann")
+        self.assertEqual(asker.run("grandchild-1").status, Status.CANCELLED)
+        self.assertEqual(self.outbox.calls, Counter(), "nothing was applied")
+        again = parent.run("parent-1")
+        self.assertEqual(again.status, Status.CANCELLED)
+        self.assertNotIn("children are cancelled too", self.details(again), "each child once")
+
+    def test_a_child_reads_its_parents_cancellation_through_its_own_control_source(self) -> None:
+        # The parent is cancelled in a strictly owned control area, which is also where the child's
+        # runner reads cancellations: the record the cancelled parent writes to the store is not
+        # seen there, so the child must read its parent's own record.
+        control = self.path("control")
+        os.makedirs(control)
+        source = FileControlSource(control, approver_uid=os.geteuid())
+
+        @self.durable(cancellations=source)
+        def asker(run: longrun.Run) -> Any:
+            answer = run.ask("who", "to whom?")
+            run.effect("send", "mail.send", {"to": answer})
+            return answer
+
+        @self.durable(cancellations=source)
+        def parent(run: longrun.Run) -> Any:
+            return run.child("child-1", asker)
+
+        self.assertEqual(parent.run("parent-1").status, Status.WAITING_ON_CHILD)
+        record = self.state("child-1").effects[FUNCTION_STEP]
+        self.assertEqual(record.payload["cancelled_with"], ["parent-1"])
+        source.write_cancellation(Cancellation("parent-1", self.clock.now(), "ops", "not wanted"))
+        self.approve_answer("child-1", "who", "ann")
+        outcome = asker.run("child-1")
+        self.assertEqual(outcome.status, Status.CANCELLED, outcome.next_action)
+        self.assertIn("its ancestor task 'parent-1' was cancelled by ops: not wanted", outcome.next_action)
+        self.assertEqual(self.outbox.calls, Counter(), "nothing was applied")
+
+    def test_a_detached_child_does_not_read_its_parents_cancellation(self) -> None:
+        @self.durable()
+        def asker(run: longrun.Run) -> Any:
+            return run.ask("who", "to whom?")
+
+        @self.durable()
+        def parent(run: longrun.Run) -> Any:
+            return run.child("child-1", asker, detached=True)
+
+        self.assertEqual(parent.run("parent-1").status, Status.WAITING_ON_CHILD)
+        self.assertNotIn("cancelled_with", self.state("child-1").effects[FUNCTION_STEP].payload)
+        self.store.write_cancellation(Cancellation("parent-1", self.clock.now(), "ops", "not wanted"))
+        self.approve_answer("child-1", "who", "ann")
+        self.assertEqual(asker.run("child-1").result, "ann")
+        self.assertEqual(parent.run("parent-1").status, Status.CANCELLED)
+        self.assertIsNone(self.store.read_cancellation("child-1"), "a detached child is left alone")
+
+    def test_a_cycle_through_a_task_started_on_its_own_is_refused_too(self) -> None:
+        @self.durable()
+        def flex(run: longrun.Run) -> Any:
+            return run.child(str(run.ask("next", "which task next?")), flex)
+
+        self.assertEqual(flex.run("t").status, Status.AWAITING_INPUT)  # started on its own: no lineage
+        self.assertEqual(flex.run("x").status, Status.AWAITING_INPUT)
+        self.approve_answer("x", "next", "t")
+        self.assertEqual(flex.run("x").status, Status.WAITING_ON_CHILD, "x waits on t")
+        self.approve_answer("t", "next", "x")
+        with self.assertRaises(longrun.ChildCycleError) as raised:
+            flex.run("t")
+        self.assertIn("which waits on it ('t' -> 'x' -> 't')", str(raised.exception))
+        self.assertNotIn("longrun.child:x", self.state("t").effects, "nothing was planned")
 
     def test_the_function_record_names_the_function_and_its_arguments(self) -> None:
         @self.durable()

@@ -12,7 +12,7 @@ import unittest
 from typing import Any, Callable
 
 from helpers import pg_support, support
-from longrun import EffectRequest, JsonFileStore, Limits, Observation, Receipt, RetryPolicy, SqliteStore, TransientError, durable
+from longrun import Cancellation, EffectRequest, JsonFileStore, Limits, Observation, Receipt, RetryPolicy, SqliteStore, TransientError, durable
 from longrun.approval import Approval
 from longrun.errors import InvalidInputError
 from longrun.outcome import Status
@@ -164,6 +164,57 @@ class WorkerCases:
         self.serve([parent, child], lambda: self.status("p") == "done")
         self.assertEqual(target.applied, {"p-child/kid": 1, "p/after": 1})  # type: ignore[attr-defined]
 
+    def family(self, target: Target, *, detached: bool) -> tuple[Any, Any]:
+        """A parent whose child asks a question, then applies an effect with the answer."""
+
+        @self.durable(target)
+        def asker(run: Any) -> str:
+            answer = run.ask("who", "to whom?")
+            run.effect("send", "send", {"to": answer})
+            return str(answer)
+
+        @self.durable(target)
+        def parent(run: Any) -> str:
+            value = run.child("p-child", asker, **({"detached": True} if detached else {}))
+            run.effect("after", "send", {"got": value})
+            return "parent done"
+
+        return parent, asker
+
+    def answer(self, request: Any, value: Any) -> None:
+        now = time.time()
+        self.store.write_approval(Approval.for_request(request, approval_id="an1", approver="op", granted_at=now, expires_at=now + 600, answer=value))
+
+    def test_a_parent_that_ends_cancelled_cancels_the_child_it_started_and_the_child_applies_nothing(self) -> None:
+        target = Target()
+        parent, asker = self.family(target, detached=False)
+        parent.start("p")
+        self.serve([parent, asker], lambda: self.status("p-child") == "awaiting-input" and self.status("p") == "waiting-on-child")
+        question = self.store.load("p-child").state.approval_requests["who"]
+        # Written to the store as any control source's writer would: not through `longrun cancel`.
+        self.store.write_cancellation(Cancellation("p", time.time(), "op", "the job is not wanted"))
+        self.serve([parent, asker], lambda: self.status("p") == "cancelled")
+        self.answer(question, "alice")  # the question is answered after all (the child may have ended already)
+        self.serve([parent, asker], lambda: self.status("p-child") in ("cancelled", "done"))
+        self.assertEqual(self.status("p-child"), "cancelled")
+        # By the record the parent wrote for it, or by reading the parent's own: either names the parent.
+        self.assertIn("task 'p' was cancelled", self.store.load("p-child").state.next_action)
+        self.assertEqual(target.applied, {}, "the child applied nothing")  # type: ignore[attr-defined]
+
+    def test_a_detached_child_runs_on_after_its_parent_is_cancelled(self) -> None:
+        target = Target()
+        parent, asker = self.family(target, detached=True)
+        parent.start("p")
+        self.serve([parent, asker], lambda: self.status("p-child") == "awaiting-input" and self.status("p") == "waiting-on-child")
+        self.store.write_cancellation(Cancellation("p", time.time(), "op", "the job is not wanted"))
+        self.serve([parent, asker], lambda: self.status("p") == "cancelled")
+        self.assertIsNone(self.store.read_cancellation("p-child"))
+        self.answer(self.store.load("p-child").state.approval_requests["who"], "alice")
+        self.serve([parent, asker], lambda: self.status("p-child") == "done")
+        self.assertEqual(target.applied, {"p-child/send": 1})  # type: ignore[attr-defined]
+        function_record = self.store.load("p-child").state.effects["longrun.function"]
+        self.assertEqual((function_record.payload["parent"], function_record.payload["detached"]), ("p", True))
+
     def test_a_timer_wakes_the_task_when_it_is_due(self) -> None:
         target = Target()
 
@@ -196,6 +247,24 @@ class WorkerCases:
         self.assertEqual(entry.status, "error")  # type: ignore[attr-defined]
         self.assertGreater(entry.due_in_s, 1.0)  # type: ignore[attr-defined]
         self.assertEqual(target.applied, {"b/first": 1})  # type: ignore[attr-defined]  # committed before it raised
+
+    def test_a_function_whose_exception_cannot_print_itself_is_tried_again_later_like_any_other(self) -> None:
+        class Unprintable(Exception):
+            def __str__(self) -> str:
+                raise RuntimeError("__str__ failed")
+
+        @self.durable(Target())
+        def broken(run: Any) -> str:
+            raise Unprintable()
+
+        broken.start("b")
+        queue = open_queue(self.store)
+        self.addCleanup(queue.close)
+        with self.assertLogs("longrun", "WARNING") as logs:  # type: ignore[attr-defined]
+            self.serve([broken], lambda: queue.entries(["b"])[0].failures == 1)
+        self.assertTrue(any("task b raised Unprintable: <unprintable Unprintable>" in line for line in logs.output))  # type: ignore[attr-defined]
+        entry = queue.entries(["b"])[0]
+        self.assertEqual((entry.status, entry.last_error), ("error", "Unprintable: <unprintable Unprintable>"))  # type: ignore[attr-defined]
 
     def test_a_limited_action_has_at_most_k_applies_under_way(self) -> None:
         target = Target(apply_s=0.03)

@@ -20,7 +20,9 @@ from .envelope import RunState
 from .events import RunEvent
 from .errors import (
     AdapterError,
+    ApprovalWaitingError,
     CallFailed,
+    ChildCycleError,
     CorruptStateError,
     FencedError,
     ForeignStateError,
@@ -69,6 +71,7 @@ __all__ = [
     "AdapterError",
     "Approval",
     "ApprovalRequest",
+    "ApprovalWaitingError",
     "AsyncEffectAdapter",
     "AsyncRun",
     "Backoff",
@@ -76,6 +79,7 @@ __all__ = [
     "BudgetCounters",
     "CallFailed",
     "Cancellation",
+    "ChildCycleError",
     "Clock",
     "CorruptStateError",
     "DurableFunction",

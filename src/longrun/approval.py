@@ -7,7 +7,10 @@ the same digests (``python -m longrun approve`` copies them from the request). T
 
 - grants only an approval whose every scope field equals the request's, whose expiry lies in the
   future, and whose id was never consumed; the runner then records the id as consumed in the same
-  commit that starts the effect, so one approval authorizes one effect, once;
+  commit that starts the effect, so one approval authorizes one effect, once. Of several that
+  qualify (two writers raced), the first granted is used: the earliest ``granted_at``, then the
+  smaller id; never the order a store happens to list them in, so every store and every run picks
+  the same one (an answer's value depends on it);
 - refuses, and reports ``unsafe-to-continue``, an approval broader than requested (a wildcard or
   missing scope field): someone tried to authorize more than was asked;
 - otherwise (missing, expired, replayed, for another plan, step, payload or action) keeps the step
@@ -19,6 +22,10 @@ record is judged before the gate, by the sources in ``longrun.authority``, which
 they refuse with its reason in ``error``; the gate reports such a record as not used, so a refused
 record never authorizes anything.
 
+Writers refuse a second approval of a request that already has one waiting (``refuse_second``,
+which ``longrun approve`` and ``longrun answer`` call before they write; ``ApprovalWaitingError``).
+Two writers that race past that check both get in; the gate's order above then decides.
+
 Not guaranteed here: who wrote the approval. With the default source (the store) anyone who can
 write to the control area can approve; see ``longrun.authority`` for strict mode and signatures.
 """
@@ -26,15 +33,27 @@ write to the control area can approve; see ``longrun.authority`` for strict mode
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from . import _fields as f
 from .canonical import JSONValue
+from .contract import ASK_ACTION
 from .control import ControlRecord
-from .errors import CorruptStateError
+from .errors import ApprovalWaitingError, CorruptStateError
 
-__all__ = ["Approval", "ApprovalRequest", "GateDecision", "GateVerdict", "SCOPE_FIELDS", "evaluate_gate"]
+__all__ = [
+    "Approval",
+    "ApprovalRequest",
+    "GateDecision",
+    "GateVerdict",
+    "SCOPE_FIELDS",
+    "evaluate_gate",
+    "granted_order",
+    "refuse_second",
+    "waiting_approvals",
+]
 
 SCOPE_FIELDS = ("task_id", "plan_digest", "step_id", "payload_digest", "action")
 _SCOPE_SPEC = (
@@ -133,6 +152,10 @@ class Approval:
             fields["answer"] = self.answer
         return fields
 
+    def scope_matches(self, request: ApprovalRequest) -> bool:
+        """Whether every scope field equals ``request``'s (task, plan, step, payload, action)."""
+        return all(getattr(self, name) == getattr(request, name) for name in SCOPE_FIELDS)
+
     def to_json(self) -> dict[str, JSONValue]:
         """The record as written: ``signed_fields()``, the signature if any, and ``schema_version``
         (not signed: it only says which readers may read the record, and they refuse any other)."""
@@ -198,7 +221,7 @@ def evaluate_gate(
     """Decide whether any of ``records`` authorizes ``request`` now (see the module docstring)."""
     reasons: list[str] = []
     refusals: list[str] = []
-    granted: Approval | None = None
+    candidates: list[Approval] = []
     for raw in records:
         if raw.error is not None:
             reasons.append(f"approval {raw.name} not used: {raw.error}")
@@ -226,8 +249,12 @@ def evaluate_gate(
             reasons.append(f"approval {approval.approval_id} was already consumed")
         elif now >= approval.expires_at:
             reasons.append(f"approval {approval.approval_id} expired at {approval.expires_at:.3f}")
-        elif granted is None:
-            granted = approval
+        else:
+            candidates.append(approval)
+    granted = min(candidates, key=granted_order) if candidates else None
+    for other in candidates:
+        if other is not granted and granted is not None:
+            reasons.append(f"approval {other.approval_id} also matches; {granted.approval_id}, granted first, is used")
     # A broader-than-requested record refuses the step even beside an exact one: someone tried to
     # authorize more than was asked, and an operator should look before anything runs.
     if refusals:
@@ -237,3 +264,63 @@ def evaluate_gate(
     if not reasons:
         reasons.append(f"no approval yet for step {request.step_id!r}")
     return GateDecision(GateVerdict.AWAITING, None, tuple(reasons))
+
+
+def granted_order(approval: Approval) -> tuple[float, str]:
+    """The order in which approvals of one request count: the first granted, then the smaller id."""
+    return (float(approval.granted_at), approval.approval_id)
+
+
+def waiting_approvals(
+    request: ApprovalRequest, records: Iterable[ControlRecord], consumed: frozenset[str] | set[str] | list[str], now: float
+) -> list[Approval]:
+    """The valid, unexpired, unconsumed approvals of ``records`` that cover ``request`` exactly, in
+    the order the gate would use them (``granted_order``)."""
+    used = set(consumed)
+    found = []
+    for raw in records:
+        if raw.error is not None:
+            continue
+        try:
+            approval = Approval.from_json(raw.body)
+        except CorruptStateError:
+            continue
+        if approval.approval_id not in used and now < approval.expires_at and approval.scope_matches(request):
+            found.append(approval)
+    return sorted(found, key=granted_order)
+
+
+def refuse_second(
+    request: ApprovalRequest,
+    records: Iterable[ControlRecord],
+    consumed: frozenset[str] | set[str] | list[str],
+    now: float,
+    *,
+    counts: Callable[[Approval], bool] | None = None,
+) -> None:
+    """``ApprovalWaitingError`` if an approval (or an answer) of ``request`` is already waiting,
+    unused: what a writer calls before it writes another. It names the one waiting. ``counts``
+    keeps only the records the runner would believe (a writer that signs counts only records
+    signed with its key: an unsigned one that a signed source refuses does not block it)."""
+    waiting = [approval for approval in waiting_approvals(request, records, consumed, now) if counts is None or counts(approval)]
+    if not waiting:
+        return
+    first = waiting[0]
+    if first.answer is not None or request.action == ASK_ACTION:
+        what = f"an answer ({_shown_answer(first.answer)}, by {first.approver}, approval {first.approval_id})"
+        rule = "the first answer written is the one the run reads"
+    else:
+        what = f"an approval (approval {first.approval_id}, by {first.approver})"
+        rule = "one approval authorizes the effect, once"
+    more = f", and {len(waiting) - 1} more" if len(waiting) > 1 else ""
+    raise ApprovalWaitingError(
+        f"step {request.step_id!r} of task {request.task_id!r} already has {what}{more} waiting, not yet used: {rule}; "
+        "nothing was written",
+        waiting=first.approval_id,
+    )
+
+
+
+def _shown_answer(answer: JSONValue) -> str:
+    text = json.dumps(answer, ensure_ascii=False)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -8,6 +8,8 @@
     |   +-- SizeLimitError            a value or the state is over a size limit; nothing was written
     |   +-- UnknownActionError        a step names an action with no adapter
     |   +-- UnknownTaskError(LookupError) no such task in the store
+    |   +-- ChildCycleError           a durable task asked for itself or an ancestor as its child
+    |   +-- ApprovalWaitingError      an approval or answer of the same request already waits, unused
     |   +-- ContractFileError         a run-contract file that cannot be used (its file and line)
     +-- StorageError(OSError)         the store could not read or write; __cause__ holds the OSError
     |   +-- FencedError               a write carried an epoch other than the store's current one
@@ -25,13 +27,20 @@
 
 Any other exception escaping ``EffectAdapter.apply`` is treated as "outcome unknown": the
 effect becomes ``uncertain`` and is reconciled by observation, never blindly retried.
+
+``exception_message`` and ``describe_exception`` are how longrun describes an exception it did not
+raise itself (a user's call, adapter, payload factory or store): a ``__str__`` that raises, or
+returns something other than text, is never called unguarded; the description then says
+``<unprintable TypeName>``.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "AdapterError",
+    "ApprovalWaitingError",
     "CallFailed",
+    "ChildCycleError",
     "ContractFileError",
     "CorruptStateError",
     "FencedError",
@@ -49,7 +58,36 @@ __all__ = [
     "TransientError",
     "UnknownActionError",
     "UnknownTaskError",
+    "describe_exception",
+    "exception_message",
+    "exception_type_name",
 ]
+
+
+def exception_type_name(exc: BaseException) -> str:
+    """The name of ``exc``'s type; a metaclass may make even that raise, so it is guarded too."""
+    try:
+        name = type(exc).__name__
+    except Exception:
+        return "<unnamed exception type>"
+    return name if isinstance(name, str) else "<unnamed exception type>"
+
+
+def exception_message(exc: BaseException) -> str:
+    """``str(exc)``, or ``<unprintable TypeName>`` when its ``__str__`` raises (anything but a
+    ``BaseException`` that is not an ``Exception``, such as ``KeyboardInterrupt``, which propagates);
+    lone surrogates are escaped, so the text can be stored as JSON."""
+    try:
+        text = str(exc)
+    except Exception:
+        return f"<unprintable {exception_type_name(exc)}>"
+    # The escaping ``canonical.printable`` does (errors imports nothing of longrun's).
+    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``TypeName: message`` for an exception longrun did not raise itself (see ``exception_message``)."""
+    return f"{exception_type_name(exc)}: {exception_message(exc)}"
 
 
 class LongrunError(Exception):
@@ -77,6 +115,26 @@ class UnknownActionError(InvalidInputError):
 
 class UnknownTaskError(InvalidInputError, LookupError):
     """The store holds no task by that id."""
+
+
+class ChildCycleError(InvalidInputError):
+    """A durable task asked for itself, or one of its ancestors, as its child: it would wait on
+    itself for ever. ``lineage`` is the chain from the task up to its root; nothing was started."""
+
+    def __init__(self, message: str, *, child: str, lineage: tuple[str, ...]):
+        super().__init__(message)
+        self.child = child
+        self.lineage = lineage
+
+
+class ApprovalWaitingError(InvalidInputError):
+    """An approval (or an answer) of the same request is already written and not yet used: a second
+    one is refused, so that which one counts never depends on storage order. Nothing was written;
+    ``waiting`` names the approval id already waiting."""
+
+    def __init__(self, message: str, *, waiting: str):
+        super().__init__(message)
+        self.waiting = waiting
 
 
 class ContractFileError(InvalidInputError):

@@ -53,7 +53,7 @@ from typing import Any, Callable, Mapping
 
 from . import _fields as f
 from .canonical import JSONValue
-from .errors import CorruptStateError, InvalidInputError
+from .errors import CorruptStateError, InvalidInputError, describe_exception
 __all__ = ["Lease", "LeaseKeeper", "LeaseRepair", "MonotonicReading", "boot_clock_id"]
 
 log = logging.getLogger("longrun")
@@ -282,7 +282,7 @@ class LeaseKeeper:
             try:
                 renewed = self._renew(self.lease)
             except Exception as exc:  # recorded and acted on by the runner, never dropped
-                log.warning("lease renewal for %s failed: %s", self._lease.task_id, exc)
+                log.warning("lease renewal for %s failed: %s", self._lease.task_id, describe_exception(exc))
                 self.failure = exc
                 return
             with self._lock:

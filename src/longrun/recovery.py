@@ -32,6 +32,7 @@ import logging
 from dataclasses import dataclass, replace
 
 from .adapters import EffectRequest, Observation, ObservedState
+from .errors import describe_exception
 from .ledger import EffectRecord, EffectState, recordable_result
 from .protocols import EffectAdapter
 
@@ -76,8 +77,9 @@ def as_observation(request: EffectRequest, returned: object) -> Observation:
     if isinstance(returned, Exception):
         # An Observation the adapter built wrongly (a dict as evidence, a result that is not JSON)
         # raises InvalidInputError inside observe: an adapter bug, so the outcome is unknown.
-        log.warning("observe of %s failed: %r", request.key, returned)
-        return Observation.unknown(f"observe raised {type(returned).__name__}: {returned}")
+        described = describe_exception(returned)  # the adapter's exception may not even print itself
+        log.warning("observe of %s failed: %s", request.key, described)
+        return Observation.unknown(f"observe raised {described}")
     if not isinstance(returned, Observation):
         return Observation.unknown(f"observe returned {type(returned).__name__}, not an Observation")
     return returned

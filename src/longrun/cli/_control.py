@@ -4,6 +4,10 @@
 touches the state. ``repair --lease`` replaces a damaged lease record through the store's
 ``repair_lease`` (the damaged record is moved aside, never deleted; see ``stores.base``).
 
+``cancel`` also cancels the unfinished children a durable task started (not those started with
+``detached=True``), and theirs, each by a record naming its parent, written the same way; it says
+how many.
+
 ``approve`` first shows the pending request in full: the task, step and action, the payload the
 step will apply (pretty-printed from the state's record, long values elided with their size, every
 control character escaped: see ``_payload``), its digest and the expiry. It then copies the
@@ -37,8 +41,8 @@ import sys
 import time
 from typing import TextIO
 
-from ..approval import Approval, ApprovalRequest
-from ..authority import FileControlSource, key_id, load_key, sign_approval, sign_cancellation
+from ..approval import Approval, ApprovalRequest, refuse_second, waiting_approvals
+from ..authority import FileControlSource, key_id, load_key, sign_approval, sign_cancellation, verify_approval
 from ..cancellation import Cancellation
 from ..canonical import JSONValue, digest_of, ensure_json, parse_json
 from ..contract import ASK_ACTION
@@ -93,20 +97,23 @@ def open_control_root(directory: str | None) -> FileControlSource | None:
 
 
 def unconsumed_matches(source: ApprovalSource, request: ApprovalRequest, consumed: list[str], now: float) -> list[str]:
-    """Ids of existing, unexpired, unconsumed approvals that already cover ``request``."""
-    ids = []
-    for raw in source.read_approvals(request.task_id):
-        if raw.error is not None:
-            continue
-        try:
-            approval = Approval.from_json(raw.body)
-        except CorruptStateError:
-            continue
-        if approval.approval_id not in consumed and now < approval.expires_at and all(
-            getattr(approval, name) == value for name, value in request.scope().items()
-        ):
-            ids.append(approval.approval_id)
-    return ids
+    """Ids of existing, unexpired, unconsumed approvals that already cover ``request``, the one the
+    run would use first."""
+    return [approval.approval_id for approval in waiting_approvals(request, source.read_approvals(request.task_id), consumed, now)]
+
+
+def _check_choice(state: RunState, request: ApprovalRequest, answer: JSONValue) -> None:
+    """``InvalidInputError`` listing the choices if the question has some and ``answer`` is not one
+    (by the rule the run applies: Python equality, so ``1`` and ``1.0`` are the same answer)."""
+    record = state.effects.get(request.step_id)
+    payload = record.payload if record is not None else None
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    if isinstance(choices, list) and answer not in choices:
+        listed = json.dumps(choices, ensure_ascii=False)
+        raise InvalidInputError(
+            f"{json.dumps(answer, ensure_ascii=False)[:200]} is not one of the choices of step {request.step_id!r}: "
+            f"{listed[:1000]}; nothing was written"
+        )
 
 
 def _confirm(stdin: TextIO, err: TextIO) -> bool:
@@ -208,12 +215,14 @@ def cmd_approve(
         if answer is None:
             raise CliError(f"step {request.step_id!r} asks a question: answer it with `longrun answer`", ExitCode.USAGE)
         raise CliError(f"step {request.step_id!r} is an effect, not a question: approve it with `longrun approve`", ExitCode.USAGE)
+    if answer is not None:
+        _check_choice(state, request, answer)
     now = time.time()
-    existing = unconsumed_matches(control or store, request, state.consumed_approvals, now)
-    shown = _request_text(task_id, state, request, now) + "".join(
-        f"  note: approval {approval_id} already covers this request and is unused; only one will be consumed\n"
-        for approval_id in existing
-    )
+    # Where this command writes is where a second record would go: refused there, before anything is asked.
+    # A signed approval is not blocked by an unsigned one, which a runner that wants signatures refuses.
+    counts = None if key is None else (lambda approval: verify_approval(approval, key) is None)
+    refuse_second(request, (control or store).read_approvals(task_id), state.consumed_approvals, now, counts=counts)
+    shown = _request_text(task_id, state, request, now)
     if not as_json:
         out.write(shown)
         out.flush()
@@ -240,7 +249,6 @@ def cmd_approve(
                 "approval": approval.to_json(),
                 "signed_with_key": key_id(key) if key is not None else None,
                 "written_to": written,
-                "unused_matching_approvals": existing,
             },
         )
         return 0
@@ -290,19 +298,31 @@ def cmd_cancel(
         err.write(f"longrun: note: the earlier cancellation record could not be read ({exc}); it is replaced\n")
         earlier = None
     now = time.time()
-    record = Cancellation(task_id=task_id, requested_at=now, requested_by=requested_by, reason=reason)
-    if key is not None:
-        record = sign_cancellation(record, key)
-    written = None
-    if control is not None:
-        written = control.write_cancellation(record)
-    else:
+
+    def write(record: Cancellation) -> str | None:
+        """Sign ``record`` if asked to, and write it where this command writes: the control root or the store."""
+        if key is not None:
+            record = sign_cancellation(record, key)
+        if control is not None:
+            return control.write_cancellation(record)
         store.write_cancellation(record)
+        return None
+
+    record = Cancellation(task_id=task_id, requested_at=now, requested_by=requested_by, reason=reason)
+    written = write(record)
+    children: list[str] = []
+    if state is not None:
+        from ..functions import cancel_children  # the durable face: only a task that may have children
+
+        children = cancel_children(store, task_id, record, write=write, source=control or store, state=state)
+    if key is not None:
+        record = sign_cancellation(record, key)  # as written, for the JSON report
     if as_json:
         write_json(
             out,
             {
                 "cancellation": record.to_json(),
+                "children_cancelled": children,
                 "replaced_earlier_record": earlier is not None,
                 "signed_with_key": key_id(key) if key is not None else None,
                 "written_to": written,
@@ -317,6 +337,7 @@ def cmd_cancel(
         f"  at      {format_time(now)}\n"
         + (f"  signed  hmac-sha256 with key {key_id(key)}\n" if key is not None else "")
         + (f"  file    {written}\n" if written is not None else "")
+        + (f"  children  {len(children)} cancelled ({', '.join(children)}): the unfinished tasks it started, and theirs\n" if children else "")
         + "the runner reads it before every new effect: an effect in flight is still reconciled, "
         "then the run ends cancelled\n"
     )

@@ -27,7 +27,7 @@ import sys
 import traceback
 from typing import Sequence, TextIO
 
-from ..errors import CorruptStateError, LongrunError, StorageError
+from ..errors import CorruptStateError, LongrunError, StorageError, exception_message
 from ..protocols import Store
 from ._common import (
     CliError,
@@ -284,12 +284,13 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
 
 def error_text(exc: BaseException) -> str:
     """The error as one line (a driver's message may span several)."""
+    message = exception_message(exc)  # an OSError may come from a user's store or adapter
     if isinstance(exc, CorruptStateError):
-        text = f"damaged state: {exc}"
+        text = f"damaged state: {message}"
     elif isinstance(exc, StorageError) or (isinstance(exc, OSError) and not isinstance(exc, LongrunError)):
-        text = f"storage error: {exc}"
+        text = f"storage error: {message}"
     else:
-        text = str(exc)
+        text = message
     return re.sub(r"\s*\n\s*", " ", text.strip())
 
 

@@ -120,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
         "approve",
         "approve a task's pending approval request (exactly its scope, once)",
         "Show the task's pending approval request and write an approval bound to its "
-        "task, plan digest, step, payload digest and action. It authorizes that one effect, once.",
+        "task, plan digest, step, payload digest and action. It authorizes that one effect, once. "
+        "Refused (exit 2, nothing written) if an approval of the request is already waiting, unused.",
     )
     add_store(approve, task=True)
     approve.add_argument("--step", metavar="STEP", type=step_id, help="which pending request, when there are several")
@@ -130,14 +131,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     approve.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     add_authority_options(approve, "approval")
-    add_json(approve, "{request, approval, signed_with_key, written_to, unused_matching_approvals} (the prompt goes to stderr)")
+    add_json(approve, "{request, payload, approval, signed_with_key, written_to} (the prompt goes to stderr)")
 
     answer = add(
         "answer",
         "answer a pending question (a durable function's run.ask, a session's stop) with a value, once",
         "Write an answer bound to the task, plan digest, step and the question's digest, as an approval "
         "of that question that carries the value. VALUE is read as JSON if it parses (42, true, "
-        '"text", [1, 2]), else as a plain string.',
+        '"text", [1, 2]), else as a plain string. Refused (exit 2, nothing written) if the question '
+        "already has an answer waiting (the first one written is the one the run reads; the error names "
+        "it) or if VALUE is not one of the question's choices (the error lists them).",
     )
     add_store(answer, task=True)
     answer.add_argument("step", metavar="STEP", type=step_id, help="the step id of the question")
@@ -147,19 +150,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--ttl", metavar="SECONDS", type=positive_seconds, default=3600.0, help="how long the answer is valid (default 3600)"
     )
     add_authority_options(answer, "answer")
-    add_json(answer, "{request, approval, signed_with_key, written_to, unused_matching_approvals}")
+    add_json(answer, "{request, payload, approval, signed_with_key, written_to}")
 
     cancel = add(
         "cancel",
         "ask a task to start no new effect; its next run ends cancelled",
         "Write the task's cancellation record. The runner reads it before every new "
-        "effect; an effect already in flight is still reconciled, then the run ends cancelled.",
+        "effect; an effect already in flight is still reconciled, then the run ends cancelled. The "
+        "unfinished children a durable task started (not detached ones) are cancelled too, the same way.",
     )
     add_store(cancel, task=True)
     cancel.add_argument("--reason", metavar="TEXT", type=reason, default="cancelled by an operator from the command line")
     cancel.add_argument("--by", metavar="NAME", type=non_empty, help="who cancels (default: the login name)")
     add_authority_options(cancel, "cancellation")
-    add_json(cancel, "{cancellation, replaced_earlier_record, signed_with_key, written_to, run_already_ended}")
+    add_json(cancel, "{cancellation, children_cancelled, replaced_earlier_record, signed_with_key, written_to, run_already_ended}")
 
     repair = add(
         "repair",

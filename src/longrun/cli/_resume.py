@@ -48,7 +48,7 @@ from typing import Any, Callable, Sequence, TextIO
 
 from ..canonical import parse_json
 from ..engine import utc
-from ..errors import CorruptStateError, LongrunError, PayloadError
+from ..errors import CorruptStateError, LongrunError, PayloadError, describe_exception
 from ..outcome import ENDED_UNFINISHED, RunOutcome, Status
 from ._common import (
     CliError, ExitCode, TaskCodeError, checked_task, close_store, evidence_line, name_store, open_store, store_label, write_json,
@@ -68,7 +68,7 @@ def _usage(message: str) -> CliError:
 
 
 def _explain(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+    return describe_exception(exc)
 
 
 def load_target(target: str, paths: Sequence[str], err: TextIO, verbose: bool, *, runner_factory: bool = True) -> Any:

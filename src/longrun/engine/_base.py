@@ -16,7 +16,7 @@ from ..canonical import JSONValue, printable
 from ..clock import SystemClock
 from ..contract import RunContract
 from ..envelope import RunState
-from ..errors import FencedError, InvalidInputError, SizeLimitError, UnknownActionError
+from ..errors import FencedError, InvalidInputError, SizeLimitError, UnknownActionError, describe_exception
 from ..events import EventHook, Reporter
 from ..lease import Lease, LeaseKeeper, MonotonicReading
 from ..ledger import EffectRecord, VerifiedResults
@@ -144,6 +144,9 @@ class EngineBase:
         self._dirty = False
         self._changed: set[str] = set()
         self._cancellation_checked = False
+        self.cancelled_with: tuple[str, ...] = ()
+        """Other tasks whose cancellation record cancels this run too, read through the same source
+        after the task's own (a child's ancestors, up to the first detached link); set by the plan."""
         self._policies: dict[str, RetryPolicy] = {}
         self._timeouts: dict[str, float] = {}
         self._stopping: Stop | None = None
@@ -196,7 +199,7 @@ class EngineBase:
         """The lease to write under; raises ``Stop(lease-lost)`` if background renewal failed."""
         assert self._keeper is not None
         if self._keeper.failure is not None:
-            self._evidence.observed("lease", f"background renewal failed: {self._keeper.failure}")
+            self._evidence.observed("lease", f"background renewal failed: {describe_exception(self._keeper.failure)}")
             raise Stop(Status.LEASE_LOST, "nothing on this runner: the lease was lost, no further write was made")
         lease = self._keeper.lease
         if self._keeper.stale(self.lease_ttl_s):

@@ -12,7 +12,7 @@ from ..adapters import ObservedState
 from ..budget import RetryPolicy
 from ..canonical import printable
 from ..contract import Step
-from ..errors import PermanentError, TransientError
+from ..errors import PermanentError, TransientError, describe_exception
 from ..ledger import EffectRecord, EffectState, check_receipt
 from ..outcome import Status
 from ..recovery import Verdict, settle
@@ -158,10 +158,11 @@ class EffectRules(StepRules):
             yield from self._timed_out(step, record, exc)
             return
         except Exception as exc:  # outcome unknown: recorded as uncertain and observed, never retried blind
-            log.warning("apply of %s raised %r; observing", record.key, exc)
+            described = describe_exception(exc)  # never trusting the adapter's exception to print itself
+            log.warning("apply of %s raised %s; observing", record.key, described)
             self._current_lease()
-            self._evidence.observed(f"adapter:{step.action}", f"{record.key} attempt {attempt} raised {type(exc).__name__}: {exc}")
-            record = record.move(EffectState.UNCERTAIN, self.clock.now(), last_error=printable(f"{type(exc).__name__}: {exc}"))
+            self._evidence.observed(f"adapter:{step.action}", f"{record.key} attempt {attempt} raised {described}")
+            record = record.move(EffectState.UNCERTAIN, self.clock.now(), last_error=described)
             self._put(record)
             yield from self._settle(step, record)
             return

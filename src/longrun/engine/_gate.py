@@ -46,6 +46,14 @@ class Gating(Reconciling):
     def _check_cancellation(self) -> None:
         assert self._state is not None
         raw = self.cancellations.read_cancellation(self.task_id)
+        whose, named = self.task_id, "cancellation record"
+        for ancestor in self.cancelled_with if raw is None else ():
+            # Read through the same source as the task's own, so a signed or strictly owned record
+            # of a parent reaches its children exactly as it reaches the parent.
+            raw = self.cancellations.read_cancellation(ancestor)
+            if raw is not None:
+                whose, named = ancestor, f"cancellation record of ancestor task {ancestor!r}"
+                break
         if _crashpoints.ARMED:
             _crashpoints.hit("cancellation.read")
         if raw is None:
@@ -55,9 +63,9 @@ class Gating(Reconciling):
                 self._evidence.inferred("no cancellation record: new effects are allowed (read again before each one)")
                 self._cancellation_checked = True
             return
-        item = self._evidence.observed("control", _describe("cancellation record", raw))
+        item = self._evidence.observed("control", _describe(named, raw))
         self._state.note_control(item)
-        judgement = judge_cancellation(raw, self.task_id)
+        judgement = judge_cancellation(raw, whose)
         if judgement.verdict == "refused":
             # Not an operator's word, so not a cancellation (which would end the run for good, in
             # someone's name); but someone wrote in the control area, so nothing new starts either.
@@ -77,6 +85,12 @@ class Gating(Reconciling):
             )
         record = judgement.record
         assert record is not None and judgement.verdict == "cancelled"
+        if whose != self.task_id:
+            raise self._stop(
+                Status.CANCELLED,
+                f"nothing: its ancestor task {whose!r} was cancelled by {record.requested_by}: {record.reason}; "
+                "no new effect will start",
+            )
         raise self._stop(
             Status.CANCELLED, f"nothing: the run was cancelled by {record.requested_by}: {record.reason}; no new effect will start"
         )

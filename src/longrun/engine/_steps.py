@@ -8,9 +8,18 @@ from typing import Callable, Sequence
 from .. import _crashpoints
 from .._io import COMMIT, ApplyTimedOut, Invoke, Sleep, Steps, drive
 from ..budget import RetryPolicy
-from ..canonical import MAX_VALUE_BYTES, JSONValue, canonical_bytes, digest_of, ensure_json, printable
+from ..canonical import MAX_VALUE_BYTES, JSONValue, canonical_bytes, digest_of, ensure_json
 from ..contract import Step
-from ..errors import InvalidInputError, PayloadError, PermanentError, SizeLimitError, TransientError
+from ..errors import (
+    InvalidInputError,
+    PayloadError,
+    PermanentError,
+    SizeLimitError,
+    TransientError,
+    describe_exception,
+    exception_message,
+    exception_type_name,
+)
 from ..ledger import IN_FLIGHT, EffectRecord, EffectState, recordable_result
 from ..outcome import RunOutcome, Status
 from ._evidence import EvidenceLog
@@ -94,11 +103,11 @@ class StepRules(Gating):
                 raise self._failed_for_good(step, record, exc, source=f"call:{step.step_id}") from None
             except Exception as exc:  # recorded as the call's outcome: replayed identically, never retried
                 self._current_lease()
-                failure: JSONValue = {"type": type(exc).__name__, "message": printable(str(exc))}
-                record = record.move(
-                    EffectState.FAILED, self.clock.now(), result=failure, last_error=printable(f"{type(exc).__name__}: {exc}")
-                )
-                self._evidence.observed(f"call:{step.step_id}", f"attempt {attempt} raised {type(exc).__name__}: {exc}")
+                # Described without trusting its __str__: one that raises is still the call's outcome.
+                described = describe_exception(exc)
+                failure: JSONValue = {"type": exception_type_name(exc), "message": exception_message(exc)}
+                record = record.move(EffectState.FAILED, self.clock.now(), result=failure, last_error=described)
+                self._evidence.observed(f"call:{step.step_id}", f"attempt {attempt} raised {described}")
                 self._put(record)
                 return record
             if _crashpoints.ARMED:
@@ -266,7 +275,7 @@ class StepRules(Gating):
             except InvalidInputError:
                 raise
             except Exception as exc:  # the factory is user code (an LLM call, say): name it and keep the cause
-                raise PayloadError(f"the payload factory of step {step.step_id!r} raised {type(exc).__name__}: {exc}") from exc
+                raise PayloadError(f"the payload factory of step {step.step_id!r} raised {describe_exception(exc)}") from exc
             digest = digest_of(payload, what=f"step {step.step_id!r} payload", max_bytes=MAX_VALUE_BYTES, checked=True)
         record = EffectRecord(
             key=step.effect_key(self.task_id),
@@ -303,15 +312,17 @@ class StepRules(Gating):
     def _failed_for_good(self, step: Step, record: EffectRecord, exc: PermanentError, *, source: str) -> Stop:
         """``PermanentError``: the step did not happen and never will; the run stops ``blocked``."""
         self._current_lease()
-        self._put(record.move(EffectState.FAILED, self.clock.now(), last_error=printable(f"permanent: {exc}")))
-        self._evidence.observed(source, f"{record.key} attempt {record.attempts} failed permanently: {exc}")
-        return self._stop(Status.BLOCKED, f"fix the cause of the permanent failure of step {step.step_id!r} ({exc}); the run is over")
+        message = exception_message(exc)
+        self._put(record.move(EffectState.FAILED, self.clock.now(), last_error=f"permanent: {message}"))
+        self._evidence.observed(source, f"{record.key} attempt {record.attempts} failed permanently: {message}")
+        return self._stop(Status.BLOCKED, f"fix the cause of the permanent failure of step {step.step_id!r} ({message}); the run is over")
 
     def _transient(self, step: Step, record: EffectRecord, exc: Exception) -> Steps[None]:
         assert self._state is not None
         self._current_lease()
-        self._evidence.observed(f"adapter:{step.action}", f"{record.key} attempt {record.attempts} failed transiently: {exc}")
-        record = record.move(EffectState.PLANNED, self.clock.now(), last_error=printable(f"transient: {exc}"))
+        message = exception_message(exc)
+        self._evidence.observed(f"adapter:{step.action}", f"{record.key} attempt {record.attempts} failed transiently: {message}")
+        record = record.move(EffectState.PLANNED, self.clock.now(), last_error=f"transient: {message}")
         record = self._with_backoff(record)
         self._put(record)
         yield COMMIT

@@ -29,10 +29,16 @@ answer, the time, a random choice, a read) belongs inside ``run.call`` so that i
 
 An exception the function raises (other than a stop, which the engine handles) is committed with
 what was settled before it, and re-raised to the caller of ``run()``; the task stays resumable.
+
+Children (``run.child``): a task that ends ``cancelled`` cancels the children it started and has
+not seen finish, unless they were started with ``detached=True`` (``cancel_children``, which
+``longrun cancel`` uses too); a child that is the task itself or an ancestor is refused with
+``ChildCycleError``.
 """
 
 from ..contract import ASK_ACTION
 from ._durable import DurableFunction, durable
+from ._family import cancel_children
 from ._run import AsyncRun, Run
 from ._steps import (
     CALL_ACTION,
@@ -42,4 +48,4 @@ from ._steps import (
     qualified_name,
 )
 
-__all__ = ["ASK_ACTION", "CALL_ACTION", "CHILD_ACTION", "FUNCTION_STEP", "SLEEP_ACTION", "AsyncRun", "DurableFunction", "Run", "durable", "qualified_name"]
+__all__ = ["ASK_ACTION", "CALL_ACTION", "CHILD_ACTION", "FUNCTION_STEP", "SLEEP_ACTION", "AsyncRun", "DurableFunction", "Run", "cancel_children", "durable", "qualified_name"]

@@ -16,7 +16,8 @@ from ..errors import InvalidInputError, UnknownTaskError
 from ..outcome import RunOutcome, Status
 from ..protocols import AnyEffectAdapter, Store
 from ._plan import FunctionPlan, Recording, run_coroutine
-from ._steps import qualified_name
+from ._family import cancelled_down
+from ._steps import ChildLink, qualified_name
 
 __all__ = ["DurableFunction", "durable"]
 
@@ -43,12 +44,18 @@ class DurableFunction(Generic[R]):
         return dataclasses.replace(self._contract, task_id=check_task_id(task_id))
 
     def _plan(
-        self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any], *, parent: str | None = None
+        self,
+        task_id: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        link: ChildLink | None = None,
     ) -> tuple[Engine, FunctionPlan]:
         contract = self.contract_for(task_id)
         arguments = ensure_json({"args": list(args), "kwargs": dict(kwargs)}, what=f"arguments of {self.name}")
         assert isinstance(arguments, dict)
-        return Engine(contract, **self._options), FunctionPlan(self, arguments, contract, parent)
+        plan = FunctionPlan(self, arguments, contract, link)
+        return Engine(contract, **self._options), plan
 
     @property
     def is_async(self) -> bool:
@@ -63,22 +70,40 @@ class DurableFunction(Generic[R]):
         if self.is_async:
             return run_coroutine(self.arun(task_id, *args, **kwargs), f"{self.name}.run")
         engine, plan = self._plan(task_id, args, kwargs)
-        return engine.run(plan)
+        return cancelled_down(engine, engine.run(plan))
 
     async def arun(self, task_id: str, *args: Any, **kwargs: Any) -> RunOutcome:
         """``run``, awaited: an async function runs on this event loop, a synchronous one in a
         worker thread (so that many tasks can run side by side)."""
         return await self._arun(task_id, args, kwargs, None)
 
-    async def _arun(self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any], parent: str | None) -> RunOutcome:
-        engine, plan = self._plan(task_id, args, kwargs, parent=parent)
+    async def _arun(
+        self,
+        task_id: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        link: ChildLink | None,
+    ) -> RunOutcome:
+        engine, plan = self._plan(task_id, args, kwargs, link=link)
         if not self.is_async:
-            return await asyncio.to_thread(engine.run, plan)
-        return await engine.arun(plan)
+            outcome = await asyncio.to_thread(engine.run, plan)
+        else:
+            outcome = await engine.arun(plan)
+        if outcome.status is Status.CANCELLED:  # the store's calls block: in a thread, off this loop
+            return await asyncio.to_thread(cancelled_down, engine, outcome)
+        return outcome
 
-    async def arun_child(self, task_id: str, parent: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> RunOutcome:
+    async def arun_child(
+        self,
+        task_id: str,
+        parent: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        link: ChildLink | None = None,
+    ) -> RunOutcome:
         """``run_child``, awaited."""
-        return await self._arun(task_id, args, kwargs, parent)
+        return await self._arun(task_id, args, kwargs, link or ChildLink.of(parent))
 
     def plan_digest(self, task_id: str, *args: Any, **kwargs: Any) -> str:
         """The plan digest a task of this function with these arguments has: what an approval written
@@ -159,12 +184,22 @@ class DurableFunction(Generic[R]):
         clone._options = merged
         return clone
 
-    def run_child(self, task_id: str, parent: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> RunOutcome:
-        """``run`` for a child task of ``parent`` (``Run.child``): its first record names the parent."""
+    def run_child(
+        self,
+        task_id: str,
+        parent: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        link: ChildLink | None = None,
+    ) -> RunOutcome:
+        """``run`` for a child task of ``parent`` (``Run.child``): its first record names the parent
+        and the rest of ``link`` (its lineage, whether it is detached, whose cancellation reaches it)."""
+        link = link or ChildLink.of(parent)
         if self.is_async:
-            return run_coroutine(self.arun_child(task_id, parent, args, kwargs), f"child {task_id!r}")
-        engine, plan = self._plan(task_id, args, kwargs, parent=parent)
-        return engine.run(plan)
+            return run_coroutine(self.arun_child(task_id, parent, args, kwargs, link=link), f"child {task_id!r}")
+        engine, plan = self._plan(task_id, args, kwargs, link=link)
+        return cancelled_down(engine, engine.run(plan))
 
     def __repr__(self) -> str:
         return f"<durable function {self.name}>"

@@ -15,7 +15,7 @@ from ..errors import InvalidInputError
 from ..ledger import EffectState
 from ..outcome import RunOutcome, Status
 from ._run import AsyncRun, Run
-from ._steps import FUNCTION_STEP
+from ._steps import FUNCTION_STEP, ChildLink, cancelled_with
 
 if TYPE_CHECKING:
     from ._durable import DurableFunction
@@ -27,19 +27,25 @@ class FunctionPlan:
     """The ``Plan`` of a durable function: its code is the plan, its arguments pin it."""
 
     def __init__(
-        self, function: DurableFunction[Any], arguments: dict[str, JSONValue], contract: RunContract, parent: str | None = None
+        self,
+        function: DurableFunction[Any],
+        arguments: dict[str, JSONValue],
+        contract: RunContract,
+        link: ChildLink | None = None,
     ):
         self._function = function
         self._arguments = arguments
         self._payload: dict[str, JSONValue] = {"function": function.name, **arguments}
-        if parent is not None:  # a child task names its parent; the link is not part of the plan digest
-            self._payload["parent"] = parent
+        if link is not None:  # a child task names its family; the links are not part of the plan digest
+            self._payload.update(link.recorded())
         self.digest = digest_of({"contract": contract.to_json(), "function": function.name, "arguments": arguments})
 
     def initial(self, engine: Engine, state: RunState) -> None:
         engine.plan(Step(FUNCTION_STEP, FUNCTION_STEP, self._payload))
+        engine.cancelled_with = cancelled_with(state)
 
     def accept(self, engine: Engine, state: RunState) -> None:
+        engine.cancelled_with = cancelled_with(state)  # as recorded: a resumed child names no parent in its call
         if state.plan_digest == self.digest:
             return
         recorded = state.effects.get(FUNCTION_STEP)

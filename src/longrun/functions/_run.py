@@ -117,15 +117,19 @@ class Run(RunSteps):
         files, signed records). With ``choices``, an answer outside them is refused and asked again."""
         return self._ask(step_id, question, choices)
 
-    def child(self, task_id: str, function: DurableFunction[Any], *args: Any, **kwargs: Any) -> Any:
+    def child(self, task_id: str, function: DurableFunction[Any], *args: Any, detached: bool = False, **kwargs: Any) -> Any:
         """Start or resume another durable task (its own lease and ledger) and return its result.
 
         While the child is not done, this run stops ``waiting-on-child`` with the child's next
         action; run it again once the child has moved on. A child that ended without finishing is
-        raised into the function as ``CallFailed``. The parent's record names the child task."""
-        step_id, record = self._child_record(task_id, function, args, kwargs)
+        raised into the function as ``CallFailed``. The parent's record names the child task, and
+        the child's names its parent and lineage. Cancelling this task cancels the child while it is
+        unfinished, unless ``detached=True`` (then it runs on by itself). A child that is this task
+        or one of its ancestors is refused with ``ChildCycleError``."""
+        step_id, record = self._child_record(task_id, function, args, kwargs, detached)
         if record.state is EffectState.PLANNED:
-            record = self._child_settled(step_id, task_id, function.run_child(task_id, self.task_id, args, kwargs))
+            outcome = function.run_child(task_id, self.task_id, args, kwargs, link=self._link(detached))
+            record = self._child_settled(step_id, task_id, outcome)
         return self._child_result(step_id, record)
 
 class AsyncRun(RunSteps):
@@ -183,10 +187,12 @@ class AsyncRun(RunSteps):
         """``Run.ask``: reads the answer (it never waits for a person; without one the run stops)."""
         return self._ask(step_id, question, choices)
 
-    async def child(self, task_id: str, function: DurableFunction[Any], *args: Any, **kwargs: Any) -> Any:
+    async def child(
+        self, task_id: str, function: DurableFunction[Any], *args: Any, detached: bool = False, **kwargs: Any
+    ) -> Any:
         """``Run.child``, awaited: an async child runs on this event loop, a synchronous one in a thread."""
-        step_id, record = self._child_record(task_id, function, args, kwargs)
+        step_id, record = self._child_record(task_id, function, args, kwargs, detached)
         if record.state is EffectState.PLANNED:
-            outcome = await function.arun_child(task_id, self.task_id, args, kwargs)
+            outcome = await function.arun_child(task_id, self.task_id, args, kwargs, link=self._link(detached))
             record = self._child_settled(step_id, task_id, outcome)
         return self._child_result(step_id, record)

@@ -13,7 +13,7 @@ import threading
 from typing import Any, Generator, Self, Sequence
 
 from ..contract import check_task_id
-from ..errors import LongrunError, SchemaVersionError, StorageError, UnknownTaskError
+from ..errors import LongrunError, SchemaVersionError, StorageError, UnknownTaskError, describe_exception
 from ._sql_schema import SCHEMA_VERSION, migrations
 from .base import BaseStore
 
@@ -121,7 +121,7 @@ class SqlConnection(BaseStore):
                 except LongrunError:
                     raise
                 except Exception as exc:  # whatever the driver or the caller's factory raises
-                    raise StorageError(f"{self!r}: cannot connect: {exc}") from exc
+                    raise StorageError(f"{self!r}: cannot connect: {describe_exception(exc)}") from exc
             errors = self._driver_errors()
             try:
                 if not self._schema_checked:

@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 from ..clock import SystemClock
-from ..errors import LongrunError, UnknownTaskError
+from ..errors import LongrunError, UnknownTaskError, describe_exception
 from ..functions import FUNCTION_STEP, DurableFunction
 from ..outcome import TERMINAL, RunOutcome, Status
 from ..protocols import CancellationSource, Clock, SigningSource, Store
@@ -151,7 +151,7 @@ class ClaimRunner:
         except UnknownTaskError:
             return Disposition("missing", error="the queue names a task the store does not hold")
         except LongrunError as exc:
-            return self._failed(claim, f"{type(exc).__name__}: {exc}")
+            return self._failed(claim, describe_exception(exc))
         record = state.effects.get(FUNCTION_STEP) if state is not None else None
         payload = record.payload if record is not None else None
         if state is None or not isinstance(payload, dict) or payload.get("function") != claim.function:
@@ -171,7 +171,7 @@ class ClaimRunner:
             variant, args, kwargs = prepared
             outcome = variant.run(claim.task_id, *args, **kwargs)
         except Exception as exc:  # the function's own code raised (what was settled is committed), or its options are bad
-            return self._failed(claim, f"{type(exc).__name__}: {exc}", exc)
+            return self._failed(claim, describe_exception(exc), exc)
         return self._disposition(claim, variant, outcome)
 
     async def _run_async(
@@ -180,7 +180,7 @@ class ClaimRunner:
         try:
             outcome = await variant.arun(claim.task_id, *args, **kwargs)
         except Exception as exc:
-            return self._failed(claim, f"{type(exc).__name__}: {exc}", exc)
+            return self._failed(claim, describe_exception(exc), exc)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self._disposition, claim, variant, outcome)
 

@@ -37,7 +37,7 @@ import socket
 import threading
 from typing import Any, Awaitable, Callable, Iterable, Mapping, TypeVar
 
-from ..errors import InvalidInputError, LongrunError
+from ..errors import InvalidInputError, LongrunError, describe_exception
 from ..functions import DurableFunction
 from ..protocols import Store
 from ..stores.queue import Claim, TaskQueue, open_queue
@@ -138,7 +138,7 @@ class Worker(ClaimRunner):
                 function.with_options(**self._overrides(function, store))
             except (LongrunError, TypeError) as exc:
                 self._queue.close()
-                raise InvalidInputError(f"worker {self.name} cannot run {function.name} with its options: {exc}") from exc
+                raise InvalidInputError(f"worker {self.name} cannot run {function.name} with its options: {describe_exception(exc)}") from exc
         self._statuses: dict[str, int] = {}
         self._drained = 0
         self._runs = 0
@@ -306,7 +306,7 @@ class Worker(ClaimRunner):
                 try:
                     prepared = await loop.run_in_executor(pool, self._prepare, claim)
                 except Exception as exc:
-                    prepared = self._failed(claim, f"{type(exc).__name__}: {exc}", exc)
+                    prepared = self._failed(claim, describe_exception(exc), exc)
                 disposition = prepared if isinstance(prepared, Disposition) else await self._run_async(claim, *prepared)
             else:
                 disposition = await loop.run_in_executor(pool, self._run_sync, claim)
