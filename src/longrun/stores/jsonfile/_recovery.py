@@ -1,6 +1,9 @@
 """Loading a task from the JSON-file store: the chain from ``state.json`` when it is whole, the
 longest valid chain when it is not, and, for a repairing load, making the recovery durable
-(invariants 3 and 4 of the package docstring).
+(invariants 3 and 4 of the package docstring). A rebuild that lacks a revision known committed
+(by the journals, or by the lease record's witness) is refused for a task whose records are not
+all effects (``RunState.observable_again``): its lost revisions may hold answers nothing can
+observe again (``stores.base`` invariant 7).
 
 ``Load`` is one load of one task: what it read, the evidence it gathered, and, when repairing, the
 files it moved aside. A read-only load changes no byte and no name.
