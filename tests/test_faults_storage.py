@@ -1,6 +1,7 @@
-"""Fault groups 3, 4 and 5 on the JSON-file store: power loss (a model replayed from a recorded
-trace, with a mutation check that removes each flush of the write protocol in turn), truncation
-and bit flips at every byte, and I/O errors at every I/O call.
+"""Fault groups 3, 4, 5 and 10 on the stores: power loss (a model replayed from a recorded trace,
+with a mutation check that removes each flush of the write protocol in turn), truncation and bit
+flips at every byte, I/O errors at every I/O call, and a finished task's blobs and records damaged
+(its recorded calls and answers must never change).
 
 ``LONGRUN_FAULTS_FULL=1`` runs the full counts (every byte, every mode)."""
 
@@ -27,6 +28,12 @@ class StorageFaultTests(FaultGroupCase):
 
     def test_group5_io_errors_at_every_call_leave_the_before_or_the_after_state(self) -> None:
         self.run_group(5)
+
+    def test_group10_damaged_blobs_and_lost_records_never_change_a_recorded_answer(self) -> None:
+        result = self.run_group(10)
+        [ends] = [note for note in result.notes if note.startswith("cases by how they ended")]
+        for end in ("json done", "json plan done", "json stopped", "sqlite stopped"):
+            self.assertIn(f"'{end}'", ends, "each way a case may end was reached")
 
 
 class FaultyIOTests(support.TempDirTest):

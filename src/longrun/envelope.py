@@ -33,7 +33,7 @@ from . import _fields as f
 from .approval import ApprovalRequest
 from .budget import BudgetCounters
 from .canonical import MAX_JSON_DEPTH, JSONValue, canonical_bytes, json_too_deep, parse_json, sha256_hex
-from .contract import Step
+from .contract import Step, is_internal
 from .errors import CorruptStateError, ForeignStateError, InvalidInputError, SchemaVersionError, SizeLimitError
 from .ledger import EffectRecord, EffectState
 from .outcome import Evidence, Status
@@ -202,6 +202,17 @@ class RunState:
     @property
     def completed_steps(self) -> list[str]:
         return [step_id for step_id, record in self.effects.items() if record.state is EffectState.VERIFIED]
+
+    @property
+    def observable_again(self) -> bool:
+        """Whether everything a later revision of this task can record is an effect that its target
+        can be asked about again: a declared plan (every record a user action). A durable function
+        or a session also records what no target can show again (a call's answer, a person's answer,
+        a timer's wake time, a child's link, a checkpoint), so a state of theirs rebuilt from an older
+        revision would lose records for good (see ``stores.base``, invariant 7)."""
+        if not self.effects:
+            return self.plan_outline is not None
+        return not any(is_internal(record.action) for record in self.effects.values())
 
     def note_control(self, evidence: Evidence) -> None:
         self.control_observations.append(evidence)

@@ -33,8 +33,12 @@ Invariants every store built on ``BaseStore`` keeps (the tests are built to brea
    committed, raises ``StateUnrecoverableError``: a crash loses at most a write whose sync never
    returned, which no witness ever names, so anything more is damage (a journal cut short, a copy
    restored, a database emptied or that lost its log), never a fresh start. A state rebuilt from
-   damage (``LoadResult.source == "backup"``) is already observed step by step, so it is not held
-   to the witness. The witness's epoch also floors the next epoch, so a lost lease record cannot
+   damage (``LoadResult.source == "backup"``) is held to the witness too, unless every record its
+   task can make is an effect whose target can be asked again (``RunState.observable_again``: a
+   declared plan), because the rebuilt state observes those step by step; a durable function's or
+   a session's lost revisions may hold a call's answer, a person's answer, an approval consumed, a
+   timer's wake time or a child's link, which nothing can observe again, so a run on the rebuilt
+   state would make them anew and could return another answer. The witness's epoch also floors the next epoch, so a lost lease record cannot
    make an epoch be issued twice. Not caught: a loss of commits made since the last lease write
    (the runner observes before its first apply for that), or a witness lost together with the
    state.
@@ -76,7 +80,7 @@ from ..lease import RELEASED, Lease, LeaseRepair, MonotonicReading
 from ..protocols import LoadResult
 from ._holders import HolderLocks
 
-__all__ = ["BaseStore", "Witness"]
+__all__ = ["BaseStore", "Witness", "lost_records_message"]
 
 log = logging.getLogger("longrun")
 
@@ -90,6 +94,19 @@ class Witness(NamedTuple):
     """A revision known committed: the state must never load below it (0: none known)."""
     source: str
     """Where it was read, for messages."""
+
+
+def lost_records_message(task_id: str, rebuilt: int, committed: int, evidence: str, quarantined: Collection[str] = ()) -> str:
+    """Why a state rebuilt from damage at revision ``rebuilt`` may not be loaded when ``evidence``
+    shows revision ``committed``: its task records what no target can show again (invariant 7)."""
+    moved = f"; the damaged files were moved to {', '.join(quarantined)}" if quarantined else ""
+    return (
+        f"task {task_id!r}: the state can only be rebuilt at revision {rebuilt}, but {evidence} shows that revision "
+        f"{committed} was committed, and this task records what no target can show again (a call's answer, a "
+        "person's answer, an approval consumed, a timer's wake time, a child's link): a run on the rebuilt state "
+        f"would make them anew and could change a recorded answer, so it is not loaded{moved}. Restore the damaged "
+        "or missing files (a blob, a journal, a snapshot) from a copy, or retire the task id"
+    )
 
 
 class BaseStore:
@@ -402,14 +419,18 @@ class BaseStore:
     @staticmethod
     def _check_witness(task_id: str, result: LoadResult, witness: Witness) -> None:
         """Invariant 7: refuse a state older than its witness, and a missing one it says existed."""
-        if witness.revision <= 0 or result.source == "backup":
+        if witness.revision <= 0:
             return
+        if result.source == "backup" and (result.state is None or result.state.observable_again):
+            return  # every revision lost held effects only: the rebuilt state observes them step by step
         if result.state is None:
             raise StateUnrecoverableError(
                 f"task {task_id!r} has no state, but {witness.source} shows that revision {witness.revision} was "
                 "committed: the state was lost (deleted, emptied, or a database that lost committed transactions), "
                 "which no crash can do; nothing was changed. Restore the state, or retire the task id"
             )
+        if result.source == "backup" and result.state.revision < witness.revision:
+            raise StateUnrecoverableError(lost_records_message(task_id, result.state.revision, witness.revision, witness.source))
         if result.state.revision < witness.revision:
             raise StateUnrecoverableError(
                 f"task {task_id!r}: the state loaded at revision {result.state.revision}, but {witness.source} shows "

@@ -11,7 +11,8 @@ The record as stored holds ``null`` in that field and a reference map beside its
 keeps a blob as the file ``<task>/blobs/<hex>``; the SQL stores as a row of ``longrun_blobs``;
 ``MemoryStore`` in the task's records. A blob is written before, or in the same transaction as,
 the first state that references it, and never rewritten: a compaction or a later commit writes
-the reference, not the bytes.
+the reference, not the bytes. (The JSON-file store moves a blob file that fails its digest to the
+task's quarantine, and then writes the same content afresh when a commit needs it.)
 
 Reading: ``BlobRef.from_json`` / ``refs_from_json`` validate the reference shape, and
 ``decode_blob`` checks a blob's size and SHA-256 against its reference before parsing it with

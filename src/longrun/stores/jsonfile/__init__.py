@@ -49,7 +49,13 @@ Invariants (``tests/test_store_jsonfile.py`` and ``tests/test_journal.py`` are b
    durable: damaged snapshots aside, a new journal, damaged journals aside, then the recovered
    state as a new snapshot at a revision above every revision that may have been committed (a
    damaged journal counts as holding as many as its size allows). If nothing validates it raises
-   ``StateUnrecoverableError``, and keeps raising it: never a silent fresh start.
+   ``StateUnrecoverableError``, and keeps raising it: never a silent fresh start. A rebuild is
+   refused the same way, before anything is moved or written, if the state it gives lacks a
+   revision the journals or the lease record show committed and the task's records are not all
+   effects (a durable function's or a session's: ``stores.base`` invariant 7). A blob that fails
+   its SHA-256 is named in the evidence and, by a repairing load, moved to
+   ``quarantine/blob.<sha256>.<time>.damaged``, so the next write of that content makes a fresh
+   file; a blob written again over a damaged file of its name moves that file aside first.
 5. A store object remembers what it last wrote (the shadow of the journal) and checks, under the
    lock, that the snapshot is still the one it wrote and that the journal's padding at its end is
    untouched; if another writer changed either, it refuses to commit until the task is loaded again.

@@ -12,6 +12,7 @@ The limits and tunables are module attributes read when used, so that setting on
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import stat
@@ -20,8 +21,8 @@ import time
 
 from ...contract import check_task_id
 from ...envelope import MAX_STATE_BYTES
-from ...errors import InvalidInputError, LongrunError, StorageError, UnknownTaskError
-from ..blobs import Blob, BlobRef, decode_blob
+from ...errors import CorruptStateError, InvalidInputError, LongrunError, StorageError, UnknownTaskError
+from ..blobs import Blob, decode_blob
 from .._fileio import TEMP_MARK, FileIO, ensure_dir, ensure_dirs, read_file, write_new_files
 from ..controlfiles import APPROVALS, CANCEL, CONTROL, MAX_APPROVAL_FILES, MAX_RECORD_BYTES
 
@@ -40,6 +41,8 @@ QUARANTINE = "quarantine"
 BLOBS = "blobs"
 """The task's blobs: large payloads and results, one file each, named by the SHA-256 of its bytes."""
 BLOB_NAME = re.compile(r"[0-9a-f]{64}")
+BLOB_QUARANTINE_PREFIX = "blob."
+"""A damaged blob in quarantine is ``blob.<digest>.<time>.damaged``."""
 MAX_JOURNAL_BYTES = MAX_STATE_BYTES
 COMPACT_MIN_BYTES = 1 << 20
 """A journal shorter than this is never compacted: below it, replaying costs less than a snapshot."""
@@ -53,6 +56,8 @@ PREALLOCATE_MAX = 1 << 20
 """A journal is zero-filled ahead of its end by its own size, between these bounds. Writing into
 blocks that are already allocated and written lets ``fdatasync`` skip the metadata flush that an
 append needs (the file size), which is most of its cost; the padding costs that once per extension."""
+
+log = logging.getLogger("longrun")
 
 NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 JOURNAL_NAME = re.compile(r"journal\.(0|[1-9][0-9]{0,17})\.log")
@@ -210,21 +215,43 @@ class TaskFiles:
 
     # -- blobs -------------------------------------------------------------------------------
 
-    def read_blob(self, task_id: str, ref: BlobRef, what: str) -> object:
-        """The value the blob ``ref`` holds, checked (``CorruptStateError`` if missing or damaged)."""
-        path = os.path.join(self.task_dir(task_id), BLOBS, ref.sha256)
+    def read_blob(self, task_id: str, digest: str) -> bytes | None:
+        """The bytes of the blob file named ``digest`` (unchecked), or None if there is none."""
+        path = os.path.join(self.task_dir(task_id), BLOBS, digest)
         try:
-            data = read_file(self.io, path, MAX_STATE_BYTES)
+            return read_file(self.io, path, MAX_STATE_BYTES)
         except FileNotFoundError:  # the blobs directory itself is gone
-            data = None
-        return decode_blob(ref, data, what)
+            return None
 
-    def write_blobs(self, task_id: str, blobs: list[Blob]) -> None:
+    def write_blobs(self, task_id: str, blobs: list[Blob]) -> list[str]:
         """Make the blobs durable: each file written and synced, renamed into place, then the blobs
-        directory synced once (made, and synced in the task directory, if missing)."""
+        directory synced once (made, and synced in the task directory, if missing). A file already
+        named by a blob's digest is kept only if its bytes match that digest: a damaged one is
+        moved to quarantine first and the blob written afresh. Returns where damaged ones went."""
         directory = os.path.join(self.task_dir(task_id), BLOBS)
         ensure_dir(self.io, directory)
+        moved = []
+        for blob in blobs:
+            if self.lstat(task_id, os.path.join(BLOBS, blob.ref.sha256)) is None:
+                continue
+            try:
+                decode_blob(blob.ref, self.read_blob(task_id, blob.ref.sha256), "a blob written again")
+            except CorruptStateError as exc:
+                moved.append(self.quarantine_blob(task_id, blob.ref.sha256))
+                log.warning("task %s: %s; moved to %s and written again", task_id, exc, moved[-1])
         write_new_files(self.io, directory, [(blob.ref.sha256, blob.data) for blob in blobs])
+        return moved
+
+    def quarantine_blob(self, task_id: str, digest: str) -> str:
+        """Move the blob file ``digest`` into the task's quarantine (durably, never deleted), so that a
+        later write of the same content makes a fresh file; returns its new relative name."""
+        directory = self.task_dir(task_id)
+        ensure_dir(self.io, os.path.join(directory, QUARANTINE))
+        target_name = f"{BLOB_QUARANTINE_PREFIX}{digest}.{time.time_ns()}.damaged"
+        self.io.replace(os.path.join(directory, BLOBS, digest), os.path.join(directory, QUARANTINE, target_name))
+        self.io.fsync_dir(os.path.join(directory, QUARANTINE))
+        self.io.fsync_dir(os.path.join(directory, BLOBS))
+        return os.path.join(QUARANTINE, target_name)
 
     def blob_names(self, task_id: str) -> list[str]:
         """The names of the task's blob files (temporary files left out)."""

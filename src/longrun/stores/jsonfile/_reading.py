@@ -18,7 +18,7 @@ from ...envelope import RunState
 from ...envelope import decode as decode_legacy
 from ...errors import CorruptStateError, ForeignStateError, SchemaVersionError
 from .. import _journal as journal
-from ..blobs import BlobRef
+from ..blobs import BlobRef, decode_blob
 from .._fileio import read_file, read_prefix
 from . import _layout as layout
 from ._layout import BACKUP, BLOBS, STATE, TaskFiles
@@ -97,6 +97,8 @@ class BlobReader:
         self.task_id = task_id
         self.values: dict[str, object] = {}
         self.seen: list[tuple[object, BlobRef]] = []
+        self.damaged: dict[str, str] = {}
+        """The blob files (by digest) that exist but fail their reference: why each failed."""
         self._checked = False
 
     def __call__(self, ref: BlobRef, what: str) -> object:
@@ -109,11 +111,17 @@ class BlobReader:
                 raise CorruptStateError(f"{BLOBS} in task {self.task_id!r} is not a plain directory")
             self._checked = True
         try:
-            value = self.files.read_blob(self.task_id, ref, what)
+            data = self.files.read_blob(self.task_id, ref.sha256)
         except OSError as exc:
             if exc.errno not in (errno.EINVAL, errno.EFBIG, errno.ELOOP):
                 raise
             raise CorruptStateError(f"{what}: blob {ref.sha256} cannot be read: {exc}") from None
+        try:
+            value = decode_blob(ref, data, what)
+        except CorruptStateError as exc:
+            if data is not None:  # there, but not the bytes its digest names: damage to set aside
+                self.damaged[ref.sha256] = str(exc)
+            raise
         self.values[ref.sha256] = value
         self.seen.append((value, ref))
         return value

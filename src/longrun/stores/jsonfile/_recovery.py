@@ -1,6 +1,9 @@
 """Loading a task from the JSON-file store: the chain from ``state.json`` when it is whole, the
 longest valid chain when it is not, and, for a repairing load, making the recovery durable
-(invariants 3 and 4 of the package docstring).
+(invariants 3 and 4 of the package docstring). A rebuild that lacks a revision known committed
+(by the journals, or by the lease record's witness) is refused for a task whose records are not
+all effects (``RunState.observable_again``): its lost revisions may hold answers nothing can
+observe again (``stores.base`` invariant 7).
 
 ``Load`` is one load of one task: what it read, the evidence it gathered, and, when repairing, the
 files it moved aside. A read-only load changes no byte and no name.
@@ -11,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Callable
 
 from ...errors import CorruptStateError, StateUnrecoverableError
 from ...outcome import Evidence
@@ -18,7 +22,8 @@ from ...protocols import LoadResult
 from .. import _journal as journal
 from ..blobs import BlobRef
 from .._fileio import write_atomic
-from ._layout import BACKUP, STATE, TaskFiles, journal_name
+from ..base import Witness, lost_records_message
+from ._layout import BACKUP, BLOBS, STATE, TaskFiles, journal_name
 from ._reading import BlobReader, Chain, JournalFile, backup_revision, holds_records, read_journal, read_snapshot, stray_journals, walk
 from ._writing import Writers
 
@@ -33,8 +38,12 @@ class Load:
     With ``repair`` (a load under the lease), damaged files are moved to quarantine and a recovered
     state is written as a new snapshot, and ``writers`` follows what the load validated or wrote."""
 
-    def __init__(self, files: TaskFiles, writers: Writers, task_id: str, *, repair: bool):
+    def __init__(
+        self, files: TaskFiles, writers: Writers, task_id: str, *, repair: bool, witness: Callable[[], Witness] | None = None
+    ):
         self.files = files
+        self.witness = witness
+        """Reads the lease record's witness (``stores.base`` invariant 7), when damage makes it matter."""
         self.writers = writers
         self.task_id = task_id
         self.repair = repair
@@ -120,12 +129,15 @@ class Load:
                 alone = rebuilt
                 break
             if alone is None:
+                self._set_blobs_aside()
                 raise StateUnrecoverableError(
                     f"task {self.task_id!r}: no snapshot builds a valid state ({best.error}); nothing was changed. "
                     "Restore the missing blob or state, or retire the task id"
                 )
             best = alone
-        return self._recovered(best, candidates)
+        floor = self._floor(best, candidates)
+        self._refuse_lost_records(best, floor)
+        return self._recovered(best, candidates, floor)
 
     def _clean(self, chain: Chain) -> LoadResult:
         state = chain.state
@@ -182,7 +194,60 @@ class Load:
             + ("were quarantined" if self.repair else "were left in place (read-only load)")
         )
 
-    def _recovered(self, best: Chain, candidates: list[Chain]) -> LoadResult:
+    def _floor(self, best: Chain, candidates: list[Chain]) -> int:
+        """The highest revision that may have been committed: the chains' ends, the snapshots'
+        revisions and, for every journal, the revisions its records (and, past damage, its bytes)
+        could hold."""
+        primary = self.primary
+        floor = max(best.end, self.backup_revision or 0, primary.raw.revision if primary else 0)
+        # Revisions in a journal are contiguous from its base, so one read to a clean (or torn) end
+        # held exactly base + its records; past damage, each record takes at least MIN_RECORD_BYTES
+        # of content (the zero padding ahead of a journal's end holds none: counting it took a
+        # revision thousands above the last commit).
+        read_cleanly = {item.name: item.base + item.applied for chain in candidates for item in chain.files if item.problem != "damaged"}
+        for base, name in self.journals.items():
+            if name in read_cleanly:
+                floor = max(floor, read_cleanly[name])
+                continue
+            item = read_journal(self.files, self.task_id, name, base)
+            if item is None:
+                continue
+            found = item.found
+            held = base + len(found.bodies)
+            if item.problem == "damaged":
+                held += max(found.content_end - item.problem_at, 0) // journal.MIN_RECORD_BYTES + 1
+            floor = max(floor, held)
+        return floor
+
+    def _refuse_lost_records(self, best: Chain, floor: int) -> None:
+        """Stop ``StateUnrecoverableError`` if the rebuilt state lacks a revision that may have been
+        committed and its task records what no target can show again (``stores.base`` invariant 7):
+        the lost revisions may hold a call's or a person's answer, so a run on it could change one."""
+        state = best.state
+        assert state is not None
+        if state.observable_again:
+            return
+        committed, evidence = floor, "the task's journal"
+        if self.witness is not None:
+            witness = self.witness()
+            if witness.revision > committed:
+                committed, evidence = witness.revision, witness.source
+        if committed <= best.end:
+            return  # the rebuilt chain reaches every revision known: nothing was lost
+        self._set_blobs_aside()
+        raise StateUnrecoverableError(lost_records_message(self.task_id, best.end, committed, evidence, self.moved))
+
+    def _set_blobs_aside(self) -> None:
+        """Name every blob that failed its digest and, when repairing, move it to quarantine (never
+        deleted): a later write of the same content then makes a fresh file, not one kept damaged."""
+        for digest, why in self.blobs.damaged.items():
+            self.note(f"blob {digest} is damaged: {why}")
+            if self.repair and self.files.lstat(self.task_id, os.path.join(BLOBS, digest)) is not None:
+                self.moved.append(self.files.quarantine_blob(self.task_id, digest))
+                self.note(f"blob {digest} quarantined to {self.moved[-1]}")
+        self.blobs.damaged.clear()
+
+    def _recovered(self, best: Chain, candidates: list[Chain], floor: int) -> LoadResult:
         task_id, files = self.task_id, self.files
         state = best.state
         assert state is not None
@@ -190,20 +255,7 @@ class Load:
         primary = self.primary
         primary_damaged = self.primary_error is not None or self.rolled_back
         backup_damaged = self.backup_error is not None
-        # Every revision that may have been committed lies at or below the floor: the chains' ends,
-        # the snapshots' revisions and, for every journal not read to a clean end, as many
-        # revisions as its bytes could hold.
-        floor = max(best.end, self.backup_revision or 0, primary.raw.revision if primary else 0)
-        # Revisions in a journal are contiguous from its base, so one read to a clean (or torn) end
-        # held exactly base + applied; of any other, each record takes at least MIN_RECORD_BYTES.
-        read_cleanly = {item.name: item.base + item.applied for chain in candidates for item in chain.files if item.problem != "damaged"}
-        for base, name in self.journals.items():
-            if name in read_cleanly:
-                floor = max(floor, read_cleanly[name])
-                continue
-            info = files.lstat(task_id, name)
-            if info is not None:
-                floor = max(floor, base + info.st_size // journal.MIN_RECORD_BYTES + 1)
+        self._set_blobs_aside()
         what = f"{best.snapshot.name} revision {best.snapshot.raw.revision}"
         if best.records:
             what += f" and {best.records} journal records (revision {best.end})"

@@ -230,7 +230,7 @@ class JsonFileStore(BaseStore):
             self._files.sweep_temporaries(task_id)
             self._writing.drop(task_id)
         with journal.no_gc():
-            return Load(self._files, self._writing, task_id, repair=repair).result()
+            return Load(self._files, self._writing, task_id, repair=repair, witness=lambda: self._witness(task_id)).result()
 
     def _put_state(self, state: RunState, changed: Collection[str] | None) -> None:
         self._writing.commit(state, changed)

@@ -2,7 +2,8 @@
 
 Run it with ``python -m longrun.testing.faults --report`` (from a checkout: ``PYTHONPATH=src``). It
 prints one line per group: cases run, faults injected, duplicated effects, verified effects lost,
-silent resets (the last three must be zero). ``--quick`` runs the smaller counts the unit tests use;
+silent resets, changed answers (a recorded call or answer that a later run returns differently;
+the last four must be zero). ``--quick`` runs the smaller counts the unit tests use;
 ``--group N`` runs one group. The unit tests (``tests/test_faults_*.py``) run each group at the quick
 scale and assert every figure; ``LONGRUN_FAULTS_FULL=1`` makes them run the full counts.
 
@@ -21,6 +22,7 @@ This is the project's own suite, not an API: what users import to test their cod
   7   ``stale_epochs``    fencing: every mutating operation under a replaced lease
   8   ``clock_faults``    wall clocks that jump, freeze or run at the wrong rate
   9   ``retry_limits``    the attempt limit, with a process killed during every attempt
+ 10   ``lost_records``    a finished task's blobs, journal lines and rows: calls and answers lost
 ====  ==================  ==================================================================
 
 Two faces. The groups that drive the engine (1, 2, 6, 7, 8, 9: ``FACED_GROUPS``) run once per

@@ -108,7 +108,7 @@ def check_calls(
     for n in range(steps):
         record = state.effects.get(f"call-{n:03d}")
         if record is not None and record.state.value == "verified" and record.result != computed_value(n):
-            result.lost += 1
+            result.changed += 1
             result.fail(f"{where}: call-{n:03d} recorded {record.result!r}, it returned {computed_value(n)}")
 
 
@@ -144,9 +144,13 @@ def check_final(
     if face == "durable":
         check_calls(result, call_counts(work.calls), state, steps, where, settled=settled or {}, interruptions=interruptions)
         record = state.effects.get(FUNCTION_STEP)
+        if record is not None and record.state.value == "verified" and record.result != function_result(steps):
+            result.changed += 1
         if record is None or record.state.value != "verified" or record.result != function_result(steps):
             result.fail(f"{where}: the function's result is not recorded: {record and (record.state.value, record.result)}")
         if outcome is not None and outcome.get("result") != function_result(steps):
+            if outcome.get("result") is not None:  # another answer, not merely none yet
+                result.changed += 1
             result.fail(f"{where}: the last run returned {outcome.get('result')!r}, not the function's result")
 
 

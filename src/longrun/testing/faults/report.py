@@ -2,8 +2,8 @@
 
 ``python -m longrun.testing.faults --report`` runs every group at the full counts; ``--quick``
 the smaller counts the unit tests use, ``--group N`` one group, ``--face F`` one face of the
-groups that drive the engine. The last three figures of each line (duplicates, verified effects
-lost, silent resets) must be zero; the exit status is 0 only if every group passed.
+groups that drive the engine. The last four figures of each line (duplicates, verified effects
+lost, silent resets, changed answers) must be zero; the exit status is 0 only if every group passed.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import tempfile
 import time
 from typing import Any, Callable, Iterable, Sequence
 
-from . import clock_faults, damaged_files, io_errors, kill_points, power_loss, racing_runners, random_kills, retry_limits, stale_epochs
+from . import (
+    clock_faults, damaged_files, io_errors, kill_points, lost_records, power_loss, racing_runners, random_kills, retry_limits, stale_epochs,
+)  # fmt: skip
 from .children import child_main, race_main
 from .results import HEADER, GroupResult, merge
 from .task import FACES
@@ -36,6 +38,7 @@ GROUPS: dict[int, Callable[..., GroupResult]] = {
     7: stale_epochs.run,
     8: clock_faults.run,
     9: retry_limits.run,
+    10: lost_records.run,
 }
 """Each group's ``run(base, *, full[, face])`` by its number."""
 FACED_GROUPS = frozenset((1, 2, 6, 7, 8, 9))
@@ -96,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.report:
         parser.print_help()
         return 2
-    groups = args.group or list(range(1, 10))
+    groups = args.group or sorted(GROUPS)
     started = time.monotonic()
     print(f"longrun fault-injection report ({'quick' if args.quick else 'full'} counts), Python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
     results = run_groups(groups, full=not args.quick, faces=args.face or FACES)
@@ -110,6 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for result in results:
         merge(total, result)
     print(f"total: {total.cases} cases, {total.faults} faults injected, {total.duplicates} duplicates, "
-          f"{total.lost} verified effects lost, {total.resets} silent resets ({time.monotonic() - started:.0f} s)")  # fmt: skip
+          f"{total.lost} verified effects lost, {total.resets} silent resets, "
+          f"{total.changed} changed answers ({time.monotonic() - started:.0f} s)")  # fmt: skip
     return 0 if all(result.ok for result in results) else 1
 

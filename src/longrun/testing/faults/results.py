@@ -1,8 +1,9 @@
 """What a fault group reports: the cases it ran, the faults it injected, and what broke.
 
-Three counters must stay zero whatever was injected: ``duplicates`` (an effect applied twice, or a
+Four counters must stay zero whatever was injected: ``duplicates`` (an effect applied twice, or a
 call run again after its value was committed), ``lost`` (a verified effect or a committed state
-that a later load no longer shows) and ``resets`` (a task that silently started afresh).
+that a later load no longer shows), ``resets`` (a task that silently started afresh) and
+``changed`` (a recorded call or answer that a later run returns differently).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ def full_scale() -> bool:
 
 @dataclasses.dataclass
 class GroupResult:
-    """One group's figures. ``failures`` says what broke; the last three counters must stay zero."""
+    """One group's figures. ``failures`` says what broke; the last four counters must stay zero."""
 
     group: int
     name: str
@@ -31,6 +32,8 @@ class GroupResult:
     duplicates: int = 0
     lost: int = 0
     resets: int = 0
+    changed: int = 0
+    """Recorded calls or answers that a later run returned differently."""
     failures: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
 
@@ -40,7 +43,7 @@ class GroupResult:
 
     @property
     def ok(self) -> bool:
-        return not self.failures and not self.duplicates and not self.lost and not self.resets
+        return not self.failures and not self.duplicates and not self.lost and not self.resets and not self.changed
 
     @property
     def label(self) -> str:
@@ -49,11 +52,11 @@ class GroupResult:
     def line(self) -> str:
         return (
             f"{self.group:>2}  {self.label:<34} {self.cases:>7} {self.faults:>8} {self.duplicates:>10} {self.lost:>8} "
-            f"{self.resets:>7}  {'ok' if self.ok else 'FAILED'}"
+            f"{self.resets:>7} {self.changed:>7}  {'ok' if self.ok else 'FAILED'}"
         )
 
 
-HEADER = f"{'#':>2}  {'group':<34} {'cases':>7} {'faults':>8} {'duplicates':>10} {'lost':>8} {'resets':>7}  result"
+HEADER = f"{'#':>2}  {'group':<34} {'cases':>7} {'faults':>8} {'duplicates':>10} {'lost':>8} {'resets':>7} {'changed':>7}  result"
 
 
 def merge(into: GroupResult, part: GroupResult) -> None:
@@ -63,6 +66,7 @@ def merge(into: GroupResult, part: GroupResult) -> None:
     into.duplicates += part.duplicates
     into.lost += part.lost
     into.resets += part.resets
+    into.changed += part.changed
     for failure in part.failures:
         into.fail(failure)
     into.notes.extend(part.notes)
