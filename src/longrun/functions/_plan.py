@@ -67,7 +67,9 @@ class FunctionPlan:
 
     async def adrive(self, engine: Engine) -> None:
         args, kwargs = self._args()
-        self._returned(engine, await self._function.fn(AsyncRun(engine, self._function), *args, **kwargs))
+        value = await self._function.fn(AsyncRun(engine, self._function), *args, **kwargs)
+        self._settle_result(engine, value)
+        raise await engine.driver.run(engine.finish_steps([FUNCTION_STEP]))
 
     def _args(self) -> tuple[list[JSONValue], dict[str, JSONValue]]:
         args = self._arguments["args"]
@@ -76,10 +78,13 @@ class FunctionPlan:
         return args, kwargs
 
     def _returned(self, engine: Engine, value: object) -> None:
+        self._settle_result(engine, value)
+        raise engine.finish([FUNCTION_STEP])
+
+    def _settle_result(self, engine: Engine, value: object) -> None:
         result = ensure_json(value, what=f"the return value of {self._function.name}")
         if engine.state.effects[FUNCTION_STEP].state is not EffectState.VERIFIED:
             engine.complete(FUNCTION_STEP, result)
-        raise engine.finish([FUNCTION_STEP])
 
     def progress(self, state: RunState) -> str:
         counts: dict[str, int] = {}

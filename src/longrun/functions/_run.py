@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from .._io import is_async_callable
+from ..engine import is_async_callable
 from ..budget import RetryPolicy
 from ..canonical import JSONValue
 from ..errors import InvalidInputError
