@@ -19,7 +19,7 @@ from typing import Mapping, TypedDict
 
 from ..budget import Limits, RetryPolicy
 from ..contract import RunContract
-from ..errors import InvalidInputError, UnknownActionError
+from ..errors import InvalidInputError
 from ..events import EventHook
 from ..protocols import (
     AnyEffectAdapter,
@@ -112,14 +112,6 @@ class EngineConfig:
     @property
     def task_id(self) -> str:
         return self.contract.task_id
-
-    def adapter_for(self, action: str, *, step_id: str) -> AnyEffectAdapter:
-        adapter = self.adapters.get(action)
-        if adapter is None:
-            raise UnknownActionError(
-                f"step {step_id!r} uses action {action!r}, which has no adapter (have: {sorted(self.adapters)})"
-            )
-        return adapter
 
     @classmethod
     def of(

@@ -103,7 +103,8 @@ class SyncDriver:
     def perform(self, op: Op) -> Any:
         io, inv = self.io, self.inv
         if isinstance(op, Commit):
-            io.flush(inv)
+            if inv.dirty:  # else nothing changed since the last commit
+                io.commit(inv)
             return None
         if isinstance(op, RenewLease):
             return io.current_lease(inv)

@@ -89,7 +89,7 @@ def _reconcile_before_start(inv: Invocation, step: Step, record: EffectRecord) -
     settled = yield from reconcile(inv, record)
     if settled.verdict is Verdict.UNSAFE:
         raise (yield from unsafe(inv, settled))
-    if settled.verdict is Verdict.RETRY and inv.sequential():
+    if settled.verdict is Verdict.RETRY and inv.in_flight <= 1:
         # Steps run in order, so nothing after the first step observed absent can have started.
         inv.state.reconcile_all = False
         inv.evidence.inferred("recovery from the backup is reconciled: later steps cannot have started")
@@ -108,8 +108,8 @@ def _observe_before_apply(inv: Invocation, step: Step, record: EffectRecord) -> 
     why = "observed before its first apply" if strict else "observed before the first apply of this run"
     # planned -> uncertain -> (verified | planned): the ledger's move for "a start may have been lost".
     probe = record.move(EffectState.UNCERTAIN, inv.clock.now())
-    adapter = _adapter_for(inv, step)
-    observed = yield Observe(adapter, inv.request(record, max(record.attempts, 1)), inv.timeout_of(step.step_id))
+    adapter = inv.adapters.get(step.action) or _no_adapter(inv, step)
+    observed = yield Observe(adapter, inv.request(record, max(record.attempts, 1)), inv.timeouts.get(step.step_id, inv.timeout_s))
     settled = settle(probe, observed, adapter.deduplicates, inv.clock.now())
     observation = settled.observation
     inv.evidence.observed(f"target:{step.action}", f"{record.key}: {observation.state.value} ({observation.evidence}), {why}")
@@ -118,7 +118,7 @@ def _observe_before_apply(inv: Invocation, step: Step, record: EffectRecord) -> 
         state.budget = state.budget.progressed(inv.clock.now(), inv.take_work())
         inv.put(settled.record)
         return settled.record
-    if inv.sequential():  # effects in parallel may have started beside one that did not
+    if inv.in_flight <= 1:  # effects in parallel may have started beside one that did not
         inv.observe_next = False
     if observation.state is ObservedState.ABSENT:
         return record
@@ -133,23 +133,21 @@ def _observe_before_apply(inv: Invocation, step: Step, record: EffectRecord) -> 
     return record
 
 
-def _adapter_for(inv: Invocation, step: Step) -> AnyEffectAdapter:
-    adapter = inv.adapters.get(step.action)
-    if adapter is None:  # the faces check every action before a run; a plan that grew may not have
-        raise UnknownActionError(f"step {step.step_id!r} uses action {step.action!r}, which has no adapter (have: {sorted(inv.adapters)})")
-    return adapter
+def _no_adapter(inv: Invocation, step: Step) -> AnyEffectAdapter:
+    """The faces check every action before a run; a plan that grew may name one with no adapter."""
+    raise UnknownActionError(f"step {step.step_id!r} uses action {step.action!r}, which has no adapter (have: {sorted(inv.adapters)})")
 
 
 def _execute(inv: Invocation, step: Step, record: EffectRecord) -> Steps[None]:
     state = inv.state
-    if inv.sequential():
+    if inv.in_flight <= 1:
         inv.observe_next = False
     record = yield from start_attempt(inv, step, record, f"observe whether effect {record.key!r} took place")
     attempt = record.attempts
     if _crashpoints.ARMED:
         _crashpoints.hit("effect.intent-persisted", f"{step.step_id}#{attempt}")
-    adapter = _adapter_for(inv, step)
-    timeout_s = inv.timeout_of(step.step_id)
+    adapter = inv.adapters.get(step.action) or _no_adapter(inv, step)
+    timeout_s = inv.timeouts.get(step.step_id, inv.timeout_s)
     request = inv.request(record, attempt, deadline_s=timeout_s)
     try:
         receipt = yield Apply(adapter, request, timeout_s)
@@ -207,8 +205,8 @@ def _timed_out(inv: Invocation, step: Step, record: EffectRecord, exc: ApplyTime
         yield from _settle(inv, record)
         return
     inv.stragglers.append(exc.pending)
-    adapter = _adapter_for(inv, step)
-    observed = yield Observe(adapter, inv.request(record, record.attempts), inv.timeout_of(step.step_id))
+    adapter = inv.adapters.get(step.action) or _no_adapter(inv, step)
+    observed = yield Observe(adapter, inv.request(record, record.attempts), inv.timeouts.get(step.step_id, inv.timeout_s))
     inv.evidence.observed(f"target:{step.action}", f"{record.key}: {observed.state.value} ({observed.evidence})")
     if observed.state is ObservedState.APPLIED:
         settled = settle(record, observed, adapter.deduplicates, inv.clock.now())
@@ -241,7 +239,7 @@ def reconcile(inv: Invocation, record: EffectRecord) -> Steps[Reconciled]:
         uncertain = record if record.state is EffectState.UNCERTAIN else record.move(EffectState.UNCERTAIN, inv.clock.now())
         settled = Reconciled(uncertain, Verdict.UNSAFE, observation, f"outcome of {record.key!r} is unknown: {observation.evidence}")
     else:
-        observed = yield Observe(adapter, inv.request(record, max(record.attempts, 1)), inv.timeout_of(record.step_id))
+        observed = yield Observe(adapter, inv.request(record, max(record.attempts, 1)), inv.timeouts.get(record.step_id, inv.timeout_s))
         settled = settle(record, observed, adapter.deduplicates, inv.clock.now(), observer=f"{type(adapter).__name__}.observe")
     inv.evidence.observed(f"target:{record.action}", f"{record.key}: {settled.observation.state.value} ({settled.observation.evidence})")
     record = settled.record

@@ -17,14 +17,14 @@ from ..budget import Limits, RetryPolicy
 from ..canonical import JSONValue
 from ..contract import RunContract, Step
 from ..envelope import RunState
-from ..errors import FencedError, InvalidInputError
+from ..errors import FencedError, InvalidInputError, UnknownActionError
 from ..events import EventHook, Reporter
 from ..ledger import EffectRecord, EffectState
 from ..outcome import RunOutcome, Status
 from ..protocols import AnyEffectAdapter, ApprovalSource, CancellationSource, Clock, Store
 from . import _effects, _steps
 from ._config import EngineConfig, check_parallel
-from ._drivers import AsyncDriver, SyncDriver
+from ._drivers import AsyncDriver, SyncDriver, drive
 from ._runio import RunIO
 from ._invocation import Invocation, Stop
 from ._ops import Steps
@@ -95,56 +95,35 @@ class Engine:
             lease_ttl_s=lease_ttl_s, approvals=approvals, cancellations=cancellations, on_event=on_event,
             timeout_s=timeout_s, max_parallel=max_parallel, asynchronous=asynchronous,
         )  # fmt: skip
+        config = self.config
+        self.contract: RunContract = config.contract
+        self.task_id: str = config.contract.task_id
+        self.store: Store = config.store
+        self.cancellations: CancellationSource = config.cancellations
+        self.adapters: Mapping[str, AnyEffectAdapter] = config.adapters
+        self.owner: str = config.owner
+        self.clock: Clock = config.clock
+        self.limits: Limits = config.limits
+        self.max_parallel: int = config.max_parallel
         self._reporter = Reporter(contract.task_id, on_event)
         self._io = RunIO(self.config)
         self._inv: Invocation | None = None
         self._sync: SyncDriver | None = None
         self._async: AsyncDriver | None = None
 
-    # -- configuration, as the faces read it ---------------------------------------------------------
-
-    @property
-    def task_id(self) -> str:
-        return self.config.contract.task_id
-
-    @property
-    def contract(self) -> RunContract:
-        return self.config.contract
-
-    @property
-    def store(self) -> Store:
-        return self.config.store
-
-    @property
-    def cancellations(self) -> CancellationSource:
-        return self.config.cancellations
-
-    @property
-    def adapters(self) -> Mapping[str, AnyEffectAdapter]:
-        return self.config.adapters
-
-    @property
-    def owner(self) -> str:
-        return self.config.owner
-
-    @property
-    def clock(self) -> Clock:
-        return self.config.clock
-
-    @property
-    def limits(self) -> Limits:
-        return self.config.limits
-
-    @property
-    def max_parallel(self) -> int:
-        return self.config.max_parallel
+    # -- configuration, as the faces read it (plain attributes: read on every step) --------------------------
 
     @property
     def asynchronous(self) -> bool:
         return self.config.asynchronous
 
     def adapter_for(self, action: str, *, step_id: str) -> AnyEffectAdapter:
-        return self.config.adapter_for(action, step_id=step_id)
+        adapter = self.adapters.get(action)
+        if adapter is None:
+            raise UnknownActionError(
+                f"step {step_id!r} uses action {action!r}, which has no adapter (have: {sorted(self.adapters)})"
+            )
+        return adapter
 
     # -- the invocation under way ---------------------------------------------------------------------
 
@@ -157,7 +136,10 @@ class Engine:
     @property
     def state(self) -> RunState:
         """The working state of the invocation under way."""
-        return self.invocation.state
+        inv = self._inv
+        if inv is None:
+            raise InvalidInputError("no invocation is under way")
+        return inv.state
 
     @property
     def cancelled_with(self) -> tuple[str, ...]:
@@ -181,16 +163,19 @@ class Engine:
         sync = self._sync
         assert sync is not None, "no invocation is under way"
         with self._io.commit_lock:  # not while the async driver's I/O thread commits this state
-            return sync.run(steps)
+            return drive(steps, sync.perform)
 
     # -- the steps, from synchronous code ----------------------------------------------------------------
 
     def effect(self, step: Step, *, retry: RetryPolicy | None = None, timeout_s: float | None = None) -> EffectRecord:
         """Make one step's effect verified, or stop; return its verified record (``_effects.effect``)."""
-        recorded = self.state.effects.get(step.step_id)
+        inv, sync = self._inv, self._sync
+        assert inv is not None and sync is not None, "no invocation is under way"
+        recorded = inv.state.effects.get(step.step_id)
         if recorded is not None and recorded.state is _VERIFIED:
             return recorded  # replay: nothing to wait for
-        return self._drive(_effects.effect(self.invocation, step, retry=retry, timeout_s=timeout_s))
+        with self._io.commit_lock:  # not while the async driver's I/O thread commits this state
+            return drive(_effects.effect(inv, step, retry=retry, timeout_s=timeout_s), sync.perform)
 
     def effect_steps(self, step: Step, *, retry: RetryPolicy | None = None, timeout_s: float | None = None) -> Steps[EffectRecord]:
         """``effect`` as a step procedure, for a driver to run."""

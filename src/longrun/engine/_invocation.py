@@ -123,7 +123,8 @@ class Invocation:
         self.working = False
         """Whether this run planned, applied or observed a step (else it only read and waited)."""
         self.in_flight = 0
-        """Steps in flight under the async driver: more than one means the steps are not sequential."""
+        """Steps in flight under the async driver: more than one means the steps are not sequential
+        (no other step is in flight beside the one asking while ``in_flight <= 1``)."""
         self.wake_at: float | None = None
         self.result: JSONValue = None
 
@@ -142,10 +143,6 @@ class Invocation:
         state.effects[record.step_id] = record
         self.changed.add(record.step_id)
         self.dirty = True
-
-    def sequential(self) -> bool:
-        """Whether no other step of this run is in flight beside the one asking."""
-        return self.in_flight <= 1
 
     def monotonic(self) -> float:
         """The clock's ``monotonic()`` if it has one (``FakeClock`` does), else its ``now()``."""
@@ -176,19 +173,6 @@ class Invocation:
     def waited(self, monotonic_before: float) -> None:
         """A wait since ``monotonic_before`` (a ``monotonic()`` reading) is not work."""
         self.worked_mark += self.monotonic() - monotonic_before
-
-    def before_commit(self) -> RunState:
-        """Stamp the state for a commit (time, work charged) and return it."""
-        state = self.state
-        state.updated_at = self.clock.now()
-        state.budget = state.budget.worked(self.take_work())
-        return state
-
-    def committed(self, state: RunState) -> None:
-        """What a commit of ``state`` settles: nothing is pending any more."""
-        self.changed.clear()
-        self.dirty = False
-        self.reporter.committed(state)
 
     def record_stop(self, status: Status, next_action: str, wake_at: float | None) -> tuple[Stop, bool]:
         """Record a stop in the state; the stop to raise and whether it must be committed.
@@ -221,9 +205,6 @@ class Invocation:
 
     def policy(self, record: EffectRecord) -> RetryPolicy:
         return self.policies.get(record.step_id, self.retry)
-
-    def timeout_of(self, step_id: str) -> float | None:
-        return self.timeouts.get(step_id, self.timeout_s)
 
     def request(self, record: EffectRecord, attempt: int, *, deadline_s: float | None = None) -> EffectRequest:
         """What an adapter sees of one attempt of ``record``."""

@@ -194,7 +194,9 @@ class RunIO:
         """Commit the working state under the current lease (fenced by the store)."""
         with self.commit_lock:
             lease = self.current_lease(inv)
-            state = inv.before_commit()
+            state = inv.state
+            state.updated_at = self.config.clock.now()
+            state.budget = state.budget.worked(inv.take_work())
             try:
                 self.store.commit(lease, state, frozenset(inv.changed))
             except SizeLimitError as exc:
@@ -217,7 +219,9 @@ class RunIO:
                 raise Stop(Status.UNSAFE_TO_CONTINUE, next_action) from None
             if _crashpoints.ARMED:
                 _crashpoints.hit("state.committed", state.revision)
-            inv.committed(state)
+            inv.changed.clear()
+            inv.dirty = False
+            inv.reporter.committed(state)
 
     def keep_settled(self, inv: Invocation) -> None:
         """The plan's own code raised (a durable function's bug, say). What is settled so far is

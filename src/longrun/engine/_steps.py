@@ -455,7 +455,7 @@ def call(
         try:
             # A value that cannot be recorded is the call's failure, like an exception it raised:
             # replay must return exactly what the call returned, so no stand-in will do.
-            value = yield Invoke(invoke, inv.timeout_of(step.step_id), awaitable)
+            value = yield Invoke(invoke, inv.timeouts.get(step.step_id, inv.timeout_s), awaitable)
             result = ensure_json(value, what=f"the value returned by step {step.step_id!r}")
             if recordable_result(result, what=f"the value returned by step {step.step_id!r}")[1] is not None:
                 size = len(canonical_bytes(result))
