@@ -3,7 +3,11 @@
 ``SqlStore`` implements ``BaseStore``'s primitives over the ``SqlConnection`` it holds
 (``stores._sql_session``: the connection, transactions, schema migration), made with the store's
 own dialect: each backend's store (``SqliteStore``, ``PostgresStore``) is a subclass that supplies
-the ``SqlDialect`` methods, the only thing that differs between them. The schema, how the database enforces the fence
+the ``SqlDialect`` methods, the only thing that differs between them.
+
+One concept, the SQL store, so one module, and a long one: the lease, the state as a header row
+and effect rows, the repairing load that quarantines damaged rows, and the control records are
+the primitives ``BaseStore`` asks for, each a few statements over the same tables. The schema, how the database enforces the fence
 and how damage is handled are described in ``stores._sql_schema``.
 """
 from __future__ import annotations
