@@ -1,7 +1,7 @@
 """The shared engine of the SQL stores: one schema, one set of statements, two dialects.
 
 ``SqlStore`` implements ``BaseStore``'s primitives over the ``SqlConnection`` it holds
-(``stores._sql_session``: the connection, transactions, schema migration), made with the store's
+(``stores._sql_connection``: the connection, transactions, schema migration), made with the store's
 own dialect: each backend's store (``SqliteStore``, ``PostgresStore``) is a subclass that supplies
 the ``SqlDialect`` methods, the only thing that differs between them.
 
@@ -32,7 +32,7 @@ from ..outcome import Evidence
 from ..protocols import LoadResult
 from .blobs import BlobCodec, BlobFetcher, BlobRef, large_values, resolve_record_json, stored_record_json
 from ._sql_schema import SCHEMA_VERSION, column_text, quarantine_text, row_checksum, utf8_bytes
-from ._sql_session import SqlConnection
+from ._sql_connection import SqlConnection
 from .base import BaseStore, Witness
 
 __all__ = ["SCHEMA_VERSION", "SqlStore"]
