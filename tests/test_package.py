@@ -251,7 +251,7 @@ class LayerTests(unittest.TestCase):
 
     def test_the_modules_import_one_another_without_a_cycle(self) -> None:
         graph = self.import_graph()
-        self.assertIn("longrun.engine", graph["longrun.runner"], "imports are read")
+        self.assertTrue(any(name.startswith("longrun.engine") for name in graph["longrun.runner"]), "imports are read")
         self.assertIn("longrun.testing.faults.report", graph["longrun.testing.faults.__main__"], "absolute ones too")
         cycles = [part for part in self.cycles(graph) if not any(set(part) <= known for known in self.ENGINE_SIDE_CYCLES)]
         self.assertEqual(cycles, [])
