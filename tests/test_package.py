@@ -226,30 +226,84 @@ class LayerTests(unittest.TestCase):
                 reaches.append(f"{module} imports {name} from {target}")
         self.assertEqual(sorted(set(reaches)), [])
 
-    def test_the_modules_import_one_another_without_a_cycle(self) -> None:
-        # Imports a module runs when it is loaded (not those under TYPE_CHECKING or inside a function).
+    @classmethod
+    def import_graph(cls) -> dict[str, set[str]]:
+        """Every module of the package and the modules of the package it imports: every import
+        counts, at load, under TYPE_CHECKING or inside a function, relative or absolute."""
         graph: dict[str, set[str]] = {}
-        for module, _, target, name in self.relative_imports(at_load_only=True):
-            imported = f"{target}.{name}" if self.is_module(f"{target}.{name}") else target
-            graph.setdefault(module, set()).add(imported)
-        state: dict[str, int] = {}
-        cycles: list[list[str]] = []
+        for folder, _, files in os.walk(os.path.join(support.SRC, "longrun")):
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.relpath(os.path.join(folder, name), support.SRC)
+                    graph[path[:-3].replace(os.sep, ".").removesuffix(".__init__")] = set()
+        for module, _, target, name in cls.relative_imports():
+            graph[module].add(f"{target}.{name}" if cls.is_module(f"{target}.{name}") else target)
+        for module in graph:
+            path = os.path.join(support.SRC, *module.split("."))
+            with open(path + ".py" if os.path.exists(path + ".py") else os.path.join(path, "__init__.py")) as handle:
+                tree = ast.parse(handle.read())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("longrun"):
+                    graph[module] |= {f"{node.module}.{alias.name}" if cls.is_module(f"{node.module}.{alias.name}")
+                                      else node.module or "" for alias in node.names}  # fmt: skip
+                elif isinstance(node, ast.Import):
+                    graph[module] |= {alias.name for alias in node.names if alias.name.split(".")[0] == "longrun"}
+        for module, imported in graph.items():
+            imported.discard(module)
+        return graph
 
-        def visit(module: str, path: list[str]) -> None:
-            state[module] = 1
-            for other in sorted(graph.get(module, ())):
-                if other == module or other not in graph:
-                    continue
-                if state.get(other) == 1:
-                    cycles.append(path[path.index(other) :] + [other])
-                elif other not in state:
-                    visit(other, path + [other])
-            state[module] = 2
+    @staticmethod
+    def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+        """The strongly connected parts of ``graph`` with more than one module (each holds a
+        cycle; a part is every module one can leave and come back to), each sorted."""
+        index: dict[str, int] = {}
+        lowest: dict[str, int] = {}
+        stack: list[str] = []
+        parts: list[list[str]] = []
+
+        def visit(module: str) -> None:
+            index[module] = lowest[module] = len(index)
+            stack.append(module)
+            for other in sorted(graph[module] & graph.keys()):
+                if other not in index:
+                    visit(other)
+                    lowest[module] = min(lowest[module], lowest[other])
+                elif other in stack:
+                    lowest[module] = min(lowest[module], index[other])
+            if lowest[module] == index[module]:
+                part = stack[stack.index(module) :]
+                del stack[stack.index(module) :]
+                if len(part) > 1:
+                    parts.append(sorted(part))
 
         for module in sorted(graph):
-            if module not in state:
-                visit(module, [module])
+            if module not in index:
+                visit(module)
+        return sorted(parts)
+
+    ENGINE_SIDE_CYCLES = (
+        frozenset({"longrun._concurrency", "longrun.engine", "longrun.engine._base", "longrun.engine._driving",
+                   "longrun.engine._effects", "longrun.engine._engine", "longrun.engine._gate", "longrun.engine._plans",
+                   "longrun.engine._reconcile", "longrun.engine._steps"}),
+        frozenset({"longrun.functions._durable", "longrun.functions._family", "longrun.functions._plan",
+                   "longrun.functions._run", "longrun.functions._steps"}),
+    )  # fmt: skip
+    """The import cycles still inside the engine and the durable-function face (through imports
+    inside functions and under TYPE_CHECKING), tolerated until those packages are composed from plain
+    parts: a cycle passes only if all its modules are in one of these sets. Remove a set when its
+    cycle is gone; nothing else may join one."""
+
+    def test_the_modules_import_one_another_without_a_cycle(self) -> None:
+        graph = self.import_graph()
+        self.assertTrue(any(name.startswith("longrun.engine") for name in graph["longrun.runner"]), "imports are read")
+        self.assertIn("longrun.testing.faults.report", graph["longrun.testing.faults.__main__"], "absolute ones too")
+        cycles = [part for part in self.cycles(graph) if not any(set(part) <= known for known in self.ENGINE_SIDE_CYCLES)]
         self.assertEqual(cycles, [])
+
+    def test_the_cycle_finder_finds_a_cycle_through_an_import_inside_a_function(self) -> None:
+        graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"d"}}
+        self.assertEqual(self.cycles(graph), [["a", "b", "c"]])
+        self.assertEqual(self.cycles({"a": {"b"}, "b": set()}), [])
 
     LAYERS = {
         "engine": ("engine", "recovery", "clock"),
@@ -268,23 +322,54 @@ class LayerTests(unittest.TestCase):
         # faces -> engine -> records and protocols <- stores; applications above all of them. Every
         # import counts here, even one under TYPE_CHECKING or inside a function.
         upward = []
-        for module, _, target, name in self.relative_imports():
-            imported = f"{target}.{name}" if self.is_module(f"{target}.{name}") else target
-            low, high = self.layer_of(module), self.layer_of(imported)
-            if self.RANK[high] > self.RANK[low] or {low, high} == {"engine", "stores"}:
-                upward.append(f"{module} ({low}) imports {imported} ({high})")
+        for module, imported in self.import_graph().items():
+            for other in imported:
+                low, high = self.layer_of(module), self.layer_of(other)
+                if self.RANK[high] > self.RANK[low] or {low, high} == {"engine", "stores"}:
+                    upward.append(f"{module} ({low}) imports {other} ({high})")
         self.assertEqual(sorted(set(upward)), [])
 
-    def test_no_module_is_over_500_lines_without_saying_why(self) -> None:
-        long = []
+    LONG = 500
+    """Lines past which a module is long: a smell to explain, not a number to split at."""
+
+    def test_a_long_module_is_one_concept_and_says_why_it_is_long(self) -> None:
+        # One concept per module: a long one says in its docstring that it is one concept and why
+        # it is long, so a split by size alone (a class spread over files) has no excuse.
+        unexplained = []
         for folder, _, files in os.walk(os.path.join(support.SRC, "longrun")):
             for name in files:
                 if name.endswith(".py"):
                     with open(os.path.join(folder, name)) as handle:
                         text = handle.read()
-                    if text.count("\n") > 500 and "Longer than 500 lines" not in text:
-                        long.append(f"{os.path.relpath(os.path.join(folder, name), support.SRC)}: {text.count(chr(10))} lines")
-        self.assertEqual(long, [])
+                    docstring = (ast.get_docstring(ast.parse(text)) or "").lower()
+                    if text.count("\n") > self.LONG and not ("one concept" in docstring and "long" in docstring):
+                        unexplained.append(f"{os.path.relpath(os.path.join(folder, name), support.SRC)}: {text.count(chr(10))} lines")
+        self.assertEqual(unexplained, [])
+
+    def test_a_base_class_is_a_real_variation_not_one_class_spread_over_modules(self) -> None:
+        # Inheritance for real variation (BaseStore and a store per backend), composition for
+        # structure: a class of the package that a class of another module derives from has at
+        # least two subclasses. One with a single subclass elsewhere is that class spread over
+        # modules: compose it. Not counted: Protocols, exceptions, test suites (unittest finds a
+        # test only in a class's bases, so a suite is composed of mixins of test_ methods), and
+        # the engine (held to its own rule).
+        classes: dict[type, str] = {}
+        for module_name in sorted(self.import_graph()):
+            if module_name.endswith("__main__") or module_name.startswith("longrun.engine"):
+                continue
+            for value in vars(importlib.import_module(module_name)).values():
+                if inspect.isclass(value) and value.__module__ == module_name:
+                    classes[value] = f"{module_name}.{value.__qualname__}"
+        subclasses: dict[type, list[str]] = {}
+        for cls, name in classes.items():
+            if issubclass(cls, (BaseException, unittest.TestCase)) or getattr(cls, "_is_protocol", False):
+                continue
+            for base in cls.__bases__:
+                tests = any(member.startswith("test_") for member in vars(base))
+                if base in classes and base.__module__ != cls.__module__ and not tests and not getattr(base, "_is_protocol", False):
+                    subclasses.setdefault(base, []).append(name)
+        single = sorted(f"{classes[base]} <- {names[0]}" for base, names in subclasses.items() if len(names) < 2)
+        self.assertEqual(single, [])
 
     def test_signing_and_the_control_files_reach_no_private_module_of_another_package(self) -> None:
         self.assertEqual({name for name in self.imports_of("signing.py") if name.startswith("stores")}, set())

@@ -260,7 +260,7 @@ class _SqlHooks:
     def fail_nth_operation(self, store: Any, n: int) -> Iterator[None]:
         """Fail the store's ``n``-th SQL statement or COMMIT (patched at the one place SQL runs)."""
         count = 0
-        real_run, real_finish = store._run, store._finish
+        real_run, real_finish = store._db.run, store._finish
 
         def tick() -> None:
             nonlocal count
@@ -277,11 +277,11 @@ class _SqlHooks:
                 tick()
             real_finish(commit=commit)
 
-        store._run, store._finish = run, finish
+        store._db.run, store._finish = run, finish
         try:
             yield
         finally:
-            del store._run, store._finish
+            del store._db.run, store._finish
 
 
 class SqliteStoreContract(_SqlHooks, StoreContract, support.TempDirTest):

@@ -103,7 +103,7 @@ class CommitCostTests(PostgresCase):
         state.effects = ledger
         self.store.load("t", lease=lease)
         statements: list[str] = []
-        real = self.store._run
+        real = self.store._db.run
 
         def counting(statement: str, params: Any = ()) -> Any:
             statements.append(statement)
@@ -111,7 +111,7 @@ class CommitCostTests(PostgresCase):
 
         ledger["step-321"] = dataclasses.replace(ledger["step-321"], evidence="changed")
         ledger.read = 0
-        with mock.patch.object(self.store, "_run", counting):
+        with mock.patch.object(self.store._db, "run", counting):
             self.store.commit(lease, state, {"step-321"})
         self.assertLess(ledger.read, 10, "records of the ledger read by one commit that changed one")
         self.assertEqual(len([s for s in statements if s.startswith("INSERT INTO longrun_effects")]), 1, statements)
@@ -215,8 +215,8 @@ class SessionTests(PostgresCase):
 
     def test_a_broken_connection_is_replaced_on_the_next_call(self) -> None:
         self.committed()
-        with self.store._session(write=False, what="find the backend"):
-            pid = self.store._one("SELECT pg_backend_pid()")[0]
+        with self.store._db.session(write=False, what="find the backend"):
+            pid = self.store._db.one("SELECT pg_backend_pid()")[0]
         self.schema.execute("SELECT pg_terminate_backend(%s)", (pid,))
         failures = 0
         for _ in range(2):

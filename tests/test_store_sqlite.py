@@ -95,7 +95,7 @@ class FileTests(SqliteCase):
 
     def test_wal_full_sync_and_a_busy_timeout_are_set(self) -> None:
         self.store.list_tasks()
-        connection = self.store._connection
+        connection = self.store._db.connection
         self.assertEqual(connection.execute("PRAGMA journal_mode").fetchone()[0], "wal")
         self.assertEqual(connection.execute("PRAGMA synchronous").fetchone()[0], 2)  # FULL
         self.assertEqual(connection.execute("PRAGMA busy_timeout").fetchone()[0], 30_000)
@@ -179,14 +179,14 @@ class RowTests(SqliteCase):
     def test_a_commit_writes_only_the_changed_effect_rows(self) -> None:
         lease, state = self.committed(effects=200)
         statements: list[str] = []
-        real = self.store._run
+        real = self.store._db.run
 
         def counting(statement: str, params: tuple = ()) -> object:
             statements.append(statement)
             return real(statement, params)
 
         state.effects["step-007"] = dataclasses.replace(state.effects["step-007"], evidence="changed")
-        with mock.patch.object(self.store, "_run", counting):
+        with mock.patch.object(self.store._db, "run", counting):
             self.store.commit(lease, state, {"step-007"})
         effect_writes = [s for s in statements if s.startswith("INSERT INTO longrun_effects")]
         self.assertEqual(len(effect_writes), 1, statements)

@@ -232,9 +232,9 @@ def _execute(statements: list[str]) -> None:
 
     queue = open_queue(STORE)  # type: ignore[arg-type]
     queue.ensure()
-    with queue._session("install the lease log"):
+    with queue._tables.session("install the lease log"):
         for statement in statements:
-            queue._run(statement)
+            queue._tables.run(statement)
     queue.close()
 
 

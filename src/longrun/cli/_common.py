@@ -21,7 +21,7 @@ import urllib.parse
 from typing import TextIO
 
 from ..contract import check_task_id
-from ..errors import CorruptStateError, InvalidInputError, StorageError
+from ..errors import CorruptStateError, InvalidInputError, LongrunError, StorageError, exception_message
 from ..lease import Lease
 from ..outcome import Evidence
 from ..protocols import ClosableStore, Store
@@ -33,6 +33,7 @@ __all__ = [
     "ExitCode",
     "TaskCodeError",
     "checked_task",
+    "error_text",
     "close_store",
     "evidence_line",
     "exit_code_for",
@@ -238,3 +239,15 @@ def lease_summary(lease: Lease | None, now: float) -> str:
 
 def evidence_line(item: Evidence) -> str:
     return f"[{item.source}] {item.detail}"
+
+
+def error_text(exc: BaseException) -> str:
+    """The error as one line (a driver's message may span several)."""
+    message = exception_message(exc)  # an OSError may come from a user's store or adapter
+    if isinstance(exc, CorruptStateError):
+        text = f"damaged state: {message}"
+    elif isinstance(exc, StorageError) or (isinstance(exc, OSError) and not isinstance(exc, LongrunError)):
+        text = f"storage error: {message}"
+    else:
+        text = message
+    return re.sub(r"\s*\n\s*", " ", text.strip())

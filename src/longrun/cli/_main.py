@@ -22,12 +22,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import sys
 import traceback
 from typing import Sequence, TextIO
 
-from ..errors import CorruptStateError, LongrunError, StorageError, exception_message
+from ..errors import LongrunError
 from ..protocols import Store
 from ._common import (
     CliError,
@@ -35,6 +34,7 @@ from ._common import (
     TaskCodeError,
     checked_task,
     close_store,
+    error_text,
     exit_code_for,
     login_name,
     open_store,
@@ -280,18 +280,6 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
     if args.command == "repair" and not args.lease:
         command_parser.error("say what to repair: --lease (the lease record; the state repairs itself on the next run)")
     return args
-
-
-def error_text(exc: BaseException) -> str:
-    """The error as one line (a driver's message may span several)."""
-    message = exception_message(exc)  # an OSError may come from a user's store or adapter
-    if isinstance(exc, CorruptStateError):
-        text = f"damaged state: {message}"
-    elif isinstance(exc, StorageError) or (isinstance(exc, OSError) and not isinstance(exc, LongrunError)):
-        text = f"storage error: {message}"
-    else:
-        text = message
-    return re.sub(r"\s*\n\s*", " ", text.strip())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -39,8 +39,7 @@ from ..outcome import ENDED_UNFINISHED, Status
 from ..protocols import Store
 from ..session import NextAction, Session, SessionResult, recorded_contract
 from ._arguments import MAX_REASON_CHARS, path, positive_seconds, step_id, text_argument
-from ._common import CliError, ExitCode, checked_task, exit_code_for
-from ._main import error_text
+from ._common import CliError, ExitCode, checked_task, error_text, exit_code_for
 from ._mcp_catalog import FORBIDDEN_TOOLS, TOOLS, checked_arguments, tool_entries
 from ._session import next_exit, result_exit
 

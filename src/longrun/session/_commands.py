@@ -1,8 +1,8 @@
 """``Session``: a checkpointed session's commands (``init``, ``exec``, ``checkpoint``, ``done``,
 ``stop``), each one engine invocation on the task's state and ledger.
 
-The continuation rule (``next``) and the reading it needs are in ``_next.ContinuationRule``, which
-``Session`` extends; see the package docstring for what each command guarantees.
+The continuation rule (``next``) and the reading it needs are ``_next.ContinuationRule``, which a
+``Session`` holds and answers each command with; see the package docstring for what each command guarantees.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from ._next import ContinuationRule
 from ._plan import SessionPlan, settle_decisions
 from ._records import (
     CHECKPOINT_ACTION,
+    NextAction,
     SessionResult,
     check_argv,
     evidence_of,
@@ -47,7 +48,7 @@ log = logging.getLogger("longrun")
 _DECISION = re.compile(re.escape(DECISION_PREFIX) + r"(\d+)")
 
 
-class Session(ContinuationRule):
+class Session:
     """A checkpointed session's task in a store (see the module docstring).
 
     ``store_spec`` is how the caller names the store; the commands ``next`` hands back use it. The
@@ -77,6 +78,18 @@ class Session(ContinuationRule):
         self.cancellations: CancellationSource = cancellations if cancellations is not None else store
         self._stdout = stdout
         self._stderr = stderr
+        self._rule = ContinuationRule(
+            store,
+            self.task_id,
+            store_spec=store_spec,
+            clock=self.clock,
+            approvals=self.approvals,
+            cancellations=self.cancellations,
+        )
+
+    def next(self) -> NextAction:
+        """Exactly one safe next action, or the legal stop and what would unblock it (``longrun next``). Read-only."""
+        return self._rule.next()
 
     # -- the engine -----------------------------------------------------------------------------
 
@@ -123,7 +136,7 @@ class Session(ContinuationRule):
             lease = self.store.read_lease(self.task_id)
             if lease is None or not holder_gone(lease):
                 return outcome
-            wait = max(0.0, lease.remaining(self.clock.now(), self._monotonic_reading()))
+            wait = max(0.0, lease.remaining(self.clock.now(), self._rule.monotonic_reading()))
             if time.monotonic() + wait > deadline:
                 return outcome
             log.warning("the lease on %s belongs to %s, which is gone: waiting %.1fs for it to expire", self.task_id, lease.owner, wait)
@@ -148,9 +161,9 @@ class Session(ContinuationRule):
         return missing
 
     def _after(self, step_id: str | None, outcome: RunOutcome | None, *, notes: Sequence[str] = (), created: bool = False) -> SessionResult:
-        state, contract = self._session()
+        state, contract = self._rule.recorded()
         record = state.effects.get(step_id) if step_id is not None else None
-        return SessionResult(self._next(state, contract), outcome, step_id, record, created=created, notes=tuple(notes))
+        return SessionResult(self._rule.action(state, contract), outcome, step_id, record, created=created, notes=tuple(notes))
 
     # -- the commands ---------------------------------------------------------------------------
 
@@ -158,7 +171,7 @@ class Session(ContinuationRule):
         """Start the task from ``contract`` (``longrun init``); with the same contract again, change nothing."""
         if contract.task_id is not None and contract.task_id != self.task_id:
             raise InvalidInputError(f"the run contract is for task {contract.task_id!r}, not {self.task_id!r}")
-        state = self._load()
+        state = self._rule.load()
         if state is not None:
             recorded = recorded_contract(state)
             if recorded is None:
@@ -174,13 +187,13 @@ class Session(ContinuationRule):
 
         def drive(engine: Engine) -> None:
             if plan.created:
-                raise engine.wait(Status.RUNNING, self._step_action(contract, engine.state, "<store>").text)
+                raise engine.wait(Status.RUNNING, self._rule.step_action(contract, engine.state, "<store>").text)
             raise Stop(engine.state.status, engine.state.next_action)  # another init got there first
 
         plan = SessionPlan(contract, drive, create=True, source=source)
         outcome = self._run(self._engine(contract), plan, contract)
         if outcome.status is Status.ALREADY_RUNNING:
-            return SessionResult(self._waiting(outcome, contract), outcome)
+            return SessionResult(self._rule.waiting(outcome, contract), outcome)
         return self._after(None, outcome, created=plan.created)
 
     def exec(
@@ -193,7 +206,7 @@ class Session(ContinuationRule):
         approval: bool = False,
     ) -> SessionResult:
         """Run an exec step's command as an effect through the ledger (``longrun exec``)."""
-        state, contract = self._session()
+        state, contract = self._rule.recorded()
         step = contract.step(step_id)
         if step.kind != "exec":
             raise InvalidInputError(
@@ -262,14 +275,14 @@ class Session(ContinuationRule):
             if refusal is not None:
                 raise engine.refused_action(step_id, refusal)
             engine.effect(Step(step_id, step.action, payload, approval=needs_approval), retry=self._step_retry(contract))
-            raise engine.wait(Status.RUNNING, self._step_action(contract, engine.state, "<store>").text)
+            raise engine.wait(Status.RUNNING, self._rule.step_action(contract, engine.state, "<store>").text)
 
         outcome = self._run(self._engine(contract, adapter), SessionPlan(contract, drive), contract)
         return self._after(step_id, outcome)
 
     def checkpoint(self, step_id: str, *, evidence_file: str | None = None, note: str | None = None) -> SessionResult:
         """Record a checkpoint step's evidence (``longrun checkpoint``)."""
-        state, contract = self._session()
+        state, contract = self._rule.recorded()
         step = contract.step(step_id)
         if step.kind != "checkpoint":
             raise InvalidInputError(
@@ -325,19 +338,19 @@ class Session(ContinuationRule):
                 else:  # planned and verified in one commit: an interrupted checkpoint leaves nothing behind
                     engine.plan(Step(step_id, CHECKPOINT_ACTION, payload))
                     engine.complete(step_id, evidence)
-            raise engine.wait(Status.RUNNING, self._step_action(contract, engine.state, "<store>").text)
+            raise engine.wait(Status.RUNNING, self._rule.step_action(contract, engine.state, "<store>").text)
 
         outcome = self._run(self._engine(contract), SessionPlan(contract, drive), contract)
         return self._after(step_id, outcome)
 
     def done(self) -> SessionResult:
         """End the run ``done`` if the contract's completion evidence is recorded (``longrun done``)."""
-        state, contract = self._session()
+        state, contract = self._rule.recorded()
         if state.status is Status.DONE:
             return self._after(None, None, notes=("the task is already done",))
         missing = self._unfinished(contract, state)
         if missing:
-            return SessionResult(self._next(state, contract), None, missing=missing)
+            return SessionResult(self._rule.action(state, contract), None, missing=missing)
 
         def drive(engine: Engine) -> None:
             settle_decisions(engine)
@@ -347,8 +360,8 @@ class Session(ContinuationRule):
             raise engine.finish(list(contract.required))
 
         outcome = self._run(self._engine(contract), SessionPlan(contract, drive), contract)
-        state, contract = self._session()
-        return self._after(None, outcome, notes=self._evidence_drift(state, contract))
+        state, contract = self._rule.recorded()
+        return self._after(None, outcome, notes=self._rule.evidence_drift(state, contract))
 
     @staticmethod
     def _unfinished(contract: SessionContract, state: RunState) -> tuple[str, ...]:
@@ -363,7 +376,7 @@ class Session(ContinuationRule):
     def stop(self, reason: str) -> SessionResult:
         """Record a legal stop: a question for a person (``longrun stop``), answered with ``longrun answer``."""
         checked_text(reason, "the reason")
-        _, contract = self._session()
+        _, contract = self._rule.recorded()
         decided: list[str] = []
 
         def drive(engine: Engine) -> None:
@@ -372,7 +385,7 @@ class Session(ContinuationRule):
             engine.plan(Step(step_id, ASK_ACTION, {"question": reason, "choices": None}))
             decided.append(step_id)
             settle_decisions(engine)
-            raise engine.wait(Status.RUNNING, self._step_action(contract, engine.state, "<store>").text)
+            raise engine.wait(Status.RUNNING, self._rule.step_action(contract, engine.state, "<store>").text)
 
         outcome = self._run(self._engine(contract), SessionPlan(contract, drive), contract)
         return self._after(decided[0] if decided and outcome.status is Status.AWAITING_INPUT else None, outcome)

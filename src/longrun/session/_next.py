@@ -1,9 +1,10 @@
 """The continuation rule: from the store alone, a session's one safe next action, or the legal stop
 and what would unblock it (``Session.next()``, ``longrun next``). Read-only.
 
-``ContinuationRule`` is the part of ``Session`` that reads: it loads the task and its recorded run
-contract, and turns the ledger, the pending decisions and approvals, the lease and the control
-records into a ``NextAction``. ``Session`` adds the commands that write.
+``ContinuationRule`` reads: it loads the task and its recorded run contract, and turns the ledger,
+the pending decisions and approvals, the lease and the control records into a ``NextAction``.
+``Session`` holds one and adds the commands that write; each command answers with the rule's next
+action.
 """
 
 from __future__ import annotations
@@ -41,24 +42,35 @@ _STILL_RUNNING = "is still running (pid"
 
 
 class ContinuationRule:
-    """The reading half of ``Session``: the task's state and run contract, and its next action."""
+    """One task's state and run contract, read from the store, and its next action. Holds no state
+    of its own between calls: every answer is read fresh."""
 
-    store: Store
-    task_id: str
-    store_spec: str
-    clock: Clock
-    approvals: ApprovalSource
-    cancellations: CancellationSource
+    def __init__(
+        self,
+        store: Store,
+        task_id: str,
+        *,
+        store_spec: str,
+        clock: Clock,
+        approvals: ApprovalSource,
+        cancellations: CancellationSource,
+    ):
+        self.store = store
+        self.task_id = task_id
+        self.store_spec = store_spec
+        self.clock = clock
+        self.approvals = approvals
+        self.cancellations = cancellations
 
     # -- reading ------------------------------------------------------------------------------
 
-    def _load(self) -> RunState | None:
+    def load(self) -> RunState | None:
         try:
             return self.store.load(self.task_id).state
         except UnknownTaskError:
             return None
 
-    def _session(self) -> tuple[RunState, SessionContract]:
+    def recorded(self) -> tuple[RunState, SessionContract]:
         try:
             state = self.store.load(self.task_id).state
         except UnknownTaskError:
@@ -74,7 +86,7 @@ class ContinuationRule:
             raise InvalidInputError(f"task {self.task_id!r} is not a checkpointed session (it records no run contract): see `longrun status`")
         return state, contract
 
-    def _monotonic_reading(self) -> MonotonicReading | None:
+    def monotonic_reading(self) -> MonotonicReading | None:
         timeline = boot_clock_id()
         monotonic: Callable[[], float] | None = getattr(self.clock, "monotonic", None)
         if timeline is None or not isinstance(self.clock, SystemClock) or not callable(monotonic):
@@ -85,8 +97,8 @@ class ContinuationRule:
 
     def next(self) -> NextAction:
         """Exactly one safe next action, or the legal stop and what would unblock it (``longrun next``). Read-only."""
-        state, contract = self._session()
-        return self._next(state, contract)
+        state, contract = self.recorded()
+        return self.action(state, contract)
 
     def _common(self, contract: SessionContract, state: RunState) -> dict[str, object]:
         recorded = tuple(step.step_id for step in contract.steps if step_verified(state, step.step_id))
@@ -103,8 +115,8 @@ class ContinuationRule:
     def _action(self, common: Mapping[str, object], **fields: object) -> NextAction:
         return NextAction(**{**common, **fields})  # type: ignore[arg-type]
 
-    def _waiting(self, outcome: RunOutcome, contract: SessionContract) -> NextAction:
-        state = self._load()
+    def waiting(self, outcome: RunOutcome, contract: SessionContract) -> NextAction:
+        state = self.load()
         common = self._common(contract, state) if state is not None else {"task_id": self.task_id, "status": "new", "goal": contract.goal}
         return self._action(common, kind="wait", who="time", text=outcome.next_action, retry_after_s=1.0)
 
@@ -115,7 +127,7 @@ class ContinuationRule:
         recorded = recorded_command(record)
         return (*base, "--", *recorded) if recorded is not None else None
 
-    def _step_action(self, contract: SessionContract, state: RunState, spec: str) -> NextAction:
+    def step_action(self, contract: SessionContract, state: RunState, spec: str) -> NextAction:
         """The agent's next step from the ledger alone: an interrupted one, else the first not recorded, else done."""
         common = self._common(contract, state)
         for step in contract.steps:
@@ -271,7 +283,7 @@ class ContinuationRule:
             decisions.append(item)
         return decisions
 
-    def _next(self, state: RunState, contract: SessionContract) -> NextAction:
+    def action(self, state: RunState, contract: SessionContract) -> NextAction:
         now = self.clock.now()
         spec = self.store_spec
         common = dict(self._common(contract, state))
@@ -288,7 +300,7 @@ class ContinuationRule:
                 text=f"nothing: the run ended {status.value} ({state.next_action})",
                 unblock="nothing continues this task: a new run contract under a new task id",
             )
-        step_action = self._step_action(contract, state, spec)
+        step_action = self.step_action(contract, state, spec)
         cancellation = self.cancellations.read_cancellation(self.task_id)
         if cancellation is not None and not any(
             record.in_flight for sid, record in state.effects.items() if not sid.startswith(INTERNAL_PREFIX)
@@ -303,8 +315,8 @@ class ContinuationRule:
             )
         notes: list[str] = list(step_action.notes)
         lease = self.store.read_lease(self.task_id)
-        if lease is not None and not lease.expired(now, self._monotonic_reading()):
-            remaining = lease.remaining(now, self._monotonic_reading())
+        if lease is not None and not lease.expired(now, self.monotonic_reading()):
+            remaining = lease.remaining(now, self.monotonic_reading())
             if not holder_gone(lease):
                 return self._action(
                     common,
@@ -428,7 +440,7 @@ class ContinuationRule:
             unblock=state.next_action,
         )
 
-    def _evidence_drift(self, state: RunState, contract: SessionContract) -> tuple[str, ...]:
+    def evidence_drift(self, state: RunState, contract: SessionContract) -> tuple[str, ...]:
         """Notes on checkpointed files that changed or went since they were recorded (a checkpoint is not truth)."""
         notes = []
         for step in contract.steps:

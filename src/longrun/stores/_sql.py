@@ -1,16 +1,23 @@
 """The shared engine of the SQL stores: one schema, one set of statements, two dialects.
 
-``SqlStore`` implements ``BaseStore``'s primitives over ``SqlConnection`` (``stores._sql_session``:
-the connection, transactions, schema migration). The schema, how the database enforces the fence
+``SqlStore`` implements ``BaseStore``'s primitives over the ``SqlConnection`` it holds
+(``stores._sql_connection``: the connection, transactions, schema migration), made with the store's
+own dialect: each backend's store (``SqliteStore``, ``PostgresStore``) is a subclass that supplies
+the ``SqlDialect`` methods, the only thing that differs between them.
+
+One concept, the SQL store, so one module, and a long one: the lease, the state as a header row
+and effect rows, the repairing load that quarantines damaged rows, and the control records are
+the primitives ``BaseStore`` asks for, each a few statements over the same tables. The schema, how the database enforces the fence
 and how damage is handled are described in ``stores._sql_schema``.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
 import time
-from typing import Any, Collection, Sequence
+from typing import Any, Collection, Generator, Mapping, Self, Sequence
 
 from ..approval import Approval
 from ..cancellation import Cancellation
@@ -25,8 +32,8 @@ from ..outcome import Evidence
 from ..protocols import LoadResult
 from .blobs import BlobCodec, BlobFetcher, BlobRef, large_values, resolve_record_json, stored_record_json
 from ._sql_schema import SCHEMA_VERSION, column_text, quarantine_text, row_checksum, utf8_bytes
-from ._sql_session import SqlConnection
-from .base import Witness
+from ._sql_connection import SqlConnection
+from .base import BaseStore, Witness
 
 __all__ = ["SCHEMA_VERSION", "SqlStore"]
 
@@ -45,16 +52,23 @@ class _Damage:
     data: str | None
 
 
-class SqlStore(SqlConnection):
-    """``BaseStore`` over SQL. Subclasses supply the dialect (see ``SqlConnection``).
+class SqlStore(BaseStore):
+    """``BaseStore`` over SQL, through the ``SqlConnection`` it holds. A subclass per database
+    supplies the dialect (``SqlDialect``: the methods marked so below).
 
     The per-task state an instance keeps (the rows it knows are stored, the revision it last
     committed) is read and changed only inside its transactions, which take turns (see
     ``SqlConnection``).
     """
 
+    placeholder = "?"
+    """How the driver marks a parameter; statements here are written with ``?``."""
+    types: Mapping[str, str] = {"int": "BIGINT", "float": "DOUBLE PRECISION", "serial": "INTEGER PRIMARY KEY", "bytes": "BLOB"}
+    """The dialect's column types for the schema's integers, floats, the quarantine's row id and bytes."""
+
     def __init__(self) -> None:
         super().__init__()
+        self._db = SqlConnection(self)
         self._stored_steps: dict[str, dict[str, int]] = {}
         """Per task, the effect rows this instance knows exist, step id -> position (after a repairing load)."""
         self._stored_outlines: dict[str, PlanOutline | None] = {}
@@ -62,12 +76,55 @@ class SqlStore(SqlConnection):
         self._blobs: dict[str, BlobCodec] = {}
         """Per task, its large values as this instance knows them (``stores.blobs``)."""
 
+    # -- dialect: a subclass provides these (see ``SqlDialect``) ---------------------------------
+
+    def _connect(self) -> Any:
+        raise NotImplementedError
+
+    def _driver_errors(self) -> tuple[type[BaseException], ...]:
+        raise NotImplementedError
+
+    def _begin(self, *, write: bool) -> None:
+        raise NotImplementedError
+
+    def _finish(self, *, commit: bool) -> None:
+        raise NotImplementedError
+
+    def _lock_schema(self) -> None:
+        """Serialize schema creation between processes (inside the schema transaction)."""
+
+    def _lock_task_sql(self, *, write: bool) -> str:
+        return "SELECT task_id FROM longrun_tasks WHERE task_id = ?"
+
+    def _schema_table_sql(self) -> str:
+        raise NotImplementedError
+
+    def _now_sql(self) -> str:
+        raise NotImplementedError
+
+    # -- the connection -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection (a later call opens a new one)."""
+        self._db.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _transaction(self, task_id: str, *, create: bool, write: bool = True) -> Generator[None, None, None]:
+        with self._db.transaction(task_id, create=create, write=write):
+            yield
+
     # -- lease --------------------------------------------------------------------------------
 
     _LEASE_COLUMNS = "owner, epoch, acquired_at, expires_at, monotonic_clock, monotonic_expires_at, token, holder_lock"
 
     def _get_lease(self, task_id: str) -> Lease | None:
-        row = self._one(f"SELECT {self._LEASE_COLUMNS} FROM longrun_leases WHERE task_id = ?", (task_id,))
+        row = self._db.one(f"SELECT {self._LEASE_COLUMNS} FROM longrun_leases WHERE task_id = ?", (task_id,))
         if row is None:
             return None
         owner, epoch, acquired_at, expires_at, monotonic_clock, monotonic_expires_at, token, holder_lock = row
@@ -82,7 +139,7 @@ class SqlStore(SqlConnection):
             raise CorruptStateError(f"lease row of {task_id!r} is damaged: {exc}") from exc
 
     def _put_lease(self, lease: Lease) -> None:
-        cursor = self._run(
+        cursor = self._db.run(
             "INSERT INTO longrun_leases (task_id, owner, epoch, acquired_at, expires_at, monotonic_clock, "
             "monotonic_expires_at, token, holder_lock) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (task_id) DO UPDATE SET owner = excluded.owner, epoch = excluded.epoch, "
@@ -101,7 +158,7 @@ class SqlStore(SqlConnection):
                 "a newer epoch is recorded",
                 write_epoch=lease.epoch,
             )
-        self._run(
+        self._db.run(
             "UPDATE longrun_tasks SET epoch_floor = ? WHERE task_id = ? AND epoch_floor < ?",
             (lease.epoch, lease.task_id, lease.epoch),
         )
@@ -114,35 +171,35 @@ class SqlStore(SqlConnection):
     def _epoch_floor(self, task_id: str) -> int:
         """Used only if the lease row is gone: never reissue an epoch that was ever issued."""
         floors = [
-            self._one("SELECT epoch_floor FROM longrun_tasks WHERE task_id = ?", (task_id,)),
-            self._one("SELECT epoch FROM longrun_states WHERE task_id = ?", (task_id,)),
+            self._db.one("SELECT epoch_floor FROM longrun_tasks WHERE task_id = ?", (task_id,)),
+            self._db.one("SELECT epoch FROM longrun_states WHERE task_id = ?", (task_id,)),
         ]
         return max((row[0] for row in floors if row is not None and isinstance(row[0], int)), default=0)
 
     def _set_lease_aside(self, task_id: str, reason: str) -> str:
         """Copy the damaged lease row into the quarantine (as text), then delete it, in this transaction."""
-        row = self._one(f"SELECT {self._LEASE_COLUMNS} FROM longrun_leases WHERE task_id = ?", (task_id,))
+        row = self._db.one(f"SELECT {self._LEASE_COLUMNS} FROM longrun_leases WHERE task_id = ?", (task_id,))
         names = self._LEASE_COLUMNS.split(", ")
         data = "; ".join(f"{name}={quarantine_text(value)}" for name, value in zip(names, row or ()))
-        self._run(
+        self._db.run(
             "INSERT INTO longrun_quarantine (task_id, kind, name, reason, quarantined_at, data) "
             f"VALUES (?, 'lease', ?, ?, {self._now_sql()}, ?)",
             (task_id, f"longrun_leases/{task_id}", reason, data),
         )
-        self._run("DELETE FROM longrun_leases WHERE task_id = ?", (task_id,))
-        found = self._one("SELECT MAX(id) FROM longrun_quarantine WHERE task_id = ? AND kind = 'lease'", (task_id,))
+        self._db.run("DELETE FROM longrun_leases WHERE task_id = ?", (task_id,))
+        found = self._db.one("SELECT MAX(id) FROM longrun_quarantine WHERE task_id = ? AND kind = 'lease'", (task_id,))
         return f"longrun_quarantine/{found[0] if found is not None else '?'} (longrun_leases/{task_id})"
 
     # -- state --------------------------------------------------------------------------------
 
     def _get_state(self, task_id: str, *, repair: bool) -> LoadResult:
         now = time.time()
-        floor_row = self._one("SELECT revision_floor FROM longrun_tasks WHERE task_id = ?", (task_id,))
+        floor_row = self._db.one("SELECT revision_floor FROM longrun_tasks WHERE task_id = ?", (task_id,))
         floor = floor_row[0] if floor_row is not None and isinstance(floor_row[0], int) else 0
-        header_row = self._one(
+        header_row = self._db.one(
             "SELECT revision, effect_count, header, checksum FROM longrun_states WHERE task_id = ?", (task_id,)
         )
-        effect_rows = self._all(
+        effect_rows = self._db.rows(
             "SELECT step_id, position, revision, record, checksum FROM longrun_effects WHERE task_id = ?", (task_id,)
         )
         if header_row is None:
@@ -202,7 +259,7 @@ class SqlStore(SqlConnection):
 
     def _load_outline(self, task_id: str, revision: int, *, repair: bool, notes: list[Evidence], now: float) -> PlanOutline | None:
         """The task's plan outline row, validated; a damaged one is noted (and, repairing, set aside)."""
-        row = self._one("SELECT revision, body, checksum FROM longrun_plans WHERE task_id = ?", (task_id,))
+        row = self._db.one("SELECT revision, body, checksum FROM longrun_plans WHERE task_id = ?", (task_id,))
         if row is None:
             return None
         written_at, body, checksum = row
@@ -228,11 +285,11 @@ class SqlStore(SqlConnection):
             return outline
         detail = f"the plan outline row of {task_id!r} is damaged ({problem}); the state loads without it"
         if repair:
-            self._run(
+            self._db.run(
                 "INSERT INTO longrun_quarantine (task_id, kind, name, reason, quarantined_at, data) VALUES (?, ?, ?, ?, ?, ?)",
                 (task_id, "plan", "longrun_plans", problem[:2000], now, quarantine_text(body)),
             )
-            self._run("DELETE FROM longrun_plans WHERE task_id = ?", (task_id,))
+            self._db.run("DELETE FROM longrun_plans WHERE task_id = ?", (task_id,))
             detail += " (the row was moved to the quarantine; the runner records the outline again)"
         log.warning("%s", detail, extra={"task": task_id})
         notes.append(Evidence("store", detail, now))
@@ -263,7 +320,7 @@ class SqlStore(SqlConnection):
         return state
 
     def _blob(self, task_id: str, digest: str) -> bytes | None:
-        row = self._one("SELECT data FROM longrun_blobs WHERE task_id = ? AND digest = ?", (task_id, digest))
+        row = self._db.one("SELECT data FROM longrun_blobs WHERE task_id = ? AND digest = ?", (task_id, digest))
         if row is None:
             return None
         data = row[0]
@@ -302,7 +359,7 @@ class SqlStore(SqlConnection):
         return position, record
 
     def _quarantined(self, task_id: str) -> list[str]:
-        rows = self._all("SELECT id, name FROM longrun_quarantine WHERE task_id = ? AND kind IN ('state', 'effect')", (task_id,))
+        rows = self._db.rows("SELECT id, name FROM longrun_quarantine WHERE task_id = ? AND kind IN ('state', 'effect')", (task_id,))
         return sorted(f"longrun_quarantine/{row[0]} ({row[1]})" for row in rows)
 
     def _set_aside(self, task_id: str, damage: list[_Damage], now: float) -> list[str]:
@@ -310,18 +367,18 @@ class SqlStore(SqlConnection):
         for item in damage:
             if item.kind == "count":
                 continue  # rows are missing: nothing to move, the refusal itself is the record
-            self._run(
+            self._db.run(
                 "INSERT INTO longrun_quarantine (task_id, kind, name, reason, quarantined_at, data) VALUES (?, ?, ?, ?, ?, ?)",
                 (task_id, item.kind, item.name, item.reason[:2000], now, item.data),
             )
             if item.kind == "state":
-                self._run("DELETE FROM longrun_states WHERE task_id = ?", (task_id,))
+                self._db.run("DELETE FROM longrun_states WHERE task_id = ?", (task_id,))
             else:
-                self._run("DELETE FROM longrun_effects WHERE task_id = ? AND step_id = ?", (task_id, item.key[0]))
+                self._db.run("DELETE FROM longrun_effects WHERE task_id = ? AND step_id = ?", (task_id, item.key[0]))
             moved.append(item.name)
         if moved:
             # The moves are evidence: keep them even though the load raises.
-            self._keep_writes = True
+            self._db.keep_writes = True
             self._stored_steps.pop(task_id, None)
             self._stored_outlines.pop(task_id, None)
             self._blobs.pop(task_id, None)
@@ -358,7 +415,7 @@ class SqlStore(SqlConnection):
             outline_body = canonical_bytes({"task_id": task_id, "plan_outline": outline.to_json()})
             check_loadable(outline_body, f"task {task_id!r}: the plan outline")
         # The database checks the fence and the revision itself, in this transaction.
-        cursor = self._run(
+        cursor = self._db.run(
             "UPDATE longrun_tasks SET revision_floor = ? WHERE task_id = ? AND revision_floor < ? "
             "AND EXISTS (SELECT 1 FROM longrun_leases WHERE task_id = ? AND epoch = ?)",
             (state.revision, task_id, state.revision, task_id, state.lease_epoch),
@@ -372,7 +429,7 @@ class SqlStore(SqlConnection):
                     write_epoch=state.lease_epoch,
                 )
             raise StorageError(f"state write for {task_id!r}: revision {state.revision} is not above the stored revision")
-        self._run(
+        self._db.run(
             "INSERT INTO longrun_states (task_id, revision, epoch, plan_digest, status, next_action, effect_count, "
             "header, checksum, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (task_id) DO UPDATE SET revision = excluded.revision, epoch = excluded.epoch, "
@@ -386,12 +443,12 @@ class SqlStore(SqlConnection):
         )
         if delta is None:
             if known is None:
-                known = {row[0] for row in self._all("SELECT step_id FROM longrun_effects WHERE task_id = ?", (task_id,))}
+                known = {row[0] for row in self._db.rows("SELECT step_id FROM longrun_effects WHERE task_id = ?", (task_id,))}
             for step_id in sorted(known - state.effects.keys()):
-                self._run("DELETE FROM longrun_effects WHERE task_id = ? AND step_id = ?", (task_id, step_id))
+                self._db.run("DELETE FROM longrun_effects WHERE task_id = ? AND step_id = ?", (task_id, step_id))
         new_blobs = codec.to_write(referenced)
         if new_blobs:  # in this transaction, before the rows that reference them; a stored one is kept as it is
-            self._run_many(
+            self._db.run_many(
                 "INSERT INTO longrun_blobs (task_id, digest, data) VALUES (?, ?, ?) ON CONFLICT (task_id, digest) DO NOTHING",
                 [(task_id, blob.ref.sha256, blob.data) for blob in new_blobs],
             )
@@ -400,21 +457,21 @@ class SqlStore(SqlConnection):
             for step_id, position in to_write:
                 body = bodies[step_id]
                 rows.append((task_id, step_id, position, state.revision, body.decode("utf-8"), row_checksum(body)))
-            self._run_many(
+            self._db.run_many(
                 "INSERT INTO longrun_effects (task_id, step_id, position, revision, record, checksum) "
                 "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (task_id, step_id) DO UPDATE SET position = excluded.position, "
                 "revision = excluded.revision, record = excluded.record, checksum = excluded.checksum",
                 rows,
             )
         if outline_body is not None:
-            self._run(
+            self._db.run(
                 "INSERT INTO longrun_plans (task_id, revision, body, checksum) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (task_id) DO UPDATE SET revision = excluded.revision, body = excluded.body, "
                 "checksum = excluded.checksum",
                 (task_id, state.revision, outline_body.decode("utf-8"), row_checksum(outline_body)),
             )
         elif outline_changed:
-            self._run("DELETE FROM longrun_plans WHERE task_id = ?", (task_id,))
+            self._db.run("DELETE FROM longrun_plans WHERE task_id = ?", (task_id,))
         # Known only once this transaction commits; if the commit fails, BaseStore poisons the task
         # and the repairing load it then requires resets this.
         now_stored.update(to_write)
@@ -459,13 +516,13 @@ class SqlStore(SqlConnection):
 
     def read_cancellation(self, task_id: str) -> ControlRecord | None:
         with self._transaction(task_id, create=False, write=False):
-            row = self._one("SELECT body FROM longrun_cancellations WHERE task_id = ?", (task_id,))
+            row = self._db.one("SELECT body FROM longrun_cancellations WHERE task_id = ?", (task_id,))
         return None if row is None else self._control(f"longrun_cancellations/{task_id}", row[0])
 
     def write_cancellation(self, record: Cancellation) -> None:
         body = canonical_bytes(record.to_json()).decode("utf-8")
         with self._transaction(record.task_id, create=False):
-            self._run(
+            self._db.run(
                 f"INSERT INTO longrun_cancellations (task_id, body, written_at) VALUES (?, ?, {self._now_sql()}) "
                 "ON CONFLICT (task_id) DO UPDATE SET body = excluded.body, written_at = excluded.written_at",
                 (record.task_id, body),
@@ -473,7 +530,7 @@ class SqlStore(SqlConnection):
 
     def read_approvals(self, task_id: str) -> tuple[ControlRecord, ...]:
         with self._transaction(task_id, create=False, write=False):
-            rows = self._all(
+            rows = self._db.rows(
                 "SELECT approval_id, body FROM longrun_approvals WHERE task_id = ? LIMIT ?", (task_id, MAX_APPROVALS + 1)
             )
         if len(rows) > MAX_APPROVALS:
@@ -485,7 +542,7 @@ class SqlStore(SqlConnection):
         check_task_id(approval.approval_id, what="approval id")
         body = canonical_bytes(approval.to_json()).decode("utf-8")
         with self._transaction(approval.task_id, create=False):
-            self._run(
+            self._db.run(
                 f"INSERT INTO longrun_approvals (task_id, approval_id, body, written_at) VALUES (?, ?, ?, {self._now_sql()}) "
                 "ON CONFLICT (task_id, approval_id) DO UPDATE SET body = excluded.body, written_at = excluded.written_at",
                 (approval.task_id, approval.approval_id, body),
@@ -494,6 +551,6 @@ class SqlStore(SqlConnection):
     # -- listing ------------------------------------------------------------------------------
 
     def list_tasks(self) -> list[str]:
-        with self._session(write=False, what="list tasks"):
-            rows = self._all("SELECT task_id FROM longrun_tasks")
+        with self._db.session(write=False, what="list tasks"):
+            rows = self._db.rows("SELECT task_id FROM longrun_tasks")
         return sorted(str(row[0]) for row in rows)

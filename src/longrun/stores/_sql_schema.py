@@ -1,7 +1,7 @@
 """The SQL stores' schema: its version, its migrations, and the converters of its column values.
 
 What follows describes the shared engine of the SQL stores as a whole: ``SqlStore``
-(``stores._sql``) over ``SqlConnection`` (``stores._sql_session``), with this schema.
+(``stores._sql``) over ``SqlConnection`` (``stores._sql_connection``), with this schema.
 
 ``SqlStore`` implements ``BaseStore``'s primitives over a DB-API 2.0 connection; ``SqliteStore``
 and ``PostgresStore`` supply only how to connect, how to begin a transaction and lock a task, and

@@ -99,18 +99,18 @@ class PostgresStore(SqlStore):
     def _begin(self, *, write: bool) -> None:
         # The driver opens the transaction on the first statement (DB-API); this is that statement.
         if write:
-            self._run("SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE")
+            self._db.run("SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE")
         else:
-            self._run("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            self._db.run("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
 
     def _finish(self, *, commit: bool) -> None:
         if commit:
-            self._connection.commit()
+            self._db.connection.commit()
         else:
-            self._connection.rollback()
+            self._db.connection.rollback()
 
     def _lock_schema(self) -> None:
-        self._run(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK})")
+        self._db.run(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK})")
 
     def _lock_task_sql(self, *, write: bool) -> str:
         return "SELECT task_id FROM longrun_tasks WHERE task_id = ?" + (" FOR UPDATE" if write else "")
@@ -122,7 +122,7 @@ class PostgresStore(SqlStore):
         return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
 
     def _clock(self, now: float) -> float:
-        row = self._one(f"SELECT {self._now_sql()}")
+        row = self._db.one(f"SELECT {self._now_sql()}")
         return float(row[0])
 
 

@@ -38,24 +38,30 @@ that could lose the task.
 Not guaranteed: that a row is current when a task is run outside the fleet on the JSON-file store
 between two rescans (it is found by the next rescan), or on a database whose tables were created
 without these triggers (a worker creates them, and adopts every task already stored, on first use).
+
+One concept, so one module, longer than most: the queue's records, its connection (``_Tables``:
+one transaction at a time, the tables created on first use) and ``TaskQueue``, which holds that
+connection and passes every statement through it (the index, the workers, the action slots, the
+wake-up). What differs between PostgreSQL and SQLite is the dialect's (``_queue_sql``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import os
 import secrets
-from typing import Iterable, Sequence
+import threading
+from typing import Any, Callable, Generator, Iterable, Sequence
 
-from ..canonical import JSONValue, canonical_bytes, sha256_hex
+from ..canonical import JSONValue, canonical_bytes, parse_json, sha256_hex
 from ..contract import check_task_id
-from ..errors import CorruptStateError, InvalidInputError, StorageError, UnknownTaskError
+from ..errors import CorruptStateError, InvalidInputError, LongrunError, SchemaVersionError, StorageError, UnknownTaskError
+from ..outcome import TERMINAL
 from ..protocols import Store
 from ._fileio import FileIO, ensure_dirs
-from ._fleet_sql import FUNCTION_STEP, PostgresDialect, SqliteDialect
-from ._queue_records import Claim, QueueEntry, SlotHold, WorkerRecord
-from ._queue_tables import SCHEMA_VERSION
-from ._queue_workers import WorkerTables
+from ._queue_sql import FUNCTION_STEP, NOTIFY_CHANNEL, Dialect, PostgresDialect, SqliteDialect, tables
 
 __all__ = ["SCHEMA_VERSION", "Claim", "QueueEntry", "SlotHold", "TaskQueue", "WorkerRecord", "open_queue"]
 
@@ -66,18 +72,288 @@ SIDE_FILE = ".fleet.sqlite"
 _WAITING_ON_CHILD = "waiting-on-child"
 
 
-class TaskQueue(WorkerTables):
+@dataclasses.dataclass(frozen=True, slots=True)
+class Claim:
+    """A worker's claim on one due task: the right to try it until ``TaskQueue.finish``."""
+
+    task_id: str
+    function: str
+    token: str
+    nudge: int
+    """The row's wake-up count when claimed: one that changed during the run wakes it again."""
+    parent: str | None = None
+    priority: int = 0
+    failures: int = 0
+    """How many runs in a row raised before this claim (any worker's): the next backoff grows with it."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueEntry:
+    """One row of the index, as ``TaskQueue.entries`` reads it (times relative to the database's clock)."""
+
+    task_id: str
+    function: str
+    parent: str | None
+    priority: int
+    due_in_s: float | None
+    """Seconds until it is due (negative: overdue); None: parked until something wakes it."""
+    status: str
+    claimed_by: str | None
+    runs: int
+    failures: int
+    last_error: str | None
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerRecord:
+    """A worker's row: who it is, and when it last said it was alive (by the database's clock)."""
+
+    name: str
+    host: str
+    pid: int
+    state: str
+    """running, draining or stopped (a worker that died keeps the state it had: see ``alive``)."""
+    concurrency: int
+    running: int
+    """Tasks it held at its last heartbeat."""
+    claimed: int
+    """Rows it holds an unexpired claim on now."""
+    heartbeat_age_s: float
+    alive: bool
+    """Its last heartbeat is younger than three heartbeat intervals and it has not stopped."""
+    functions: tuple[str, ...]
+    started_at: float
+
+    def to_json(self) -> dict[str, JSONValue]:
+        document = dataclasses.asdict(self)
+        document["functions"] = list(self.functions)
+        return document
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SlotHold:
+    """One of an action's K slots, held until released or, if its holder stops renewing it, expired."""
+
+    action: str
+    slot: int
+    token: str
+
+
+SCHEMA_VERSION = 1
+_TERMINAL_VALUES = tuple(sorted(status.value for status in TERMINAL))
+MAX_ROW_BYTES = 64 * 1024 * 1024
+
+
+def _function_record(body: object) -> tuple[str, str | None] | None:
+    """(function, parent) from a stored function-step effect row, or None if it holds neither."""
+    text = body if isinstance(body, str) else bytes(body).decode("utf-8", "replace") if isinstance(body, (bytes, memoryview)) else None
+    if text is None:
+        return None
+    try:
+        document = parse_json(text.encode("utf-8", "surrogatepass"), what="an effect row", max_bytes=MAX_ROW_BYTES)
+    except (CorruptStateError, UnicodeError):
+        return None
+    record = document.get("record") if isinstance(document, dict) else None
+    payload = record.get("payload") if isinstance(record, dict) else None
+    if not isinstance(payload, dict) or not isinstance(payload.get("function"), str):
+        return None
+    parent = payload.get("parent")
+    return str(payload["function"]), parent if isinstance(parent, str) else None
+
+
+
+class _Tables:
+    """The connection to one store's fleet tables, one transaction at a time, and the tables'
+    creation on first use (adopting every durable task already stored). ``TaskQueue`` holds one and
+    passes its statements through it."""
+
+    def __init__(self, dialect: Dialect, store: Store):
+        self.dialect = dialect
+        self.store = store
+        self._lock = threading.Lock()
+        self._connection: Any = None
+        self._cursor: Any = None
+        self._ready = False
+
+    def __repr__(self) -> str:
+        return f"TaskQueue({self.dialect.describe()})"
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def _drop(self) -> None:
+        connection, self._connection, self._cursor = self._connection, None, None
+        self._ready = False
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                connection.close()
+
+    def _sql(self, statement: str) -> str:
+        statement = statement.replace("{now}", self.dialect.now_sql)
+        return statement if self.dialect.placeholder == "?" else statement.replace("?", self.dialect.placeholder)
+
+    def run(self, statement: str, params: Sequence[object] = ()) -> Any:
+        if params:
+            self._cursor.execute(self._sql(statement), tuple(params))
+        else:  # no parameters: no placeholder parsing either (a trigger body may hold any text)
+            self._cursor.execute(self._sql(statement))
+        return self._cursor
+
+    def one(self, statement: str, params: Sequence[object] = ()) -> Any:
+        return self.run(statement, params).fetchone()
+
+    def rows(self, statement: str, params: Sequence[object] = ()) -> list[Any]:
+        return list(self.run(statement, params).fetchall())
+
+    @contextlib.contextmanager
+    def session(self, what: str, *, write: bool = True) -> Generator[None, None, None]:
+        with self._lock:
+            if not self._ready:
+                self._prepare()
+            errors = self.dialect.errors()
+            try:
+                self._cursor = self._connection.cursor()
+                self.dialect.begin(self.run, write=write)
+            except errors as exc:
+                self._drop()
+                raise StorageError(f"{self!r}: cannot open a transaction to {what}: {exc}") from exc
+            try:
+                yield
+            except BaseException as exc:
+                try:
+                    self.dialect.end(self._connection, commit=False)
+                except Exception:  # the connection is in an unknown state: never reuse it
+                    self._drop()
+                if isinstance(exc, errors) and not isinstance(exc, LongrunError):
+                    self._drop()
+                    raise StorageError(f"{self!r}: cannot {what}: {exc}") from exc
+                raise
+            else:
+                try:
+                    self.dialect.end(self._connection, commit=True)
+                except errors as exc:
+                    self._drop()
+                    raise StorageError(f"{self!r}: the transaction to {what} did not commit: {exc}") from exc
+            finally:
+                self._cursor = None
+
+    def _prepare(self) -> None:
+        """Connect, and create or check the tables (once per connection)."""
+        if self.dialect.in_store:
+            self.store.list_tasks()  # the store's own tables first: the triggers are on them
+        errors = self.dialect.errors()
+        try:
+            self._connection = self.dialect.connect()
+        except LongrunError:
+            raise
+        except Exception as exc:
+            raise StorageError(f"{self!r}: cannot connect: {exc}") from exc
+        errors = self.dialect.errors()
+        try:
+            self._cursor = self._connection.cursor()
+            self.dialect.begin(self.run, write=False)
+            exists = bool(self.one(self.dialect.schema_exists_sql())[0])
+            version = int(self.one("SELECT MAX(version) FROM longrun_fleet_schema")[0] or 0) if exists else 0
+            self.dialect.end(self._connection, commit=True)
+            if version > SCHEMA_VERSION:
+                raise SchemaVersionError(
+                    f"{self!r}: the fleet tables have version {version}, newer than this code knows ({SCHEMA_VERSION})"
+                )
+            if version < SCHEMA_VERSION:
+                self._cursor = self._connection.cursor()
+                self.dialect.begin(self.run, write=True)
+                self._create()
+                self.dialect.end(self._connection, commit=True)
+        except LongrunError:
+            self._drop()
+            raise
+        except errors as exc:
+            self._drop()
+            raise StorageError(f"{self!r}: cannot create the fleet tables: {exc}") from exc
+        finally:
+            self._cursor = None
+        self._ready = self._connection is not None
+
+    def _create(self) -> None:
+        """The tables, the triggers, and a row for every durable task already stored (in one transaction)."""
+        dialect = self.dialect
+        dialect.lock_schema(self.run)
+        self.run(
+            f"CREATE TABLE IF NOT EXISTS longrun_fleet_schema (version INTEGER PRIMARY KEY, "
+            f"applied_at {dialect.float_type} NOT NULL, description TEXT NOT NULL)"
+        )
+        if int(self.one("SELECT COALESCE(MAX(version), 0) FROM longrun_fleet_schema")[0]) >= SCHEMA_VERSION:
+            return  # another process got here first
+        for statement in tables(dialect) + dialect.triggers():
+            self.run(statement)
+        adopted = 0
+        if dialect.in_store:
+            rows = self.rows(
+                "SELECT e.task_id, e.record, s.status FROM longrun_effects e LEFT JOIN longrun_states s ON s.task_id = e.task_id "
+                f"WHERE e.step_id = '{FUNCTION_STEP}'"
+            )
+            for task_id, body, status in rows:
+                found = _function_record(body)
+                if found is None:
+                    continue
+                adopted += self.adopt(str(task_id), found[0], found[1], str(status) if status is not None else "new")
+        self.run(
+            "INSERT INTO longrun_fleet_schema (version, applied_at, description) VALUES (?, {now}, ?)",
+            (SCHEMA_VERSION, "the due-time index, workers and action slots"),
+        )
+        log.info("%r: fleet tables created (version %d); %d stored tasks adopted", self, SCHEMA_VERSION, adopted)
+
+    def adopt(self, task_id: str, function: str, parent: str | None, status: str, fingerprint: str | None = None) -> int:
+        due = "NULL" if status in _TERMINAL_VALUES else "{now}"
+        cursor = self.run(
+            "INSERT INTO longrun_queue (task_id, function, parent, wake_at, status, fingerprint, updated_at) "
+            f"VALUES (?, ?, ?, {due}, ?, ?, {{now}}) ON CONFLICT (task_id) DO NOTHING",
+            (task_id, function, parent, status, fingerprint),
+        )
+        return 1 if cursor.rowcount == 1 else 0
+
+    def notify(self) -> None:
+        if self.dialect.notify:
+            self.run(f"SELECT pg_notify('{NOTIFY_CHANNEL}', '')")
+
+
+class TaskQueue:
     """The fleet's tables for one store (see the module docstring). ``open_queue(store)`` makes one.
 
     Thread-safe: one connection, used by one thread at a time for one whole transaction. A broken
     connection is dropped and a new one made on the next call; driver errors are ``StorageError``.
     """
 
+    def __init__(self, dialect: Dialect, store: Store):
+        self.store = store
+        self._tables = _Tables(dialect, store)
+        self._slot_rows: dict[str, int] = {}
+        """The slot count each limited action's rows were made for (so they are made once)."""
+
+    def __repr__(self) -> str:
+        return repr(self._tables)
+
+    @property
+    def in_store(self) -> bool:
+        """Whether triggers keep the index current (else ``rescan`` must poll the store)."""
+        return self._tables.dialect.in_store
+
+    @property
+    def notifies(self) -> bool:
+        return self._tables.dialect.notify
+
+    def close(self) -> None:
+        self._tables.close()
+
     # -- the index ----------------------------------------------------------------------------
 
     def ensure(self) -> None:
         """Create the tables (and triggers) if they are missing; a no-op once they exist."""
-        with self._session("check the fleet tables", write=False):
+        with self._tables.session("check the fleet tables", write=False):
             pass
 
     def enqueue(self, task_id: str, function: str, *, priority: int = 0, parent: str | None = None) -> bool:
@@ -87,16 +363,16 @@ class TaskQueue(WorkerTables):
             raise InvalidInputError("a queued task needs its function's name (module:qualname)")
         if isinstance(priority, bool) or not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
             raise InvalidInputError(f"priority must be an integer in [-2**31, 2**31), got {priority!r}")
-        with self._session(f"enqueue task {task_id!r}"):
-            cursor = self._run(
+        with self._tables.session(f"enqueue task {task_id!r}"):
+            cursor = self._tables.run(
                 "INSERT INTO longrun_queue (task_id, function, parent, priority, wake_at, status, updated_at) "
                 "VALUES (?, ?, ?, ?, {now}, 'new', {now}) ON CONFLICT (task_id) DO NOTHING",
                 (task_id, function, parent, priority),
             )
             created = bool(cursor.rowcount == 1)
             if not created:
-                self._run("UPDATE longrun_queue SET priority = ? WHERE task_id = ?", (priority, task_id))
-            self._notify()
+                self._tables.run("UPDATE longrun_queue SET priority = ? WHERE task_id = ?", (priority, task_id))
+            self._tables.notify()
         return created
 
     def claim(self, worker: str, functions: Iterable[str], limit: int, ttl_s: float) -> list[Claim]:
@@ -110,9 +386,9 @@ class TaskQueue(WorkerTables):
         token = secrets.token_hex(12)
         marks = ", ".join("?" for _ in names)
         columns = "task_id, function, nudge, parent, priority, failures"
-        with self._session("claim due tasks"):
-            if self._dialect.skip_locked:
-                rows = self._all(
+        with self._tables.session("claim due tasks"):
+            if self._tables.dialect.skip_locked:
+                rows = self._tables.rows(
                     f"UPDATE longrun_queue AS q SET claimed_by = ?, claim_token = ?, wake_at = {{now}} + ?, runs = q.runs + 1, "
                     f"updated_at = {{now}} FROM (SELECT task_id FROM longrun_queue WHERE wake_at <= {{now}} AND function IN ({marks}) "
                     "ORDER BY priority DESC, wake_at LIMIT ? FOR UPDATE SKIP LOCKED) AS due WHERE q.task_id = due.task_id "
@@ -120,13 +396,13 @@ class TaskQueue(WorkerTables):
                     (worker, token, ttl_s, *names, limit),
                 )
             else:
-                rows = self._all(
+                rows = self._tables.rows(
                     f"SELECT {columns} FROM longrun_queue WHERE wake_at <= {{now}} AND function IN ({marks}) "
                     "ORDER BY priority DESC, wake_at LIMIT ?",
                     (*names, limit),
                 )
                 for row in rows:
-                    self._run(
+                    self._tables.run(
                         "UPDATE longrun_queue SET claimed_by = ?, claim_token = ?, wake_at = {now} + ?, runs = runs + 1, "
                         "updated_at = {now} WHERE task_id = ?",
                         (worker, token, ttl_s, row[0]),
@@ -141,9 +417,9 @@ class TaskQueue(WorkerTables):
         lost: list[Claim] = []
         if not claims:
             return lost
-        with self._session("renew claims"):
+        with self._tables.session("renew claims"):
             for claim in claims:
-                cursor = self._run(
+                cursor = self._tables.run(
                     "UPDATE longrun_queue SET wake_at = {now} + ? WHERE task_id = ? AND claim_token = ?",
                     (ttl_s, claim.task_id, claim.token),
                 )
@@ -175,8 +451,8 @@ class TaskQueue(WorkerTables):
             due, due_params = "CASE WHEN ? > {now} THEN ? ELSE {now} END", [float(wake_at), float(wake_at)]
         else:
             due, due_params = "NULL", []
-        with self._session(f"finish task {claim.task_id!r}"):
-            cursor = self._run(
+        with self._tables.session(f"finish task {claim.task_id!r}"):
+            cursor = self._tables.run(
                 f"UPDATE longrun_queue SET claimed_by = NULL, claim_token = NULL, status = ?, "
                 f"wake_at = CASE WHEN nudge <> ? THEN {{now}} ELSE {due} END, "
                 f"failures = {'0' if error is None else 'failures + 1'}, last_error = ?, fingerprint = ?, updated_at = {{now}} "
@@ -189,12 +465,12 @@ class TaskQueue(WorkerTables):
                 self._wake_parent(claim.parent)
                 woken = True
             if woken:
-                self._notify()
+                self._tables.notify()
         return held
 
     def _wake_parent(self, parent: str) -> None:
         # A parent being run now sees the nudge when it finishes; one parked waiting on a child wakes.
-        self._run(
+        self._tables.run(
             f"UPDATE longrun_queue SET nudge = nudge + 1, wake_at = CASE WHEN claim_token IS NULL AND status = '{_WAITING_ON_CHILD}' "
             "THEN {now} ELSE wake_at END, updated_at = {now} WHERE task_id = ?",
             (parent,),
@@ -202,13 +478,13 @@ class TaskQueue(WorkerTables):
 
     def wake(self, task_id: str) -> bool:
         """Make a task due now (or, while it is being run, as soon as that run ends). False if it has no row."""
-        with self._session(f"wake task {task_id!r}"):
-            cursor = self._run(
+        with self._tables.session(f"wake task {task_id!r}"):
+            cursor = self._tables.run(
                 "UPDATE longrun_queue SET nudge = nudge + 1, wake_at = CASE WHEN claim_token IS NULL THEN {now} ELSE wake_at END, "
                 "updated_at = {now} WHERE task_id = ?",
                 (task_id,),
             )
-            self._notify()
+            self._tables.notify()
         return bool(cursor.rowcount == 1)
 
     def next_due_in(self, functions: Iterable[str]) -> float | None:
@@ -217,23 +493,23 @@ class TaskQueue(WorkerTables):
         if not names:
             return None
         marks = ", ".join("?" for _ in names)
-        with self._session("read the next due time", write=False):
-            row = self._one(f"SELECT MIN(wake_at) - {{now}} FROM longrun_queue WHERE wake_at IS NOT NULL AND function IN ({marks})", names)
+        with self._tables.session("read the next due time", write=False):
+            row = self._tables.one(f"SELECT MIN(wake_at) - {{now}} FROM longrun_queue WHERE wake_at IS NOT NULL AND function IN ({marks})", names)
         return None if row is None or row[0] is None else float(row[0])
 
     def entries(self, task_ids: Sequence[str] | None = None) -> list[QueueEntry]:
         """Rows of the index (all, or those of ``task_ids``), ordered by task id."""
-        with self._session("read the queue", write=False):
+        with self._tables.session("read the queue", write=False):
             query = (
                 "SELECT task_id, function, parent, priority, wake_at - {now}, status, claimed_by, runs, failures, last_error "
                 "FROM longrun_queue"
             )
             if task_ids is None:
-                rows = self._all(query + " ORDER BY task_id")
+                rows = self._tables.rows(query + " ORDER BY task_id")
             else:
                 rows = []
                 for task_id in task_ids:
-                    rows += self._all(query + " WHERE task_id = ?", (task_id,))
+                    rows += self._tables.rows(query + " WHERE task_id = ?", (task_id,))
         return [
             QueueEntry(
                 str(r[0]), str(r[1]), None if r[2] is None else str(r[2]), int(r[3]), None if r[4] is None else float(r[4]),
@@ -247,7 +523,7 @@ class TaskQueue(WorkerTables):
     def fingerprint(self, task_id: str) -> str | None:
         """What a trigger would watch, read through the store: the lease's epoch and whether it was
         released, and the digests of the task's control records. None for a store with triggers."""
-        if self._dialect.in_store:
+        if self._tables.dialect.in_store:
             return None
         lease = self.store.read_lease(task_id)
         cancellation = self.store.read_cancellation(task_id)
@@ -262,18 +538,18 @@ class TaskQueue(WorkerTables):
         """For a store without triggers: adopt tasks that have no row, and make a parked row due
         when its fingerprint changed. Done by one worker at a time, at most once per ``every_s``
         (None if it was not this caller's turn); returns how many rows it woke or added."""
-        if self._dialect.in_store:
+        if self._tables.dialect.in_store:
             return None
-        with self._session("take the rescan turn"):
-            row = self._one("SELECT value - {now} FROM longrun_fleet_meta WHERE name = 'rescan_at'")
+        with self._tables.session("take the rescan turn"):
+            row = self._tables.one("SELECT value - {now} FROM longrun_fleet_meta WHERE name = 'rescan_at'")
             if row is not None and float(row[0]) > 0:
                 return None
-            self._run(
+            self._tables.run(
                 "INSERT INTO longrun_fleet_meta (name, value) VALUES ('rescan_at', {now} + ?) "
                 "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
                 (every_s,),
             )
-            known = {str(r[0]): (r[1], r[2], r[3]) for r in self._all("SELECT task_id, wake_at - {now}, claim_token, fingerprint FROM longrun_queue")}
+            known = {str(r[0]): (r[1], r[2], r[3]) for r in self._tables.rows("SELECT task_id, wake_at - {now}, claim_token, fingerprint FROM longrun_queue")}
         changed = 0
         for task_id in self.store.list_tasks():
             try:
@@ -285,8 +561,8 @@ class TaskQueue(WorkerTables):
                 if token is not None or (due_in is not None and float(due_in) <= 0):
                     continue  # being run, or due anyway
                 if self.fingerprint(task_id) != fingerprint:
-                    with self._session(f"wake task {task_id!r}"):
-                        self._run(
+                    with self._tables.session(f"wake task {task_id!r}"):
+                        self._tables.run(
                             "UPDATE longrun_queue SET nudge = nudge + 1, wake_at = {now}, updated_at = {now} "
                             "WHERE task_id = ? AND claim_token IS NULL",
                             (task_id,),
@@ -312,8 +588,148 @@ class TaskQueue(WorkerTables):
         if not isinstance(function, str):
             return 0
         fingerprint = self.fingerprint(task_id)
-        with self._session(f"adopt task {task_id!r}"):
-            return self._adopt(task_id, function, parent if isinstance(parent, str) else None, state.status.value, fingerprint)
+        with self._tables.session(f"adopt task {task_id!r}"):
+            return self._tables.adopt(task_id, function, parent if isinstance(parent, str) else None, state.status.value, fingerprint)
+
+    # -- workers ------------------------------------------------------------------------------
+
+    def heartbeat(
+        self, name: str, *, host: str, pid: int, state: str, concurrency: int, running: int, functions: Sequence[str], heartbeat_s: float
+    ) -> None:
+        """Record that worker ``name`` is alive (by the database's clock), with what it runs."""
+        names: list[JSONValue] = [str(name) for name in sorted(functions)]
+        listed = canonical_bytes(names).decode("utf-8")
+        with self._tables.session("record a worker's heartbeat"):
+            self._tables.run(
+                "INSERT INTO longrun_workers (name, host, pid, started_at, heartbeat_at, heartbeat_s, state, concurrency, running, functions) "
+                "VALUES (?, ?, ?, {now}, {now}, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET host = excluded.host, "
+                "pid = excluded.pid, heartbeat_at = excluded.heartbeat_at, heartbeat_s = excluded.heartbeat_s, "
+                "state = excluded.state, concurrency = excluded.concurrency, running = excluded.running, functions = excluded.functions, "
+                "started_at = CASE WHEN longrun_workers.pid = excluded.pid AND longrun_workers.host = excluded.host "
+                "THEN longrun_workers.started_at ELSE excluded.started_at END",
+                (name, host, pid, heartbeat_s, state, concurrency, running, listed),
+            )
+
+    def workers(self) -> list[WorkerRecord]:
+        """Every worker that has recorded a heartbeat, alive or not, ordered by name."""
+        with self._tables.session("list workers", write=False):
+            rows = self._tables.rows(
+                "SELECT name, host, pid, state, concurrency, running, {now} - heartbeat_at, heartbeat_s, functions, started_at "
+                "FROM longrun_workers ORDER BY name"
+            )
+            claims = dict(
+                (str(r[0]), int(r[1]))
+                for r in self._tables.rows(
+                    "SELECT claimed_by, COUNT(*) FROM longrun_queue WHERE claim_token IS NOT NULL AND wake_at > {now} GROUP BY claimed_by"
+                )
+            )
+        records = []
+        for name, host, pid, state, concurrency, running, age, interval, functions, started_at in rows:
+            try:
+                listed = parse_json(str(functions).encode("utf-8"), what="a worker's functions", max_bytes=MAX_ROW_BYTES)
+            except CorruptStateError:
+                listed = []
+            names = tuple(str(item) for item in listed) if isinstance(listed, list) else ()
+            alive = state != "stopped" and float(age) < 3 * float(interval)
+            records.append(
+                WorkerRecord(
+                    str(name), str(host), int(pid), str(state), int(concurrency), int(running), claims.get(str(name), 0),
+                    float(age), alive, names, float(started_at),
+                )  # fmt: skip
+            )
+        return records
+
+    def forget_workers(self, older_than_s: float) -> int:
+        """Delete the rows of workers silent for longer than ``older_than_s``."""
+        with self._tables.session("forget old workers"):
+            cursor = self._tables.run("DELETE FROM longrun_workers WHERE {now} - heartbeat_at > ?", (older_than_s,))
+        return int(cursor.rowcount)
+
+    # -- action slots ---------------------------------------------------------------------------
+
+    def acquire_slot(self, action: str, limit: int, holder: str, ttl_s: float) -> SlotHold | None:
+        """One of ``action``'s slots 0..limit-1 that is free or whose holder let it expire, or None."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidInputError(f"a slot limit is an integer >= 1, got {limit!r}")
+        token = secrets.token_hex(12)
+        with self._tables.session(f"take a slot of {action!r}"):
+            if self._slot_rows.get(action, 0) < limit:
+                for slot in range(limit):
+                    self._tables.run("INSERT INTO longrun_slots (action, slot) VALUES (?, ?) ON CONFLICT (action, slot) DO NOTHING", (action, slot))
+                self._slot_rows[action] = limit
+            free = "(token IS NULL OR expires_at <= {now})"
+            if self._tables.dialect.skip_locked:
+                row = self._tables.one(
+                    f"SELECT slot FROM longrun_slots WHERE action = ? AND slot < ? AND {free} ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED",
+                    (action, limit),
+                )
+            else:
+                row = self._tables.one(f"SELECT slot FROM longrun_slots WHERE action = ? AND slot < ? AND {free} ORDER BY slot LIMIT 1", (action, limit))
+            if row is None:
+                return None
+            self._tables.run(
+                "UPDATE longrun_slots SET holder = ?, token = ?, expires_at = {now} + ? WHERE action = ? AND slot = ?",
+                (holder, token, ttl_s, action, int(row[0])),
+            )
+        return SlotHold(action, int(row[0]), token)
+
+    def renew_slot(self, hold: SlotHold, ttl_s: float) -> bool:
+        with self._tables.session(f"renew a slot of {hold.action!r}"):
+            cursor = self._tables.run(
+                "UPDATE longrun_slots SET expires_at = {now} + ? WHERE action = ? AND slot = ? AND token = ?",
+                (ttl_s, hold.action, hold.slot, hold.token),
+            )
+        return bool(cursor.rowcount == 1)
+
+    def release_slot(self, hold: SlotHold) -> None:
+        with self._tables.session(f"release a slot of {hold.action!r}"):
+            self._tables.run(
+                "UPDATE longrun_slots SET holder = NULL, token = NULL, expires_at = NULL WHERE action = ? AND slot = ? AND token = ?",
+                (hold.action, hold.slot, hold.token),
+            )
+
+    def slots_held(self, action: str) -> int:
+        """How many of ``action``'s slots are held and unexpired now."""
+        with self._tables.session(f"count the slots of {action!r}", write=False):
+            row = self._tables.one("SELECT COUNT(*) FROM longrun_slots WHERE action = ? AND token IS NOT NULL AND expires_at > {now}", (action,))
+        return int(row[0])
+
+    # -- LISTEN / NOTIFY ----------------------------------------------------------------------
+
+    def listen(self, woken: Callable[[], None], stop: threading.Event, *, timeout_s: float = 1.0) -> None:
+        """Call ``woken()`` whenever a row becomes due at once (PostgreSQL ``NOTIFY``), until ``stop``
+        is set. Blocks: run it in a thread of its own. Returns at once where there is no
+        ``NOTIFY`` (SQLite): polling is then the only wake-up. A lost connection is made again."""
+        if not self._tables.dialect.notify or not isinstance(self._tables.dialect, PostgresDialect):
+            return
+        while not stop.is_set():
+            connection = None
+            try:
+                connection = self._tables.dialect.listen_connection()
+                cursor = connection.cursor()
+                cursor.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                woken()  # anything sent before LISTEN took effect was missed: look once
+                if callable(getattr(connection, "notifies", None)):  # psycopg 3
+                    while not stop.is_set():
+                        for _ in connection.notifies(timeout=timeout_s, stop_after=1):
+                            woken()
+                else:  # pg8000 and others: notifications arrive with a statement's reply
+                    pending = getattr(connection, "notifications", None)
+                    while not stop.is_set():
+                        cursor.execute("SELECT 1")
+                        cursor.fetchall()
+                        if pending:
+                            pending.clear()
+                            woken()
+                        stop.wait(min(timeout_s, 0.1))
+            except Exception as exc:  # a dropped connection, a restart: listen again after a pause
+                if not stop.is_set():
+                    log.warning("%r: LISTEN failed (%s); listening again in 1 s, polling meanwhile", self, exc)
+                    stop.wait(1.0)
+            finally:
+                if connection is not None:
+                    with contextlib.suppress(Exception):
+                        connection.close()
 
 
 def open_queue(store: Store) -> TaskQueue:

@@ -215,7 +215,7 @@ class SqliteStore(SqlStore):
         super()._put_lease(lease)
         task_id = lease.task_id
         old = self._witness(task_id)
-        row = self._one("SELECT revision_floor FROM longrun_tasks WHERE task_id = ?", (task_id,))
+        row = self._db.one("SELECT revision_floor FROM longrun_tasks WHERE task_id = ?", (task_id,))
         committed = row[0] if row is not None and isinstance(row[0], int) else 0
         epoch, revision = max(old.epoch, lease.epoch), max(old.revision, committed, lease.committed_revision)
         if (epoch, revision) == (old.epoch, old.revision):
@@ -231,11 +231,11 @@ class SqliteStore(SqlStore):
     def _begin(self, *, write: bool) -> None:
         # IMMEDIATE takes the write lock now, so the fence read and the write cannot interleave
         # with another writer; a deferred read sees one snapshot and never blocks writers.
-        self._run("BEGIN IMMEDIATE" if write else "BEGIN")
+        self._db.run("BEGIN IMMEDIATE" if write else "BEGIN")
 
     def _finish(self, *, commit: bool) -> None:
-        if self._connection.in_transaction:
-            self._run("COMMIT" if commit else "ROLLBACK")
+        if self._db.connection.in_transaction:
+            self._db.run("COMMIT" if commit else "ROLLBACK")
 
     def _schema_table_sql(self) -> str:
         return "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'longrun_schema'"

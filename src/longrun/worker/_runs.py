@@ -1,8 +1,8 @@
 """Running one claimed task: the function as the worker runs it, its recorded arguments, and when
 the task is due next from the run's outcome (a ``Disposition`` the queue row records).
 
-``ClaimRunner`` is the part of ``Worker`` that runs a task, in a pool thread (``fn.run``) or on the
-worker's event loop (``fn.arun``): each thread has a store object of its own, the function runs with
+``ClaimRunner`` runs a task for a ``Worker``, which holds one: in a pool thread (``fn.run``) or on
+the worker's event loop (``fn.arun``). Each thread has a store object of its own, the function runs with
 the worker's name as its lease owner, the drain wired into its cancellation source, its limited
 actions and the clock offset. A run that raised is tried again after a growing delay.
 """
@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import logging
 import threading
-from typing import Any
+from typing import Any, Mapping
 
 from ..clock import SystemClock
 from ..errors import LongrunError, UnknownTaskError, describe_exception
@@ -88,19 +88,40 @@ def _clone_store(store: Store) -> Store:
 
 
 class ClaimRunner:
-    """The part of ``Worker`` that runs one claimed task (see the module docstring)."""
+    """Runs one claimed task at a time per thread for the worker named ``name`` (see the module
+    docstring). ``stopping`` is the worker's drain; ``slots`` is set once the worker holds its action
+    slots' queue; ``drained`` counts the runs the drain stopped between two steps."""
 
-    functions: dict[str, DurableFunction[Any]]
-    store: Store
-    name: str
-    limits: dict[str, int]
-    clock_offset_s: float
-    _stopping: threading.Event
-    _local: threading.local
-    _stores: list[Store]
-    _stores_lock: threading.Lock
-    _slots: SlotKeeper | None
-    _drained: int
+    def __init__(
+        self,
+        store: Store,
+        functions: Mapping[str, DurableFunction[Any]],
+        *,
+        name: str,
+        limits: Mapping[str, int],
+        clock_offset_s: float,
+        stopping: threading.Event,
+    ):
+        self.store = store
+        self.functions = functions
+        self.name = name
+        self.limits = limits
+        self.clock_offset_s = clock_offset_s
+        self.slots: SlotKeeper | None = None
+        self.drained = 0
+        self._stopping = stopping
+        self._local = threading.local()
+        self._stores: list[Store] = []
+        self._stores_lock = threading.Lock()
+
+    def close_stores(self) -> None:
+        """Close the store objects made for the threads (not the worker's own)."""
+        with self._stores_lock:
+            for store in self._stores:
+                if store is not self.store:
+                    close = getattr(store, "close", None)
+                    if callable(close):
+                        close()
 
     # -- running one task ---------------------------------------------------------------------
 
@@ -120,10 +141,10 @@ class ClaimRunner:
         variants: dict[str, DurableFunction[Any]] = self._local.__dict__.setdefault("variants", {})
         variant = variants.get(function.name)
         if variant is None:
-            variant = variants[function.name] = function.with_options(**self._overrides(function, store))
+            variant = variants[function.name] = function.with_options(**self.overrides(function, store))
         return variant
 
-    def _overrides(self, function: DurableFunction[Any], store: Store) -> dict[str, Any]:
+    def overrides(self, function: DurableFunction[Any], store: Store) -> dict[str, Any]:
         """The engine options this worker runs ``function`` with, over those it was decorated with."""
         options = function.engine_options
         overrides: dict[str, Any] = {
@@ -133,17 +154,17 @@ class ClaimRunner:
         }
         if options.get("approvals") is None:
             overrides["approvals"] = store
-        if self.limits and self._slots is not None:
+        if self.limits and self.slots is not None:
             adapters = dict(options.get("adapters") or {})
             for action, limit in self.limits.items():
                 if action in adapters:
-                    adapters[action] = LimitedAdapter(adapters[action], action, limit, self._slots)
+                    adapters[action] = LimitedAdapter(adapters[action], action, limit, self.slots)
             overrides["adapters"] = adapters
         if self.clock_offset_s:
             overrides["clock"] = _SkewedClock(options.get("clock") or SystemClock(), self.clock_offset_s)
         return overrides
 
-    def _prepare(self, claim: Claim) -> tuple[DurableFunction[Any], list[Any], dict[str, Any]] | Disposition:
+    def prepare(self, claim: Claim) -> tuple[DurableFunction[Any], list[Any], dict[str, Any]] | Disposition:
         """The task's function (as this worker runs it) and recorded arguments; or why it is not run."""
         store = self._thread_store()
         try:
@@ -151,7 +172,7 @@ class ClaimRunner:
         except UnknownTaskError:
             return Disposition("missing", error="the queue names a task the store does not hold")
         except LongrunError as exc:
-            return self._failed(claim, describe_exception(exc))
+            return self.failed(claim, describe_exception(exc))
         record = state.effects.get(FUNCTION_STEP) if state is not None else None
         payload = record.payload if record is not None else None
         if state is None or not isinstance(payload, dict) or payload.get("function") != claim.function:
@@ -163,28 +184,28 @@ class ClaimRunner:
             return Disposition("not-runnable", error="the task's function record is malformed")
         return self._variant(self.functions[claim.function], store), args, kwargs
 
-    def _run_sync(self, claim: Claim) -> Disposition:
+    def run_sync(self, claim: Claim) -> Disposition:
         try:
-            prepared = self._prepare(claim)
+            prepared = self.prepare(claim)
             if isinstance(prepared, Disposition):
                 return prepared
             variant, args, kwargs = prepared
             outcome = variant.run(claim.task_id, *args, **kwargs)
         except Exception as exc:  # the function's own code raised (what was settled is committed), or its options are bad
-            return self._failed(claim, describe_exception(exc), exc)
+            return self.failed(claim, describe_exception(exc), exc)
         return self._disposition(claim, variant, outcome)
 
-    async def _run_async(
+    async def run_async(
         self, claim: Claim, variant: DurableFunction[Any], args: list[Any], kwargs: dict[str, Any]
     ) -> Disposition:
         try:
             outcome = await variant.arun(claim.task_id, *args, **kwargs)
         except Exception as exc:
-            return self._failed(claim, describe_exception(exc), exc)
+            return self.failed(claim, describe_exception(exc), exc)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self._disposition, claim, variant, outcome)
 
-    def _failed(self, claim: Claim, error: str, exc: BaseException | None = None) -> Disposition:
+    def failed(self, claim: Claim, error: str, exc: BaseException | None = None) -> Disposition:
         failures = min(claim.failures, 16) + 1  # this run's failure, after those the row counts
         delay = min(ERROR_BACKOFF_S[1], ERROR_BACKOFF_S[0] * 2 ** (failures - 1))
         log.warning(
@@ -199,7 +220,7 @@ class ClaimRunner:
         status = outcome.status
         clock: Clock = variant.engine_options.get("clock") or SystemClock()
         if status is Status.RETRY_SCHEDULED and outcome.next_action.startswith("run again now: the worker"):
-            self._drained += 1
+            self.drained += 1
         if status in TERMINAL:
             return Disposition(status.value, wake_parent=True)
         if status in PARKED:

@@ -21,7 +21,7 @@ Not guaranteed: that a function's code between two steps is cut short (it runs t
 ``run.*`` call), or that a child task driven by its parent's run drains by itself (the parent stops
 at its next step after the child's run returns).
 
-How one claimed task is run, and when it is due next, is ``_runs.ClaimRunner``, which ``Worker`` extends.
+How one claimed task is run, and when it is due next, is ``_runs.ClaimRunner``, which a ``Worker`` holds.
 """
 
 from __future__ import annotations
@@ -66,13 +66,7 @@ class WorkerReport:
     """Runs that were stopped between two steps by the drain."""
 
 
-def _close(store: object) -> None:
-    close = getattr(store, "close", None)
-    if callable(close):
-        close()
-
-
-class Worker(ClaimRunner):
+class Worker:
     """Runs the tasks of ``functions`` found due in ``store``'s fleet queue (see the module docstring).
 
     ``store`` is where the tasks live; each task is run against it (a store object per thread),
@@ -126,21 +120,19 @@ class Worker(ClaimRunner):
         self.slot_ttl_s = float(slot_ttl_s)
         self.clock_offset_s = float(clock_offset_s)
         self._stopping = threading.Event()
+        self._runner = ClaimRunner(
+            store, self.functions, name=self.name, limits=self.limits, clock_offset_s=self.clock_offset_s, stopping=self._stopping
+        )
         self._queue = open_queue(store)
-        self._local = threading.local()
-        self._stores: list[Store] = []
-        self._stores_lock = threading.Lock()
         self._slot_queue: TaskQueue | None = None
-        self._slots: SlotKeeper | None = None
         self._running: dict[str, tuple[Claim, asyncio.Task[None]]] = {}
         for function in self.functions.values():  # a deployment mistake fails here, not task by task later
             try:
-                function.with_options(**self._overrides(function, store))
+                function.with_options(**self._runner.overrides(function, store))
             except (LongrunError, TypeError) as exc:
                 self._queue.close()
                 raise InvalidInputError(f"worker {self.name} cannot run {function.name} with its options: {describe_exception(exc)}") from exc
         self._statuses: dict[str, int] = {}
-        self._drained = 0
         self._runs = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
@@ -181,7 +173,7 @@ class Worker(ClaimRunner):
             await in_queue(self._queue.forget_workers, FORGET_WORKERS_S)
             if self.limits:
                 self._slot_queue = open_queue(self.store)
-                self._slots = SlotKeeper(self._slot_queue, self.name, ttl_s=self.slot_ttl_s)
+                self._runner.slots = SlotKeeper(self._slot_queue, self.name, ttl_s=self.slot_ttl_s)
             if self._queue.notifies:
                 listen_queue = open_queue(self.store)
                 woken = lambda: loop.call_soon_threadsafe(self._nudge)  # noqa: E731
@@ -214,7 +206,7 @@ class Worker(ClaimRunner):
                 for signum in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(signum)
         log.info("worker %s: stopped after %d runs", self.name, self._runs, extra={"worker": self.name})
-        return WorkerReport(self.name, self._runs, dict(self._statuses), self._drained)
+        return WorkerReport(self.name, self._runs, dict(self._statuses), self._runner.drained)
 
     def _close(
         self, pools: list[concurrent.futures.ThreadPoolExecutor], listener: threading.Thread | None, queues: list[TaskQueue | None]
@@ -226,10 +218,7 @@ class Worker(ClaimRunner):
         for queue in queues:
             if queue is not None:
                 queue.close()
-        with self._stores_lock:
-            for store in self._stores:
-                if store is not self.store:
-                    _close(store)
+        self._runner.close_stores()
 
     def _nudge(self) -> None:
         if self._wake is not None:
@@ -304,12 +293,12 @@ class Worker(ClaimRunner):
             function = self.functions[claim.function]
             if function.is_async:
                 try:
-                    prepared = await loop.run_in_executor(pool, self._prepare, claim)
+                    prepared = await loop.run_in_executor(pool, self._runner.prepare, claim)
                 except Exception as exc:
-                    prepared = self._failed(claim, describe_exception(exc), exc)
-                disposition = prepared if isinstance(prepared, Disposition) else await self._run_async(claim, *prepared)
+                    prepared = self._runner.failed(claim, describe_exception(exc), exc)
+                disposition = prepared if isinstance(prepared, Disposition) else await self._runner.run_async(claim, *prepared)
             else:
-                disposition = await loop.run_in_executor(pool, self._run_sync, claim)
+                disposition = await loop.run_in_executor(pool, self._runner.run_sync, claim)
             self._runs += 1
             self._statuses[disposition.status] = self._statuses.get(disposition.status, 0) + 1
             claim = self._running.get(claim.task_id, (claim,))[0]  # the newest claim on the row

@@ -118,11 +118,11 @@ The package, one module per part (each reaches the file system only through the 
 - ``_handles``: the held descriptors above, and the transaction that locks the task.
 - ``_layout``: the names above, the limits, the checks on paths, and the gates (a task's turn among
   a store object's threads);
-- ``_reading``: snapshots, journals and the chains they form;
+- ``_reading``: snapshots, journals and the chains they form, and the recent timeline the
+  journals hold;
 - ``_recovery``: one load (``Load``): the clean chain, or the longest valid one, and the repair;
 - ``_writing``: commits (a journal line or a snapshot), compaction, and what a store object
   remembers of what it wrote;
-- ``_history``: the recent timeline from the journals;
 - ``_store``: ``JsonFileStore``, the ``stores.base`` primitives over these parts. Control records
   are read and written by ``stores.controlfiles``, shared with ``authority.FileControlSource``.
 """

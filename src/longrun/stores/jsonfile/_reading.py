@@ -2,7 +2,8 @@
 
 A chain is a snapshot at revision R, then ``journal.R.log`` up to some revision E, then
 ``journal.E.log`` and so on (the package docstring, invariant 2). ``walk`` follows one and stops at
-the first problem; what to make of the problem is ``_recovery``'s business.
+the first problem; what to make of the problem is ``_recovery``'s business. ``history`` reads the
+recent timeline the journals still hold.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from . import _layout as layout
 from ._layout import BACKUP, BLOBS, STATE, TaskFiles
 
 __all__ = [
-    "BlobReader", "Chain", "JournalFile", "Snapshot", "backup_revision", "epoch_floor", "read_journal", "read_snapshot",
+    "BlobReader", "Chain", "JournalFile", "Snapshot", "backup_revision", "epoch_floor", "history", "read_journal", "read_snapshot",
     "stray_journals", "walk",
 ]  # fmt: skip
 
@@ -259,3 +260,26 @@ def epoch_floor(files: TaskFiles, task_id: str) -> int:
         if data is not None:
             floor = max(floor, journal.highest_epoch(data))
     return floor
+
+
+def history(files: TaskFiles, task_id: str) -> list[dict[str, object]]:
+    """The commits the journals still hold, oldest first (see ``JsonFileStore.history``); the
+    caller holds the task's lock."""
+    entries: dict[int, dict[str, object]] = {}
+    for base, name in sorted(files.journals(task_id).items()):
+        found = read_journal(files, task_id, name, base)
+        if found is None:
+            continue
+        for body in found.found.bodies:
+            try:
+                entry = journal.describe_record(body)
+            except CorruptStateError:
+                break
+            entries[entry["revision"]] = entry
+    timeline = [entries[revision] for revision in sorted(entries)]
+    last_at = None
+    for entry in timeline:  # a commit names updated_at only when it changed: carry it forward
+        if entry["at"] is None:
+            entry["at"] = last_at
+        last_at = entry["at"]
+    return timeline

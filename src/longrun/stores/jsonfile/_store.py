@@ -3,7 +3,7 @@
 The store object owns the task locks' turns (``_enter_gate``/``_leave_gate``), the lease record,
 and what it remembers between calls (its writers, the lease bytes last parsed); it hands loading
 to ``_recovery``, committing to ``_writing``, control records to ``controlfiles`` and the
-timeline to ``_history``.
+timeline to ``_reading``.
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ from .._fileio import FileIO, read_small, read_small_fd, write_atomic
 from .._holders import HolderLocks
 from ..base import BaseStore
 from ..controlfiles import ControlFiles
-from ._history import history
 from ._handles import Handles, Held, Transaction, lease_key
 from ._layout import HOLDER_LOCK, LEASE, MAX_RECORD_BYTES, NONBLOCK, Gate, Gates, TaskFiles
-from ._reading import epoch_floor
+from ._reading import epoch_floor, history
 from ._recovery import Load
 from ._writing import Writer, Writers
 
