@@ -281,20 +281,11 @@ class LayerTests(unittest.TestCase):
                 visit(module)
         return sorted(parts)
 
-    ENGINE_SIDE_CYCLES = (
-        frozenset({"longrun.functions._durable", "longrun.functions._family", "longrun.functions._plan",
-                   "longrun.functions._run", "longrun.functions._steps"}),
-    )  # fmt: skip
-    """The import cycles still inside the durable-function face (through imports inside functions
-    and under TYPE_CHECKING), tolerated until that package is composed from plain parts: a cycle passes only if all its modules are in one of these sets. Remove a set when its
-    cycle is gone; nothing else may join one."""
-
     def test_the_modules_import_one_another_without_a_cycle(self) -> None:
         graph = self.import_graph()
         self.assertTrue(any(name.startswith("longrun.engine") for name in graph["longrun.runner"]), "imports are read")
         self.assertIn("longrun.testing.faults.report", graph["longrun.testing.faults.__main__"], "absolute ones too")
-        cycles = [part for part in self.cycles(graph) if not any(set(part) <= known for known in self.ENGINE_SIDE_CYCLES)]
-        self.assertEqual(cycles, [])
+        self.assertEqual(self.cycles(graph), [])
 
     def test_the_cycle_finder_finds_a_cycle_through_an_import_inside_a_function(self) -> None:
         graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"d"}}

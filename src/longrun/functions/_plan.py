@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..canonical import JSONValue, digest_of, ensure_json
 from ..contract import INTERNAL_PREFIX, RunContract, Step
@@ -15,10 +15,8 @@ from ..errors import InvalidInputError
 from ..ledger import EffectState
 from ..outcome import RunOutcome, Status
 from ._run import AsyncRun, Run
-from ._steps import FUNCTION_STEP, ChildLink, cancelled_with
+from ._lineage import FUNCTION_STEP, ChildLink, TaskFunction, cancelled_with
 
-if TYPE_CHECKING:
-    from ._durable import DurableFunction
 
 __all__ = ["FunctionPlan", "Recording", "run_coroutine"]
 
@@ -28,7 +26,7 @@ class FunctionPlan:
 
     def __init__(
         self,
-        function: DurableFunction[Any],
+        function: TaskFunction,
         arguments: dict[str, JSONValue],
         contract: RunContract,
         link: ChildLink | None = None,

@@ -1,126 +1,41 @@
 """What both faces of a durable function share: the step ids claimed once per run, divergence
-from the record, and how each kind of step is built and its record replayed.
-
-A child's function record names its parent (``parent``) and its whole lineage (``ancestors``,
-nearest first), and ``detached: true`` if it was started with ``run.child(..., detached=True)``.
-A task that asks for itself or any ancestor as its child would wait on itself for ever; it is
-refused with ``ChildCycleError`` before anything is planned, as is a new child that already waits
-on the task through its own unfinished children (a task started on its own records no lineage)."""
+from the record, and how each kind of step is built and its record replayed (a child's lineage
+and the cycle it refuses: ``functions._lineage``)."""
 
 from __future__ import annotations
 
 import math
-import sys
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .. import _crashpoints
 from ..canonical import JSONValue, digest_of, ensure_json
 from ..contract import ASK_ACTION, INTERNAL_PREFIX, Step, check_step_id, check_task_id
 from ..engine import Engine
-from ..envelope import RunState
 from ..errors import CallFailed, ChildCycleError, InvalidInputError
 from ..ledger import EffectRecord, EffectState
 from ..outcome import ENDED_UNFINISHED, RunOutcome, Status
 
-if TYPE_CHECKING:
-    from ._durable import DurableFunction
+from ._family import waiting_path
+from ._lineage import (
+    CALL_ACTION,
+    CHILD_ACTION,
+    SLEEP_ACTION,
+    ChildFunction,
+    ChildLink,
+    TaskFunction,
+    cancelled_with,
+    check_no_cycle,
+    lineage,
+    qualified_name,
+)
 
-__all__ = ["CALL_ACTION", "CHILD_ACTION", "FUNCTION_STEP", "SLEEP_ACTION", "ChildLink", "RunSteps", "cancelled_with", "check_no_cycle", "lineage", "qualified_name"]
-
-
-FUNCTION_STEP = INTERNAL_PREFIX + "function"
-"""The step id (and action) of a durable task's own record: function name, arguments, return value."""
-
-CALL_ACTION = INTERNAL_PREFIX + "call"
-
-SLEEP_ACTION = INTERNAL_PREFIX + "sleep"
-
-CHILD_ACTION = INTERNAL_PREFIX + "child"
-
-def qualified_name(fn: Callable[..., Any]) -> str:
-    """``module:qualname`` of a function: how a task record names the code that runs it."""
-    target = getattr(fn, "__wrapped__", fn)
-    module = getattr(target, "__module__", None) or "?"
-    if module == "__main__":
-        # Run with ``python -m package.module``: the name it is imported by elsewhere (a resume, a
-        # worker). A script run by path has no such name; its tasks resume only from that script.
-        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-        module = getattr(spec, "name", None) or module
-    qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or type(target).__name__
-    return f"{module}:{qualname}"
-
-def lineage(state: RunState | None) -> tuple[str, ...]:
-    """The task's ancestors as its function record names them, nearest first; () for a root task."""
-    record = state.effects.get(FUNCTION_STEP) if state is not None else None
-    payload = record.payload if record is not None else None
-    if not isinstance(payload, dict):
-        return ()
-    ancestors = payload.get("ancestors")
-    if isinstance(ancestors, list) and all(isinstance(task, str) for task in ancestors):
-        return tuple(str(task) for task in ancestors)
-    parent = payload.get("parent")  # recorded before the lineage was: the parent alone
-    return (parent,) if isinstance(parent, str) else ()
-
-
-@dataclass(frozen=True, slots=True)
-class ChildLink:
-    """What a child task's function record says of its family (none of it is in the plan digest)."""
-
-    parent: str
-    ancestors: tuple[str, ...]
-    """The parent first, then its ancestors."""
-    detached: bool = False
-    cancelled_with: tuple[str, ...] = ()
-    """The tasks whose cancellation cancels the child: () if detached."""
-
-    @classmethod
-    def of(cls, parent: str) -> "ChildLink":
-        """The link of a child whose parent is a root task."""
-        return cls(parent, (parent,), False, (parent,))
-
-    def recorded(self) -> dict[str, JSONValue]:
-        fields: dict[str, JSONValue] = {"parent": self.parent, "ancestors": list(self.ancestors)}
-        if self.detached:
-            fields["detached"] = True
-        else:
-            fields["cancelled_with"] = list(self.cancelled_with)
-        return fields
-
-
-def cancelled_with(state: RunState | None) -> tuple[str, ...]:
-    """The tasks whose cancellation cancels this one, as its function record names them: its
-    parent and those whose cancellation reaches the parent; () for a root or a detached child."""
-    record = state.effects.get(FUNCTION_STEP) if state is not None else None
-    payload = record.payload if record is not None else None
-    if not isinstance(payload, dict) or payload.get("detached") is True:
-        return ()
-    named = payload.get("cancelled_with")
-    if isinstance(named, list) and all(isinstance(task, str) for task in named):
-        return tuple(str(task) for task in named)
-    parent = payload.get("parent")  # recorded before the list was: the parent alone
-    return (parent,) if isinstance(parent, str) else ()
-
-
-def check_no_cycle(task_id: str, child: str, ancestors: tuple[str, ...]) -> None:
-    """``ChildCycleError`` if ``child`` is ``task_id`` itself or one of its ``ancestors``."""
-    chain = (task_id, *ancestors)
-    if child not in chain:
-        return
-    what = "itself" if child == task_id else f"its ancestor {child!r}"
-    shown = " <- ".join(repr(task) for task in chain)
-    raise ChildCycleError(
-        f"task {task_id!r} asks for {what} as its child (lineage {shown}): it would wait on itself for ever; "
-        "nothing was started: give the child another task id",
-        child=child,
-        lineage=chain,
-    )
+__all__ = ["RunSteps"]
 
 
 class RunSteps:
     """What ``Run`` and ``AsyncRun`` share: step ids, and each step checked against what is recorded."""
 
-    def __init__(self, engine: Engine, function: DurableFunction[Any]):
+    def __init__(self, engine: Engine, function: TaskFunction):
         self._engine = engine
         self._function = function
         self._used: set[str] = set()
@@ -223,21 +138,17 @@ class RunSteps:
         return ChildLink(self.task_id, (self.task_id, *lineage(state)), detached, reached)
 
     def _child_record(
-        self, task_id: str, function: DurableFunction[Any], args: tuple[Any, ...], kwargs: dict[str, Any], detached: bool
+        self, task_id: str, function: ChildFunction, args: tuple[Any, ...], kwargs: dict[str, Any], detached: bool
     ) -> tuple[str, EffectRecord]:
         """The child's record in this run (planned now if new); a planned one is still to be driven."""
-        from ._durable import DurableFunction  # the face above, imported when a child is asked for
-
         check_task_id(task_id)
-        if not isinstance(function, DurableFunction):
+        if not isinstance(function, ChildFunction):
             raise InvalidInputError(f"child {task_id!r}: {function!r} is not a durable function")
         if not isinstance(detached, bool):
             raise InvalidInputError(f"child {task_id!r}: detached must be True or False, got {detached!r}")
         check_no_cycle(self.task_id, task_id, lineage(self._engine.state))
         step_id = f"{CHILD_ACTION}:{task_id}"
         if step_id not in self._engine.state.effects:  # a new child: does it (through its own children) wait on this task?
-            from ._family import waiting_path
-
             path = waiting_path(self._engine.store, task_id, self.task_id)
             if path:
                 shown = " -> ".join(repr(task) for task in (self.task_id, *path))
