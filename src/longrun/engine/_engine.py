@@ -204,6 +204,9 @@ class Engine:
         """A person's answer as a value (``_steps.ask``)."""
         return self._drive(_steps.ask(self.invocation, step, choices))
 
+    def ask_steps(self, step: Step, choices: Sequence[JSONValue] | None) -> Steps[EffectRecord]:
+        return _steps.ask(self.invocation, step, choices)
+
     def check_cancellation(self) -> None:
         """Read the task's cancellation record fresh and stop if it says so (or cannot be trusted)."""
         self._drive(_steps.check_cancellation(self.invocation))

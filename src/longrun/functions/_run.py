@@ -184,7 +184,9 @@ class AsyncRun(RunSteps):
 
     async def ask(self, step_id: str, question: str, *, choices: Sequence[JSONValue] | None = None) -> JSONValue:
         """``Run.ask``: reads the answer (it never waits for a person; without one the run stops)."""
-        return self._ask(step_id, question, choices)
+        step, choice_list = self._question(step_id, question, choices)
+        engine = self._engine
+        return (await engine.driver.step(engine.ask_steps(step, choice_list))).result
 
     async def child(
         self, task_id: str, function: ChildFunction, *args: Any, detached: bool = False, **kwargs: Any

@@ -116,6 +116,11 @@ class RunSteps:
         return Step(step_id, SLEEP_ACTION, {"seconds": seconds})
 
     def _ask(self, step_id: str, question: str, choices: Sequence[JSONValue] | None) -> JSONValue:
+        step, choice_list = self._question(step_id, question, choices)
+        return self._engine.ask(step, choice_list).result
+
+    def _question(self, step_id: str, question: str, choices: Sequence[JSONValue] | None) -> tuple[Step, list[JSONValue] | None]:
+        """The step of a question, checked against what is recorded, and its choices."""
         self._claim(step_id)
         if not isinstance(question, str) or not question.strip():
             raise InvalidInputError(f"step {step_id!r}: the question must be a non-empty string")
@@ -127,8 +132,7 @@ class RunSteps:
                 raise self._diverged(step_id, "action", repr(recorded.action), "a question")
             if recorded.payload_digest != digest_of(payload):
                 raise self._diverged(step_id, "question digest", recorded.payload_digest, digest_of(payload))
-        choice_list = listed if isinstance(listed, list) else None
-        return self._engine.ask(Step(step_id, ASK_ACTION, payload), choice_list).result
+        return Step(step_id, ASK_ACTION, payload), listed if isinstance(listed, list) else None
 
     def _link(self, detached: bool) -> ChildLink:
         """What a child this task starts records of its family: this task, its lineage, and whose
