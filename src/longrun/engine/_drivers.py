@@ -255,9 +255,8 @@ class AsyncDriver:
         value: Any = None
         error: BaseException | None = None
         while True:
-            committing = self._committing
-            if committing is not None:  # the state is being encoded in the I/O thread: do not change it
-                await asyncio.wait((committing,))
+            while self._committing is not None:  # the state is being encoded in the I/O thread: do not change it
+                await asyncio.wait((self._committing,))
             try:
                 op = steps.throw(error) if error is not None else steps.send(value)
             except StopIteration as done:

@@ -213,7 +213,8 @@ class Engine:
 
     def plan(self, step: Step) -> EffectRecord:
         """The step's record, planned now (it goes out with the next commit) unless it exists."""
-        return _steps.plan(self.invocation, step)
+        with self._io.commit_lock:  # not while the async driver's I/O thread commits this state
+            return _steps.plan(self.invocation, step)
 
     def complete(self, step_id: str, result: JSONValue, *, failed: bool = False) -> EffectRecord:
         """Settle a planned internal step (a child task's result, a function's return value)."""
