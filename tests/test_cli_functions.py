@@ -157,6 +157,29 @@ class StartAndResumeTests(unittest.TestCase):
                 self.assertNotIn("Traceback", result.stderr)
         self.assertEqual(sorted(os.listdir(self.tasks)), [])
 
+    def test_start_refuses_arguments_the_function_cannot_take_naming_the_mismatch_and_records_nothing(self) -> None:
+        cases = {
+            '[["ann"], "yo", 3]': "too many positional arguments",
+            "[]": "missing a required argument: 'names'",
+        }
+        for args_json, mismatch in cases.items():
+            for run in ((), ("--run",)):
+                with self.subTest(args=args_json, run=run):
+                    result = self.cli("start", "agents:greet", "g1", "--args", args_json, "--path", self.code, *run)
+                    self.assertEqual(result.returncode, 2, result.stdout + result.stderr)
+                    self.assertIn("agents:greet(run, names, greeting='hi') cannot take these arguments", result.stderr)
+                    self.assertIn(mismatch, result.stderr)
+        unknown = self.cli("start", "agents:greet", "g1", "--args", '[["ann"]]', "--kwargs", '{"tone": "dry"}', "--path", self.code)
+        self.assertEqual(unknown.returncode, 2)
+        self.assertIn("unexpected keyword argument 'tone'", unknown.stderr)
+        self.assertEqual(JsonFileStore(self.tasks).list_tasks(), [], "nothing was recorded")
+
+    def test_an_error_message_says_a_thing_once(self) -> None:
+        result = self.cli("start", "agents:greet", "g1", "--args", "[1,2", "--path", self.code)
+        self.assertEqual(result.returncode, 2)
+        self.assertEqual(result.stderr.count("not valid JSON"), 1, result.stderr)
+        self.assertEqual(result.stderr.count("--args"), 1, result.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -518,6 +518,26 @@ del StoreCases  # only its subclasses run
 class StepRuleTests(DurableCase):
     """What the function may ask for; these do not depend on the store."""
 
+    def test_arguments_the_function_cannot_take_are_refused_by_run_start_and_enqueue_recording_nothing(self) -> None:
+        calls = Counter[str]()
+
+        @self.durable()
+        def agent(run: longrun.Run, goal: str, *, depth: int = 1) -> None:
+            calls["agent"] += 1
+
+        attempts = {
+            "run": lambda: agent.run("a-1", "goal", "extra"),
+            "start": lambda: agent.start("a-1"),
+            "enqueue": lambda: agent.enqueue("a-1", ["goal"], {"width": 2}),
+            "plan_digest": lambda: agent.plan_digest("a-1", "goal", depth=1, width=2),
+        }
+        for what, attempt in attempts.items():
+            with self.subTest(what):
+                with self.assertRaisesRegex(InvalidInputError, r"agent\(run, goal, \*, depth=1\) cannot take these arguments"):
+                    attempt()
+        self.assertEqual(calls, Counter())
+        self.assertEqual(self.store.list_tasks(), [], "nothing was recorded")
+
     def test_a_step_id_used_twice_is_invalid_input(self) -> None:
         model = self.model
 

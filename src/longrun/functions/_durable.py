@@ -46,9 +46,26 @@ class DurableFunction(Generic[R]):
         self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any], *, parent: str | None = None
     ) -> tuple[Engine, FunctionPlan]:
         contract = self.contract_for(task_id)
+        self.check_arguments(args, kwargs)
         arguments = ensure_json({"args": list(args), "kwargs": dict(kwargs)}, what=f"arguments of {self.name}")
         assert isinstance(arguments, dict)
         return Engine(contract, **self._options), FunctionPlan(self, arguments, contract, parent)
+
+    def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        """Refuse arguments the function cannot take (``InvalidInputError`` naming the mismatch), so
+        that no task is recorded, started or run that could never call it."""
+        try:
+            signature = inspect.signature(self.fn)
+        except (TypeError, ValueError):  # a callable whose signature Python cannot tell: it is called as it is
+            return
+        try:
+            signature.bind(None, *args, **kwargs)  # None stands for the Run the function gets first
+        except TypeError as exc:
+            bare = signature.replace(  # the names and defaults say what it takes; annotations would only crowd them
+                parameters=[parameter.replace(annotation=inspect.Parameter.empty) for parameter in signature.parameters.values()],
+                return_annotation=inspect.Signature.empty,
+            )
+            raise InvalidInputError(f"{self.name}{bare} cannot take these arguments: {exc}; nothing was recorded") from None
 
     @property
     def is_async(self) -> bool:
