@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import os
+import time
 import unittest
 from dataclasses import replace
 
@@ -206,6 +207,24 @@ class ApprovalTest(CliCase):
         chosen = cli("approve", self.store_dir, "gated", "--yes", "--step", "announce")
         self.assertEqual(chosen.returncode, 0, chosen.stderr)
         self.assertIn("approved step announce", chosen.stdout)
+
+    def test_an_approval_lasts_until_its_request_expires_unless_ttl_says_otherwise(self) -> None:
+        self.awaiting_task()
+        # The task ran on a fake clock years ago, so its request has expired: the approval gets an hour.
+        expired = json.loads(cli("approve", self.store_dir, "gated", "--yes", "--json").stdout)
+        self.assertAlmostEqual(expired["approval"]["expires_at"] - expired["approval"]["granted_at"], 3600.0)
+        store = JsonFileStore(self.store_dir)
+        lease = store.acquire_lease("gated", "test-editor", 30, self.clock.now())
+        state = store.load("gated", lease=lease).state
+        request = replace(state.approval_requests["publish"], expires_at=time.time() + 5 * 86400)
+        state.approval_requests["publish"] = request
+        store.commit(lease, state)
+        store.release_lease(lease, self.clock.now())
+        approved = json.loads(cli("approve", self.store_dir, "gated", "--yes", "--json").stdout)
+        self.assertEqual(approved["approval"]["expires_at"], request.expires_at)
+        shorter = json.loads(cli("approve", self.store_dir, "gated", "--yes", "--json", "--ttl", "60").stdout)
+        self.assertLess(shorter["approval"]["expires_at"], request.expires_at)
+        self.assertAlmostEqual(shorter["approval"]["expires_at"] - shorter["approval"]["granted_at"], 60.0)
 
     def test_approve_rejects_bad_ttl(self) -> None:
         self.awaiting_task()

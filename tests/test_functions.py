@@ -22,6 +22,7 @@ from longrun import (
     InvalidInputError,
     JsonFileStore,
     Limits,
+    PendingRequest,
     PermanentError,
     PostgresStore,
     RetryPolicy,
@@ -404,6 +405,41 @@ class StoreCases(DurableCase):
         state = self.state("agent-1")
         self.assertEqual(state.effects["pay"].approval_id, approval.approval_id)
         self.assertIn(approval.approval_id, state.consumed_approvals)
+
+    def test_the_outcome_lists_the_approvals_and_questions_the_run_waits_for(self) -> None:
+        @self.durable()
+        def agent(run: longrun.Run, amount: int) -> Any:
+            run.effect("pay", "mail.send", {"amount": amount}, approval=True)
+            return run.ask("size", "which size?", choices=["s", "m"])
+
+        outcome = agent.run("agent-1", 100)
+        self.assertEqual(outcome.status, Status.AWAITING_APPROVAL)
+        [pending] = outcome.pending
+        request = self.state("agent-1").approval_requests["pay"]
+        self.assertEqual(
+            pending,
+            PendingRequest(
+                kind="approval", step_id="pay", action="mail.send", payload={"amount": 100},
+                payload_digest=digest_of({"amount": 100}), plan_digest=request.plan_digest,
+                requested_at=request.requested_at, expires_at=request.requested_at + Limits().approval_ttl_s,
+            ),
+        )  # fmt: skip
+        self.assertEqual(outcome.to_json()["pending"], [pending.to_json()])
+        approval = Approval.for_request(request, approval_id="a1", approver="tester", granted_at=self.clock.now())
+        self.assertEqual(approval.expires_at, request.expires_at, "an approval lasts as long as its request by default")
+        self.store.write_approval(approval)
+        outcome = agent.run("agent-1", 100)
+        self.assertEqual(outcome.status, Status.AWAITING_INPUT)
+        [question] = outcome.pending
+        self.assertEqual((question.kind, question.step_id, question.question, question.choices), ("question", "size", "which size?", ("s", "m")))
+        self.assertEqual(question.payload, {"question": "which size?", "choices": ["s", "m"]})
+        self.assertEqual(question.payload_digest, digest_of(question.payload))
+        asked = self.state("agent-1").approval_requests["size"]
+        self.store.write_approval(
+            Approval.for_request(asked, approval_id="a2", approver="tester", granted_at=self.clock.now(), answer="m")
+        )
+        outcome = agent.run("agent-1", 100)
+        self.assertEqual((outcome.status, outcome.result, outcome.pending), (Status.DONE, "m", ()))
 
     def test_child_tasks_done_waiting_and_ended(self) -> None:
         @self.durable()

@@ -159,9 +159,13 @@ class Approval:
         approval_id: str,
         approver: str,
         granted_at: float,
-        expires_at: float,
+        expires_at: float | None = None,
         answer: JSONValue = None,
     ) -> "Approval":
+        """An approval (or, with ``answer``, an answer) bound to exactly ``request``'s scope. It lasts
+        until ``expires_at``; by default, as long as the request it answers (``request.expires_at``)."""
+        if expires_at is None:
+            expires_at = request.expires_at
         return cls(
             approval_id=approval_id, approver=approver, granted_at=granted_at, expires_at=expires_at, answer=answer,
             **request.scope(),

@@ -21,6 +21,7 @@ from ..events import EventHook, Reporter
 from ..lease import Lease, LeaseKeeper, MonotonicReading
 from ..ledger import EffectRecord, VerifiedResults
 from ..outcome import TERMINAL, WAITING, RunOutcome, Status
+from ..progress import pending_of
 from ..protocols import (
     AnyEffectAdapter,
     ApprovalSource,
@@ -373,5 +374,6 @@ class EngineBase:
             epoch=self._lease.epoch if self._lease is not None else 0,
             result=self._result,
             wake_at=self._wake_at,
+            pending=pending_of(state) if state is not None else (),
         )
 
