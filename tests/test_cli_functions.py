@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -140,6 +141,50 @@ class StartAndResumeTests(unittest.TestCase):
         resumed = self.cli("resume", self.tasks, "m1", "--path", self.code, "--json")
         self.assertEqual(resumed.returncode, 0, resumed.stderr)
         self.assertEqual(json.loads(resumed.stdout)["result"], {"sent": 1})
+
+    def test_a_task_started_by_running_the_script_by_path_records_its_module_name_so_resume_finds_it(self) -> None:
+        env = {**os.environ, "PYTHONPATH": SRC, "TASKS_DIR": self.tasks}
+        started = subprocess.run(
+            [sys.executable, os.path.join(self.code, "agents.py"), "s1"], capture_output=True, text=True, env=env,
+            timeout=60, check=False, cwd=self.dir.name,
+        )  # fmt: skip
+        self.assertEqual(started.stdout.strip(), "done", started.stderr)
+        record = JsonFileStore(self.tasks).load("s1").state
+        assert record is not None
+        self.assertEqual(record.effects["longrun.function"].payload["function"], "agents:greet", "not __main__:greet")
+        resumed = self.cli("resume", self.tasks, "s1", "--path", self.code, "--json")
+        self.assertEqual(resumed.returncode, 0, resumed.stderr)
+        self.assertEqual(json.loads(resumed.stdout)["result"], {"sent": 1})
+
+    def test_a_durable_function_no_other_process_can_import_is_refused_at_decoration_naming_the_fix(self) -> None:
+        code = "import longrun\n@longrun.durable(store=longrun.JsonFileStore('tasks', create=True))\ndef agent(run):\n    pass\n"
+        result = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": SRC},
+            timeout=60, check=False, cwd=self.dir.name,
+        )  # fmt: skip
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("InvalidInputError: @durable function 'agent' is defined in __main__", result.stderr)
+        self.assertIn("define it in a module file", result.stderr)
+
+    def test_a_plan_mismatch_names_the_argument_that_differs_and_its_next_action_works_when_followed(self) -> None:
+        self.assertEqual(self.cli("start", "agents:greet", "g1", "--args", '[["ann"]]', "--path", self.code).returncode, 0)
+        other = self.cli("start", "agents:greet", "g1", "--args", '[["zed"]]', "--kwargs", '{"greeting": "yo"}',
+                         "--path", self.code, "--json", "--run")  # fmt: skip
+        outcome = json.loads(other.stdout)
+        self.assertEqual(outcome["status"], "plan-mismatch")
+        self.assertIn("argument 'names': recorded ['ann'], this run ['zed']", outcome["next_action"])
+        self.assertIn("argument 'greeting': recorded not given, this run 'yo'", outcome["next_action"])
+        self.assertNotIn("the function:", outcome["next_action"])
+        self.assertNotIn("run contract", outcome["next_action"])
+        command = shlex.split(outcome["next_action"].split("`")[1])
+        self.assertEqual(command, ["longrun", "resume", os.path.abspath(self.tasks), "g1"])
+        followed = subprocess.run(
+            [sys.executable, "-m", *command, "--json"], capture_output=True, text=True, cwd=self.code,
+            env={**os.environ, "PYTHONPATH": SRC, "TASKS_DIR": self.tasks}, timeout=60, check=False,
+        )  # fmt: skip
+        self.assertEqual(followed.returncode, 0, followed.stderr)
+        self.assertEqual(json.loads(followed.stdout)["result"], {"sent": 1})
+        self.assertEqual([item["payload"]["to"] for item in read_outbox(os.path.join(self.tasks, "outbox.jsonl"))], ["ann"])
 
     def test_bad_inputs_are_usage_errors_that_create_nothing(self) -> None:
         cases = [

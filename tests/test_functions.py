@@ -32,7 +32,7 @@ from longrun import (
     TransientError,
 )
 from longrun.canonical import digest_of
-from longrun.functions import FUNCTION_STEP
+from longrun.functions import FUNCTION_STEP, qualified_name
 from longrun.ledger import EffectState
 from longrun.testing import FakeClock, OutboxAdapter
 
@@ -164,6 +164,27 @@ class StoreCases(DurableCase):
         self.assertEqual(self.model.calls["something else"], 0)
         self.assertEqual(sum(self.outbox.calls.values()), 3, "only the first run's three tools")
         self.assertEqual(self.state("agent-1").revision, before.revision, "nothing written")
+
+    def test_a_plan_mismatch_names_the_function_or_the_contract_that_differs(self) -> None:
+        def body(run: longrun.Run, goal: str) -> str:
+            return goal
+
+        first = self.durable()(body)
+        self.assertEqual(first.run("agent-1", "tidy").status, Status.DONE)
+        other_contract = self.durable(allowed_actions=("mail.send",))(body)
+        outcome = other_contract.run("agent-1", "tidy")
+        self.assertEqual(outcome.status, Status.PLAN_MISMATCH)
+        self.assertIn("the run contract (goal, allowed or forbidden actions) is not the one it was started with", outcome.next_action)
+        self.assertNotIn("argument", outcome.next_action.split("what differs")[1])
+
+        def renamed(run: longrun.Run, goal: str) -> str:
+            return goal
+
+        outcome = self.durable()(renamed).run("agent-1", "sweep")
+        self.assertEqual(outcome.status, Status.PLAN_MISMATCH)
+        self.assertIn(f"the function: recorded {first.name}, this run {qualified_name(renamed)}", outcome.next_action)
+        self.assertIn("argument 'goal': recorded 'tidy', this run 'sweep'", outcome.next_action)
+        self.assertIn(f"restore the code that started it ({first.name}", outcome.next_action)
 
     def test_a_changed_payload_stops_plan_mismatch_naming_the_step_and_both_digests(self) -> None:
         version = {"n": 1}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import shlex
 import threading
 from typing import TYPE_CHECKING, Any, Mapping, TypedDict
 
@@ -356,6 +357,12 @@ class EngineBase:
 
     def _policy(self, record: EffectRecord) -> RetryPolicy:
         return self._policies.get(record.step_id, self.retry)
+
+    @property
+    def store_spec(self) -> str:
+        """How a command names this engine's store in a next action (``<store>`` if it cannot be named)."""
+        spec = getattr(self.store, "spec", None)
+        return shlex.quote(spec) if isinstance(spec, str) and spec else "<store>"
 
     def _outcome(self, status: Status, next_action: str) -> RunOutcome:
         state = self._state

@@ -213,6 +213,14 @@ def durable(
     def decorate(fn: Callable[..., R]) -> DurableFunction[R]:
         if not callable(fn):
             raise InvalidInputError(f"@durable needs a function, got {fn!r}")
+        name = qualified_name(fn)
+        if name.startswith("__main__:"):
+            raise InvalidInputError(
+                f"@durable function {name.partition(':')[2]!r} is defined in __main__, which no other process can import "
+                "(python -c, a REPL, a notebook, or a script named like a standard module), so its tasks could not be "
+                "resumed by `longrun resume` or a worker: define it in a module file (not named like a standard module) "
+                "and import it, or run that file as a script or with `python -m`"
+            )
         base = contract or RunContract(
             "durable-function",
             goal or f"run {qualified_name(fn)} to completion",

@@ -47,6 +47,12 @@ log = logging.getLogger("longrun")
 _DECISION = re.compile(re.escape(DECISION_PREFIX) + r"(\d+)")
 
 
+
+def _spec_of(store: Store) -> str:
+    """How next actions name ``store`` when the caller did not say (``<store>`` if it cannot be named)."""
+    spec = getattr(store, "spec", None)
+    return shlex.quote(spec) if isinstance(spec, str) and spec else "<store>"
+
 class Session(ContinuationRule):
     """A checkpointed session's task in a store (see the module docstring).
 
@@ -60,7 +66,7 @@ class Session(ContinuationRule):
         store: Store,
         task_id: str,
         *,
-        store_spec: str = "<store>",
+        store_spec: str | None = None,
         stdout: OutputSink | None = None,
         stderr: OutputSink | None = None,
         clock: Clock | None = None,
@@ -70,7 +76,7 @@ class Session(ContinuationRule):
     ):
         self.store = store
         self.task_id = check_task_id(task_id)
-        self.store_spec = store_spec
+        self.store_spec = store_spec if store_spec is not None else _spec_of(store)
         self.clock: Clock = clock or SystemClock()
         self.owner = owner or default_owner()
         self.approvals: ApprovalSource = approvals if approvals is not None else store
@@ -174,7 +180,7 @@ class Session(ContinuationRule):
 
         def drive(engine: Engine) -> None:
             if plan.created:
-                raise engine.wait(Status.RUNNING, self._step_action(contract, engine.state, "<store>").text)
+                raise engine.wait(Status.RUNNING, self._step_action(contract, engine.state, self.store_spec).text)
             raise Stop(engine.state.status, engine.state.next_action)  # another init got there first
 
         plan = SessionPlan(contract, drive, create=True, source=source)
@@ -262,7 +268,7 @@ class Session(ContinuationRule):
             if refusal is not None:
                 raise engine.refused_action(step_id, refusal)
             engine.effect(Step(step_id, step.action, payload, approval=needs_approval), retry=self._step_retry(contract))
-            raise engine.wait(Status.RUNNING, self._step_action(contract, engine.state, "<store>").text)
+            raise engine.wait(Status.RUNNING, self._step_action(contract, engine.state, self.store_spec).text)
 
         outcome = self._run(self._engine(contract, adapter), SessionPlan(contract, drive), contract)
         return self._after(step_id, outcome)
@@ -325,7 +331,7 @@ class Session(ContinuationRule):
                 else:  # planned and verified in one commit: an interrupted checkpoint leaves nothing behind
                     engine.plan(Step(step_id, CHECKPOINT_ACTION, payload))
                     engine.complete(step_id, evidence)
-            raise engine.wait(Status.RUNNING, self._step_action(contract, engine.state, "<store>").text)
+            raise engine.wait(Status.RUNNING, self._step_action(contract, engine.state, self.store_spec).text)
 
         outcome = self._run(self._engine(contract), SessionPlan(contract, drive), contract)
         return self._after(step_id, outcome)
@@ -372,7 +378,7 @@ class Session(ContinuationRule):
             engine.plan(Step(step_id, ASK_ACTION, {"question": reason, "choices": None}))
             decided.append(step_id)
             settle_decisions(engine)
-            raise engine.wait(Status.RUNNING, self._step_action(contract, engine.state, "<store>").text)
+            raise engine.wait(Status.RUNNING, self._step_action(contract, engine.state, self.store_spec).text)
 
         outcome = self._run(self._engine(contract), SessionPlan(contract, drive), contract)
         return self._after(decided[0] if decided and outcome.status is Status.AWAITING_INPUT else None, outcome)

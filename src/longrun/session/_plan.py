@@ -28,7 +28,7 @@ class SessionPlan:
 
     def initial(self, engine: Engine, state: RunState) -> None:
         if not self._create:
-            raise engine.mismatch("the task has no state", "start the task with `longrun init <store> TASK --contract FILE`")
+            raise engine.mismatch("the task has no state", f"start the task with `longrun init {engine.store_spec} {engine.task_id} --contract FILE`")
         payload: dict[str, JSONValue] = {"contract": self._contract.to_json(), "file": self._source}
         engine.plan(Step(CONTRACT_STEP, CONTRACT_STEP, payload))
         engine.complete(CONTRACT_STEP, {"contract_digest": self._contract.digest})
@@ -36,8 +36,14 @@ class SessionPlan:
 
     def accept(self, engine: Engine, state: RunState) -> None:
         if state.plan_digest != self.digest:
+            recorded = state.effects.get(CONTRACT_STEP)
+            before = recorded.payload.get("contract") if recorded is not None else None
+            after = self._contract.to_json()
+            changed = sorted(key for key in {*before, *after} if before.get(key) != after.get(key)) if isinstance(before, dict) else []
+            what = f"the run contract's {', '.join(changed)}" if changed else "the run contract"
             raise engine.mismatch(
-                f"recorded plan digest {state.plan_digest}; the run contract's digest is {self.digest}",
+                f"{what} differs from the one the task was started with: recorded plan digest {state.plan_digest}, "
+                f"this contract's {self.digest}",
                 "the task was started with another run contract: a changed contract needs a new task id",
             )
 

@@ -49,12 +49,28 @@ def open_store(spec: str, *, create: bool = True) -> Store:
     if spec.startswith(_POSTGRES_SCHEMES):
         from .postgres import PostgresStore
 
-        return PostgresStore(postgres_connector(spec))
+        store = PostgresStore(postgres_connector(spec))
+        store.spec = _without_password(spec)
+        return store
     from .jsonfile import JsonFileStore
 
     if not create and not os.path.isdir(spec):
         raise InvalidInputError(f"store directory {spec!r} does not exist")
     return JsonFileStore(spec, create=create)
+
+
+def _without_password(url: str) -> str:
+    """``url`` as next actions may quote it: its password, in the URL or its query, left out."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        netloc = parts.netloc.rpartition("@")
+        if parts.password is not None:
+            user = netloc[0].partition(":")[0]
+            netloc = (user, "@", netloc[2])
+        query = urllib.parse.urlencode([(k, v) for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True) if k != "password"])
+        return urllib.parse.urlunsplit((parts.scheme, "".join(netloc), parts.path, query, parts.fragment))
+    except ValueError:
+        return "postgresql://..."
 
 
 def postgres_connector(url: str, *, driver: str | None = None) -> Callable[[], Any]:

@@ -101,6 +101,7 @@ class SqliteStore(SqlStore):
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout_s: float = 30.0, create: bool = False):
         super().__init__()
         self.path = os.path.abspath(os.fspath(path))
+        self.spec = "sqlite:" + self.path
         if isinstance(busy_timeout_s, bool) or not isinstance(busy_timeout_s, (int, float)) or not busy_timeout_s >= 0:
             raise InvalidInputError(f"busy_timeout_s must be a non-negative number, got {busy_timeout_s!r}")
         self.busy_timeout_s = float(busy_timeout_s)

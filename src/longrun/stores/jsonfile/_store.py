@@ -81,6 +81,7 @@ class JsonFileStore(BaseStore):
     def __init__(self, root: str | os.PathLike[str], *, io: FileIO | None = None, create: bool = False):
         super().__init__()
         self.root = os.path.abspath(os.fspath(root))
+        self.spec = self.root
         self.io = io if io is not None else FileIO()
         self.create = bool(create)
         self._files = TaskFiles(self.root, self.io, create=self.create)
