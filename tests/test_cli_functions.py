@@ -186,6 +186,23 @@ class StartAndResumeTests(unittest.TestCase):
         self.assertEqual(json.loads(followed.stdout)["result"], {"sent": 1})
         self.assertEqual([item["payload"]["to"] for item in read_outbox(os.path.join(self.tasks, "outbox.jsonl"))], ["ann"])
 
+    def test_status_leaves_the_tasks_own_record_out_of_its_effects_table_and_a_question_waits_for_an_answer(self) -> None:
+        asked = self.cli("start", "agents:pick", "p1", "--path", self.code, "--json", "--run")
+        outcome = json.loads(asked.stdout)
+        self.assertEqual(outcome["status"], "awaiting-input")
+        unknowns = [item["detail"] for item in outcome["unknowns"]]
+        self.assertIn("no answer yet to the question of step 'colour'", unknowns)
+        self.assertFalse([detail for detail in unknowns if "approval" in detail], unknowns)
+        self.assertIn(f"longrun answer {os.path.abspath(self.tasks)} p1 colour VALUE", outcome["next_action"])
+        [pending] = outcome["pending"]
+        self.assertEqual((pending["kind"], pending["question"], pending["choices"]), ("question", "which colour?", ["red", "blue"]))
+        status = self.cli("status", self.tasks, "p1")
+        self.assertEqual(status.returncode, 0, status.stderr)
+        self.assertIn("effects      1 in the order first recorded (1 question) (not shown: the task's own function record", status.stdout)
+        self.assertNotIn("longrun.function", status.stdout)
+        effects = json.loads(self.cli("status", self.tasks, "p1", "--json").stdout)["effects"]
+        self.assertEqual({entry["step_id"]: entry["kind"] for entry in effects}, {"longrun.function": "function", "colour": "question"})
+
     def test_bad_inputs_are_usage_errors_that_create_nothing(self) -> None:
         cases = [
             ("start", "agents:greet", "g1", "--args", "{", "--path", self.code),

@@ -31,6 +31,7 @@ from typing import Any, Iterable, Mapping
 
 from . import _fields as f
 from .canonical import JSONValue
+from .contract import ASK_ACTION
 from .control import ControlRecord
 from .errors import CorruptStateError
 
@@ -239,5 +240,8 @@ def evaluate_gate(
     if granted is not None:
         return GateDecision(GateVerdict.GRANTED, granted, tuple(reasons))
     if not reasons:
-        reasons.append(f"no approval yet for step {request.step_id!r}")
+        if request.action == ASK_ACTION:
+            reasons.append(f"no answer yet to the question of step {request.step_id!r}")
+        else:
+            reasons.append(f"no approval yet for step {request.step_id!r}")
     return GateDecision(GateVerdict.AWAITING, None, tuple(reasons))
