@@ -56,6 +56,27 @@ class HelpTest(unittest.TestCase):
             self.assertEqual(main(["--help"]), 0)
 
 
+class NotAStoreTest(CliCase):
+    def test_every_command_refuses_a_directory_that_is_not_a_store_naming_it(self) -> None:
+        checkout = os.path.join(self.tmp, "checkout")
+        for name in ("docs", "src", "tests"):
+            os.makedirs(os.path.join(checkout, name))
+        for command in (("ls", checkout), ("status", checkout, "src"), ("verify", checkout, "src"), ("history", checkout, "src")):
+            with self.subTest(command=command[0]):
+                result = cli(*command)
+                self.assert_fails(result, 2, f"{checkout} is not a longrun store")
+                self.assertNotIn("docs  ", result.stdout)
+        self.assertEqual(sorted(os.listdir(checkout)), ["docs", "src", "tests"], "nothing was written")
+
+    def test_init_create_store_writes_the_store_marker(self) -> None:
+        from longrun.cli._session import create_store
+
+        where = os.path.join(self.tmp, "new", "store")
+        create_store(where)
+        self.assertEqual(os.listdir(where), [".longrun-store"])
+        self.assertEqual(cli("ls", where).returncode, 0)
+
+
 class StatusTest(CliCase):
     def test_status_of_a_finished_task(self) -> None:
         self.finished_task()

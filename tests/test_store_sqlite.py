@@ -29,6 +29,7 @@ from longrun import (
     Step,
     StorageError,
 )
+from longrun.errors import NotAStoreError
 from longrun.stores._sql import SCHEMA_VERSION
 from longrun.stores.base import Witness
 from longrun.lease import MonotonicReading
@@ -154,10 +155,18 @@ class FileTests(SqliteCase):
         self.addCleanup(adopted.close)
         self.assertEqual(adopted.list_tasks(), [])
 
-    def test_a_file_that_is_not_a_database_is_a_storage_error(self) -> None:
+    def test_a_file_that_is_not_a_database_is_refused_naming_it_or_a_storage_error_once_opened(self) -> None:
         with open(self.path("other.db"), "wb") as handle:
             handle.write(b"this is not an SQLite database, just some bytes " * 100)
-        store = SqliteStore(self.path("other.db"), create=True)
+        for create in (False, True):
+            with self.assertRaises(NotAStoreError) as refused:
+                SqliteStore(self.path("other.db"), create=create)
+            self.assertEqual(refused.exception.path, self.path("other.db"))
+        with open(self.path("later.db"), "wb"):
+            pass  # empty: a new store
+        store = SqliteStore(self.path("later.db"), create=True)
+        with open(self.path("later.db"), "wb") as handle:
+            handle.write(b"this is not an SQLite database, just some bytes " * 100)
         with self.assertRaises(StorageError) as caught:
             store.list_tasks()
         self.assertIsInstance(caught.exception.__cause__, sqlite3.DatabaseError)

@@ -9,6 +9,7 @@
     |   +-- UnknownActionError        a step names an action with no adapter
     |   +-- UnknownTaskError(LookupError) no such task in the store
     |   +-- ContractFileError         a run-contract file that cannot be used (its file and line)
+    |   +-- NotAStoreError            a directory or database that is not a longrun store (its path)
     +-- StorageError(OSError)         the store could not read or write; __cause__ holds the OSError
     |   +-- FencedError               a write carried an epoch other than the store's current one
     |   +-- LeaseHeldError            another live owner holds the task's lease
@@ -40,6 +41,7 @@ __all__ = [
     "InvalidInputError",
     "LeaseHeldError",
     "LongrunError",
+    "NotAStoreError",
     "PayloadError",
     "PermanentError",
     "SchemaVersionError",
@@ -77,6 +79,15 @@ class UnknownActionError(InvalidInputError):
 
 class UnknownTaskError(InvalidInputError, LookupError):
     """The store holds no task by that id."""
+
+
+class NotAStoreError(InvalidInputError):
+    """A store was opened on a directory or database that is not a longrun store: it holds no store
+    marker and nothing longrun wrote. Nothing was read from it as state, and nothing was written."""
+
+    def __init__(self, message: str, *, path: str):
+        super().__init__(message)
+        self.path = path
 
 
 class ContractFileError(InvalidInputError):

@@ -11,8 +11,10 @@ Drivers are imported here, lazily, only for a PostgreSQL URL, so ``import longru
 third-party package; with neither driver installed the URL is refused with ``InvalidInputError``.
 Opening does not connect: the first store call does, and a connection failure is then a
 ``StorageError``. ``create`` is handed to the store: with ``create=True`` (the default here) a
-SQLite file or JSON directory that does not exist is created on first use, with ``create=False``
-it is refused (``InvalidInputError``): what an operator's command wants.
+SQLite file or JSON directory that does not exist is created on first use (a PostgreSQL schema gets
+longrun's tables), with ``create=False`` it is refused (``InvalidInputError``): what an operator's
+command wants. Either way a directory, file or schema that exists and is not a longrun store is
+refused with ``NotAStoreError`` (see each store).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def open_store(spec: str, *, create: bool = True) -> Store:
     if spec.startswith(_POSTGRES_SCHEMES):
         from .postgres import PostgresStore
 
-        store = PostgresStore(postgres_connector(spec))
+        store = PostgresStore(postgres_connector(spec), create=create)
         store.spec = _without_password(spec)
         return store
     from .jsonfile import JsonFileStore

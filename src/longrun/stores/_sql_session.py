@@ -169,7 +169,10 @@ class SqlConnection(BaseStore):
         A current schema is only read (no DDL, no lock), so a database user without the right to
         create tables can use tables an administrator created.
         """
-        if self._schema_step(write=False) < SCHEMA_VERSION:
+        current = self._schema_step(write=False)
+        if current == 0:
+            self._refuse_without_schema()
+        if current < SCHEMA_VERSION:
             self._schema_step(write=True)
         self._schema_checked = True
 
@@ -202,6 +205,10 @@ class SqlConnection(BaseStore):
             if cursor is not None:
                 with contextlib.suppress(Exception):
                     cursor.close()
+
+    def _refuse_without_schema(self) -> None:
+        """Called before the schema is created where none is: raise ``NotAStoreError`` if this
+        store may not create it (the ``longrun_schema`` table is the store's marker)."""
 
     def _schema_table_sql(self) -> str:
         """A query whose one row's first value is true if ``longrun_schema`` exists (dialect)."""

@@ -41,7 +41,7 @@ import urllib.parse
 from typing import Any
 
 from ..canonical import JSONValue, canonical_bytes, parse_json, sha256_hex
-from ..errors import CorruptStateError, InvalidInputError, StorageError
+from ..errors import CorruptStateError, InvalidInputError, NotAStoreError, StorageError
 from ..lease import Lease
 from ._fileio import FileIO, ensure_dir, ensure_dirs, read_small, write_atomic
 from ._holders import HolderLocks
@@ -77,6 +77,9 @@ def _decode_witness(data: bytes, task_id: str) -> tuple[int, int]:
 
 def _count(value: object) -> bool:
     return type(value) is int and 0 <= value < 2**63
+
+
+_SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 class SqliteStore(SqlStore):
@@ -129,6 +132,18 @@ class SqliteStore(SqlStore):
             return
         if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
             raise InvalidInputError(f"SQLite store {self.path!r} is not a regular file (symlinks are refused)")
+        if info.st_size and not connecting:
+            self._check_header()
+
+    def _check_header(self) -> None:
+        """Refuse a file that is not an SQLite database (``NotAStoreError``); an empty one is a new store."""
+        try:
+            with open(self.path, "rb") as handle:
+                header = handle.read(len(_SQLITE_HEADER))
+        except OSError as exc:
+            raise StorageError(f"cannot read SQLite store {self.path!r}: {exc}") from exc
+        if header != _SQLITE_HEADER:
+            raise NotAStoreError(f"SQLite store {self.path!r} is not a longrun store: it is not an SQLite database", path=self.path)
 
     def _connect(self) -> Any:
         self._check_path(connecting=True)
@@ -169,9 +184,10 @@ class SqliteStore(SqlStore):
         not turn that file into a longrun store. A database with no table yet is a new store."""
         tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if tables and "longrun_schema" not in tables:
-            raise InvalidInputError(
+            raise NotAStoreError(
                 f"SQLite store {self.path!r} holds no longrun store (no longrun_schema table); nothing was changed. "
-                "Open it with create=True to add longrun's tables to it"
+                "Open it with create=True to add longrun's tables to it",
+                path=self.path,
             )
 
     def _enter_wal(self, connection: sqlite3.Connection) -> str:
