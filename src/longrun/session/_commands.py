@@ -27,7 +27,7 @@ from ..protocols import ApprovalSource, CancellationSource, Clock, EffectAdapter
 from ..shell import CheckpointAdapter, CommandAdapter, OutputSink, describe_evidence
 from ._holder import holder_gone
 from ._next import ContinuationRule
-from ._plan import SessionPlan, settle_decisions
+from ._plan import SessionPlan, contract_difference, settle_decisions
 from ._records import (
     CHECKPOINT_ACTION,
     SessionResult,
@@ -171,8 +171,8 @@ class Session(ContinuationRule):
                 raise InvalidInputError(f"task {self.task_id!r} already exists and is not a checkpointed session; choose another task id")
             if state.plan_digest != session_digest(contract):
                 raise InvalidInputError(
-                    f"task {self.task_id!r} was started with another run contract (plan digest {state.plan_digest}, this "
-                    f"file's {session_digest(contract)}); a changed contract needs a new task id"
+                    f"task {self.task_id!r} was started with another run contract ({contract_difference(state, contract)}; "
+                    f"plan digest {state.plan_digest}, this file's {session_digest(contract)}); a changed contract needs a new task id"
                 )
             return self._after(None, None, notes=("the task was already started with this run contract: nothing changed",))
 

@@ -12,7 +12,18 @@ from ..envelope import RunState
 from ..ledger import EffectState
 from ._records import CONTRACT_STEP, session_digest
 
-__all__ = ["SessionPlan", "settle_decisions"]
+__all__ = ["SessionPlan", "contract_difference", "settle_decisions"]
+
+
+def contract_difference(state: RunState, contract: SessionContract) -> str:
+    """What differs between ``contract`` and the one ``state`` was started with: its fields by name."""
+    recorded = state.effects.get(CONTRACT_STEP)
+    before = recorded.payload.get("contract") if recorded is not None else None
+    after = contract.to_json()
+    if not isinstance(before, dict):
+        return "the run contract is not the one the task was started with"
+    changed = sorted(key for key in {*before, *after} if before.get(key) != after.get(key))
+    return f"the run contract differs from the one the task was started with in: {', '.join(changed) or 'its digest'}"
 
 
 class SessionPlan:
@@ -36,13 +47,8 @@ class SessionPlan:
 
     def accept(self, engine: Engine, state: RunState) -> None:
         if state.plan_digest != self.digest:
-            recorded = state.effects.get(CONTRACT_STEP)
-            before = recorded.payload.get("contract") if recorded is not None else None
-            after = self._contract.to_json()
-            changed = sorted(key for key in {*before, *after} if before.get(key) != after.get(key)) if isinstance(before, dict) else []
-            what = f"the run contract's {', '.join(changed)}" if changed else "the run contract"
             raise engine.mismatch(
-                f"{what} differs from the one the task was started with: recorded plan digest {state.plan_digest}, "
+                f"{contract_difference(state, self._contract)}: recorded plan digest {state.plan_digest}, "
                 f"this contract's {self.digest}",
                 "the task was started with another run contract: a changed contract needs a new task id",
             )
