@@ -672,7 +672,7 @@ class WrongArgumentsTest(OpsCase):
                 for task_id in ("../etc", "/etc", ".hidden", "a/b", ""):
                     self.assert_fails(cli(command, self.store_dir, task_id), 2, "not a safe name")
         self.assertFalse(os.path.exists(missing))
-        self.assertEqual(sorted(os.listdir(self.store_dir)), ["finished"])
+        self.assertEqual(sorted(os.listdir(self.store_dir)), [".longrun-store", "finished"], "the marker and the one task")
 
     def test_bad_store_specs_exit_2(self) -> None:
         with open(self.path("tasks.db"), "w") as handle:

@@ -155,21 +155,19 @@ class FileTests(SqliteCase):
         self.addCleanup(adopted.close)
         self.assertEqual(adopted.list_tasks(), [])
 
-    def test_a_file_that_is_not_a_database_is_refused_naming_it_or_a_storage_error_once_opened(self) -> None:
+    def test_a_file_that_is_not_a_database_is_refused_naming_it_and_left_unchanged(self) -> None:
         with open(self.path("other.db"), "wb") as handle:
             handle.write(b"this is not an SQLite database, just some bytes " * 100)
+        with open(self.path("other.db"), "rb") as handle:
+            before = handle.read()
         for create in (False, True):
+            store = SqliteStore(self.path("other.db"), create=create)
+            self.addCleanup(store.close)
             with self.assertRaises(NotAStoreError) as refused:
-                SqliteStore(self.path("other.db"), create=create)
+                store.list_tasks()
             self.assertEqual(refused.exception.path, self.path("other.db"))
-        with open(self.path("later.db"), "wb"):
-            pass  # empty: a new store
-        store = SqliteStore(self.path("later.db"), create=True)
-        with open(self.path("later.db"), "wb") as handle:
-            handle.write(b"this is not an SQLite database, just some bytes " * 100)
-        with self.assertRaises(StorageError) as caught:
-            store.list_tasks()
-        self.assertIsInstance(caught.exception.__cause__, sqlite3.DatabaseError)
+        with open(self.path("other.db"), "rb") as handle:
+            self.assertEqual(handle.read(), before, "nothing was changed")
 
     def test_a_newer_schema_is_refused_with_a_clear_error(self) -> None:
         self.committed()

@@ -79,7 +79,9 @@ def _count(value: object) -> bool:
     return type(value) is int and 0 <= value < 2**63
 
 
-_SQLITE_HEADER = b"SQLite format 3\x00"
+_SQLITE_NOTADB = 26
+"""SQLITE_NOTADB: the file is not a database. (The header is not read apart: closing any other
+descriptor of the database file would drop the POSIX locks this process's connections hold on it.)"""
 
 
 class SqliteStore(SqlStore):
@@ -132,18 +134,7 @@ class SqliteStore(SqlStore):
             return
         if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
             raise InvalidInputError(f"SQLite store {self.path!r} is not a regular file (symlinks are refused)")
-        if info.st_size and not connecting:
-            self._check_header()
 
-    def _check_header(self) -> None:
-        """Refuse a file that is not an SQLite database (``NotAStoreError``); an empty one is a new store."""
-        try:
-            with open(self.path, "rb") as handle:
-                header = handle.read(len(_SQLITE_HEADER))
-        except OSError as exc:
-            raise StorageError(f"cannot read SQLite store {self.path!r}: {exc}") from exc
-        if header != _SQLITE_HEADER:
-            raise NotAStoreError(f"SQLite store {self.path!r} is not a longrun store: it is not an SQLite database", path=self.path)
 
     def _connect(self) -> Any:
         self._check_path(connecting=True)
@@ -165,6 +156,15 @@ class SqliteStore(SqlStore):
             target, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False, uri=not self.create
         )
         try:
+            try:
+                connection.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+            except sqlite3.DatabaseError as exc:
+                if getattr(exc, "sqlite_errorcode", None) == _SQLITE_NOTADB:
+                    raise NotAStoreError(
+                        f"SQLite store {self.path!r} is not a longrun store: it is not an SQLite database; nothing was changed",
+                        path=self.path,
+                    ) from None
+                raise
             if not self.create:
                 self._refuse_foreign(connection)
             mode = self._enter_wal(connection)
