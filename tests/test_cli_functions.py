@@ -156,6 +156,41 @@ class StartAndResumeTests(unittest.TestCase):
         self.assertEqual(resumed.returncode, 0, resumed.stderr)
         self.assertEqual(json.loads(resumed.stdout)["result"], {"sent": 1})
 
+    def test_a_task_an_earlier_version_recorded_under_main_goes_on_when_its_script_runs_again(self) -> None:
+        script = textwrap.dedent(
+            """
+            import os, sys, longrun
+            from longrun.testing import OutboxAdapter
+            ROOT = os.environ["TASKS_DIR"]
+            store = longrun.JsonFileStore(ROOT, create=True)
+
+            @longrun.durable(store=store, adapters={"mail.send": OutboxAdapter(os.path.join(ROOT, "outbox.jsonl"))})
+            def greet(run, names):
+                for name in names:
+                    run.effect(f"mail/{name}", "mail.send", {"to": name}, approval=name == "bob")
+                return len(names)
+
+            if sys.argv[2] == "old":
+                greet.name = "__main__:greet"  # as an earlier version recorded a script's function
+            print(greet.run(sys.argv[1], ["ann", "bob"]).status.value)
+            """
+        )
+        with open(os.path.join(self.code, "legacy.py"), "w") as handle:
+            handle.write(script)
+        env = {**os.environ, "PYTHONPATH": SRC, "TASKS_DIR": self.tasks}
+
+        def run(version: str) -> str:
+            result = subprocess.run(
+                [sys.executable, os.path.join(self.code, "legacy.py"), "l1", version], capture_output=True, text=True,
+                env=env, timeout=60, check=False,
+            )  # fmt: skip
+            return result.stdout.strip() + result.stderr
+
+        self.assertEqual(run("old"), "awaiting-approval")
+        self.assertEqual(self.cli("approve", self.tasks, "l1", "--yes").returncode, 0)
+        self.assertEqual(run("new"), "done")
+        self.assertEqual(sorted(item["key"] for item in read_outbox(os.path.join(self.tasks, "outbox.jsonl"))), ["l1/mail/ann", "l1/mail/bob"])
+
     def test_a_durable_function_no_other_process_can_import_is_refused_at_decoration_naming_the_fix(self) -> None:
         code = "import longrun\n@longrun.durable(store=longrun.JsonFileStore('tasks', create=True))\ndef agent(run):\n    pass\n"
         result = subprocess.run(

@@ -67,8 +67,15 @@ class FunctionPlan:
                 f"run task {engine.task_id!r} with the code that started it (`longrun status {task}` shows it), or give "
                 f"{self._function.name} a new task id",
             )
-        arguments = self._argument_differences(args, kwargs)
         recorded_arguments: dict[str, JSONValue] = {"args": args, "kwargs": kwargs}
+        if self._recorded_as_main(name) and digest_of(
+            {"contract": self._contract.to_json(), "function": name, "arguments": self._arguments}
+        ) == state.plan_digest:
+            # Recorded by an earlier version, which named a script's function __main__:...: the
+            # same script goes on under that name (the digest its approvals are bound to).
+            self.digest = engine.plan_digest = state.plan_digest
+            return
+        arguments = self._argument_differences(args, kwargs)
         same_contract = digest_of({"contract": self._contract.to_json(), "function": name, "arguments": recorded_arguments}) == state.plan_digest
         differences = [
             *([f"the function: recorded {name}, this run {self._function.name}"] if name != self._function.name else []),
@@ -85,6 +92,10 @@ class FunctionPlan:
             f"task {engine.task_id!r} was started differently ({detail}); recorded plan digest {state.plan_digest}, this run's {self.digest}",
             f"{action}; or give this run a new task id. Nothing was run",
         )
+
+    def _recorded_as_main(self, name: str) -> bool:
+        target = getattr(self._function.fn, "__wrapped__", self._function.fn)
+        return getattr(target, "__module__", None) == "__main__" and name == "__main__:" + self._function.name.partition(":")[2]
 
     def _argument_differences(self, args: list[JSONValue], kwargs: dict[str, JSONValue]) -> list[str]:
         """Which arguments differ from the recorded ones, by parameter name when the signature tells."""
