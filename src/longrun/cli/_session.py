@@ -148,7 +148,9 @@ def create_store(spec: str) -> None:
         return
     if os.path.exists(spec) and not os.path.isdir(spec):
         raise CliError(f"{spec!r} exists and is not a directory", ExitCode.USAGE)
-    os.makedirs(spec, exist_ok=True)
+    from ..stores import JsonFileStore
+
+    JsonFileStore(spec, create=True).create_root()  # the directory, with the store marker
 
 
 def cmd_init(store: Store, spec: str, task_id: str, contract_path: str, as_json: bool, out: TextIO, err: TextIO) -> int:

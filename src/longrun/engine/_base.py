@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import shlex
 import threading
 from typing import TYPE_CHECKING, Any, Mapping, TypedDict
 
@@ -21,6 +22,7 @@ from ..events import EventHook, Reporter
 from ..lease import Lease, LeaseKeeper, MonotonicReading
 from ..ledger import EffectRecord, VerifiedResults
 from ..outcome import TERMINAL, WAITING, RunOutcome, Status
+from ..progress import pending_of
 from ..protocols import (
     AnyEffectAdapter,
     ApprovalSource,
@@ -359,6 +361,12 @@ class EngineBase:
     def _policy(self, record: EffectRecord) -> RetryPolicy:
         return self._policies.get(record.step_id, self.retry)
 
+    @property
+    def store_spec(self) -> str:
+        """How a command names this engine's store in a next action (``<store>`` if it cannot be named)."""
+        spec = getattr(self.store, "spec", None)
+        return shlex.quote(spec) if isinstance(spec, str) and spec else "<store>"
+
     def _outcome(self, status: Status, next_action: str) -> RunOutcome:
         state = self._state
         self._reporter.stopped(
@@ -376,5 +384,6 @@ class EngineBase:
             epoch=self._lease.epoch if self._lease is not None else 0,
             result=self._result,
             wake_at=self._wake_at,
+            pending=pending_of(state) if state is not None else (),
         )
 

@@ -121,7 +121,7 @@ class Engine(EffectRules):
             self._evidence.unknown("lease", "who holds the task's lease, and at which epoch")
             return self._outcome(
                 Status.STATE_UNRECOVERABLE,
-                f"repair the lease record with `longrun repair <store> {self.task_id} --lease` (it keeps the damaged "
+                f"repair the lease record with `longrun repair {self.store_spec} {self.task_id} --lease` (it keeps the damaged "
                 "record aside and the next run gets an epoch above every one recorded), then run again",
             )
         self._evidence.observed("store", f"lease acquired by {self.owner} at epoch {self._lease.epoch}")

@@ -156,11 +156,11 @@ class Gating(Reconciling):
             raise self._stop(
                 Status.AWAITING_INPUT,
                 f"answer the question of step {step.step_id!r} ({_question(record)}) with "
-                f"`longrun answer <store> {self.task_id} {step.step_id} VALUE{signed}`, then run again{note}",
+                f"`longrun answer {self.store_spec} {self.task_id} {step.step_id} VALUE{signed}`, then run again{note}",
             )
         raise self._stop(
             Status.AWAITING_APPROVAL,
             f"approve step {step.step_id!r} (action {step.action!r}, payload {record.payload_digest}) "
-            f"with `longrun approve <store> {self.task_id} --step {step.step_id}{signed}`, then run again{note}",
+            f"with `longrun approve {self.store_spec} {self.task_id} --step {step.step_id}{signed}`, then run again{note}",
         )
 

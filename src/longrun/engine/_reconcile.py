@@ -43,9 +43,12 @@ class Reconciling(Driving):
         return self._stop(Status.UNSAFE_TO_CONTINUE, f"change the code or the contract: step {step_id!r} asks for an action it may not take ({reason}); nothing was applied")
 
     def mismatch(self, detail: str, next_action: str) -> Stop:
-        """A ``plan-mismatch`` stop: the code or plan asks for something other than what was recorded."""
+        """A ``plan-mismatch`` stop: the code or plan asks for something other than what was recorded.
+
+        ``detail`` says what differed (the function, an argument, a step id, a payload digest, the
+        contract); the outcome's next action carries it too, so that whoever reads only that knows."""
         self._evidence.observed("plan", detail)
-        return Stop(Status.PLAN_MISMATCH, next_action)
+        return Stop(Status.PLAN_MISMATCH, f"{next_action} (what differs: {detail})")
 
     def complete(self, step_id: str, result: JSONValue, *, failed: bool = False) -> EffectRecord:
         """Settle a planned internal step (a child task's result, a function's return value)."""

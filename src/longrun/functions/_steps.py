@@ -10,6 +10,7 @@ on the task through its own unfinished children (a task started on its own recor
 from __future__ import annotations
 
 import math
+import os
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -26,7 +27,7 @@ from ..outcome import ENDED_UNFINISHED, RunOutcome, Status
 if TYPE_CHECKING:
     from ._durable import DurableFunction
 
-__all__ = ["CALL_ACTION", "CHILD_ACTION", "FUNCTION_STEP", "SLEEP_ACTION", "ChildLink", "RunSteps", "cancelled_with", "check_no_cycle", "lineage", "qualified_name"]
+__all__ = ["CALL_ACTION", "CHILD_ACTION", "FUNCTION_STEP", "SLEEP_ACTION", "ChildLink", "RunSteps", "cancelled_with", "check_no_cycle", "lineage", "main_module_name", "qualified_name"]
 
 
 FUNCTION_STEP = INTERNAL_PREFIX + "function"
@@ -39,14 +40,15 @@ SLEEP_ACTION = INTERNAL_PREFIX + "sleep"
 CHILD_ACTION = INTERNAL_PREFIX + "child"
 
 def qualified_name(fn: Callable[..., Any]) -> str:
-    """``module:qualname`` of a function: how a task record names the code that runs it."""
+    """``module:qualname`` of a function: how a task record names the code that runs it.
+
+    A function of the script being run (module ``__main__``) is named by the module name the script
+    is importable by elsewhere (a resume, a worker): ``main_module_name()``; ``__main__`` only if it
+    has none."""
     target = getattr(fn, "__wrapped__", fn)
     module = getattr(target, "__module__", None) or "?"
     if module == "__main__":
-        # Run with ``python -m package.module``: the name it is imported by elsewhere (a resume, a
-        # worker). A script run by path has no such name; its tasks resume only from that script.
-        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-        module = getattr(spec, "name", None) or module
+        module = main_module_name() or module
     qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or type(target).__name__
     return f"{module}:{qualname}"
 
@@ -116,6 +118,44 @@ def check_no_cycle(task_id: str, child: str, ancestors: tuple[str, ...]) -> None
         lineage=chain,
     )
 
+
+def main_module_name() -> str | None:
+    """The name the running ``__main__`` module can be imported by from another process, or None.
+
+    Run with ``python -m package.module``: that name (``__main__.__spec__``). Run as a script by its
+    path: the dotted path of the file relative to the first ``sys.path`` entry that holds it (for
+    ``python tasks/agents.py``, ``agents``, found with ``--path tasks`` or from that directory),
+    provided every part is an identifier and no other module of that name is loaded or in the
+    standard library (importing it would find that one). None for ``python -c``, a REPL or a
+    notebook (code with no file to import), or a script named like a standard module."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    name = getattr(spec, "name", None)
+    if isinstance(name, str) and name and name != "__main__":
+        return name
+    path = getattr(main, "__file__", None)
+    if not isinstance(path, str) or not path.endswith(".py"):
+        return None
+    path = os.path.realpath(path)
+    for entry in sys.path:
+        root = os.path.realpath(entry or os.curdir)
+        relative = os.path.relpath(path, root)
+        if relative.startswith(os.pardir + os.sep) or os.path.isabs(relative):
+            continue
+        parts = relative[: -len(".py")].split(os.sep)
+        if parts and parts[-1] == "__init__":
+            parts.pop()
+        if not parts or not all(part.isidentifier() for part in parts):
+            continue
+        candidate = ".".join(parts)
+        loaded = sys.modules.get(candidate)
+        loaded_file = getattr(loaded, "__file__", None)
+        if parts[0] in sys.stdlib_module_names or parts[0] in sys.builtin_module_names:
+            return None  # an import of that name finds the standard library's module
+        if loaded is not None and (not isinstance(loaded_file, str) or os.path.realpath(loaded_file) != path):
+            return None  # another module of that name is loaded: an import would return it
+        return candidate
+    return None
 
 class RunSteps:
     """What ``Run`` and ``AsyncRun`` share: step ids, and each step checked against what is recorded."""
