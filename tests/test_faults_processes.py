@@ -2,8 +2,9 @@
 SIGKILLed from outside at random moments, and are killed during every attempt of a bounded retry;
 each under both faces, a declared plan (``Runner``) and the same task as a durable function.
 
-Each test runs one group of ``longrun.testing.faults`` (the quick counts; ``LONGRUN_FAULTS_FULL=1``
-runs the full ones) and asserts its figures: faults were injected, and no effect was applied twice,
+Each test runs one group of ``longrun.testing.faults`` (groups 1 and 2 below the quick counts by
+default, every point still; ``LONGRUN_TEST_SCALE=full`` runs the quick counts, ``LONGRUN_FAULTS_FULL=1``
+the full ones) and asserts its figures: faults were injected, and no effect was applied twice,
 no verified effect was lost, no state was silently reset, nothing else broke (under the durable
 face also: no call ran again once its value was committed, the function's result was recorded).
 """
@@ -15,7 +16,7 @@ import os
 import unittest
 
 from helpers import support
-from helpers.fault_case import FaultGroupCase
+from helpers.fault_case import FaultGroupCase, small_scale
 from longrun import JsonFileStore
 from longrun.functions import FUNCTION_STEP
 from longrun.testing import faults
@@ -31,11 +32,15 @@ class KillPointTests(FaultGroupCase):
     def test_group1_every_named_point_killed_then_recovered_without_duplicates_or_loss(self) -> None:
         result = self.run_group(1)
         self.assertGreaterEqual(len(faults.points_for("runner")), 16)
-        self.assertGreaterEqual(result.faults, 2 * len(faults.points_for("runner")) - 4, "every point at its first and last occurrence")
+        points = len(faults.points_for("runner"))
+        if small_scale():
+            self.assertGreaterEqual(result.faults, points, "every point, at its first or its last occurrence")
+        else:
+            self.assertGreaterEqual(result.faults, 2 * points - 4, "every point at its first and last occurrence")
 
     def test_group2_random_outside_kills_then_resumed_until_done(self) -> None:
         result = self.run_group(2)
-        self.assertGreaterEqual(result.faults, 200 if faults.full_scale() else 15)
+        self.assertGreaterEqual(result.faults, 200 if faults.full_scale() else 7 if small_scale() else 15)
         self.assertGreaterEqual(mid_run_kills(result), result.faults // 2, "kills that land before a process starts test nothing")
 
     def test_group9_killed_during_every_attempt_never_gets_a_fourth(self) -> None:
@@ -54,7 +59,7 @@ class DurableKillPointTests(FaultGroupCase):
 
     def test_group2_durable_random_outside_kills_then_resumed_until_done(self) -> None:
         result = self.run_group(2, "durable")
-        self.assertGreaterEqual(result.faults, 200 if faults.full_scale() else 8)
+        self.assertGreaterEqual(result.faults, 200 if faults.full_scale() else 4 if small_scale() else 8)
         self.assertGreaterEqual(mid_run_kills(result), result.faults // 2, "kills that land before a process starts test nothing")
 
     def test_group9_durable_killed_during_every_attempt_of_a_call_or_an_effect_never_gets_a_fourth(self) -> None:

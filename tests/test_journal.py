@@ -92,6 +92,8 @@ RECOVERY_WARNINGS = (
 
 
 class JournalCase(support.TempDirTest):
+    in_memory = True
+
     def setUp(self) -> None:
         super().setUp()
         self.root = self.path("root")

@@ -37,14 +37,20 @@ GROUPS: dict[int, Callable[..., GroupResult]] = {
     8: clock_faults.run,
     9: retry_limits.run,
 }
-"""Each group's ``run(base, *, full[, face])`` by its number."""
+"""Each group's ``run(base, *, full[, face][, small])`` by its number."""
 FACED_GROUPS = frozenset((1, 2, 6, 7, 8, 9))
 """The groups that drive the engine, run once per face; the others test the store alone."""
+SMALL_GROUPS = frozenset((1, 2))
+"""The groups with a scale below the quick counts (``small``), for the unit tests' default scale."""
 
 
-def run_group(number: int, *, full: bool, base: str | None = None, face: str = "runner") -> GroupResult:
+def run_group(number: int, *, full: bool, base: str | None = None, face: str = "runner", small: bool = False) -> GroupResult:
     """Run one group in a scratch directory (removed afterwards unless ``base`` is given); the
-    groups in ``FACED_GROUPS`` run under ``face``, the others under neither."""
+    groups in ``FACED_GROUPS`` run under ``face``, the others under neither. ``small`` runs the
+    groups in ``SMALL_GROUPS`` below the quick counts (still every point, fewer seeds); the others
+    run their quick counts. It does not combine with ``full``."""
+    if full and small:
+        raise ValueError("full and small are two scales: ask for one")
     if face not in FACES:
         raise ValueError(f"face must be one of {FACES}, got {face!r}")
     if face != "runner" and number not in FACED_GROUPS:
@@ -56,7 +62,8 @@ def run_group(number: int, *, full: bool, base: str | None = None, face: str = "
     logger.setLevel(logging.CRITICAL)  # the damage is on purpose; its warnings would drown the figures
     try:
         group = GROUPS[number]
-        return group(base, full=full, face=face) if number in FACED_GROUPS else group(base, full=full)
+        options: dict[str, Any] = {"small": True} if small and number in SMALL_GROUPS else {}
+        return group(base, full=full, face=face, **options) if number in FACED_GROUPS else group(base, full=full, **options)
     finally:
         logger.setLevel(level)
         if own:
