@@ -18,7 +18,7 @@ import time
 from typing import Any, Callable, Iterable, Sequence
 
 from . import clock_faults, damaged_files, io_errors, kill_points, power_loss, racing_runners, random_kills, retry_limits, stale_epochs
-from .children import child_main, race_main
+from .children import child_main, fork_server_main, race_main
 from .results import HEADER, GroupResult, merge
 from .task import FACES
 
@@ -93,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return child_main(argv[1:])
     if argv and argv[0] == "race":
         return race_main(argv[1:])
+    if argv == ["fork-server"]:
+        return fork_server_main()
     parser = argparse.ArgumentParser(prog="python -m longrun.testing.faults", description=DESCRIPTION)
     parser.add_argument("--report", action="store_true", help="run the groups and print one line per group")
     parser.add_argument("--quick", action="store_true", help="the smaller counts the unit tests use")
