@@ -6,8 +6,8 @@ random moments (a random crash point's N-th pass, or a signal from outside after
 and run again, over and over, on every store. Afterwards every effect is at the target exactly
 once, none is lost, and the function's results name the lines the effects wrote. The number of
 kills per store is ``LONGRUN_ASYNC_KILLS`` (default 8, 20 under ``LONGRUN_TEST_SCALE=full``, to
-keep the file short on a small machine; the figure the guarantee was checked with is 50), and ``LONGRUN_ASYNC_SEED`` varies the
-random choices.
+keep the file short on a small machine; the figure the guarantee was checked with is 50), and
+``LONGRUN_ASYNC_SEED`` varies the random choices.
 
 ``GroupCommitFaultTests``: a group commit is one journal record with one ``fdatasync``. Under the
 power-loss model (``longrun.testing.faults.power_loss_model``) every crash state of a recorded async run loads
@@ -60,10 +60,9 @@ POINTS = (
 )
 
 
-
 class AsyncKillCase(support.TempDirTest):
     kind = "json"
-    in_memory = True
+    in_memory = True  # a SIGKILL keeps the page cache: no flush to wait for (power loss is modelled below)
 
     def setUp(self) -> None:
         super().setUp()

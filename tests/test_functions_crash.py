@@ -53,13 +53,9 @@ POINTS_AFTER_APPROVAL = tuple(point for point in POINTS if not point.startswith(
 RANDOM_POINTS = (*POINTS, "lease.acquired")
 
 
-# A SIGKILL leaves the page cache intact, so these tests need no disk flush to be honest (power
-# loss is tested elsewhere): on a memory file system, hundreds of runs cost no fsync waits.
-
-
 class DurableCrashCase(support.TempDirTest):
     kind = "json"
-    in_memory = True
+    in_memory = True  # a SIGKILL keeps the page cache: no flush to wait for (power loss is tested elsewhere)
 
     def setUp(self) -> None:
         super().setUp()
