@@ -11,15 +11,19 @@ face also: no call ran again once its value was committed, the function's result
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import unittest
 
 from helpers import support
 from helpers.fault_case import FaultGroupCase, small_scale
 from longrun import JsonFileStore
 from longrun.functions import FUNCTION_STEP
-from longrun.testing import faults
+from longrun.testing import faults, read_outbox
+from longrun.testing.faults import children
+from longrun.testing.faults.points import read_trace
 
 
 def mid_run_kills(result: faults.GroupResult) -> int:
@@ -100,6 +104,22 @@ class SeamTests(support.TempDirTest):
         over = faults.GroupResult(1, "")
         faults.check_calls(over, counts, None, 2, "here", settled={}, interruptions=1)
         self.assertEqual(over.duplicates, 1, over.failures)
+
+    def test_a_child_forked_from_the_server_is_armed_killed_and_resumed_like_a_started_one(self) -> None:
+        """Groups 1 and 9 fork their children from a server (``fork_servers``): a forked child must
+        crash where a started one does, trace the same points, and be resumed the same way."""
+        seen = {}
+        for forked in (False, True):
+            with children.fork_servers(1) if forked else contextlib.nullcontext():
+                work = children.Workdir(self.tmp, f"forked-{forked}")
+                killed, _, _ = children.spawn(work, "--steps", "2", crash_at="effect.applied:1")
+                code, outcome, err = children.spawn(work, "--steps", "2")
+            assert outcome is not None, err
+            trace = [name for name, _, _ in read_trace(work.trace(0))]
+            seen[forked] = (killed, trace[-1], code, outcome["status"], faults.call_counts(work.calls), read_outbox(work.outbox))
+        self.assertEqual(seen[True][:4], (-signal.SIGKILL, "effect.applied", 0, "done"))
+        self.assertEqual(len(seen[True][5]), 2, "each of the two effects applied once")
+        self.assertEqual(seen[True], seen[False])
 
     def test_a_durable_child_records_the_function_by_its_module_name_and_its_result(self) -> None:
         root, outbox = self.path("store"), self.path("outbox.jsonl")
