@@ -3,7 +3,7 @@ SIGKILLed from outside at random moments, and are killed during every attempt of
 each under both faces, a declared plan (``Runner``) and the same task as a durable function.
 
 Each test runs one group of ``longrun.testing.faults`` (groups 1 and 2 below the quick counts by
-default, every point still; ``LONGRUN_TEST_SCALE=full`` runs the quick counts, ``LONGRUN_FAULTS_FULL=1``
+default, every point still, see ``fault_case.small_scale``; ``LONGRUN_TEST_SCALE=full`` runs the quick counts, ``LONGRUN_FAULTS_FULL=1``
 the full ones) and asserts its figures: faults were injected, and no effect was applied twice,
 no verified effect was lost, no state was silently reset, nothing else broke (under the durable
 face also: no call ran again once its value was committed, the function's result was recorded).

@@ -2,7 +2,8 @@
 trace, with a mutation check that removes each flush of the write protocol in turn), truncation
 and bit flips at every byte, and I/O errors at every I/O call.
 
-``LONGRUN_FAULTS_FULL=1`` runs the full counts (every byte, every mode)."""
+Group 4 damages every 11th byte by default (``fault_case.small_scale``), every 5th under
+``LONGRUN_TEST_SCALE=full``; ``LONGRUN_FAULTS_FULL=1`` runs the full counts (every byte, every mode)."""
 
 from __future__ import annotations
 

@@ -40,15 +40,15 @@ GROUPS: dict[int, Callable[..., GroupResult]] = {
 """Each group's ``run(base, *, full[, face][, small])`` by its number."""
 FACED_GROUPS = frozenset((1, 2, 6, 7, 8, 9))
 """The groups that drive the engine, run once per face; the others test the store alone."""
-SMALL_GROUPS = frozenset((1, 2))
+SMALL_GROUPS = frozenset((1, 2, 4, 6))
 """The groups with a scale below the quick counts (``small``), for the unit tests' default scale."""
 
 
 def run_group(number: int, *, full: bool, base: str | None = None, face: str = "runner", small: bool = False) -> GroupResult:
     """Run one group in a scratch directory (removed afterwards unless ``base`` is given); the
     groups in ``FACED_GROUPS`` run under ``face``, the others under neither. ``small`` runs the
-    groups in ``SMALL_GROUPS`` below the quick counts (still every point, fewer seeds); the others
-    run their quick counts. It does not combine with ``full``."""
+    groups in ``SMALL_GROUPS`` below the quick counts (every point and file still, fewer seeds and
+    offsets); the others run their quick counts. It does not combine with ``full``."""
     if full and small:
         raise ValueError("full and small are two scales: ask for one")
     if face not in FACES:
