@@ -52,17 +52,23 @@ def qualified_name(fn: Callable[..., Any]) -> str:
     qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or type(target).__name__
     return f"{module}:{qualname}"
 
-def lineage(state: RunState | None) -> tuple[str, ...]:
-    """The task's ancestors as its function record names them, nearest first; () for a root task."""
+def _family(state: RunState | None, field: str) -> tuple[str, ...]:
+    """The task ids the function record names under ``field``; a record written before the field
+    was names the parent alone; () for a root task."""
     record = state.effects.get(FUNCTION_STEP) if state is not None else None
     payload = record.payload if record is not None else None
     if not isinstance(payload, dict):
         return ()
-    ancestors = payload.get("ancestors")
-    if isinstance(ancestors, list) and all(isinstance(task, str) for task in ancestors):
-        return tuple(str(task) for task in ancestors)
-    parent = payload.get("parent")  # recorded before the lineage was: the parent alone
+    named = payload.get(field)
+    if isinstance(named, list) and all(isinstance(task, str) for task in named):
+        return tuple(str(task) for task in named)
+    parent = payload.get("parent")
     return (parent,) if isinstance(parent, str) else ()
+
+
+def lineage(state: RunState | None) -> tuple[str, ...]:
+    """The task's ancestors as its function record names them, nearest first; () for a root task."""
+    return _family(state, "ancestors")
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,14 +100,9 @@ def cancelled_with(state: RunState | None) -> tuple[str, ...]:
     """The tasks whose cancellation cancels this one, as its function record names them: its
     parent and those whose cancellation reaches the parent; () for a root or a detached child."""
     record = state.effects.get(FUNCTION_STEP) if state is not None else None
-    payload = record.payload if record is not None else None
-    if not isinstance(payload, dict) or payload.get("detached") is True:
+    if record is not None and isinstance(record.payload, dict) and record.payload.get("detached") is True:
         return ()
-    named = payload.get("cancelled_with")
-    if isinstance(named, list) and all(isinstance(task, str) for task in named):
-        return tuple(str(task) for task in named)
-    parent = payload.get("parent")  # recorded before the list was: the parent alone
-    return (parent,) if isinstance(parent, str) else ()
+    return _family(state, "cancelled_with")
 
 
 def check_no_cycle(task_id: str, child: str, ancestors: tuple[str, ...]) -> None:
