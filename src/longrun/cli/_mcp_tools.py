@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import threading
 import time
 from dataclasses import dataclass
