@@ -5,9 +5,9 @@
 random moments (a random crash point's N-th pass, or a signal from outside after a random delay)
 and run again, over and over, on every store. Afterwards every effect is at the target exactly
 once, none is lost, and the function's results name the lines the effects wrote. The number of
-kills per store is ``LONGRUN_ASYNC_KILLS`` (default 20, to keep the file short on a small CI
-machine; the figure the guarantee was checked with is 50), and ``LONGRUN_ASYNC_SEED`` varies the
-random choices.
+kills per store is ``LONGRUN_ASYNC_KILLS`` (default 8, 20 under ``LONGRUN_TEST_SCALE=full``, to
+keep the file short on a small machine; the figure the guarantee was checked with is 50), and
+``LONGRUN_ASYNC_SEED`` varies the random choices.
 
 ``GroupCommitFaultTests``: a group commit is one journal record with one ``fdatasync``. Under the
 power-loss model (``longrun.testing.faults.power_loss_model``) every crash state of a recorded async run loads
@@ -25,12 +25,11 @@ import os
 import random
 import shutil
 import sys
-import tempfile
 import unittest
 from collections import Counter
 from typing import Any
 
-from helpers import forked, pg_support, support
+from helpers import forked, pg_support, scale, support
 import longrun
 from longrun import EffectRequest, EffectState, JsonFileStore, Observation, Receipt, RetryPolicy, Status, Store, StorageError
 from longrun.envelope import RunState
@@ -46,7 +45,7 @@ from longrun.testing.faults import FaultyIO
 CHILD = os.path.join(support.HELPERS, "async_child.py")
 KILLED = forked.KILLED
 EFFECTS = 64
-KILLS = int(os.environ.get("LONGRUN_ASYNC_KILLS", "20"))
+KILLS = int(os.environ.get("LONGRUN_ASYNC_KILLS", scale.scaled(8, 20)))
 SEED = os.environ.get("LONGRUN_ASYNC_SEED", "")
 
 # The points a run with effects in parallel passes through many times.
@@ -60,18 +59,13 @@ POINTS = (
     ("lease.acquired", 1),
 )
 
-# A SIGKILL leaves the page cache intact, so the kill tests need no disk flush to be honest (power
-# loss is modelled below): on a memory file system, hundreds of runs cost no fsync waits.
-MEMORY_TMP = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-
 
 class AsyncKillCase(support.TempDirTest):
     kind = "json"
+    in_memory = True  # a SIGKILL keeps the page cache: no flush to wait for (power loss is modelled below)
 
     def setUp(self) -> None:
         super().setUp()
-        self.tmp = tempfile.mkdtemp(prefix="longrun-async-crash-", dir=MEMORY_TMP)
-        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
         self.outbox = self.path("outbox.jsonl")
         self.spec = self.make_spec()
         self.runs: Counter[str] = Counter()
@@ -269,10 +263,7 @@ def fan_out_function(store: Store, target: WorldTarget, *, later: float = 0.0) -
 
 
 class GroupCommitFaultTests(support.TempDirTest):
-    def setUp(self) -> None:
-        super().setUp()
-        self.tmp = tempfile.mkdtemp(prefix="longrun-group-faults-", dir=MEMORY_TMP)
-        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
+    in_memory = True
 
     def test_power_loss_during_group_commits_leaves_each_batch_whole_or_absent(self) -> None:
         """Every crash state of every prefix of a recorded run of 16 effects in parallel (with

@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import os
+import time
 import unittest
 from dataclasses import replace
 
@@ -53,6 +54,27 @@ class HelpTest(unittest.TestCase):
         self.assertIn("required", err.getvalue())
         with contextlib.redirect_stdout(io.StringIO()):
             self.assertEqual(main(["--help"]), 0)
+
+
+class NotAStoreTest(CliCase):
+    def test_every_command_refuses_a_directory_that_is_not_a_store_naming_it(self) -> None:
+        checkout = os.path.join(self.tmp, "checkout")
+        for name in ("docs", "src", "tests"):
+            os.makedirs(os.path.join(checkout, name))
+        for command in (("ls", checkout), ("status", checkout, "src"), ("verify", checkout, "src"), ("history", checkout, "src")):
+            with self.subTest(command=command[0]):
+                result = cli(*command)
+                self.assert_fails(result, 2, f"{checkout} is not a longrun store")
+                self.assertNotIn("docs  ", result.stdout)
+        self.assertEqual(sorted(os.listdir(checkout)), ["docs", "src", "tests"], "nothing was written")
+
+    def test_init_create_store_writes_the_store_marker(self) -> None:
+        from longrun.cli._session import create_store
+
+        where = os.path.join(self.tmp, "new", "store")
+        create_store(where)
+        self.assertEqual(os.listdir(where), [".longrun-store"])
+        self.assertEqual(cli("ls", where).returncode, 0)
 
 
 class StatusTest(CliCase):
@@ -207,6 +229,28 @@ class ApprovalTest(CliCase):
         self.assertEqual(chosen.returncode, 0, chosen.stderr)
         self.assertIn("approved step announce", chosen.stdout)
 
+    def test_an_approval_lasts_until_its_request_expires_unless_ttl_says_otherwise(self) -> None:
+        # The tasks ran on a fake clock years ago, so their requests have expired: the approval gets an hour.
+        self.awaiting_task("expired")
+        expired = json.loads(cli("approve", self.store_dir, "expired", "--yes", "--json").stdout)
+        self.assertAlmostEqual(expired["approval"]["expires_at"] - expired["approval"]["granted_at"], 3600.0)
+        # A second approval of one request is refused while the first waits, so each case has its own task.
+        requests = {}
+        for task_id in ("lasting", "shorter"):
+            self.awaiting_task(task_id)
+            store = JsonFileStore(self.store_dir)
+            lease = store.acquire_lease(task_id, "test-editor", 30, self.clock.now())
+            state = store.load(task_id, lease=lease).state
+            requests[task_id] = replace(state.approval_requests["publish"], expires_at=time.time() + 5 * 86400)
+            state.approval_requests["publish"] = requests[task_id]
+            store.commit(lease, state)
+            store.release_lease(lease, self.clock.now())
+        approved = json.loads(cli("approve", self.store_dir, "lasting", "--yes", "--json").stdout)
+        self.assertEqual(approved["approval"]["expires_at"], requests["lasting"].expires_at)
+        shorter = json.loads(cli("approve", self.store_dir, "shorter", "--yes", "--json", "--ttl", "60").stdout)
+        self.assertLess(shorter["approval"]["expires_at"], requests["shorter"].expires_at)
+        self.assertAlmostEqual(shorter["approval"]["expires_at"] - shorter["approval"]["granted_at"], 60.0)
+
     def test_approve_rejects_bad_ttl(self) -> None:
         self.awaiting_task()
         self.assert_fails(cli("approve", self.store_dir, "gated", "--yes", "--ttl", "0"), 2, "positive")
@@ -318,7 +362,7 @@ class WrongArgumentsTest(CliCase):
             for command in ("status", "approve", "cancel"):
                 with self.subTest(task_id=task_id, command=command):
                     self.assert_fails(cli(command, self.store_dir, task_id), 2, "not a safe name")
-        self.assertEqual(sorted(os.listdir(self.store_dir)), ["finished"])
+        self.assertEqual(sorted(os.listdir(self.store_dir)), [".longrun-store", "finished"])
 
 
 class SignedApprovalCliTest(CliCase):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -140,6 +141,102 @@ class StartAndResumeTests(unittest.TestCase):
         self.assertEqual(resumed.returncode, 0, resumed.stderr)
         self.assertEqual(json.loads(resumed.stdout)["result"], {"sent": 1})
 
+    def test_a_task_started_by_running_the_script_by_path_records_its_module_name_so_resume_finds_it(self) -> None:
+        env = {**os.environ, "PYTHONPATH": SRC, "TASKS_DIR": self.tasks}
+        started = subprocess.run(
+            [sys.executable, os.path.join(self.code, "agents.py"), "s1"], capture_output=True, text=True, env=env,
+            timeout=60, check=False, cwd=self.dir.name,
+        )  # fmt: skip
+        self.assertEqual(started.stdout.strip(), "done", started.stderr)
+        record = JsonFileStore(self.tasks).load("s1").state
+        assert record is not None
+        self.assertEqual(record.effects["longrun.function"].payload["function"], "agents:greet", "not __main__:greet")
+        resumed = self.cli("resume", self.tasks, "s1", "--path", self.code, "--json")
+        self.assertEqual(resumed.returncode, 0, resumed.stderr)
+        self.assertEqual(json.loads(resumed.stdout)["result"], {"sent": 1})
+
+    def test_a_task_an_earlier_version_recorded_under_main_goes_on_when_its_script_runs_again(self) -> None:
+        script = textwrap.dedent(
+            """
+            import os, sys, longrun
+            from longrun.testing import OutboxAdapter
+            ROOT = os.environ["TASKS_DIR"]
+            store = longrun.JsonFileStore(ROOT, create=True)
+
+            @longrun.durable(store=store, adapters={"mail.send": OutboxAdapter(os.path.join(ROOT, "outbox.jsonl"))})
+            def greet(run, names):
+                for name in names:
+                    run.effect(f"mail/{name}", "mail.send", {"to": name}, approval=name == "bob")
+                return len(names)
+
+            if sys.argv[2] == "old":
+                greet.name = "__main__:greet"  # as an earlier version recorded a script's function
+            print(greet.run(sys.argv[1], ["ann", "bob"]).status.value)
+            """
+        )
+        with open(os.path.join(self.code, "legacy.py"), "w") as handle:
+            handle.write(script)
+        env = {**os.environ, "PYTHONPATH": SRC, "TASKS_DIR": self.tasks}
+
+        def run(version: str) -> str:
+            result = subprocess.run(
+                [sys.executable, os.path.join(self.code, "legacy.py"), "l1", version], capture_output=True, text=True,
+                env=env, timeout=60, check=False,
+            )  # fmt: skip
+            return result.stdout.strip() + result.stderr
+
+        self.assertEqual(run("old"), "awaiting-approval")
+        self.assertEqual(self.cli("approve", self.tasks, "l1", "--yes").returncode, 0)
+        self.assertEqual(run("new"), "done")
+        self.assertEqual(sorted(item["key"] for item in read_outbox(os.path.join(self.tasks, "outbox.jsonl"))), ["l1/mail/ann", "l1/mail/bob"])
+
+    def test_a_durable_function_no_other_process_can_import_is_refused_at_decoration_naming_the_fix(self) -> None:
+        code = "import longrun\n@longrun.durable(store=longrun.JsonFileStore('tasks', create=True))\ndef agent(run):\n    pass\n"
+        result = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": SRC},
+            timeout=60, check=False, cwd=self.dir.name,
+        )  # fmt: skip
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("InvalidInputError: @durable function 'agent' is defined in __main__", result.stderr)
+        self.assertIn("define it in a module file", result.stderr)
+
+    def test_a_plan_mismatch_names_the_argument_that_differs_and_its_next_action_works_when_followed(self) -> None:
+        self.assertEqual(self.cli("start", "agents:greet", "g1", "--args", '[["ann"]]', "--path", self.code).returncode, 0)
+        other = self.cli("start", "agents:greet", "g1", "--args", '[["zed"]]', "--kwargs", '{"greeting": "yo"}',
+                         "--path", self.code, "--json", "--run")  # fmt: skip
+        outcome = json.loads(other.stdout)
+        self.assertEqual(outcome["status"], "plan-mismatch")
+        self.assertIn("argument 'names': recorded ['ann'], this run ['zed']", outcome["next_action"])
+        self.assertIn("argument 'greeting': recorded not given, this run 'yo'", outcome["next_action"])
+        self.assertNotIn("the function:", outcome["next_action"])
+        self.assertNotIn("run contract", outcome["next_action"])
+        command = shlex.split(outcome["next_action"].split("`")[1])
+        self.assertEqual(command, ["longrun", "resume", os.path.abspath(self.tasks), "g1"])
+        followed = subprocess.run(
+            [sys.executable, "-m", *command, "--json"], capture_output=True, text=True, cwd=self.code,
+            env={**os.environ, "PYTHONPATH": SRC, "TASKS_DIR": self.tasks}, timeout=60, check=False,
+        )  # fmt: skip
+        self.assertEqual(followed.returncode, 0, followed.stderr)
+        self.assertEqual(json.loads(followed.stdout)["result"], {"sent": 1})
+        self.assertEqual([item["payload"]["to"] for item in read_outbox(os.path.join(self.tasks, "outbox.jsonl"))], ["ann"])
+
+    def test_status_leaves_the_tasks_own_record_out_of_its_effects_table_and_a_question_waits_for_an_answer(self) -> None:
+        asked = self.cli("start", "agents:pick", "p1", "--path", self.code, "--json", "--run")
+        outcome = json.loads(asked.stdout)
+        self.assertEqual(outcome["status"], "awaiting-input")
+        unknowns = [item["detail"] for item in outcome["unknowns"]]
+        self.assertIn("no answer yet to the question of step 'colour'", unknowns)
+        self.assertFalse([detail for detail in unknowns if "approval" in detail], unknowns)
+        self.assertIn(f"longrun answer {os.path.abspath(self.tasks)} p1 colour VALUE", outcome["next_action"])
+        [pending] = outcome["pending"]
+        self.assertEqual((pending["kind"], pending["question"], pending["choices"]), ("question", "which colour?", ["red", "blue"]))
+        status = self.cli("status", self.tasks, "p1")
+        self.assertEqual(status.returncode, 0, status.stderr)
+        self.assertIn("effects      1 in the order first recorded (1 question) (not shown: the task's own function record", status.stdout)
+        self.assertNotIn("longrun.function", status.stdout)
+        effects = json.loads(self.cli("status", self.tasks, "p1", "--json").stdout)["effects"]
+        self.assertEqual({entry["step_id"]: entry["kind"] for entry in effects}, {"longrun.function": "function", "colour": "question"})
+
     def test_bad_inputs_are_usage_errors_that_create_nothing(self) -> None:
         cases = [
             ("start", "agents:greet", "g1", "--args", "{", "--path", self.code),
@@ -155,6 +252,29 @@ class StartAndResumeTests(unittest.TestCase):
                 self.assertIn("error", result.stderr)
                 self.assertNotIn("Traceback", result.stderr)
         self.assertEqual(sorted(os.listdir(self.tasks)), [])
+
+    def test_start_refuses_arguments_the_function_cannot_take_naming_the_mismatch_and_records_nothing(self) -> None:
+        cases = {
+            '[["ann"], "yo", 3]': "too many positional arguments",
+            "[]": "missing a required argument: 'names'",
+        }
+        for args_json, mismatch in cases.items():
+            for run in ((), ("--run",)):
+                with self.subTest(args=args_json, run=run):
+                    result = self.cli("start", "agents:greet", "g1", "--args", args_json, "--path", self.code, *run)
+                    self.assertEqual(result.returncode, 2, result.stdout + result.stderr)
+                    self.assertIn("agents:greet(run, names, greeting='hi') cannot take these arguments", result.stderr)
+                    self.assertIn(mismatch, result.stderr)
+        unknown = self.cli("start", "agents:greet", "g1", "--args", '[["ann"]]', "--kwargs", '{"tone": "dry"}', "--path", self.code)
+        self.assertEqual(unknown.returncode, 2)
+        self.assertIn("unexpected keyword argument 'tone'", unknown.stderr)
+        self.assertEqual(JsonFileStore(self.tasks).list_tasks(), [], "nothing was recorded")
+
+    def test_an_error_message_says_a_thing_once(self) -> None:
+        result = self.cli("start", "agents:greet", "g1", "--args", "[1,2", "--path", self.code)
+        self.assertEqual(result.returncode, 2)
+        self.assertEqual(result.stderr.count("not valid JSON"), 1, result.stderr)
+        self.assertEqual(result.stderr.count("--args"), 1, result.stderr)
 
 
 if __name__ == "__main__":

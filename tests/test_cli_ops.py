@@ -3,6 +3,7 @@ command, and --store specs, driven through subprocesses, including every wrong-a
 
 import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -487,13 +488,16 @@ class RepairTest(OpsCase):
         damaged = self.damage_lease("gated")
         stuck = self.json_of(resume("gated", "--json"), 1)
         self.assertEqual(stuck["status"], "state-unrecoverable")
-        self.assertIn("longrun repair <store> gated --lease", stuck["next_action"])
+        store = os.path.abspath(self.store_dir)
+        self.assertIn(f"longrun repair {store} gated --lease", stuck["next_action"], "it names the store")
         verified = cli("verify", self.store_dir, "gated")
         self.assert_exit(verified, 3)
-        self.assertIn("longrun repair <store> gated --lease", verified.stdout)
+        self.assertIn(f"longrun repair {store} gated --lease", verified.stdout)
         recorded = JsonFileStore(self.store_dir).load("gated").state
         highest = max([recorded.lease_epoch] + [effect.epoch for effect in recorded.effects.values()])
-        result = cli("repair", self.store_dir, "gated", "--lease")
+        command = shlex.split(stuck["next_action"].split("`")[1])  # the next action, followed as written
+        self.assertEqual(command[:2], ["longrun", "repair"])
+        result = cli(*command[1:])
         self.assert_exit(result, 0)
         quarantined = self.quarantined_leases("gated")
         self.assertEqual(len(quarantined), 1)
@@ -672,7 +676,7 @@ class WrongArgumentsTest(OpsCase):
                 for task_id in ("../etc", "/etc", ".hidden", "a/b", ""):
                     self.assert_fails(cli(command, self.store_dir, task_id), 2, "not a safe name")
         self.assertFalse(os.path.exists(missing))
-        self.assertEqual(sorted(os.listdir(self.store_dir)), ["finished"])
+        self.assertEqual(sorted(os.listdir(self.store_dir)), [".longrun-store", "finished"], "the marker and the one task")
 
     def test_bad_store_specs_exit_2(self) -> None:
         with open(self.path("tasks.db"), "w") as handle:

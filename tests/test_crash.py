@@ -12,13 +12,15 @@ import sys
 import time
 import unittest
 
-from helpers import support
+from helpers import scale, support
 from longrun import JsonFileStore, SqliteStore, Status
 from longrun.testing import copy_keeping_links, read_outbox
 from longrun.testing.faults import BLOB_POINTS
 
 
 class ChildRunnerCase(support.TempDirTest):
+    in_memory = True
+
     task = "crash-task"
     sqlite = False
     """Whether the children run on a SQLite store (ROOT is then its database file)."""
@@ -257,7 +259,7 @@ class LargeValueKillTests(ChildRunnerCase):
     the target exactly once, and the state loads with every payload and result as written."""
 
     steps = 6
-    kills = int(os.environ.get("LONGRUN_BLOB_KILLS", "12"))
+    kills = int(os.environ.get("LONGRUN_BLOB_KILLS", scale.scaled(4, 12)))
     points: tuple[str, ...] = (
         *BLOB_POINTS, "journal.half-written", "journal.synced", "effect.intent-persisted", "effect.applied",
         "state.committed", "snapshot.temp-written", "snapshot.replaced", "new-journal.dir-fsynced",
@@ -341,7 +343,7 @@ class LargeValueKillTests(ChildRunnerCase):
 
 class SqliteLargeValueKillTests(LargeValueKillTests):
     sqlite = True
-    kills = int(os.environ.get("LONGRUN_BLOB_KILLS", "6"))
+    kills = int(os.environ.get("LONGRUN_BLOB_KILLS", scale.scaled(3, 6)))
 
 
 class DamagedStateTests(ChildRunnerCase):

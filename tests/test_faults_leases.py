@@ -1,6 +1,7 @@
 """Fault groups 6, 7 and 8: racing runner processes killed and frozen past their lease, every
 mutating operation under a stale epoch, and wall-clock faults on the lease holder and on the
 contender; the parts that drive a task, also with the task as a durable function.
+Group 6 races one seed by default (``fault_case.small_scale``), three under ``LONGRUN_TEST_SCALE=full``;
 ``LONGRUN_FAULTS_FULL=1`` runs the full counts."""
 
 from __future__ import annotations

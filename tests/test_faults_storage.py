@@ -3,7 +3,8 @@ with a mutation check that removes each flush of the write protocol in turn), tr
 flips at every byte, I/O errors at every I/O call, and a finished task's blobs and records damaged
 (its recorded calls and answers must never change).
 
-``LONGRUN_FAULTS_FULL=1`` runs the full counts (every byte, every mode)."""
+Group 4 damages every 11th byte by default (``fault_case.small_scale``), every 5th under
+``LONGRUN_TEST_SCALE=full``; ``LONGRUN_FAULTS_FULL=1`` runs the full counts (every byte, every mode)."""
 
 from __future__ import annotations
 

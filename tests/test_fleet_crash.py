@@ -5,8 +5,8 @@ several effects each, while workers are killed (and replaced) and frozen at rand
 every task is ``done``, every effect was applied once at the target, no task was leased to two
 runners at once in the database's order, and every worker still running drains on SIGTERM and
 exits 0. SQLite: the same with 4 workers on one file, at a smaller size; the JSON-file store
-likewise (no lease log there: no trigger sees its files). Sizes are scaled for CI;
-``LONGRUN_FLEET_FULL=1`` runs the full size (1,000 tasks of 10 effects, 20 kills, 10 stops).
+likewise (no lease log there: no trigger sees its files). Sizes are small by default, larger under
+``LONGRUN_TEST_SCALE=full`` (CI); ``LONGRUN_FLEET_FULL=1`` runs the full size (1,000 tasks of 10 effects, 20 kills, 10 stops).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import random
 import time
 import unittest
 
-from helpers import pg_support, support
+from helpers import pg_support, scale, support
 from helpers.fleet_support import Database, Fleet, helper, overlapping_leases, tasks_module
 
 FULL = os.environ.get("LONGRUN_FLEET_FULL", "") not in ("", "0")
@@ -84,10 +84,10 @@ class FleetCrashCases:
 
 
 class PostgresFleetCrashTests(FleetCrashCases, pg_support.SchemaPerTest, support.TempDirTest):
-    tasks = 1000 if FULL else 60
+    tasks = 1000 if FULL else scale.scaled(24, 60)
     effects = 10 if FULL else 5
-    kills = 20 if FULL else 6
-    stops = 10 if FULL else 3
+    kills = 20 if FULL else scale.scaled(3, 6)
+    stops = 10 if FULL else scale.scaled(2, 3)
 
     def fleet_store(self) -> tuple[str, Database]:
         return schema_url(self.schema), Database("", self.schema)
@@ -97,10 +97,10 @@ class PostgresFleetCrashTests(FleetCrashCases, pg_support.SchemaPerTest, support
 
 
 class SqliteFleetCrashTests(FleetCrashCases, support.TempDirTest):
-    tasks = 200 if FULL else 30
+    tasks = 200 if FULL else scale.scaled(12, 30)
     effects = 5 if FULL else 4
-    kills = 10 if FULL else 4
-    stops = 4 if FULL else 2
+    kills = 10 if FULL else scale.scaled(2, 4)
+    stops = 4 if FULL else scale.scaled(1, 2)
     check_overlap = False
     """One machine: a contender that finds the holder's lock free knows it died and takes over at
     once, before the expiry; the lease log cannot tell that from an overlap (epochs are still checked)."""
@@ -111,9 +111,9 @@ class SqliteFleetCrashTests(FleetCrashCases, support.TempDirTest):
 
 
 class JsonFleetCrashTests(FleetCrashCases, support.TempDirTest):
-    tasks = 100 if FULL else 24
+    tasks = 100 if FULL else scale.scaled(10, 24)
     effects = 5 if FULL else 4
-    kills = 6 if FULL else 3
+    kills = 6 if FULL else scale.scaled(2, 3)
     stops = 2 if FULL else 1
     check_overlap = False
 

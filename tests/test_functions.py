@@ -23,6 +23,7 @@ from longrun import (
     InvalidInputError,
     JsonFileStore,
     Limits,
+    PendingRequest,
     PermanentError,
     PostgresStore,
     RetryPolicy,
@@ -33,7 +34,7 @@ from longrun import (
 )
 from longrun.authority import FileControlSource
 from longrun.canonical import digest_of
-from longrun.functions import FUNCTION_STEP
+from longrun.functions import FUNCTION_STEP, qualified_name
 from longrun.ledger import EffectState
 from longrun.testing import FakeClock, OutboxAdapter
 
@@ -185,6 +186,27 @@ class StoreCases(DurableCase):
         self.assertEqual(self.model.calls["something else"], 0)
         self.assertEqual(sum(self.outbox.calls.values()), 3, "only the first run's three tools")
         self.assertEqual(self.state("agent-1").revision, before.revision, "nothing written")
+
+    def test_a_plan_mismatch_names_the_function_or_the_contract_that_differs(self) -> None:
+        def body(run: longrun.Run, goal: str) -> str:
+            return goal
+
+        first = self.durable()(body)
+        self.assertEqual(first.run("agent-1", "tidy").status, Status.DONE)
+        other_contract = self.durable(allowed_actions=("mail.send",))(body)
+        outcome = other_contract.run("agent-1", "tidy")
+        self.assertEqual(outcome.status, Status.PLAN_MISMATCH)
+        self.assertIn("the run contract (goal, allowed or forbidden actions) is not the one it was started with", outcome.next_action)
+        self.assertNotIn("argument", outcome.next_action.split("what differs")[1])
+
+        def renamed(run: longrun.Run, goal: str) -> str:
+            return goal
+
+        outcome = self.durable()(renamed).run("agent-1", "sweep")
+        self.assertEqual(outcome.status, Status.PLAN_MISMATCH)
+        self.assertIn(f"the function: recorded {first.name}, this run {qualified_name(renamed)}", outcome.next_action)
+        self.assertIn("argument 'goal': recorded 'tidy', this run 'sweep'", outcome.next_action)
+        self.assertIn(f"restore the code that started it ({first.name}", outcome.next_action)
 
     def test_a_changed_payload_stops_plan_mismatch_naming_the_step_and_both_digests(self) -> None:
         version = {"n": 1}
@@ -480,6 +502,41 @@ class StoreCases(DurableCase):
         self.assertEqual(state.effects["pay"].approval_id, approval.approval_id)
         self.assertIn(approval.approval_id, state.consumed_approvals)
 
+    def test_the_outcome_lists_the_approvals_and_questions_the_run_waits_for(self) -> None:
+        @self.durable()
+        def agent(run: longrun.Run, amount: int) -> Any:
+            run.effect("pay", "mail.send", {"amount": amount}, approval=True)
+            return run.ask("size", "which size?", choices=["s", "m"])
+
+        outcome = agent.run("agent-1", 100)
+        self.assertEqual(outcome.status, Status.AWAITING_APPROVAL)
+        [pending] = outcome.pending
+        request = self.state("agent-1").approval_requests["pay"]
+        self.assertEqual(
+            pending,
+            PendingRequest(
+                kind="approval", step_id="pay", action="mail.send", payload={"amount": 100},
+                payload_digest=digest_of({"amount": 100}), plan_digest=request.plan_digest,
+                requested_at=request.requested_at, expires_at=request.requested_at + Limits().approval_ttl_s,
+            ),
+        )  # fmt: skip
+        self.assertEqual(outcome.to_json()["pending"], [pending.to_json()])
+        approval = Approval.for_request(request, approval_id="a1", approver="tester", granted_at=self.clock.now())
+        self.assertEqual(approval.expires_at, request.expires_at, "an approval lasts as long as its request by default")
+        self.store.write_approval(approval)
+        outcome = agent.run("agent-1", 100)
+        self.assertEqual(outcome.status, Status.AWAITING_INPUT)
+        [question] = outcome.pending
+        self.assertEqual((question.kind, question.step_id, question.question, question.choices), ("question", "size", "which size?", ("s", "m")))
+        self.assertEqual(question.payload, {"question": "which size?", "choices": ["s", "m"]})
+        self.assertEqual(question.payload_digest, digest_of(question.payload))
+        asked = self.state("agent-1").approval_requests["size"]
+        self.store.write_approval(
+            Approval.for_request(asked, approval_id="a2", approver="tester", granted_at=self.clock.now(), answer="m")
+        )
+        outcome = agent.run("agent-1", 100)
+        self.assertEqual((outcome.status, outcome.result, outcome.pending), (Status.DONE, "m", ()))
+
     def test_child_tasks_done_waiting_and_ended(self) -> None:
         @self.durable()
         def child(run: longrun.Run, n: int) -> int:
@@ -721,6 +778,26 @@ del StoreCases  # only its subclasses run
 
 class StepRuleTests(DurableCase):
     """What the function may ask for; these do not depend on the store."""
+
+    def test_arguments_the_function_cannot_take_are_refused_by_run_start_and_enqueue_recording_nothing(self) -> None:
+        calls = Counter[str]()
+
+        @self.durable()
+        def agent(run: longrun.Run, goal: str, *, depth: int = 1) -> None:
+            calls["agent"] += 1
+
+        attempts = {
+            "run": lambda: agent.run("a-1", "goal", "extra"),
+            "start": lambda: agent.start("a-1"),
+            "enqueue": lambda: agent.enqueue("a-1", ["goal"], {"width": 2}),
+            "plan_digest": lambda: agent.plan_digest("a-1", "goal", depth=1, width=2),
+        }
+        for what, attempt in attempts.items():
+            with self.subTest(what):
+                with self.assertRaisesRegex(InvalidInputError, r"agent\(run, goal, \*, depth=1\) cannot take these arguments"):
+                    attempt()
+        self.assertEqual(calls, Counter())
+        self.assertEqual(self.store.list_tasks(), [], "nothing was recorded")
 
     def test_a_step_id_used_twice_is_invalid_input(self) -> None:
         model = self.model

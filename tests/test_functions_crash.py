@@ -21,19 +21,19 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
-import tempfile
 import unittest
 from collections import Counter, defaultdict
 from typing import Any
 
-from helpers import forked, support
+from helpers import forked, scale, support
 from longrun import Approval, EffectState, JsonFileStore, SqliteStore, Store
 from longrun.testing import read_outbox
 
 CHILD = os.path.join(support.HELPERS, "durable_child.py")
+RANDOM_KILLS = scale.scaled(30, 100)
+"""The random kills per store: 100 under ``LONGRUN_TEST_SCALE=full``."""
 KILLED = forked.KILLED
 
 # The crash points passed through inside run.effect and run.call (and around them).
@@ -53,18 +53,12 @@ POINTS_AFTER_APPROVAL = tuple(point for point in POINTS if not point.startswith(
 RANDOM_POINTS = (*POINTS, "lease.acquired")
 
 
-# A SIGKILL leaves the page cache intact, so these tests need no disk flush to be honest (power
-# loss is tested elsewhere): on a memory file system, hundreds of runs cost no fsync waits.
-MEMORY_TMP = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-
-
 class DurableCrashCase(support.TempDirTest):
     kind = "json"
+    in_memory = True  # a SIGKILL keeps the page cache: no flush to wait for (power loss is tested elsewhere)
 
     def setUp(self) -> None:
         super().setUp()
-        self.tmp = tempfile.mkdtemp(prefix="longrun-crash-", dir=MEMORY_TMP)
-        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
         self.root = self.path("store")
         self.work = self.path("work")
         os.makedirs(os.path.join(self.work, "trace"))
@@ -210,12 +204,13 @@ class DurableCrashCase(support.TempDirTest):
         self.assertGreaterEqual(fired["state.committed@1"], 5, fired)
         self.assertGreaterEqual(fired["call.returned@1"], 2, fired)
 
-    def test_a_hundred_random_kills_still_apply_every_effect_once(self) -> None:
+    def test_random_kills_still_apply_every_effect_once(self) -> None:
         """Longer loops killed at random: a random point's N-th pass, or a SIGKILL from outside
-        after a random delay (anywhere: inside a store write, the model, the adapter)."""
+        after a random delay (anywhere: inside a store write, the model, the adapter); ``RANDOM_KILLS``
+        kills in all."""
         rng = random.Random(20261130)
         tasks = 0
-        while sum(self.kills.values()) < 100:
+        while sum(self.kills.values()) < RANDOM_KILLS:
             tasks += 1
             task = f"random-{tasks}"
             armed_runs = rng.randint(4, 16)  # then it runs unarmed until done
@@ -231,7 +226,7 @@ class DurableCrashCase(support.TempDirTest):
 
             outcome, _ = self.drive(task, seed=tasks, arm=arm, max_tools=12)
             self.check(task, outcome)
-        self.assertGreaterEqual(sum(self.kills.values()), 100)
+        self.assertGreaterEqual(sum(self.kills.values()), RANDOM_KILLS)
 
 
 class JsonFileStoreCrashTests(DurableCrashCase):

@@ -1,7 +1,8 @@
 """Every loader fed generated malformed documents: only typed errors, and read-only loads change nothing.
 
 Fixed seeds, so a failure names a case that fails again. The default run feeds ``DEFAULT_CASES``
-documents spread over the loaders (``SHARES``); ``LONGRUN_FUZZ_CASES=N`` feeds N instead (more for a
+documents spread over the loaders (``SHARES``): ``FULL_CASES`` (10,000) under ``LONGRUN_TEST_SCALE=full``,
+a quarter of that otherwise; ``LONGRUN_FUZZ_CASES=N`` feeds N instead (more for a
 long run, fewer for a quick one), and ``LONGRUN_FUZZ_SEED=K`` another fixed set. Documents are mutations of valid ones (``fuzzgen``): fields
 deleted, duplicated, renamed, added or retyped, edge-case values (NaN, 1e999, 5000-digit and 2**63
 integers, NUL, lone surrogates, huge strings, deep nesting), wrong schema versions, and byte-level
@@ -36,7 +37,7 @@ import sys
 import unittest
 from typing import Any, Callable
 
-from helpers import support
+from helpers import scale, support
 from helpers.fuzzgen import dumps, mutate_bytes, mutate_value
 
 from longrun import envelope
@@ -66,7 +67,8 @@ from longrun.testing.store_contract import sample_state
 TYPED = (CorruptStateError, SchemaVersionError, ForeignStateError, StateUnrecoverableError, InvalidInputError, StorageError)
 """What a loader may raise. ``CorruptStateError`` covers its three subclasses; they are named for the reader."""
 
-DEFAULT_CASES = 10_000
+FULL_CASES = 10_000
+DEFAULT_CASES = scale.scaled(FULL_CASES // 4, FULL_CASES)
 CASES = int(os.environ.get("LONGRUN_FUZZ_CASES", DEFAULT_CASES))
 SEED_OFFSET = 1000 * int(os.environ.get("LONGRUN_FUZZ_SEED", 0))
 """``LONGRUN_FUZZ_SEED=K`` runs another fixed set of documents (K = 0, the default, is CI's set)."""
@@ -108,6 +110,8 @@ def lenient_checksum(text: str, rng: random.Random) -> str:
 
 
 class FuzzCase(support.TempDirTest):
+    in_memory = True
+
     def setUp(self) -> None:
         super().setUp()
         logger = logging.getLogger("longrun")
@@ -720,8 +724,9 @@ class CliFuzzTests(FuzzCase):
 
 
 class CountTests(unittest.TestCase):
-    def test_the_default_run_feeds_at_least_10000_documents(self) -> None:
-        self.assertGreaterEqual(sum(round(DEFAULT_CASES * share) for share in SHARES.values()), 10_000)
+    def test_the_full_run_feeds_at_least_10000_documents(self) -> None:
+        self.assertGreaterEqual(sum(round(FULL_CASES * share) for share in SHARES.values()), 10_000)
+        self.assertEqual(DEFAULT_CASES, FULL_CASES if scale.FULL else FULL_CASES // 4)
         self.assertEqual(set(SHARES), {"envelope", "snapshot", "journal", "records", "jsonfile_store", "control_source",
                                        "sqlite_store", "cli_arguments", "key_files"})  # fmt: skip
 

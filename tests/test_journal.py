@@ -4,6 +4,9 @@ Every test here damages or interrupts the files and checks what a load then says
 was committed (whole, never a mix), or a recovery that observes every unverified step first, or a
 typed ``CorruptStateError``; never a silent reset to nothing and never a leaked ``JSONDecodeError``
 or ``KeyError``. Nothing here is timed: "linear" is checked by counting work.
+
+The cuts and bit flips go through every byte under ``LONGRUN_TEST_SCALE=full``; by default through
+every third byte and every byte next to a line's end, where a record's boundary lies (``offsets``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import unittest
 import unittest.mock
 from typing import Any, Callable
 
-from helpers import support
+from helpers import scale, support
 from longrun import CorruptStateError, JsonFileStore, RunState
 from longrun.approval import ApprovalRequest
 from longrun.budget import Backoff, BudgetCounters
@@ -91,7 +94,21 @@ RECOVERY_WARNINGS = (
 """What a load or commit of a damaged task logs: the same words as the observations it returns."""
 
 
+def offsets(data: bytes, end: int) -> list[int]:
+    """The offsets below ``end`` a sweep over ``data`` damages: all of them at the full scale; by
+    default every third, and the two on either side of each newline (a record's boundary)."""
+    if scale.FULL:
+        return list(range(end))
+    chosen = set(range(0, end, 3))
+    for index, byte in enumerate(data[:end]):
+        if byte == 0x0A:
+            chosen.update(offset for offset in (index - 1, index, index + 1, index + 2) if 0 <= offset < end)
+    return sorted(chosen)
+
+
 class JournalCase(support.TempDirTest):
+    in_memory = True
+
     def setUp(self) -> None:
         super().setUp()
         self.root = self.path("root")
@@ -218,7 +235,7 @@ class TruncationTests(JournalCase):
         original = self.read(name)
         content_end = original.index(0)
         target = self.copy_of("cut")
-        for offset in list(range(content_end + 1)) + [content_end + 100, len(original)]:
+        for offset in offsets(original, content_end + 1) + [content_end, content_end + 100, len(original)]:
             self.write(name, original[:offset], target)
             result = self.assert_committed_or_typed_error(lambda: JsonFileStore(target).load(TASK), f"cut at {offset}")
             if result is not None:
@@ -244,7 +261,7 @@ class TruncationTests(JournalCase):
         self.build(5)
         original = self.read("state.json")
         target = self.copy_of("cut")
-        for offset in range(len(original)):
+        for offset in offsets(original, len(original)) + [len(original) - 1]:
             self.write("state.json", original[:offset], target)
             result = self.assert_committed_or_typed_error(lambda: JsonFileStore(target).load(TASK), f"cut at {offset}")
             self.assertIsNotNone(result, f"cut at {offset}: the backup and its journals still hold the state")
@@ -261,11 +278,11 @@ class TruncationTests(JournalCase):
 
 
 class BitFlipTests(JournalCase):
-    def flips(self, name: str, offsets: range) -> None:
+    def flips(self, name: str, positions: list[int]) -> None:
         original = self.read(name)
         clean = JsonFileStore(self.root).load(TASK).state.to_json()
         target = self.copy_of("flip")
-        for offset in offsets:
+        for offset in positions:
             damaged = bytearray(original)
             damaged[offset] ^= 1 << (offset % 8)
             self.write(name, bytes(damaged), target)
@@ -282,13 +299,15 @@ class BitFlipTests(JournalCase):
 
     def test_a_flipped_bit_in_any_byte_of_the_snapshot_is_detected(self) -> None:
         self.build(4)
-        self.flips("state.json", range(len(self.read("state.json"))))
+        data = self.read("state.json")
+        self.flips("state.json", offsets(data, len(data)) + [len(data) - 1])
 
     def test_a_flipped_bit_in_any_byte_of_the_journal_is_detected(self) -> None:
         self.build(6)
         name = self.journals()[-1]
-        end = self.read(name).index(0)
-        self.flips(name, range(end + 40))
+        data = self.read(name)
+        end = data.index(0)
+        self.flips(name, offsets(data, end + 40) + [end])
 
     def test_a_damaged_backup_is_found_when_it_is_needed(self) -> None:
         self.build(3)

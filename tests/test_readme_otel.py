@@ -1,7 +1,7 @@
 """The OpenTelemetry recipe for ``on_event`` (docs/observability.md), run as written against the OpenTelemetry SDK.
 
-Skips when ``opentelemetry-sdk`` is not installed (``.ci/run`` installs it; longrun itself never
-imports OpenTelemetry). The code block is taken from docs/observability.md, where the README links
+Skips when ``opentelemetry-sdk`` is not installed, unless ``LONGRUN_REQUIRE_OTEL=1`` (``.ci/run`` sets it
+and installs the SDK), which makes it fail instead; longrun itself never imports OpenTelemetry. The code block is taken from docs/observability.md, where the README links
 for events and logs, so the recipe cannot rot.
 """
 
@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from helpers import support
 
-import importlib.util
 import os
 import re
 import unittest
 from typing import Any
 
+from helpers.optional import installed, skip_or_fail
 from helpers.support import TempDirTest
 
 from longrun import JsonFileStore, Limits, RunContract, Runner, Status, Step
@@ -36,8 +36,8 @@ class OtelRecipeTests(TempDirTest):
     @classmethod
     def setUpClass(cls) -> None:
         super().setUpClass()
-        if importlib.util.find_spec("opentelemetry.sdk") is None:
-            raise unittest.SkipTest("opentelemetry-sdk is not installed (pip install opentelemetry-sdk)")
+        if not installed("opentelemetry.sdk"):
+            skip_or_fail("LONGRUN_REQUIRE_OTEL", "opentelemetry-sdk is not installed (pip install opentelemetry-sdk)")
         from opentelemetry import trace
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor

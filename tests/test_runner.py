@@ -29,6 +29,7 @@ from longrun import (
     TransientError,
     UnknownActionError,
 )
+from longrun.canonical import digest_of
 from longrun.adapters import EffectRequest
 from longrun.ledger import EffectState
 from longrun.testing import FakeClock, OutboxAdapter, copy_keeping_links
@@ -166,6 +167,16 @@ class ContractTests(RunnerCase):
             before = handle.read()
         outcome = self.runner([Step("s0", "write", {"n": 0}), Step("s1", "write", {"n": 2}, approval=True)]).run()
         self.assertEqual(outcome.status, Status.PLAN_MISMATCH)
+        self.assertIn(f"step 's1': recorded payload digest {digest_of({'n': 1})}, this plan {digest_of({'n': 2})}", outcome.next_action)
+        reordered = self.runner([Step("s1", "write", {"n": 1}, approval=True), Step("s0", "write", {"n": 0}), Step("s2", "write", {})]).run()
+        self.assertEqual(reordered.status, Status.PLAN_MISMATCH)
+        self.assertIn("the order of the steps (recorded ['s0', 's1'])", reordered.next_action)
+        self.assertIn("steps that are not in the recorded plan: ['s2']", reordered.next_action)
+        other_contract = self.runner(
+            [Step("s0", "write", {"n": 0}), Step("s1", "write", {"n": 1}, approval=True)], contract=RunContract("task-1", "another goal")
+        ).run()
+        self.assertEqual(other_contract.status, Status.PLAN_MISMATCH)
+        self.assertIn("the run contract", other_contract.next_action)
         with open(state_path, "rb") as handle:
             self.assertEqual(handle.read(), before)
         self.assertEqual(self.outbox.counts()["task-1/s1"], 0)
@@ -812,7 +823,7 @@ class LeaseTests(RunnerCase):
                 for _ in range(2):  # every later run, not only the first
                     outcome = self.runner(steps, contract=contract).run()
                     self.assertEqual(outcome.status, Status.STATE_UNRECOVERABLE)
-                    self.assertIn(f"longrun repair <store> {contract.task_id} --lease", outcome.next_action)
+                    self.assertIn(f"longrun repair {self.store.root} {contract.task_id} --lease", outcome.next_action, "names the store")
                     self.assertTrue(any("lease" in item.detail for item in outcome.observations))
                 applied = {key: count for key, count in self.outbox.counts().items() if key.startswith(contract.task_id + "/")}
                 self.assertEqual(applied, {f"{contract.task_id}/s0": 1}, "nothing applied while the lease was damaged")

@@ -115,6 +115,7 @@ class SessionFlowTests(FollowNext):
         code, _, err = self.cli("init", self.store, "t1", "--contract", os.path.join(self.work, "other.toml"))
         self.assertEqual(code, 2)
         self.assertIn("another run contract", err)
+        self.assertIn("the run contract differs from the one the task was started with in: steps", err)
         code, _, err = self.cli("init", self.store, "t9", "--contract", self.contract)
         self.assertEqual(code, 0, "another task id is another task")
 

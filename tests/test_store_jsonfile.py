@@ -27,6 +27,7 @@ from longrun import (
     UnknownTaskError,
 )
 from longrun.budget import BudgetCounters
+from longrun.errors import NotAStoreError
 from longrun.envelope import encode as encode_legacy
 from longrun.ledger import EffectRecord, EffectState
 from longrun.stores import jsonfile
@@ -653,8 +654,8 @@ class PathTests(StoreCase):
         self.assertEqual(JsonFileStore(root).load("t").state.revision, 1)  # type: ignore[union-attr]
         with open(self.path("file"), "w"):
             pass
-        with self.assertRaisesRegex(StorageError, "not a directory"):
-            JsonFileStore(self.path("file"), create=True).acquire_lease("t", "me", 30.0, 0.0)
+        with self.assertRaisesRegex(NotAStoreError, "not a directory"):
+            JsonFileStore(self.path("file"), create=True)
 
     def test_a_symlinked_root_to_a_directory_of_this_user_is_used(self) -> None:
         os.makedirs(self.path("real"))
@@ -731,6 +732,72 @@ class PathTests(StoreCase):
         os.makedirs(os.path.join(self.store.root, ".not-a-task"))
         self.assertEqual(self.store.list_tasks(), ["t"])
         self.assertEqual(JsonFileStore(self.path("missing")).list_tasks(), [])
+
+
+FORMAT_V1 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "format-v1")
+
+
+class StoreMarkerTests(support.TempDirTest):
+    """A store is marked; a directory that is not one is refused; an earlier version's store is adopted."""
+
+    def marker(self, root: str) -> str:
+        return os.path.join(root, jsonfile.MARKER)
+
+    def test_a_new_store_is_marked_when_its_first_task_is_created(self) -> None:
+        root = self.path("a", "store")
+        store = JsonFileStore(root, create=True)
+        self.assertFalse(os.path.exists(root), "opening touches nothing")
+        store.acquire_lease("t", "me", 30.0, 0.0)
+        with open(self.marker(root), "rb") as handle:
+            self.assertEqual(json.loads(handle.read()), {"format": "longrun-jsonfile-store", "version": 1})
+        self.assertEqual(store.list_tasks(), ["t"], "the marker is not a task")
+        self.assertEqual(JsonFileStore(root).list_tasks(), ["t"])
+
+    def test_a_directory_that_is_not_a_store_is_refused_naming_it_and_nothing_is_written(self) -> None:
+        checkout = self.path("checkout")
+        for name in ("docs", "src", "tests"):
+            os.makedirs(os.path.join(checkout, name, "inner"))
+        with open(os.path.join(checkout, "README.md"), "w") as handle:
+            handle.write("# a project\n")
+        before = sorted(os.walk(checkout))
+        for create in (False, True):
+            with self.subTest(create=create):
+                with self.assertRaises(NotAStoreError) as caught:
+                    JsonFileStore(checkout, create=create)
+                self.assertEqual(caught.exception.path, checkout)
+                self.assertIn(f"{checkout} is not a longrun store", str(caught.exception))
+                self.assertIsInstance(caught.exception, InvalidInputError)
+        with open(self.path("file"), "w") as handle:
+            handle.write("x")
+        with self.assertRaisesRegex(NotAStoreError, "not a directory"):
+            JsonFileStore(self.path("file"))
+        os.makedirs(self.path("other"))
+        with open(self.marker(self.path("other")), "w") as handle:
+            handle.write('{"format": "something-else"}')
+        with self.assertRaisesRegex(NotAStoreError, "format 'something-else'"):
+            JsonFileStore(self.path("other"))
+        self.assertEqual(sorted(os.walk(checkout)), before)
+
+    def test_an_empty_directory_is_a_new_store(self) -> None:
+        os.makedirs(self.path("empty"))
+        store = JsonFileStore(self.path("empty"))
+        self.assertEqual(store.list_tasks(), [])
+        store.acquire_lease("t", "me", 30.0, 0.0)
+        self.assertTrue(os.path.exists(self.marker(self.path("empty"))))
+
+    def test_a_store_written_by_an_earlier_version_is_recognised_and_marked_by_its_first_writer(self) -> None:
+        root = self.path("store")
+        os.makedirs(root)
+        shutil.copytree(os.path.join(FORMAT_V1, "v1-task"), os.path.join(root, "v1-task"))
+        with open(os.path.join(root, "outbox.jsonl"), "w") as handle:
+            handle.write("")  # a file of the application's beside the tasks does not hide them
+        reader = JsonFileStore(root)
+        self.assertEqual(reader.list_tasks(), ["v1-task"])
+        self.assertIsNotNone(reader.load("v1-task").state)
+        self.assertFalse(os.path.exists(self.marker(root)), "a reader writes nothing")
+        JsonFileStore(root).acquire_lease("new-task", "me", 30.0, 0.0)
+        self.assertTrue(os.path.exists(self.marker(root)), "adopted by its first writer")
+        self.assertEqual(JsonFileStore(root).list_tasks(), ["new-task", "v1-task"])
 
 
 class HistoryTests(support.TempDirTest):

@@ -31,6 +31,7 @@ from longrun import (
     Step,
     StorageError,
 )
+from longrun.errors import NotAStoreError
 from longrun.stores import open_store
 from longrun.stores._spec import postgres_connector
 from longrun.stores._sql import SCHEMA_VERSION
@@ -247,6 +248,20 @@ class SessionTests(PostgresCase):
 
 
 class SchemaTests(PostgresCase):
+    def test_a_schema_without_longruns_tables_is_refused_without_create_and_nothing_is_created(self) -> None:
+        fresh = pg_support.Schema(self.driver, prefix="lr_bare")
+        self.addCleanup(fresh.drop)
+        fresh.execute("CREATE TABLE app_table (x INTEGER)")
+        store = PostgresStore(fresh.factory(), create=False)
+        self.addCleanup(store.close)
+        with self.assertRaisesRegex(NotAStoreError, "is not a longrun store: its schema .* holds no longrun_schema table"):
+            store.list_tasks()
+        self.assertEqual(fresh.execute("SELECT to_regclass('longrun_schema') IS NULL"), [(True,)], "nothing was created")
+        created = PostgresStore(fresh.factory())  # create=True, the default: longrun's tables beside the application's
+        self.addCleanup(created.close)
+        self.assertEqual(created.list_tasks(), [])
+        self.assertEqual(store.list_tasks(), [], "now it is a store")
+
     def test_processes_creating_the_schema_at_once_do_not_collide(self) -> None:
         fresh = pg_support.Schema(self.driver, prefix="lr_fresh")
         self.addCleanup(fresh.drop)

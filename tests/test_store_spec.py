@@ -7,7 +7,8 @@ import os
 import unittest
 from unittest import mock
 
-from helpers import support
+from helpers import pg_support, support
+from helpers.optional import skip_or_fail
 from longrun import InvalidInputError, JsonFileStore, PostgresStore, SqliteStore
 from longrun.stores import open_store
 from longrun.stores._spec import _pg8000_arguments, postgres_connector
@@ -53,10 +54,9 @@ class OpenStoreTests(support.TempDirTest):
     def test_postgres_urls_make_a_store_without_connecting(self) -> None:
         for spec in ("postgresql://u:p@127.0.0.1:1/db", "postgres://u@127.0.0.1:1/db"):
             with self.subTest(spec=spec):
-                try:
-                    store = open_store(spec)
-                except InvalidInputError:
-                    self.skipTest("no PostgreSQL driver installed")
+                if not pg_support.available_drivers():
+                    skip_or_fail(pg_support.REQUIRE_VARIABLE, "no PostgreSQL driver (psycopg or pg8000) is installed")
+                store = open_store(spec)
                 self.assertIsInstance(store, PostgresStore)
 
     def test_with_no_driver_installed_a_postgres_url_is_refused_clearly(self) -> None:

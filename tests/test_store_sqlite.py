@@ -29,6 +29,7 @@ from longrun import (
     Step,
     StorageError,
 )
+from longrun.errors import NotAStoreError
 from longrun.stores._sql import SCHEMA_VERSION
 from longrun.stores.base import Witness
 from longrun.lease import MonotonicReading
@@ -154,13 +155,19 @@ class FileTests(SqliteCase):
         self.addCleanup(adopted.close)
         self.assertEqual(adopted.list_tasks(), [])
 
-    def test_a_file_that_is_not_a_database_is_a_storage_error(self) -> None:
+    def test_a_file_that_is_not_a_database_is_refused_naming_it_and_left_unchanged(self) -> None:
         with open(self.path("other.db"), "wb") as handle:
             handle.write(b"this is not an SQLite database, just some bytes " * 100)
-        store = SqliteStore(self.path("other.db"), create=True)
-        with self.assertRaises(StorageError) as caught:
-            store.list_tasks()
-        self.assertIsInstance(caught.exception.__cause__, sqlite3.DatabaseError)
+        with open(self.path("other.db"), "rb") as handle:
+            before = handle.read()
+        for create in (False, True):
+            store = SqliteStore(self.path("other.db"), create=create)
+            self.addCleanup(store.close)
+            with self.assertRaises(NotAStoreError) as refused:
+                store.list_tasks()
+            self.assertEqual(refused.exception.path, self.path("other.db"))
+        with open(self.path("other.db"), "rb") as handle:
+            self.assertEqual(handle.read(), before, "nothing was changed")
 
     def test_a_newer_schema_is_refused_with_a_clear_error(self) -> None:
         self.committed()

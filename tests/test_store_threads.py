@@ -1,9 +1,9 @@
 """One store object shared by many threads: every store longrun ships is safe to share.
 
-A thread pool runs 200 tasks through a single store object (16 threads; each Runner also renews
-its lease from a thread of its own). Afterwards a fresh store object must load every task from its
-primary state, ``done``, with every effect verified, and the counting target must have received
-each effect exactly once.
+A thread pool runs 64 tasks (200 under ``LONGRUN_TEST_SCALE=full``) through a single store object
+(16 threads; each Runner also renews its lease from a thread of its own). Afterwards a fresh store
+object must load every task from its primary state, ``done``, with every effect verified, and the
+counting target must have received each effect exactly once.
 
 The JSON-file store keeps a bounded number of journal descriptors open and closes the least
 recently used one when it needs another; with more tasks in flight than that bound, the one it
@@ -21,7 +21,7 @@ import unittest
 from typing import Any, Callable
 from unittest import mock
 
-from helpers import pg_support
+from helpers import pg_support, scale
 from helpers import support
 from longrun import (
     EffectState,
@@ -65,7 +65,7 @@ class CountingTarget:
 
 
 class _Shared(support.TempDirTest):
-    tasks = 200
+    tasks = scale.scaled(64, 200)
     threads = 16
     steps = 5
 

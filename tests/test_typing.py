@@ -13,7 +13,6 @@ wrapper's check for a newer release, so nothing but the checkers runs.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -23,20 +22,16 @@ import tomllib
 import unittest
 
 from helpers import support
+from helpers.optional import installed
+from helpers.optional import skip_or_fail as _skip_or_fail
 
 REQUIRE_VARIABLE = "LONGRUN_REQUIRE_TYPECHECK"
 TARGETS = ["src/longrun", "examples", "tests/helpers/typing_public_api.py"]
 TIMEOUT_S = 600.0
 
 
-def required() -> bool:
-    return os.environ.get(REQUIRE_VARIABLE, "") not in ("", "0")
-
-
 def skip_or_fail(reason: str) -> None:
-    if required():
-        raise AssertionError(f"{REQUIRE_VARIABLE}=1 but {reason}")
-    raise unittest.SkipTest(reason)
+    _skip_or_fail(REQUIRE_VARIABLE, reason)
 
 
 def run_checker(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -53,7 +48,7 @@ def run_checker(args: list[str], env: dict[str, str] | None = None) -> subproces
 
 class TypeCheckTests(unittest.TestCase):
     def test_mypy_strict_finds_no_error(self) -> None:
-        if importlib.util.find_spec("mypy") is None:
+        if not installed("mypy"):
             skip_or_fail("mypy is not installed (pip install mypy)")
         with tempfile.TemporaryDirectory(prefix="longrun-mypy-") as cache:  # no cache left in the checkout
             result = run_checker(["mypy", "--config-file", "pyproject.toml", "--strict", "--cache-dir", cache, *TARGETS])
@@ -61,7 +56,7 @@ class TypeCheckTests(unittest.TestCase):
         self.assertIn("Success: no issues found", result.stdout)
 
     def test_pyright_strict_finds_no_error(self) -> None:
-        if importlib.util.find_spec("pyright") is None:
+        if not installed("pyright"):
             skip_or_fail("pyright is not installed (pip install pyright)")
         if shutil.which("node") is None:
             skip_or_fail("pyright needs Node.js: no 'node' on PATH")
@@ -72,7 +67,7 @@ class TypeCheckTests(unittest.TestCase):
         self.assertIn("0 errors", result.stdout)
 
     def test_the_engine_options_every_face_takes_are_checked_by_name_and_type(self) -> None:
-        if importlib.util.find_spec("mypy") is None:
+        if not installed("mypy"):
             skip_or_fail("mypy is not installed (pip install mypy)")
         wrong = (
             "import longrun\n"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import importlib.util
 import os
 import re
 import tomllib
@@ -11,6 +10,7 @@ import unittest
 import warnings
 
 from helpers import support
+from helpers.optional import installed, skip_or_fail
 
 import longrun
 
@@ -29,6 +29,17 @@ class VersionTest(unittest.TestCase):
         self.assertIn("version", config["project"]["dynamic"])
         self.assertEqual(config["tool"]["setuptools"]["dynamic"]["version"], {"attr": "longrun.__version__"})
 
+    def test_the_distribution_has_a_name_of_its_own_and_the_readme_installs_it(self) -> None:
+        with open(PYPROJECT, "rb") as handle:
+            name = tomllib.load(handle)["project"]["name"]
+        # "longrun" on the package index is another project; the import name stays longrun.
+        self.assertEqual(name, "longrun-durable")
+        with open(os.path.join(support.ROOT, "README.md"), encoding="utf-8") as handle:
+            readme = handle.read()
+        self.assertIn(f"`pip install {name}`", readme)
+        self.assertNotRegex(readme, r"pip install longrun\b(?!-)", "an install line that names someone else's package")
+        self.assertTrue(os.path.isdir(os.path.join(support.SRC, "longrun")))
+
     def test_the_version_is_a_literal_that_setuptools_reads_without_importing(self) -> None:
         with open(INIT, encoding="utf-8") as handle:
             tree = ast.parse(handle.read())
@@ -42,8 +53,8 @@ class VersionTest(unittest.TestCase):
         self.assertEqual(literals, [longrun.__version__])
 
     def test_setuptools_resolves_the_same_version(self) -> None:
-        if importlib.util.find_spec("setuptools") is None:
-            self.skipTest("setuptools is not installed")
+        if not installed("setuptools"):
+            skip_or_fail("LONGRUN_REQUIRE_SETUPTOOLS", "setuptools is not installed (pip install setuptools)")
         from setuptools.config.pyprojecttoml import read_configuration
 
         with warnings.catch_warnings():

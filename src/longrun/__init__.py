@@ -42,7 +42,7 @@ from .errors import (
 )
 from .lease import Lease
 from .ledger import EffectRecord, EffectState
-from .outcome import Evidence, RunOutcome, Status
+from .outcome import Evidence, PendingRequest, RunOutcome, Status
 from .protocols import AsyncEffectAdapter, Clock, EffectAdapter, LoadResult, Store
 from .stores import BaseStore, JsonFileStore, PostgresStore, SqliteStore
 
@@ -101,6 +101,7 @@ __all__ = [
     "Observation",
     "ObservedState",
     "PayloadError",
+    "PendingRequest",
     "PermanentError",
     "PostgresStore",
     "Receipt",

@@ -182,9 +182,13 @@ class Approval:
         approval_id: str,
         approver: str,
         granted_at: float,
-        expires_at: float,
+        expires_at: float | None = None,
         answer: JSONValue = None,
     ) -> "Approval":
+        """An approval (or, with ``answer``, an answer) bound to exactly ``request``'s scope. It lasts
+        until ``expires_at``; by default, as long as the request it answers (``request.expires_at``)."""
+        if expires_at is None:
+            expires_at = request.expires_at
         return cls(
             approval_id=approval_id, approver=approver, granted_at=granted_at, expires_at=expires_at, answer=answer,
             **request.scope(),
@@ -262,7 +266,10 @@ def evaluate_gate(
     if granted is not None:
         return GateDecision(GateVerdict.GRANTED, granted, tuple(reasons))
     if not reasons:
-        reasons.append(f"no approval yet for step {request.step_id!r}")
+        if request.action == ASK_ACTION:
+            reasons.append(f"no answer yet to the question of step {request.step_id!r}")
+        else:
+            reasons.append(f"no approval yet for step {request.step_id!r}")
     return GateDecision(GateVerdict.AWAITING, None, tuple(reasons))
 
 

@@ -11,6 +11,7 @@
     |   +-- ChildCycleError           a durable task asked for itself or an ancestor as its child
     |   +-- ApprovalWaitingError      an approval or answer of the same request already waits, unused
     |   +-- ContractFileError         a run-contract file that cannot be used (its file and line)
+    |   +-- NotAStoreError            a directory or database that is not a longrun store (its path)
     +-- StorageError(OSError)         the store could not read or write; __cause__ holds the OSError
     |   +-- FencedError               a write carried an epoch other than the store's current one
     |   +-- LeaseHeldError            another live owner holds the task's lease
@@ -49,6 +50,7 @@ __all__ = [
     "InvalidInputError",
     "LeaseHeldError",
     "LongrunError",
+    "NotAStoreError",
     "PayloadError",
     "PermanentError",
     "SchemaVersionError",
@@ -135,6 +137,15 @@ class ApprovalWaitingError(InvalidInputError):
     def __init__(self, message: str, *, waiting: str):
         super().__init__(message)
         self.waiting = waiting
+
+
+class NotAStoreError(InvalidInputError):
+    """A store was opened on a directory or database that is not a longrun store: it holds no store
+    marker and nothing longrun wrote. Nothing was read from it as state, and nothing was written."""
+
+    def __init__(self, message: str, *, path: str):
+        super().__init__(message)
+        self.path = path
 
 
 class ContractFileError(InvalidInputError):

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from . import _fields as f
 from .canonical import JSONValue, printable
 
-__all__ = ["ENDED_UNFINISHED", "Evidence", "RunOutcome", "Status", "TERMINAL", "WAITING"]
+__all__ = ["ENDED_UNFINISHED", "Evidence", "PendingRequest", "RunOutcome", "Status", "TERMINAL", "WAITING"]
 
 
 class Status(str, enum.Enum):
@@ -92,6 +92,44 @@ class Evidence:
 
 
 @dataclass(frozen=True, slots=True)
+class PendingRequest:
+    """A request the run waits for a person to answer: an approval of one effect, or a question.
+
+    ``kind`` is ``"approval"`` (answer with ``longrun approve`` or ``Approval.for_request``) or
+    ``"question"`` (``run.ask``; answer with ``longrun answer``). An approval or answer binds the
+    task, ``plan_digest``, ``step_id``, ``payload_digest`` and ``action`` exactly, and counts only
+    until ``expires_at`` (after which the next run asks again, with a new expiry). ``payload`` is the
+    effect's payload as recorded (for a question, ``{"question": ..., "choices": ...}``);
+    ``question`` and ``choices`` are set for a question only (``choices`` None when any answer goes).
+    """
+
+    kind: str
+    step_id: str
+    action: str
+    payload: Mapping[str, JSONValue]
+    payload_digest: str
+    plan_digest: str
+    requested_at: float
+    expires_at: float
+    question: str | None = None
+    choices: tuple[JSONValue, ...] | None = None
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "kind": self.kind,
+            "step_id": self.step_id,
+            "action": self.action,
+            "payload": dict(self.payload),
+            "payload_digest": self.payload_digest,
+            "plan_digest": self.plan_digest,
+            "requested_at": self.requested_at,
+            "expires_at": self.expires_at,
+            "question": self.question,
+            "choices": None if self.choices is None else list(self.choices),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class RunOutcome:
     """What one run returned: its status, the one safe next action, the results of the verified
     steps, and the evidence (observations, inferences, unknowns; see the module docstring)."""
@@ -109,6 +147,9 @@ class RunOutcome:
     """A durable function's return value once it is ``done`` (None for a declared plan)."""
     wake_at: float | None = None
     """When a waiting run (backoff, timer) may continue, if a time is known."""
+    pending: tuple[PendingRequest, ...] = ()
+    """The approvals and questions the run waits for, in the order they were asked (empty when
+    nothing waits for a person)."""
 
     def to_json(self) -> dict[str, JSONValue]:
         return {
@@ -123,4 +164,5 @@ class RunOutcome:
             "epoch": self.epoch,
             "result": self.result,
             "wake_at": self.wake_at,
+            "pending": [request.to_json() for request in self.pending],
         }

@@ -6,6 +6,9 @@ failed; and for a declared plan, whose outline the state records (``RunState.pla
 total and the steps not planned yet. The rate is verified records per second over the most recent
 ones (by the time each was verified), and the time left is the rest of the plan at that rate.
 
+``pending_of(state)`` lists the requests the run waits for a person to answer (approvals and
+questions), as ``RunOutcome.pending`` carries them.
+
 Works on any state read from any store, by any process: nothing here is kept between calls.
 Not guaranteed: a meaningful rate for a run whose steps take very different times, or across a
 long pause (the rate counts calendar time between the recent verifications, waits included).
@@ -17,11 +20,44 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from .canonical import JSONValue
+from .contract import ASK_ACTION
 from .envelope import RunState
 from .events import kind_of
 from .ledger import IN_FLIGHT, EffectRecord, EffectState
+from .outcome import PendingRequest
 
-__all__ = ["Progress", "progress_of"]
+__all__ = ["Progress", "pending_of", "progress_of"]
+
+
+def pending_of(state: RunState) -> tuple[PendingRequest, ...]:
+    """The approval requests and questions of ``state`` still unanswered, in the order they were asked."""
+    pending = []
+    for request in sorted(state.approval_requests.values(), key=lambda request: (request.requested_at, request.step_id)):
+        record = state.effects.get(request.step_id)
+        if record is None or record.state is not EffectState.PLANNED:
+            continue  # answered and started already, or a request the state holds no record for
+        question: str | None = None
+        choices: tuple[JSONValue, ...] | None = None
+        if request.action == ASK_ACTION:
+            asked, listed = record.payload.get("question"), record.payload.get("choices")
+            question = asked if isinstance(asked, str) else None
+            choices = tuple(listed) if isinstance(listed, list) else None
+        pending.append(
+            PendingRequest(
+                kind="question" if request.action == ASK_ACTION else "approval",
+                step_id=request.step_id,
+                action=request.action,
+                payload=record.payload,
+                payload_digest=request.payload_digest,
+                plan_digest=request.plan_digest,
+                requested_at=request.requested_at,
+                expires_at=request.expires_at,
+                question=question,
+                choices=choices,
+            )
+        )
+    return tuple(pending)
 
 RATE_WINDOW = 50
 """How many of the most recently verified records the rate is measured over."""

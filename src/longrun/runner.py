@@ -119,6 +119,35 @@ class Runner:
         return self.engine.refuse(self.refusals, "change the plan so every step's action is allowed by the run contract; nothing was run")
 
 
+def plan_differences(steps: Sequence[Step], state: RunState) -> list[str]:
+    """What differs between ``steps`` and the plan ``state`` recorded: steps added, removed or
+    reordered, a step's action or payload digest; else the contract or a step's settings."""
+    outline = state.plan_outline
+    by_id = {step.step_id: step for step in steps}
+    differences = []
+    if outline is not None:
+        removed = [step_id for step_id in outline.steps if step_id not in by_id]
+        added = [step.step_id for step in steps if step.step_id not in outline.steps]
+        if removed:
+            differences.append(f"recorded steps missing from this plan: {removed}")
+        if added:
+            differences.append(f"steps that are not in the recorded plan: {added}")
+        if [sid for sid in outline.steps if sid in by_id] != [step.step_id for step in steps if step.step_id in outline.steps]:
+            differences.append(f"the order of the steps (recorded {list(outline.steps)})")
+        for step_id, action in zip(outline.steps, outline.actions):
+            if step_id in by_id and by_id[step_id].action != action:
+                differences.append(f"step {step_id!r}: recorded action {action!r}, this plan {by_id[step_id].action!r}")
+    for step in steps:
+        record = state.effects.get(step.step_id)
+        static = step.static_payload
+        if record is not None and static is not None and record.payload_digest != static[1]:
+            differences.append(f"step {step.step_id!r}: recorded payload digest {record.payload_digest}, this plan {static[1]}")
+    return differences or [
+        "no step differs in id, order, action or payload: the run contract (goal, actions, completion evidence) "
+        "or a step's settings (key, approval, observe_first, retry) differ"
+    ]
+
+
 class _DeclaredPlan:
     """The ``Plan`` of a ``Runner``: its steps, in order, then ``done``."""
 
@@ -139,7 +168,7 @@ class _DeclaredPlan:
         grown_from = None if state.status in TERMINAL else plan_prefix_digests(runner.contract, runner.steps).get(state.plan_digest)
         if grown_from is None or grown_from == len(runner.steps):
             raise engine.mismatch(
-                f"recorded plan digest {state.plan_digest}",
+                f"{'; '.join(plan_differences(runner.steps, state))}; recorded plan digest {state.plan_digest}, this plan's {self.digest}",
                 f"run the task with the plan it was started with (digest {state.plan_digest}), or with that plan followed "
                 "by new steps; or, to move to a new task id, mark every step observe_first=True and keep its effect key "
                 f"(Step(..., key='{engine.task_id}/<step id>') unless it has one) so effects already made are observed, not repeated",

@@ -9,22 +9,18 @@ the browser and the driver are the ones found on ``PATH``.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
 import tempfile
-import unittest
 from typing import Any
+
+from .optional import installed, skip_or_fail
 
 REQUIRE_VARIABLE = "LONGRUN_REQUIRE_BROWSER"
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 ARTIFACTS = os.path.join(tempfile.gettempdir(), "longrun-test-artifacts")
 """Where screenshots are kept after the tests (overwritten by the next run)."""
-
-
-def required() -> bool:
-    return os.environ.get(REQUIRE_VARIABLE, "") not in ("", "0")
 
 
 def _browser() -> str | None:
@@ -34,17 +30,14 @@ def _browser() -> str | None:
 def check() -> None:
     """Raise SkipTest (or, when the browser is required, fail) unless a headless browser can run."""
     reason = None
-    if importlib.util.find_spec("selenium") is None:
+    if not installed("selenium"):
         reason = "the selenium package is not installed (pip install selenium)"
     elif _browser() is None:
         reason = "no Chromium on PATH (apt-get install chromium)"
     elif shutil.which("chromedriver") is None:
         reason = "no chromedriver on PATH (apt-get install chromium-driver)"
-    if reason is None:
-        return
-    if required():
-        raise AssertionError(f"{REQUIRE_VARIABLE}=1 but {reason}")
-    raise unittest.SkipTest(reason)
+    if reason is not None:
+        skip_or_fail(REQUIRE_VARIABLE, reason)
 
 
 def start_browser() -> Any:

@@ -10,13 +10,13 @@ and pg8000 must be installed (``.ci/run`` installs both).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import secrets
-import unittest
 from typing import Any, Callable
 
 from longrun.stores._spec import postgres_connector
+
+from .optional import installed, skip_or_fail
 
 DSN_VARIABLE = "LONGRUN_TEST_POSTGRES_DSN"
 REQUIRE_VARIABLE = "LONGRUN_REQUIRE_POSTGRES"
@@ -28,11 +28,7 @@ def dsn() -> str | None:
 
 
 def available_drivers() -> list[str]:
-    return [name for name in DRIVERS if importlib.util.find_spec(name) is not None]
-
-
-def required() -> bool:
-    return os.environ.get(REQUIRE_VARIABLE, "") not in ("", "0")
+    return [name for name in DRIVERS if installed(name)]
 
 
 def check(driver: str | None = None) -> None:
@@ -44,11 +40,8 @@ def check(driver: str | None = None) -> None:
         reason = f"the {driver} driver is not installed"
     elif not available_drivers():
         reason = "no PostgreSQL driver (psycopg or pg8000) is installed"
-    if reason is None:
-        return
-    if required():
-        raise AssertionError(f"{REQUIRE_VARIABLE}=1 but {reason}")
-    raise unittest.SkipTest(reason)
+    if reason is not None:
+        skip_or_fail(REQUIRE_VARIABLE, reason)
 
 
 def default_driver() -> str:

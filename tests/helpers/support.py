@@ -23,6 +23,11 @@ ROOT = os.path.dirname(TESTS)
 
 CHILD = os.path.join(HELPERS, "child_runner.py")
 
+MEMORY_TMP = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+"""A memory file system for the kill tests' scratch directories, where there is one: a SIGKILL leaves
+the page cache intact, so those tests need no disk flush to be honest (power loss is modelled
+apart, ``longrun.testing.faults.power_loss_model``), and hundreds of runs then cost no fsync waits."""
+
 
 def child_env() -> dict[str, str]:
     """The environment for a child Python process that must import longrun from ``src``."""
@@ -41,9 +46,14 @@ def run_python(args: list[str], *, timeout: float = 60.0, input: str | None = No
 class TempDirTest(unittest.TestCase):
     """A test case with a fresh temporary directory in ``self.tmp``."""
 
+    in_memory = False
+    """Whether ``self.tmp`` is on a memory file system (``MEMORY_TMP``, where there is one): for the
+    kill tests, and those that damage and load a store thousands of times, whose flushes to disk
+    would test nothing but cost most of their time."""
+
     def setUp(self) -> None:
         super().setUp()
-        self.tmp = tempfile.mkdtemp(prefix="longrun-test-")
+        self.tmp = tempfile.mkdtemp(prefix="longrun-test-", dir=MEMORY_TMP if self.in_memory else None)
         self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
 
     def path(self, *parts: str) -> str:

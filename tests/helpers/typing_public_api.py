@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, assert_type
 
 import longrun
-from longrun import EffectAdapter, RunOutcome, Status, Store
+from longrun import EffectAdapter, PendingRequest, RunOutcome, Status, Store
 from longrun.canonical import JSONValue
 from longrun.runner import Runner as RunnerClass
 from longrun.runner import SystemClock as SystemClockClass
@@ -116,6 +116,11 @@ def api_tour() -> longrun.Runner:
     assert_type(outcome, RunOutcome)
     assert_type(outcome.status, Status)
     assert_type(outcome.next_action, str)
+    # docs/agents.md, "What a run returns, and what it waits for".
+    assert_type(outcome.pending, tuple[PendingRequest, ...])
+    for request in outcome.pending:
+        assert_type(request.choices, tuple[JSONValue, ...] | None)
+        assert_type(request.expires_at, float)
     mailer: EffectAdapter = Mailer(directory)
     renderer: EffectAdapter = Renderer()
     print(mailer, renderer, longrun.TransientError("busy"))

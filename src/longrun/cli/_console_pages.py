@@ -405,7 +405,7 @@ class Console:
                     if answer is None:
                         raise ConsoleError(400, "null is not an answer")
                 cmd_approve(
-                    self.store, task_id, step=step, approver=self.approver, ttl_s=3600.0, assume_yes=True, out=out, err=err,
+                    self.store, task_id, step=step, approver=self.approver, ttl_s=None, assume_yes=True, out=out, err=err,
                     sign_key=self.sign_key, control_root=self.control_root, as_json=True, answer=answer, expected_digest=digest,
                 )  # fmt: skip
                 return "answered" if action == "answer" else "approved"

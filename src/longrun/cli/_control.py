@@ -70,6 +70,17 @@ def parse_answer(text: str) -> JSONValue:
 
 MAX_ANSWER_BYTES = 64 * 1024
 
+REISSUED_REQUEST_TTL_S = 3600.0
+"""How long an approval without ``--ttl`` lasts when its request has already expired (the next run
+issues the same request again, with the same scope, and the approval still matches it)."""
+
+
+def _approval_expiry(request: ApprovalRequest, ttl_s: float | None, now: float) -> float:
+    """``--ttl`` from now if given; else as long as the request it answers lasts."""
+    if ttl_s is not None:
+        return now + ttl_s
+    return request.expires_at if request.expires_at > now else now + REISSUED_REQUEST_TTL_S
+
 
 def _pick_request(requests: dict[str, ApprovalRequest], step: str | None, task_id: str) -> ApprovalRequest:
     if not requests:
@@ -181,7 +192,7 @@ def cmd_approve(
     *,
     step: str | None,
     approver: str,
-    ttl_s: float,
+    ttl_s: float | None,
     assume_yes: bool,
     out: TextIO,
     err: TextIO,
@@ -231,7 +242,7 @@ def cmd_approve(
     if not assume_yes and not _confirm(stdin if stdin is not None else sys.stdin, err):
         raise CliError("not approved; nothing was written", ExitCode.NOT_AS_ASKED)
     approval = Approval.for_request(
-        request, approval_id=secrets.token_hex(16), approver=approver, granted_at=now, expires_at=now + ttl_s, answer=answer
+        request, approval_id=secrets.token_hex(16), approver=approver, granted_at=now, expires_at=_approval_expiry(request, ttl_s, now), answer=answer
     )
     if key is not None:
         approval = sign_approval(approval, key)

@@ -50,6 +50,13 @@ __all__ = ["LS_STATUSES", "NO_STATE_ACTION", "cmd_ls", "cmd_status", "ls_entry",
 NO_STATE_ACTION = "run the task: no revision has been committed yet"
 
 
+def _marked(entry: object) -> object:
+    """An effect record as ``status --json`` shows it: with its ``kind`` (effect, call, ..., function)."""
+    if isinstance(entry, dict) and isinstance(entry.get("action"), str):
+        return {**entry, "kind": step_kind(entry["action"])}
+    return entry
+
+
 def status_json(task_id: str, loaded: LoadResult, lease: Lease | None, now: float) -> dict[str, object]:
     """``state.to_json()`` plus ``store_lease`` (the lease record now) and ``load`` (where it came from).
 
@@ -61,6 +68,9 @@ def status_json(task_id: str, loaded: LoadResult, lease: Lease | None, now: floa
         body: dict[str, object] = dict(state.to_json())
     else:
         body = {"task_id": task_id, "status": None, "revision": 0, "next_action": NO_STATE_ACTION, "effects": [], "approval_requests": []}
+    effects = body["effects"]
+    if isinstance(effects, list):
+        body["effects"] = [_marked(entry) for entry in effects]
     body["store_lease"] = None if lease is None else {**lease.to_json(), "expired": lease.expired(now)}
     body["load"] = {
         "source": loaded.source,
@@ -90,19 +100,27 @@ def step_kind(action: str) -> str:
     )
 
 
+INTERNAL_KINDS = frozenset({"function", "contract"})
+"""Records the task keeps about itself (a durable function's own record, a session's contract):
+``status`` leaves them out of its effects table; ``--json`` keeps them, each marked with its kind."""
+
+
 def _effect_lines(state: RunState) -> list[str]:
-    if not state.effects:
-        return ["  effects      none planned yet"]
+    shown = [record for record in state.effects.values() if step_kind(record.action) not in INTERNAL_KINDS]
+    hidden = sorted({step_kind(record.action) for record in state.effects.values()} & INTERNAL_KINDS)
+    note = f" (not shown: the task's own {' and '.join(hidden)} record; --json has it)" if hidden else ""
+    if not shown:
+        return ["  effects      none planned yet" + note]
     rows = [("STEP", "STATE", "ATTEMPTS", "PAYLOAD", "KEY", "KIND")]
     kinds: dict[str, int] = {}
-    for record in state.effects.values():
+    for record in shown:
         kind = step_kind(record.action)
         kinds[kind] = kinds.get(kind, 0) + 1
         rows.append((record.step_id, record.state.value, str(record.attempts), short_digest(record.payload_digest), record.key, kind))
     counts = ", ".join(f"{count} {kind}{'s' if count != 1 else ''}" for kind, count in kinds.items())
-    lines = [f"  effects      {len(state.effects)} in the order first recorded ({counts})"]
+    lines = [f"  effects      {len(shown)} in the order first recorded ({counts}){note}"]
     lines += _table(rows, "    ")
-    for record in state.effects.values():
+    for record in shown:
         if record.last_error and record.state is not EffectState.VERIFIED:
             lines.append(f"    {record.step_id}: last error: {record.last_error}")
     return lines

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import threading
 import time
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ from ..session import NextAction, Session, SessionResult, recorded_contract
 from ._arguments import MAX_REASON_CHARS, path, positive_seconds, step_id, text_argument
 from ._common import CliError, ExitCode, checked_task, error_text, exit_code_for
 from ._mcp_catalog import FORBIDDEN_TOOLS, TOOLS, checked_arguments, tool_entries
-from ._session import next_exit, result_exit
+from ._session import next_exit, render_next, result_exit
 
 __all__ = [
     "MAX_OUTPUT_BYTES",
@@ -221,7 +220,7 @@ class SessionTools:
         action = self._session(task).next()
         code = next_exit(action)
         body: dict[str, JSONValue] = {**action.to_json(), "exit_code": int(code), "tool": self._suggested(action)}
-        return ToolResult(_render_next(action), body)
+        return ToolResult("\n".join(render_next(action)), body)
 
     def _exec(self, task: str, args: Mapping[str, Any]) -> ToolResult:
         step = _argument("STEP", step_id, args["step"])
@@ -354,15 +353,3 @@ def _number_text(value: float) -> str:
         return str(value)
 
 
-def _render_next(action: NextAction) -> str:
-    lines = [f"next ({action.who}): {action.text}"]
-    if action.commands:
-        where = f" (in {action.cwd})" if action.cwd else ""
-        lines.append(f"  commands{where}:")
-        lines += [f"    {shlex.join(command)}" for command in action.commands]
-    if action.unblock:
-        lines.append(f"  unblock: {action.unblock}")
-    if action.retry_after_s is not None:
-        lines.append(f"  ask again in {action.retry_after_s:g}s")
-    lines += [f"  note: {note}" for note in action.notes]
-    return "\n".join(lines)

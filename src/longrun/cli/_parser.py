@@ -127,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     approve.add_argument("--step", metavar="STEP", type=step_id, help="which pending request, when there are several")
     approve.add_argument("--approver", metavar="NAME", type=non_empty, help="who approves (default: the login name)")
     approve.add_argument(
-        "--ttl", metavar="SECONDS", type=positive_seconds, default=3600.0, help="how long the approval is valid (default 3600)"
+        "--ttl", metavar="SECONDS", type=positive_seconds, default=None,
+        help="how long the approval is valid (default: until the request expires, or an hour if it already has)"
     )
     approve.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     add_authority_options(approve, "approval")
@@ -147,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     answer.add_argument("value", metavar="VALUE", help="the answer: JSON, or else plain text")
     answer.add_argument("--approver", metavar="NAME", type=non_empty, help="who answers (default: the login name)")
     answer.add_argument(
-        "--ttl", metavar="SECONDS", type=positive_seconds, default=3600.0, help="how long the answer is valid (default 3600)"
+        "--ttl", metavar="SECONDS", type=positive_seconds, default=None,
+        help="how long the answer is valid (default: until the question's request expires, or an hour if it already has)"
     )
     add_authority_options(answer, "answer")
     add_json(answer, "{request, payload, approval, signed_with_key, written_to}")

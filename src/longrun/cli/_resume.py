@@ -214,9 +214,9 @@ def _run_durable(
 
 def _json_argument(text: str, option: str, kind: type) -> Any:
     try:
-        value = parse_json(text.encode("utf-8"), what=option, max_bytes=1024 * 1024)
-    except (CorruptStateError, UnicodeEncodeError) as exc:
-        raise _usage(f"{option} is not valid JSON: {exc}") from None
+        value = parse_json(text, what=option, max_bytes=1024 * 1024)
+    except CorruptStateError as exc:  # its message names the option and says what is wrong: said once
+        raise _usage(str(exc)) from None
     if not isinstance(value, kind):
         raise _usage(f"{option} must be a JSON {'array' if kind is list else 'object'}, got {type(value).__name__}")
     return value

@@ -68,7 +68,8 @@ def _session(store: Store, spec: str, task_id: str, out: TextIO, err: TextIO, as
     return Session(store, checked_task(task_id), store_spec=spec, stdout=_sink(err if as_json else out), stderr=_sink(err))
 
 
-def _render_next(action: NextAction) -> list[str]:
+def render_next(action: NextAction) -> list[str]:
+    """The lines that show a session's next action (the CLI's text output, and the MCP tools' text)."""
     lines = [f"next ({action.who}): {action.text}"]
     if action.commands:
         where = f" (in {action.cwd})" if action.cwd else ""
@@ -86,7 +87,7 @@ def _render_next_full(action: NextAction) -> str:
     done = len(action.recorded)
     total = done + len(action.remaining)
     lines = [f"task {action.task_id}: {action.status} ({done} of {total} steps recorded)", f"  goal: {action.goal}"]
-    lines += _render_next(action)
+    lines += render_next(action)
     for item in action.decisions:
         answer = f"answered {item.get('answer')!r}" if item.get("answered") else "not answered yet"
         lines.append(f"  decision {item.get('step')}: {item.get('question')!r}: {answer}")
@@ -115,7 +116,7 @@ def _emit(result: SessionResult, code: ExitCode, as_json: bool, out: TextIO, hea
         lines.append(f"  stopped: {outcome.status.value}: {outcome.next_action}")
         lines += [f"    unknown: [{item.source}] {item.detail}" for item in outcome.unknowns]
     lines += [f"  note: {note}" for note in result.notes]
-    lines += _render_next(result.next)
+    lines += render_next(result.next)
     out.write("\n".join(lines) + "\n")
     return code
 
@@ -148,7 +149,9 @@ def create_store(spec: str) -> None:
         return
     if os.path.exists(spec) and not os.path.isdir(spec):
         raise CliError(f"{spec!r} exists and is not a directory", ExitCode.USAGE)
-    os.makedirs(spec, exist_ok=True)
+    from ..stores import JsonFileStore
+
+    JsonFileStore(spec, create=True).create_root()  # the directory, with the store marker
 
 
 def cmd_init(store: Store, spec: str, task_id: str, contract_path: str, as_json: bool, out: TextIO, err: TextIO) -> int:

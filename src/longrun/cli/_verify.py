@@ -38,6 +38,7 @@ that died: only its expiry tells.
 
 from __future__ import annotations
 
+import shlex
 import time
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -238,7 +239,7 @@ def _check_lease(checks: _Checks, store: Store, state: RunState | None, task_id:
         checks.add(
             "lease",
             "damaged",
-            f"the lease record is damaged: {exc}; `longrun repair <store> {task_id} --lease` sets it aside and lets "
+            f"the lease record is damaged: {exc}; `longrun repair {shlex.quote(getattr(store, 'spec', None) or '<store>')} {task_id} --lease` sets it aside and lets "
             "the next run in at a newer epoch",
         )
         return

@@ -11,6 +11,7 @@ at a time.
 
 from __future__ import annotations
 
+import shlex
 from typing import Awaitable, Callable, Mapping, Protocol, Sequence, TypeVar
 
 from ..budget import Limits, RetryPolicy
@@ -114,6 +115,12 @@ class Engine:
     # -- configuration, as the faces read it (plain attributes: read on every step) --------------------------
 
     @property
+    def store_spec(self) -> str:
+        """How a command names this engine's store in a next action (``<store>`` if it cannot be named)."""
+        spec = getattr(self.store, "spec", None)
+        return shlex.quote(spec) if isinstance(spec, str) and spec else "<store>"
+
+    @property
     def asynchronous(self) -> bool:
         return self.config.asynchronous
 
@@ -140,6 +147,16 @@ class Engine:
         if inv is None:
             raise InvalidInputError("no invocation is under way")
         return inv.state
+
+    @property
+    def plan_digest(self) -> str:
+        """The digest the invocation under way is pinned to (what approvals bind to); a plan may
+        adopt the recorded one while it accepts the state (a task recorded under an older name)."""
+        return self.invocation.plan_digest
+
+    @plan_digest.setter
+    def plan_digest(self, digest: str) -> None:
+        self.invocation.plan_digest = digest
 
     @property
     def cancelled_with(self) -> tuple[str, ...]:
@@ -291,6 +308,7 @@ class Engine:
             timeline_clock=config.timeline_clock,
             signed_approvals=self._io.signed_approvals,
             signed_cancellations=self._io.signed_cancellations,
+            store_spec=self.store_spec,
         )
         self._inv = inv
         self._sync = SyncDriver(self._io, inv)

@@ -26,6 +26,7 @@ from ..events import Reporter
 from ..lease import MonotonicReading
 from ..ledger import EffectRecord, VerifiedResults
 from ..outcome import TERMINAL, WAITING, RunOutcome, Status
+from ..progress import pending_of
 from ..protocols import AnyEffectAdapter, Clock, MonotonicClock, TimelineClock
 from ._evidence import EvidenceLog
 
@@ -80,6 +81,7 @@ class Invocation:
         timeline_clock: TimelineClock | None,
         signed_approvals: bool,
         signed_cancellations: bool,
+        store_spec: str = "<store>",
     ):
         self.task_id = task_id
         self.plan_digest = plan_digest
@@ -95,6 +97,8 @@ class Invocation:
         self.signed_approvals = signed_approvals
         """Whether the approval source demands signatures (next actions then say ``--sign-key``)."""
         self.signed_cancellations = signed_cancellations
+        self.store_spec = store_spec
+        """How a command names the store in a next action (``<store>`` if it cannot be named)."""
         self.current: RunState | None = None
         """The state being advanced; None until it is loaded (or on an early outcome)."""
         self.epoch = 0
@@ -267,4 +271,5 @@ class Invocation:
             epoch=self.epoch,
             result=self.result,
             wake_at=self.wake_at,
+            pending=pending_of(state) if state is not None else (),
         )

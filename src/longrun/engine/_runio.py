@@ -87,7 +87,7 @@ class RunIO:
             inv.evidence.unknown("lease", "who holds the task's lease, and at which epoch")
             return inv.outcome(
                 Status.STATE_UNRECOVERABLE,
-                f"repair the lease record with `longrun repair <store> {inv.task_id} --lease` (it keeps the damaged "
+                f"repair the lease record with `longrun repair {inv.store_spec} {inv.task_id} --lease` (it keeps the damaged "
                 "record aside and the next run gets an epoch above every one recorded), then run again",
             )
         self.lease = lease

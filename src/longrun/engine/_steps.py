@@ -97,9 +97,12 @@ def wait(inv: Invocation, status: Status, next_action: str, *, wake_at: float | 
 
 def mismatch(inv: Invocation, detail: str, next_action: str) -> Stop:
     """A ``plan-mismatch`` stop: the code or plan asks for something other than what was recorded.
-    Not recorded in the state: the state belongs to the plan it was made by."""
+    Not recorded in the state: the state belongs to the plan it was made by.
+
+    ``detail`` says what differed (the function, an argument, a step id, a payload digest, the
+    contract); the outcome's next action carries it too, so that whoever reads only that knows."""
     inv.evidence.observed("plan", detail)
-    return Stop(Status.PLAN_MISMATCH, next_action)
+    return Stop(Status.PLAN_MISMATCH, f"{next_action} (what differs: {detail})")
 
 
 def refused_action(inv: Invocation, step_id: str, reason: str) -> Steps[Stop]:
@@ -275,7 +278,7 @@ def gate(inv: Invocation, step: Step, record: EffectRecord, waiting: Status) -> 
                 inv,
                 Status.AWAITING_INPUT,
                 f"answer the question of step {step.step_id!r} ({_question(record)}) with "
-                f"`longrun answer <store> {inv.task_id} {step.step_id} VALUE{signed}`, then run again{note}",
+                f"`longrun answer {inv.store_spec} {inv.task_id} {step.step_id} VALUE{signed}`, then run again{note}",
             )
         )
     raise (
@@ -283,7 +286,7 @@ def gate(inv: Invocation, step: Step, record: EffectRecord, waiting: Status) -> 
             inv,
             Status.AWAITING_APPROVAL,
             f"approve step {step.step_id!r} (action {step.action!r}, payload {record.payload_digest}) "
-            f"with `longrun approve <store> {inv.task_id} --step {step.step_id}{signed}`, then run again{note}",
+            f"with `longrun approve {inv.store_spec} {inv.task_id} --step {step.step_id}{signed}`, then run again{note}",
         )
     )
 

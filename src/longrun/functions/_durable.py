@@ -52,10 +52,27 @@ class DurableFunction(Generic[R]):
         link: ChildLink | None = None,
     ) -> tuple[Engine, FunctionPlan]:
         contract = self.contract_for(task_id)
+        self.check_arguments(args, kwargs)
         arguments = ensure_json({"args": list(args), "kwargs": dict(kwargs)}, what=f"arguments of {self.name}")
         assert isinstance(arguments, dict)
         plan = FunctionPlan(self, arguments, contract, link)
         return Engine(contract, **self._options), plan
+
+    def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        """Refuse arguments the function cannot take (``InvalidInputError`` naming the mismatch), so
+        that no task is recorded, started or run that could never call it."""
+        try:
+            signature = inspect.signature(self.fn)
+        except (TypeError, ValueError):  # a callable whose signature Python cannot tell: it is called as it is
+            return
+        try:
+            signature.bind(None, *args, **kwargs)  # None stands for the Run the function gets first
+        except TypeError as exc:
+            bare = signature.replace(  # the names and defaults say what it takes; annotations would only crowd them
+                parameters=[parameter.replace(annotation=inspect.Parameter.empty) for parameter in signature.parameters.values()],
+                return_annotation=inspect.Signature.empty,
+            )
+            raise InvalidInputError(f"{self.name}{bare} cannot take these arguments: {exc}; nothing was recorded") from None
 
     @property
     def is_async(self) -> bool:
@@ -231,6 +248,14 @@ def durable(
     def decorate(fn: Callable[..., R]) -> DurableFunction[R]:
         if not callable(fn):
             raise InvalidInputError(f"@durable needs a function, got {fn!r}")
+        name = qualified_name(fn)
+        if name.startswith("__main__:"):
+            raise InvalidInputError(
+                f"@durable function {name.partition(':')[2]!r} is defined in __main__, which no other process can import "
+                "(python -c, a REPL, a notebook, or a script named like a standard module), so its tasks could not be "
+                "resumed by `longrun resume` or a worker: define it in a module file (not named like a standard module) "
+                "and import it, or run that file as a script or with `python -m`"
+            )
         base = contract or RunContract(
             "durable-function",
             goal or f"run {qualified_name(fn)} to completion",

@@ -12,6 +12,7 @@ given (a ``DurableFunction`` is one), so the steps need not import the face abov
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, runtime_checkable
@@ -33,6 +34,7 @@ __all__ = [
     "cancelled_with",
     "check_no_cycle",
     "lineage",
+    "main_module_name",
     "qualified_name",
 ]
 
@@ -47,28 +49,35 @@ SLEEP_ACTION = INTERNAL_PREFIX + "sleep"
 CHILD_ACTION = INTERNAL_PREFIX + "child"
 
 def qualified_name(fn: Callable[..., Any]) -> str:
-    """``module:qualname`` of a function: how a task record names the code that runs it."""
+    """``module:qualname`` of a function: how a task record names the code that runs it.
+
+    A function of the script being run (module ``__main__``) is named by the module name the script
+    is importable by elsewhere (a resume, a worker): ``main_module_name()``; ``__main__`` only if it
+    has none."""
     target = getattr(fn, "__wrapped__", fn)
     module = getattr(target, "__module__", None) or "?"
     if module == "__main__":
-        # Run with ``python -m package.module``: the name it is imported by elsewhere (a resume, a
-        # worker). A script run by path has no such name; its tasks resume only from that script.
-        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-        module = getattr(spec, "name", None) or module
+        module = main_module_name() or module
     qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or type(target).__name__
     return f"{module}:{qualname}"
 
-def lineage(state: RunState | None) -> tuple[str, ...]:
-    """The task's ancestors as its function record names them, nearest first; () for a root task."""
+def _family(state: RunState | None, field: str) -> tuple[str, ...]:
+    """The task ids the function record names under ``field``; a record written before the field
+    was names the parent alone; () for a root task."""
     record = state.effects.get(FUNCTION_STEP) if state is not None else None
     payload = record.payload if record is not None else None
     if not isinstance(payload, dict):
         return ()
-    ancestors = payload.get("ancestors")
-    if isinstance(ancestors, list) and all(isinstance(task, str) for task in ancestors):
-        return tuple(str(task) for task in ancestors)
-    parent = payload.get("parent")  # recorded before the lineage was: the parent alone
+    named = payload.get(field)
+    if isinstance(named, list) and all(isinstance(task, str) for task in named):
+        return tuple(str(task) for task in named)
+    parent = payload.get("parent")
     return (parent,) if isinstance(parent, str) else ()
+
+
+def lineage(state: RunState | None) -> tuple[str, ...]:
+    """The task's ancestors as its function record names them, nearest first; () for a root task."""
+    return _family(state, "ancestors")
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,14 +109,9 @@ def cancelled_with(state: RunState | None) -> tuple[str, ...]:
     """The tasks whose cancellation cancels this one, as its function record names them: its
     parent and those whose cancellation reaches the parent; () for a root or a detached child."""
     record = state.effects.get(FUNCTION_STEP) if state is not None else None
-    payload = record.payload if record is not None else None
-    if not isinstance(payload, dict) or payload.get("detached") is True:
+    if record is not None and isinstance(record.payload, dict) and record.payload.get("detached") is True:
         return ()
-    named = payload.get("cancelled_with")
-    if isinstance(named, list) and all(isinstance(task, str) for task in named):
-        return tuple(str(task) for task in named)
-    parent = payload.get("parent")  # recorded before the list was: the parent alone
-    return (parent,) if isinstance(parent, str) else ()
+    return _family(state, "cancelled_with")
 
 
 def check_no_cycle(task_id: str, child: str, ancestors: tuple[str, ...]) -> None:
@@ -123,6 +127,45 @@ def check_no_cycle(task_id: str, child: str, ancestors: tuple[str, ...]) -> None
         child=child,
         lineage=chain,
     )
+
+
+def main_module_name() -> str | None:
+    """The name the running ``__main__`` module can be imported by from another process, or None.
+
+    Run with ``python -m package.module``: that name (``__main__.__spec__``). Run as a script by its
+    path: the dotted path of the file relative to the first ``sys.path`` entry that holds it (for
+    ``python tasks/agents.py``, ``agents``, found with ``--path tasks`` or from that directory),
+    provided every part is an identifier and no other module of that name is loaded or in the
+    standard library (importing it would find that one). None for ``python -c``, a REPL or a
+    notebook (code with no file to import), or a script named like a standard module."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    name = getattr(spec, "name", None)
+    if isinstance(name, str) and name and name != "__main__":
+        return name
+    path = getattr(main, "__file__", None)
+    if not isinstance(path, str) or not path.endswith(".py"):
+        return None
+    path = os.path.realpath(path)
+    for entry in sys.path:
+        root = os.path.realpath(entry or os.curdir)
+        relative = os.path.relpath(path, root)
+        if relative.startswith(os.pardir + os.sep) or os.path.isabs(relative):
+            continue
+        parts = relative[: -len(".py")].split(os.sep)
+        if parts and parts[-1] == "__init__":
+            parts.pop()
+        if not parts or not all(part.isidentifier() for part in parts):
+            continue
+        candidate = ".".join(parts)
+        loaded = sys.modules.get(candidate)
+        loaded_file = getattr(loaded, "__file__", None)
+        if parts[0] in sys.stdlib_module_names or parts[0] in sys.builtin_module_names:
+            return None  # an import of that name finds the standard library's module
+        if loaded is not None and (not isinstance(loaded_file, str) or os.path.realpath(loaded_file) != path):
+            return None  # another module of that name is loaded: an import would return it
+        return candidate
+    return None
 
 
 @runtime_checkable

@@ -21,6 +21,20 @@ from ._lineage import FUNCTION_STEP, ChildLink, TaskFunction, cancelled_with
 __all__ = ["FunctionPlan", "Recording", "run_coroutine"]
 
 
+class _NotGiven:
+    def __repr__(self) -> str:
+        return "not given"
+
+
+_NOT_GIVEN = _NotGiven()
+
+
+def _short(value: object) -> str:
+    """A value as a message shows it: its repr, cut to 80 characters."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 class FunctionPlan:
     """The ``Plan`` of a durable function: its code is the plan, its arguments pin it."""
 
@@ -33,6 +47,7 @@ class FunctionPlan:
     ):
         self._function = function
         self._arguments = arguments
+        self._contract = contract
         self._payload: dict[str, JSONValue] = {"function": function.name, **arguments}
         if link is not None:  # a child task names its family; the links are not part of the plan digest
             self._payload.update(link.recorded())
@@ -47,12 +62,62 @@ class FunctionPlan:
         if state.plan_digest == self.digest:
             return
         recorded = state.effects.get(FUNCTION_STEP)
-        what = f"function {recorded.payload.get('function')!r}" if recorded is not None and isinstance(recorded.payload, dict) else "a declared plan"
+        payload = recorded.payload if recorded is not None else None
+        name, args, kwargs = (payload.get("function"), payload.get("args"), payload.get("kwargs")) if payload else (None, None, None)
+        task = f"{engine.store_spec} {engine.task_id}"
+        if not isinstance(name, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise engine.mismatch(
+                f"the task runs a declared plan or a session (recorded plan digest {state.plan_digest}), not {self._function.name}",
+                f"run task {engine.task_id!r} with the code that started it (`longrun status {task}` shows it), or give "
+                f"{self._function.name} a new task id",
+            )
+        recorded_arguments: dict[str, JSONValue] = {"args": args, "kwargs": kwargs}
+        if self._recorded_as_main(name) and digest_of(
+            {"contract": self._contract.to_json(), "function": name, "arguments": self._arguments}
+        ) == state.plan_digest:
+            # Recorded by an earlier version, which named a script's function __main__:...: the
+            # same script goes on under that name (the digest its approvals are bound to).
+            self.digest = engine.plan_digest = state.plan_digest
+            return
+        arguments = self._argument_differences(args, kwargs)
+        same_contract = digest_of({"contract": self._contract.to_json(), "function": name, "arguments": recorded_arguments}) == state.plan_digest
+        differences = [
+            *([f"the function: recorded {name}, this run {self._function.name}"] if name != self._function.name else []),
+            *arguments,
+            *([] if same_contract else ["the run contract (goal, allowed or forbidden actions) is not the one it was started with"]),
+        ]
+        detail = "; ".join(differences) or "the plan digest"
+        if differences == arguments:
+            # Only the arguments differ: the task's own record holds the ones it was started with.
+            action = f"resume it with its recorded arguments: `longrun resume {task}` (or call run with them)"
+        else:
+            action = f"restore the code that started it ({name}, with its contract), then `longrun resume {task}`"
         raise engine.mismatch(
-            f"recorded plan digest {state.plan_digest} ({what}); this run's digest is {self.digest}",
-            f"run the task with the function and arguments it was started with (plan digest {state.plan_digest}), "
-            "or use `longrun resume <store> <task>`, which reads them from the task",
+            f"task {engine.task_id!r} was started differently ({detail}); recorded plan digest {state.plan_digest}, this run's {self.digest}",
+            f"{action}; or give this run a new task id. Nothing was run",
         )
+
+    def _recorded_as_main(self, name: str) -> bool:
+        target = getattr(self._function.fn, "__wrapped__", self._function.fn)
+        return getattr(target, "__module__", None) == "__main__" and name == "__main__:" + self._function.name.partition(":")[2]
+
+    def _argument_differences(self, args: list[JSONValue], kwargs: dict[str, JSONValue]) -> list[str]:
+        """Which arguments differ from the recorded ones, by parameter name when the signature tells."""
+        now_args, now_kwargs = self._args()
+        if args == now_args and kwargs == now_kwargs:
+            return []
+        try:
+            signature = inspect.signature(self._function.fn)
+            before = signature.bind(None, *args, **kwargs).arguments
+            after = signature.bind(None, *now_args, **now_kwargs).arguments
+        except (TypeError, ValueError):  # the recorded arguments no longer fit the function: show them whole
+            return [f"the arguments: recorded {_short([args, kwargs])}, this run {_short([now_args, now_kwargs])}"]
+        names = dict.fromkeys([*before, *after])
+        return [
+            f"argument {name!r}: recorded {_short(before.get(name, _NOT_GIVEN))}, this run {_short(after.get(name, _NOT_GIVEN))}"
+            for name in names
+            if before.get(name, _NOT_GIVEN) != after.get(name, _NOT_GIVEN)
+        ]
 
     def drive(self, engine: Engine) -> None:
         args, kwargs = self._args()
@@ -111,7 +176,11 @@ class Recording:
         self._plan.accept(engine, state)
 
     def drive(self, engine: Engine) -> None:
-        raise Stop(Status.RUNNING, "nothing yet: a worker runs it (`longrun worker`), or `longrun resume <store> <task>`")
+        raise Stop(
+            Status.RUNNING,
+            f"nothing yet: a worker runs it (`longrun worker {engine.store_spec} --import MODULE`), "
+            f"or `longrun resume {engine.store_spec} {engine.task_id}`",
+        )
 
     async def adrive(self, engine: Engine) -> None:
         self.drive(engine)

@@ -27,7 +27,7 @@ from ..protocols import ApprovalSource, CancellationSource, Clock, EffectAdapter
 from ..shell import CheckpointAdapter, CommandAdapter, OutputSink, describe_evidence
 from ._holder import holder_gone
 from ._next import ContinuationRule
-from ._plan import SessionPlan, settle_decisions
+from ._plan import SessionPlan, contract_difference, settle_decisions
 from ._records import (
     CHECKPOINT_ACTION,
     NextAction,
@@ -48,6 +48,12 @@ log = logging.getLogger("longrun")
 _DECISION = re.compile(re.escape(DECISION_PREFIX) + r"(\d+)")
 
 
+
+def _spec_of(store: Store) -> str:
+    """How next actions name ``store`` when the caller did not say (``<store>`` if it cannot be named)."""
+    spec = getattr(store, "spec", None)
+    return shlex.quote(spec) if isinstance(spec, str) and spec else "<store>"
+
 class Session:
     """A checkpointed session's task in a store (see the module docstring).
 
@@ -61,7 +67,7 @@ class Session:
         store: Store,
         task_id: str,
         *,
-        store_spec: str = "<store>",
+        store_spec: str | None = None,
         stdout: OutputSink | None = None,
         stderr: OutputSink | None = None,
         clock: Clock | None = None,
@@ -71,7 +77,7 @@ class Session:
     ):
         self.store = store
         self.task_id = check_task_id(task_id)
-        self.store_spec = store_spec
+        self.store_spec = store_spec if store_spec is not None else _spec_of(store)
         self.clock: Clock = clock or SystemClock()
         self.owner = owner or default_owner()
         self.approvals: ApprovalSource = approvals if approvals is not None else store
@@ -81,7 +87,7 @@ class Session:
         self._rule = ContinuationRule(
             store,
             self.task_id,
-            store_spec=store_spec,
+            store_spec=self.store_spec,
             clock=self.clock,
             approvals=self.approvals,
             cancellations=self.cancellations,
@@ -178,8 +184,8 @@ class Session:
                 raise InvalidInputError(f"task {self.task_id!r} already exists and is not a checkpointed session; choose another task id")
             if state.plan_digest != session_digest(contract):
                 raise InvalidInputError(
-                    f"task {self.task_id!r} was started with another run contract (plan digest {state.plan_digest}, this "
-                    f"file's {session_digest(contract)}); a changed contract needs a new task id"
+                    f"task {self.task_id!r} was started with another run contract ({contract_difference(state, contract)}; "
+                    f"plan digest {state.plan_digest}, this file's {session_digest(contract)}); a changed contract needs a new task id"
                 )
             return self._after(None, None, notes=("the task was already started with this run contract: nothing changed",))
 
@@ -187,7 +193,7 @@ class Session:
 
         def drive(engine: Engine) -> None:
             if plan.created:
-                raise engine.wait(Status.RUNNING, self._rule.step_action(contract, engine.state, "<store>").text)
+                raise engine.wait(Status.RUNNING, self._rule.step_action(contract, engine.state, self.store_spec).text)
             raise Stop(engine.state.status, engine.state.next_action)  # another init got there first
 
         plan = SessionPlan(contract, drive, create=True, source=source)
@@ -275,7 +281,7 @@ class Session:
             if refusal is not None:
                 raise engine.refused_action(step_id, refusal)
             engine.effect(Step(step_id, step.action, payload, approval=needs_approval), retry=self._step_retry(contract))
-            raise engine.wait(Status.RUNNING, self._rule.step_action(contract, engine.state, "<store>").text)
+            raise engine.wait(Status.RUNNING, self._rule.step_action(contract, engine.state, self.store_spec).text)
 
         outcome = self._run(self._engine(contract, adapter), SessionPlan(contract, drive), contract)
         return self._after(step_id, outcome)
@@ -338,7 +344,7 @@ class Session:
                 else:  # planned and verified in one commit: an interrupted checkpoint leaves nothing behind
                     engine.plan(Step(step_id, CHECKPOINT_ACTION, payload))
                     engine.complete(step_id, evidence)
-            raise engine.wait(Status.RUNNING, self._rule.step_action(contract, engine.state, "<store>").text)
+            raise engine.wait(Status.RUNNING, self._rule.step_action(contract, engine.state, self.store_spec).text)
 
         outcome = self._run(self._engine(contract), SessionPlan(contract, drive), contract)
         return self._after(step_id, outcome)
@@ -385,7 +391,7 @@ class Session:
             engine.plan(Step(step_id, ASK_ACTION, {"question": reason, "choices": None}))
             decided.append(step_id)
             settle_decisions(engine)
-            raise engine.wait(Status.RUNNING, self._rule.step_action(contract, engine.state, "<store>").text)
+            raise engine.wait(Status.RUNNING, self._rule.step_action(contract, engine.state, self.store_spec).text)
 
         outcome = self._run(self._engine(contract), SessionPlan(contract, drive), contract)
         return self._after(decided[0] if decided and outcome.status is Status.AWAITING_INPUT else None, outcome)

@@ -12,7 +12,18 @@ from ..envelope import RunState
 from ..ledger import EffectState
 from ._records import CONTRACT_STEP, session_digest
 
-__all__ = ["SessionPlan", "settle_decisions"]
+__all__ = ["SessionPlan", "contract_difference", "settle_decisions"]
+
+
+def contract_difference(state: RunState, contract: SessionContract) -> str:
+    """What differs between ``contract`` and the one ``state`` was started with: its fields by name."""
+    recorded = state.effects.get(CONTRACT_STEP)
+    before = recorded.payload.get("contract") if recorded is not None else None
+    after = contract.to_json()
+    if not isinstance(before, dict):
+        return "the run contract is not the one the task was started with"
+    changed = sorted(key for key in {*before, *after} if before.get(key) != after.get(key))
+    return f"the run contract differs from the one the task was started with in: {', '.join(changed) or 'its digest'}"
 
 
 class SessionPlan:
@@ -28,7 +39,7 @@ class SessionPlan:
 
     def initial(self, engine: Engine, state: RunState) -> None:
         if not self._create:
-            raise engine.mismatch("the task has no state", "start the task with `longrun init <store> TASK --contract FILE`")
+            raise engine.mismatch("the task has no state", f"start the task with `longrun init {engine.store_spec} {engine.task_id} --contract FILE`")
         payload: dict[str, JSONValue] = {"contract": self._contract.to_json(), "file": self._source}
         engine.plan(Step(CONTRACT_STEP, CONTRACT_STEP, payload))
         engine.complete(CONTRACT_STEP, {"contract_digest": self._contract.digest})
@@ -37,7 +48,8 @@ class SessionPlan:
     def accept(self, engine: Engine, state: RunState) -> None:
         if state.plan_digest != self.digest:
             raise engine.mismatch(
-                f"recorded plan digest {state.plan_digest}; the run contract's digest is {self.digest}",
+                f"{contract_difference(state, self._contract)}: recorded plan digest {state.plan_digest}, "
+                f"this contract's {self.digest}",
                 "the task was started with another run contract: a changed contract needs a new task id",
             )
 

@@ -11,8 +11,10 @@ Drivers are imported here, lazily, only for a PostgreSQL URL, so ``import longru
 third-party package; with neither driver installed the URL is refused with ``InvalidInputError``.
 Opening does not connect: the first store call does, and a connection failure is then a
 ``StorageError``. ``create`` is handed to the store: with ``create=True`` (the default here) a
-SQLite file or JSON directory that does not exist is created on first use, with ``create=False``
-it is refused (``InvalidInputError``): what an operator's command wants.
+SQLite file or JSON directory that does not exist is created on first use (a PostgreSQL schema gets
+longrun's tables), with ``create=False`` it is refused (``InvalidInputError``): what an operator's
+command wants. Either way a directory, file or schema that exists and is not a longrun store is
+refused with ``NotAStoreError`` (see each store).
 """
 
 from __future__ import annotations
@@ -49,12 +51,28 @@ def open_store(spec: str, *, create: bool = True) -> Store:
     if spec.startswith(_POSTGRES_SCHEMES):
         from .postgres import PostgresStore
 
-        return PostgresStore(postgres_connector(spec))
+        store = PostgresStore(postgres_connector(spec), create=create)
+        store.spec = _without_password(spec)
+        return store
     from .jsonfile import JsonFileStore
 
     if not create and not os.path.isdir(spec):
         raise InvalidInputError(f"store directory {spec!r} does not exist")
     return JsonFileStore(spec, create=create)
+
+
+def _without_password(url: str) -> str:
+    """``url`` as next actions may quote it: its password, in the URL or its query, left out."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        netloc = parts.netloc.rpartition("@")
+        if parts.password is not None:
+            user = netloc[0].partition(":")[0]
+            netloc = (user, "@", netloc[2])
+        query = urllib.parse.urlencode([(k, v) for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True) if k != "password"])
+        return urllib.parse.urlunsplit((parts.scheme, "".join(netloc), parts.path, query, parts.fragment))
+    except ValueError:
+        return "postgresql://..."
 
 
 def postgres_connector(url: str, *, driver: str | None = None) -> Callable[[], Any]:

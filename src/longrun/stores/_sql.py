@@ -99,6 +99,9 @@ class SqlStore(BaseStore):
     def _schema_table_sql(self) -> str:
         raise NotImplementedError
 
+    def _refuse_without_schema(self) -> None:
+        """A store that may create its schema where none is (the default) refuses nothing."""
+
     def _now_sql(self) -> str:
         raise NotImplementedError
 

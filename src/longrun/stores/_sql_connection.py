@@ -55,6 +55,11 @@ class SqlDialect(Protocol):
         """A query whose one row's first value is true if ``longrun_schema`` exists."""
         ...
 
+    def _refuse_without_schema(self) -> None:
+        """Called where no schema is, before one is created: raise ``NotAStoreError`` if this store
+        may not create it (the ``longrun_schema`` table is the store's marker)."""
+        ...
+
     def _now_sql(self) -> str:
         """An SQL expression for the database's clock, in seconds since the epoch."""
         ...
@@ -173,7 +178,10 @@ class SqlConnection:
         A current schema is only read (no DDL, no lock), so a database user without the right to
         create tables can use tables an administrator created.
         """
-        if self._schema_step(write=False) < SCHEMA_VERSION:
+        current = self._schema_step(write=False)
+        if current == 0:
+            self._dialect._refuse_without_schema()
+        if current < SCHEMA_VERSION:
             self._schema_step(write=True)
         self._schema_checked = True
 

@@ -116,6 +116,11 @@ class BaseStore:
     """A read-only transaction sees a snapshot while writers go on (SQLite's WAL readers): a
     read-only load then reads the witness before the state (see ``load``)."""
 
+    spec: str | None = None
+    """The string that names this store to ``open_store`` and the command line (a directory,
+    ``sqlite:PATH``, a PostgreSQL URL without its password), which next actions quote; None if
+    the store cannot be named so (a PostgreSQL store built from a connection factory)."""
+
     _holders: HolderLocks | None = None
     """The kernel locks that prove a holder's liveness on this machine (``_holders``); None for a
     store shared across machines, whose leases end by expiry only."""

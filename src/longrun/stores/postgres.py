@@ -33,7 +33,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, NotAStoreError
 from ._sql import SqlStore
 
 __all__ = ["PostgresStore", "driver_errors"]
@@ -45,7 +45,10 @@ class PostgresStore(SqlStore):
     """A store in a PostgreSQL database reached through ``connect()``, a DB-API 2.0 factory.
 
     The factory must return a new connection with no transaction open; its ``search_path``
-    chooses the schema the ``longrun_*`` tables live in.
+    chooses the schema the ``longrun_*`` tables live in. With ``create=True`` (the default) they are
+    created there on first use; with ``create=False`` (what ``open_store`` gives the command line) a
+    schema without longrun's ``longrun_schema`` table (its marker) is refused with
+    ``NotAStoreError`` on first use, and nothing is created.
 
     One store object may be shared by threads: it holds one connection and a lock lets one thread
     at a time use it, for one whole transaction (the driver's connection is never used by two
@@ -55,8 +58,9 @@ class PostgresStore(SqlStore):
     placeholder = "%s"
     types = {"int": "BIGINT", "float": "DOUBLE PRECISION", "serial": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY", "bytes": "BYTEA"}
 
-    def __init__(self, connect: Callable[[], Any], *, transaction_timeout_s: float = 10.0):
+    def __init__(self, connect: Callable[[], Any], *, transaction_timeout_s: float = 10.0, create: bool = True):
         super().__init__()
+        self.create = bool(create)
         if not callable(connect):
             raise InvalidInputError("PostgresStore needs a connection factory: a callable returning a DB-API connection")
         if (
@@ -114,6 +118,14 @@ class PostgresStore(SqlStore):
 
     def _lock_task_sql(self, *, write: bool) -> str:
         return "SELECT task_id FROM longrun_tasks WHERE task_id = ?" + (" FOR UPDATE" if write else "")
+
+    def _refuse_without_schema(self) -> None:
+        if not self.create:
+            raise NotAStoreError(
+                f"{self.spec or repr(self)} is not a longrun store: its schema (search_path) holds no longrun_schema "
+                "table; nothing was created. Name the database and schema the store is in, or open it with create=True",
+                path=self.spec or repr(self),
+            )
 
     def _schema_table_sql(self) -> str:
         return "SELECT to_regclass('longrun_schema') IS NOT NULL"

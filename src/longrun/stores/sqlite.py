@@ -41,7 +41,7 @@ import urllib.parse
 from typing import Any
 
 from ..canonical import JSONValue, canonical_bytes, parse_json, sha256_hex
-from ..errors import CorruptStateError, InvalidInputError, StorageError
+from ..errors import CorruptStateError, InvalidInputError, NotAStoreError, StorageError
 from ..lease import Lease
 from ._fileio import FileIO, ensure_dir, ensure_dirs, read_small, write_atomic
 from ._holders import HolderLocks
@@ -79,6 +79,11 @@ def _count(value: object) -> bool:
     return type(value) is int and 0 <= value < 2**63
 
 
+_SQLITE_NOTADB = 26
+"""SQLITE_NOTADB: the file is not a database. (The header is not read apart: closing any other
+descriptor of the database file would drop the POSIX locks this process's connections hold on it.)"""
+
+
 class SqliteStore(SqlStore):
     """A store in one SQLite database file.
 
@@ -101,6 +106,7 @@ class SqliteStore(SqlStore):
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout_s: float = 30.0, create: bool = False):
         super().__init__()
         self.path = os.path.abspath(os.fspath(path))
+        self.spec = "sqlite:" + self.path
         if isinstance(busy_timeout_s, bool) or not isinstance(busy_timeout_s, (int, float)) or not busy_timeout_s >= 0:
             raise InvalidInputError(f"busy_timeout_s must be a non-negative number, got {busy_timeout_s!r}")
         self.busy_timeout_s = float(busy_timeout_s)
@@ -129,6 +135,7 @@ class SqliteStore(SqlStore):
         if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
             raise InvalidInputError(f"SQLite store {self.path!r} is not a regular file (symlinks are refused)")
 
+
     def _connect(self) -> Any:
         self._check_path(connecting=True)
         if self.create:
@@ -149,6 +156,15 @@ class SqliteStore(SqlStore):
             target, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False, uri=not self.create
         )
         try:
+            try:
+                connection.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+            except sqlite3.DatabaseError as exc:
+                if getattr(exc, "sqlite_errorcode", None) == _SQLITE_NOTADB:
+                    raise NotAStoreError(
+                        f"SQLite store {self.path!r} is not a longrun store: it is not an SQLite database; nothing was changed",
+                        path=self.path,
+                    ) from None
+                raise
             if not self.create:
                 self._refuse_foreign(connection)
             mode = self._enter_wal(connection)
@@ -168,9 +184,10 @@ class SqliteStore(SqlStore):
         not turn that file into a longrun store. A database with no table yet is a new store."""
         tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if tables and "longrun_schema" not in tables:
-            raise InvalidInputError(
+            raise NotAStoreError(
                 f"SQLite store {self.path!r} holds no longrun store (no longrun_schema table); nothing was changed. "
-                "Open it with create=True to add longrun's tables to it"
+                "Open it with create=True to add longrun's tables to it",
+                path=self.path,
             )
 
     def _enter_wal(self, connection: sqlite3.Connection) -> str:

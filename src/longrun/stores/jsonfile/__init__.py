@@ -2,6 +2,8 @@
 
 Layout under ``root`` (directories 0700, files 0600)::
 
+    .longrun-store          the store marker, written with the first task: a directory without it
+                            that is not empty and holds no task longrun wrote is refused
     <task id>/
         state.json          the snapshot: the whole state at one revision (format in ``_journal``)
         journal.<R>.log     the journal: one line per commit after revision R, then zero padding
@@ -144,6 +146,7 @@ from ._layout import (
     HOLDER_LOCK as HOLDER_LOCK,
     LEASE as LEASE,
     LOCK as LOCK,
+    MARKER as MARKER,
     MAX_APPROVAL_FILES as MAX_APPROVAL_FILES,
     MAX_JOURNAL_BYTES as MAX_JOURNAL_BYTES,
     MAX_OPEN_JOURNALS as MAX_OPEN_JOURNALS,

@@ -21,14 +21,15 @@ import time
 
 from ...contract import check_task_id
 from ...envelope import MAX_STATE_BYTES
-from ...errors import CorruptStateError, InvalidInputError, LongrunError, StorageError, UnknownTaskError
+from ...canonical import parse_json
+from ...errors import CorruptStateError, InvalidInputError, LongrunError, NotAStoreError, StorageError, UnknownTaskError
 from ..blobs import Blob, decode_blob
-from .._fileio import TEMP_MARK, FileIO, ensure_dir, ensure_dirs, read_file, write_new_files
+from .._fileio import TEMP_MARK, FileIO, ensure_dir, ensure_dirs, read_file, read_small, write_atomic, write_new_files
 from ..controlfiles import APPROVALS, CANCEL, CONTROL, MAX_APPROVAL_FILES, MAX_RECORD_BYTES
 
 __all__ = [
     "APPROVALS", "BACKUP", "BLOBS", "CANCEL", "COMPACT_MIN_BYTES", "COMPACT_RATIO", "CONTROL", "HOLDER_LOCK", "LEASE", "LOCK",
-    "MAX_APPROVAL_FILES", "MAX_JOURNAL_BYTES", "MAX_OPEN_JOURNALS", "MAX_RECORD_BYTES", "MAX_STATE_BYTES", "NONBLOCK",
+    "MARKER", "MAX_APPROVAL_FILES", "MAX_JOURNAL_BYTES", "MAX_OPEN_JOURNALS", "MAX_RECORD_BYTES", "MAX_STATE_BYTES", "NONBLOCK",
     "PREALLOCATE_MAX", "PREALLOCATE_MIN", "QUARANTINE", "STATE", "Gate", "Gates", "TaskFiles", "journal_name",
 ]  # fmt: skip
 
@@ -39,6 +40,13 @@ HOLDER_LOCK = "lease.lock"
 LOCK = "lock"
 QUARANTINE = "quarantine"
 BLOBS = "blobs"
+MARKER = ".longrun-store"
+"""The store marker in the root: says the directory is a longrun store (``TaskFiles.check_store``)."""
+MARKER_FORMAT = "longrun-jsonfile-store"
+MARKER_BYTES = b'{"format": "longrun-jsonfile-store", "version": 1}\n'
+TASK_FILE_NAMES = frozenset({"state.json", "state.json.bak", "lease.json", "lease.lock", "lock", "control", "quarantine"})
+"""Names only longrun writes in a task directory: one of them makes a directory a task of an
+earlier version's store, written before stores were marked."""
 """The task's blobs: large payloads and results, one file each, named by the SHA-256 of its bytes."""
 BLOB_NAME = re.compile(r"[0-9a-f]{64}")
 BLOB_QUARANTINE_PREFIX = "blob."
@@ -77,6 +85,73 @@ class TaskFiles:
         self.io = io
         self.create = create
         self._dirs: dict[str, str] = {}
+        self._marked = False
+
+    def check_store(self) -> None:
+        """Refuse a root that exists and is not a longrun store (``NotAStoreError`` naming it).
+
+        A store is a directory that holds the marker (``MARKER``), or is empty, or (written by an
+        earlier version, before stores were marked) holds a task directory with a file only
+        longrun writes; the marker is written into such a store when a task is first created in it
+        (``ensure_root``). A missing root is left to ``create``. Reads only, through a plain
+        ``FileIO`` rather than the store's: opening a store is not one of its operations, so an
+        injected ``io`` (``FaultyIO``, a crash test's) counts from the store's first call."""
+        io = FileIO()
+        try:
+            info = io.stat(self.root)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except OSError as exc:
+            raise StorageError(f"cannot check the store root {self.root}: {exc}") from exc
+        if not stat.S_ISDIR(info.st_mode):
+            raise NotAStoreError(f"{self.root} is not a longrun store: it is not a directory", path=self.root)
+        try:
+            marker = read_small(io, os.path.join(self.root, MARKER), 4096)
+            if marker is not None:
+                self._check_marker(marker)
+                return
+            names = sorted(name for name in io.listdir(self.root) if not name.startswith("."))
+            if not names or any(self._is_task_of_an_earlier_store(io, name) for name in names):
+                return
+        except LongrunError:
+            raise
+        except OSError as exc:
+            raise StorageError(f"cannot check the store root {self.root}: {exc}") from exc
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        raise NotAStoreError(
+            f"{self.root} is not a longrun store: it holds no store marker ({MARKER}) and no task longrun wrote "
+            f"(it holds {shown}); name the store's directory, or a new or empty one to make a store there",
+            path=self.root,
+        )
+
+    def _check_marker(self, data: bytes) -> None:
+        try:
+            marker = parse_json(data, what=f"store marker {os.path.join(self.root, MARKER)}", max_bytes=4096)
+        except CorruptStateError as exc:
+            raise NotAStoreError(f"{self.root} is not a longrun store: {exc}", path=self.root) from None
+        found = marker.get("format") if isinstance(marker, dict) else None
+        if found != MARKER_FORMAT:
+            raise NotAStoreError(
+                f"{self.root} is not a longrun JSON-file store: its marker says format {found!r}, not {MARKER_FORMAT!r}", path=self.root
+            )
+        self._marked = True
+
+    def _is_task_of_an_earlier_store(self, io: FileIO, name: str) -> bool:
+        try:
+            check_task_id(name)
+            entries = io.listdir(os.path.join(self.root, name))
+        except (LongrunError, NotADirectoryError, FileNotFoundError, PermissionError):
+            return False
+        return any(entry in TASK_FILE_NAMES or JOURNAL_NAME.fullmatch(entry) for entry in entries)
+
+    def mark(self) -> None:
+        """Write the store marker into the root unless it holds one (a new store, or one an earlier
+        version wrote, adopted now), durably, before the first task is created through this object."""
+        if self._marked:
+            return
+        if read_small(self.io, os.path.join(self.root, MARKER), 4096) is None:
+            write_atomic(self.io, self.root, MARKER, MARKER_BYTES)
+        self._marked = True
 
     def task_dir(self, task_id: str) -> str:
         directory = self._dirs.get(task_id)
@@ -133,8 +208,10 @@ class TaskFiles:
             if not self.create:
                 raise self.missing_root() from None
             ensure_dirs(self.io, self.root)  # owner-only, each made durable in its parent
+            self.mark()
             return
         if stat.S_ISDIR(info.st_mode):
+            self.mark()
             return
         if stat.S_ISLNK(info.st_mode):
             try:
@@ -143,6 +220,7 @@ class TaskFiles:
                 raise StorageError(f"store root {self.root} is a symbolic link to nothing") from None
             user = os.geteuid()
             if stat.S_ISDIR(target.st_mode) and target.st_uid == user and info.st_uid in (user, 0):
+                self.mark()
                 return
             raise StorageError(
                 f"store root {self.root} is a symbolic link, accepted only to a directory owned by this user "

@@ -60,7 +60,10 @@ class JsonFileStore(BaseStore):
     (``longrun.stores.jsonfile``) gives the layout, the invariants and what is not guaranteed.
 
     ``root`` must exist, unless ``create=True``: then it is made (with any missing parents,
-    owner-only) when a lease is first taken. Without it, taking a lease in a missing root raises
+    owner-only) when a lease is first taken, with the store marker (``.longrun-store``). A root
+    that exists and is not a store (no marker, not empty, and no task directory longrun wrote) is
+    refused here with ``NotAStoreError`` naming it, whatever ``create`` says; a store an earlier
+    version wrote (no marker, but its tasks) is used, and marked when a task is first created. Without it, taking a lease in a missing root raises
     ``InvalidInputError`` and creates nothing, so a path that names the wrong place (a typo, a
     volume that is not mounted) cannot start every task afresh in a new, empty store. Reading a
     missing root finds no task (``UnknownTaskError``, an empty ``list_tasks``). Opening the store
@@ -80,9 +83,11 @@ class JsonFileStore(BaseStore):
     def __init__(self, root: str | os.PathLike[str], *, io: FileIO | None = None, create: bool = False):
         super().__init__()
         self.root = os.path.abspath(os.fspath(root))
+        self.spec = self.root
         self.io = io if io is not None else FileIO()
         self.create = bool(create)
         self._files = TaskFiles(self.root, self.io, create=self.create)
+        self._files.check_store()
         self._gates = Gates()
         self._writing = Writers(self._files, self._gates)
         self._handles = Handles(self.io, self._gates)
@@ -92,6 +97,12 @@ class JsonFileStore(BaseStore):
 
     def __repr__(self) -> str:
         return f"JsonFileStore({self.root!r})"
+
+    def create_root(self) -> None:
+        """Make the root and its store marker now (``create=True``), rather than with the first task:
+        what ``longrun init --create-store`` does. An existing store is left as it is (an earlier
+        version's gets its marker)."""
+        self._files.ensure_root()
 
     @property
     def _writers(self) -> dict[str, Writer]:

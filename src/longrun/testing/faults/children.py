@@ -4,19 +4,33 @@
 ``JsonFileStore`` whose I/O names the crash points (``CrashPointIO``) and prints its outcome as one
 JSON line; ``... race WORKDIR [options]`` runs it until it is done, whoever holds the lease,
 logging every lease and state write in order (``RaceLogIO``) for ``check_race_log``.
+
+Inside ``fork_servers()``, ``spawn`` forks each child from a server process (``... fork-server``)
+that imported this module once, instead of starting Python: importing longrun and this suite costs
+most of a short child's time. A forked child is armed from its environment as a started one is
+(``LONGRUN_CRASH_AT``, ``LONGRUN_CRASH_TRACE``, read again after the fork), writes its output to
+files, and is a process of its own: its SIGKILL is the server's child's, reported as the exit code.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import os
+import queue
 import random
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import time
-from typing import Any, Sequence
+import traceback
+from typing import Any, Generator, Sequence
+
+from ... import _crashpoints
 
 from ...budget import Limits, RetryPolicy
 from ...clock import SystemClock
@@ -29,7 +43,10 @@ from .. import OutboxAdapter
 from .points import CrashPointIO, file_kind
 from .task import FACES, ShiftedClock, SlowAdapter, call_log_of, durable_arguments, durable_task, pace_calls, plan
 
-__all__ = ["SRC", "RaceLogIO", "Workdir", "child_command", "child_env", "child_main", "race_command", "race_main", "spawn"]
+__all__ = [
+    "SRC", "ForkServer", "RaceLogIO", "Workdir", "child_command", "child_env", "child_main", "fork_server_main", "fork_servers",
+    "race_command", "race_main", "spawn",
+]  # fmt: skip
 
 SRC = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir))
 """The directory longrun is imported from (``src`` in a checkout): a child imports the same code."""
@@ -77,18 +94,139 @@ def spawn(work: Workdir, *options: str, crash_at: str = "", timeout: float = 120
     given) and wait: its exit code, its outcome (None if it printed none) and its stderr."""
     index = work.children
     work.children += 1
-    env = child_env(LONGRUN_CRASH_TRACE=work.trace(index), **({"LONGRUN_CRASH_AT": crash_at} if crash_at else {}))
+    crash = {"LONGRUN_CRASH_TRACE": work.trace(index), **({"LONGRUN_CRASH_AT": crash_at} if crash_at else {})}
     offset = str(1e6 * (index + 1))  # each child is far past the leases of the ones before it
-    completed = subprocess.run(
-        child_command(work.root, work.outbox, "--offset", offset, *options), env=env, capture_output=True, text=True, timeout=timeout
-    )
-    outcome = None
-    if completed.stdout.strip():
+    arguments = [work.root, work.outbox, "--offset", offset, *options]
+    pool = _servers
+    if pool is not None:
+        server = pool.get()
         try:
-            outcome = json.loads(completed.stdout.strip().splitlines()[-1])
+            output = os.path.join(work.dir, f"child-{index}")
+            code = server.run(arguments, crash, output, timeout)
+        finally:
+            pool.put(server)
+        stdout, stderr = (_read_text(f"{output}.{stream}") for stream in ("out", "err"))
+    else:
+        completed = subprocess.run(child_command(*arguments), env=child_env(**crash), capture_output=True, text=True, timeout=timeout)
+        code, stdout, stderr = completed.returncode, completed.stdout, completed.stderr
+    outcome = None
+    if stdout.strip():
+        try:
+            outcome = json.loads(stdout.strip().splitlines()[-1])
         except ValueError:
             outcome = None
-    return completed.returncode, outcome, completed.stderr
+    return code, outcome, stderr
+
+
+def _read_text(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        return handle.read()
+
+
+class ForkServer:
+    """A server process that imported the fault task once; ``run`` forks one child of it per call."""
+
+    def __init__(self) -> None:
+        # A session of its own: on a timeout the server and the child it forked are killed together.
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "longrun.testing.faults", "fork-server"], env=child_env(), stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True, start_new_session=True,
+        )  # fmt: skip
+
+    def run(self, arguments: list[str], crash: dict[str, str], output: str, timeout: float) -> int:
+        """Run ``child_main(arguments)`` in a child forked with ``crash`` added to its environment, its
+        stdout and stderr in ``output``.out and ``output``.err: its exit code (negative: its signal)."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps({"arguments": arguments, "crash": crash, "output": output}) + "\n")
+        self.process.stdin.flush()
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        line = self.process.stdout.readline() if ready else ""
+        if not line:
+            self.kill()
+            raise subprocess.TimeoutExpired(child_command(*arguments), timeout) if not ready else RuntimeError("the fork server died")
+        code: int = json.loads(line)["exit"]
+        return code
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+_servers: queue.Queue[ForkServer] | None = None
+
+
+@contextlib.contextmanager
+def fork_servers(count: int) -> Generator[None]:
+    """While open, ``spawn`` forks its children from ``count`` servers (one per thread that spawns
+    at once) instead of starting a Python process for each."""
+    global _servers
+    if _servers is not None:  # already inside: the outer servers serve
+        yield
+        return
+    pool: queue.Queue[ForkServer] = queue.Queue()
+    servers = [ForkServer() for _ in range(count)]
+    for server in servers:
+        pool.put(server)
+    _servers = pool
+    try:
+        yield
+    finally:
+        _servers = None
+        for server in servers:
+            server.close()
+
+
+def fork_server_main() -> int:
+    """The server: for each request line on stdin, fork a child that runs ``child_main`` armed with
+    the request's crash settings, wait for it, and answer its exit code on one line."""
+    for line in sys.stdin:
+        request = json.loads(line)
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            _forked_child(request)
+        _, status = os.waitpid(pid, 0)
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        sys.stdout.write(json.dumps({"exit": code}) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+def _forked_child(request: dict[str, Any]) -> None:
+    """In the forked child: the environment and the streams of a started child, then ``child_main``."""
+    code = 1
+    try:
+        for name in [name for name in os.environ if name.startswith("LONGRUN_CRASH_")]:
+            del os.environ[name]
+        os.environ.update(request["crash"])
+        importlib.reload(_crashpoints)  # armed from the environment, as at a process's start
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        for fd, stream in ((1, "out"), (2, "err")):
+            target = os.open(f"{request['output']}.{stream}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(target, fd)
+            os.close(target)
+        code = child_main(request["arguments"])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
 
 
 def child_main(argv: Sequence[str]) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 from ...stores import TEMP_MARK
 from ...stores.jsonfile import JsonFileStore
 from .checks import call_counts, check_final, check_revisions, outbox_counts, revisions_of, settled_calls
-from .children import Workdir, spawn
+from .children import Workdir, fork_servers, spawn
 from .points import points_for, read_trace
 from .results import GroupResult, merge
 from .task import APPROVALS, pre_approve
@@ -89,34 +89,36 @@ def _names(root: str) -> list[str]:
     return found
 
 
-def run(base: str, *, full: bool, workers: int = 2, face: str = "runner") -> GroupResult:
+def run(base: str, *, full: bool, workers: int = 2, face: str = "runner", small: bool = False) -> GroupResult:
     """Named kill points: each point at its 1st, 2nd and last occurrence in a 20-step task.
 
     Quick counts: the 1st and the last; under the durable face (twice the commits, so twice the
-    time) the 1st or the last, in turn from one point to the next."""
+    time) the 1st or the last, in turn from one point to the next. ``small`` (the unit tests'
+    default scale): every point still, under either face at the 1st or the last in turn."""
     result = GroupResult(1, "named kill points", face)
     options = ["--face", face, "--steps", str(STEPS), "--approvals", ",".join(map(str, APPROVALS)),
                "--monotonic-step", "4", "--ttl", "10"]  # fmt: skip
-    calibration = Workdir(base, "calibration")
-    pre_approve(calibration.root, "fault-task", STEPS, APPROVALS, face=face, call_log=calibration.calls)
-    code, outcome, err = spawn(calibration, *options)
-    if code != 0 or outcome is None or outcome["status"] != "done":
-        result.fail(f"the calibration run did not finish (exit {code}, {outcome}): {err[-400:]}")
-        return result
-    counts: dict[str, int] = {}
-    for name, occurrence, _ in read_trace(calibration.trace(0)):
-        counts[name] = max(counts.get(name, 0), occurrence)
-    cases: list[tuple[str, int]] = []
-    points = points_for(face)
-    for number, point in enumerate(points):
-        last = counts.get(point, 0)
-        if not last:
-            result.fail(f"point {point} is never reached in a {STEPS}-step task")
-            continue
-        wanted = {1, 2, last} if full else {1, last} if face == "runner" else {(1, last)[number % 2]}
-        cases.extend((point, occurrence) for occurrence in sorted(wanted) if occurrence <= last)
-    result.notes.append(f"{len(points)} points, {len(cases)} (point, occurrence) cases")
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for part in pool.map(lambda case: _case(base, case[0], case[1], options, face), cases):
-            merge(result, part)
+    with fork_servers(workers):  # each child forked from a server that imported the task once
+        calibration = Workdir(base, "calibration")
+        pre_approve(calibration.root, "fault-task", STEPS, APPROVALS, face=face, call_log=calibration.calls)
+        code, outcome, err = spawn(calibration, *options)
+        if code != 0 or outcome is None or outcome["status"] != "done":
+            result.fail(f"the calibration run did not finish (exit {code}, {outcome}): {err[-400:]}")
+            return result
+        counts: dict[str, int] = {}
+        for name, occurrence, _ in read_trace(calibration.trace(0)):
+            counts[name] = max(counts.get(name, 0), occurrence)
+        cases: list[tuple[str, int]] = []
+        points = points_for(face)
+        for number, point in enumerate(points):
+            last = counts.get(point, 0)
+            if not last:
+                result.fail(f"point {point} is never reached in a {STEPS}-step task")
+                continue
+            wanted = {1, 2, last} if full else {1, last} if face == "runner" and not small else {(1, last)[number % 2]}
+            cases.extend((point, occurrence) for occurrence in sorted(wanted) if occurrence <= last)
+        result.notes.append(f"{len(points)} points, {len(cases)} (point, occurrence) cases")
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            for part in pool.map(lambda case: _case(base, case[0], case[1], options, face), cases):
+                merge(result, part)
     return result

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Sequence
 from . import (
     clock_faults, damaged_files, io_errors, kill_points, lost_records, power_loss, racing_runners, random_kills, retry_limits, stale_epochs,
 )  # fmt: skip
-from .children import child_main, race_main
+from .children import child_main, fork_server_main, race_main
 from .results import HEADER, GroupResult, merge
 from .task import FACES
 
@@ -40,14 +40,20 @@ GROUPS: dict[int, Callable[..., GroupResult]] = {
     9: retry_limits.run,
     10: lost_records.run,
 }
-"""Each group's ``run(base, *, full[, face])`` by its number."""
+"""Each group's ``run(base, *, full[, face][, small])`` by its number."""
 FACED_GROUPS = frozenset((1, 2, 6, 7, 8, 9))
 """The groups that drive the engine, run once per face; the others test the store alone."""
+SMALL_GROUPS = frozenset((1, 2, 4, 6))
+"""The groups with a scale below the quick counts (``small``), for the unit tests' default scale."""
 
 
-def run_group(number: int, *, full: bool, base: str | None = None, face: str = "runner") -> GroupResult:
+def run_group(number: int, *, full: bool, base: str | None = None, face: str = "runner", small: bool = False) -> GroupResult:
     """Run one group in a scratch directory (removed afterwards unless ``base`` is given); the
-    groups in ``FACED_GROUPS`` run under ``face``, the others under neither."""
+    groups in ``FACED_GROUPS`` run under ``face``, the others under neither. ``small`` runs the
+    groups in ``SMALL_GROUPS`` below the quick counts (every point and file still, fewer seeds and
+    offsets); the others run their quick counts. It does not combine with ``full``."""
+    if full and small:
+        raise ValueError("full and small are two scales: ask for one")
     if face not in FACES:
         raise ValueError(f"face must be one of {FACES}, got {face!r}")
     if face != "runner" and number not in FACED_GROUPS:
@@ -59,7 +65,8 @@ def run_group(number: int, *, full: bool, base: str | None = None, face: str = "
     logger.setLevel(logging.CRITICAL)  # the damage is on purpose; its warnings would drown the figures
     try:
         group = GROUPS[number]
-        return group(base, full=full, face=face) if number in FACED_GROUPS else group(base, full=full)
+        options: dict[str, Any] = {"small": True} if small and number in SMALL_GROUPS else {}
+        return group(base, full=full, face=face, **options) if number in FACED_GROUPS else group(base, full=full, **options)
     finally:
         logger.setLevel(level)
         if own:
@@ -89,6 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return child_main(argv[1:])
     if argv and argv[0] == "race":
         return race_main(argv[1:])
+    if argv == ["fork-server"]:
+        return fork_server_main()
     parser = argparse.ArgumentParser(prog="python -m longrun.testing.faults", description=DESCRIPTION)
     parser.add_argument("--report", action="store_true", help="run the groups and print one line per group")
     parser.add_argument("--quick", action="store_true", help="the smaller counts the unit tests use")

@@ -108,8 +108,9 @@ def durable_arguments(steps: int, approvals: Sequence[int], call_log: str) -> tu
 
 def pre_approve(root: str, task: str, steps: int, approvals: Sequence[int], *, face: str = "runner", call_log: str = "") -> None:
     """Write an approval for every gated step before the run starts, as an operator would later."""
-    os.makedirs(os.path.join(root, task), mode=0o700, exist_ok=True)
     store = JsonFileStore(root, create=True)
+    store.create_root()  # the store (and its marker) before the task directory made by hand below
+    os.makedirs(os.path.join(root, task), mode=0o700, exist_ok=True)
     if face == "durable":
         function = durable_task(store, {})
         # The digest a durable task's approvals bind to: the contract, the function's name, its arguments.
