@@ -136,7 +136,7 @@ class Load:
                 )
             best = alone
         floor = self._floor(best, candidates)
-        self._refuse_lost_records(best, floor)
+        self._refuse_lost_records(best, self._floor(best, candidates, proven=True))
         return self._recovered(best, candidates, floor)
 
     def _clean(self, chain: Chain) -> LoadResult:
@@ -194,10 +194,12 @@ class Load:
             + ("were quarantined" if self.repair else "were left in place (read-only load)")
         )
 
-    def _floor(self, best: Chain, candidates: list[Chain]) -> int:
+    def _floor(self, best: Chain, candidates: list[Chain], *, proven: bool = False) -> int:
         """The highest revision that may have been committed: the chains' ends, the snapshots'
         revisions and, for every journal, the revisions its records (and, past damage, its bytes)
-        could hold."""
+        could hold. With ``proven``, only what whole records show was written: bytes past damage
+        may be a write that power loss garbled before its sync returned, never acknowledged, so
+        they may number the next revision but never prove that a commit was lost."""
         primary = self.primary
         floor = max(best.end, self.backup_revision or 0, primary.raw.revision if primary else 0)
         # Revisions in a journal are contiguous from its base, so one read to a clean (or torn) end
@@ -214,12 +216,12 @@ class Load:
                 continue
             found = item.found
             held = base + len(found.bodies)
-            if item.problem == "damaged":
+            if item.problem == "damaged" and not proven:
                 held += max(found.content_end - item.problem_at, 0) // journal.MIN_RECORD_BYTES + 1
             floor = max(floor, held)
         return floor
 
-    def _refuse_lost_records(self, best: Chain, floor: int) -> None:
+    def _refuse_lost_records(self, best: Chain, proven: int) -> None:
         """Stop ``StateUnrecoverableError`` if the rebuilt state lacks a revision that may have been
         committed and its task records what no target can show again (``stores.base`` invariant 7):
         the lost revisions may hold a call's or a person's answer, so a run on it could change one."""
@@ -227,7 +229,7 @@ class Load:
         assert state is not None
         if state.observable_again:
             return
-        committed, evidence = floor, "the task's journal"
+        committed, evidence = proven, "the task's journal"
         if self.witness is not None:
             witness = self.witness()
             if witness.revision > committed:
