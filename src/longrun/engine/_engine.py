@@ -358,7 +358,7 @@ class Engine:
     async def arun(self, plan: AsyncPlan) -> RunOutcome:
         """``run`` under the async driver: the plan's steps are awaited, parallel ones side by side
         (at most ``max_parallel`` at once), the starts that become ready together share a commit,
-        and no store or control I/O blocks the event loop."""
+        and the store and control I/O of the steps it awaits runs off the event loop."""
         inv = self._begin(plan.digest)
         self._reporter.begin(self.owner)
         async with AsyncDriver(self._io, inv, self.max_parallel) as driver:
