@@ -12,7 +12,9 @@ answered with the client's revision when it is one of ``HANDSHAKE_VERSIONS``, el
 them, where ``resources/subscribe`` asks for notifications. What is offered is in ``_mcp_tools`` (the
 session's commands as tools; their schemas in ``_mcp_catalog``) and ``_mcp_resources`` (a task's
 contract, status and history as ``longrun://TASK/...`` resources, and the continuation rule as a
-prompt): the same on both kinds of connection.
+prompt): the same on both kinds of connection. The module is one concept, the connection, and it is
+long because both kinds are served by one reading loop, one tool-call thread and one look for
+changes, which the handshake's subscriptions and the listen streams share.
 
 Guarantees:
 
