@@ -15,7 +15,7 @@ import time
 import unittest
 from typing import Any
 
-from helpers.mcp_support import PROTOCOL, McpCase, RawClient, follow
+from helpers.mcp_support import PROTOCOL, McpCase, RawClient, ServerGone, follow
 
 
 class ProtocolTests(McpCase):
@@ -305,6 +305,150 @@ class ControlRootTests(McpCase):
         self.cli_json("approve", self.store, "t1", "--step", "append-b", "--yes", "--control-root", control)  # the approver's area
         self.assertEqual(follow(call, "t1", self.env())["kind"], "finished")
         self.assertEqual(self.lines(), ["a", "b"])
+
+
+CURRENT = "2026-07-28"
+VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
+CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
+SUBSCRIPTION_KEY = "io.modelcontextprotocol/subscriptionId"
+ENVELOPE = {VERSION_KEY: CURRENT, CAPABILITIES_KEY: {}, "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "1"}}
+
+
+class StatelessRevisionTests(McpCase):
+    """The current revision, 2026-07-28: no handshake, ``server/discover``, an envelope on every request,
+    and change notifications on ``subscriptions/listen`` streams."""
+
+    def start(self) -> RawClient:
+        client = RawClient(self.server_argv("--create-store"), env=self.env(), cwd=self.work, stderr=self.stderr_file())
+        self.addCleanup(client.close)
+        return client
+
+    def request(self, client: RawClient, method: str, params: dict[str, Any] | None = None, request_id: int | str | None = None) -> dict[str, Any]:
+        if request_id is None:
+            client._next_id += 1
+            request_id = client._next_id
+        client.send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": {**(params or {}), "_meta": dict(ENVELOPE)}})
+        answer = client.receive()
+        self.assertEqual(answer["id"], request_id, answer)
+        return answer
+
+    def test_discover_answers_the_current_revision_and_every_result_says_it_is_complete(self) -> None:
+        client = self.start()
+        discovered = self.request(client, "server/discover")["result"]
+        self.assertEqual(discovered["supportedVersions"], [CURRENT])
+        self.assertEqual(discovered["capabilities"]["resources"], {"subscribe": True, "listChanged": False})
+        self.assertEqual((discovered["resultType"], discovered["ttlMs"], discovered["cacheScope"]), ("complete", 0, "private"))
+        self.assertEqual(discovered["_meta"]["io.modelcontextprotocol/serverInfo"]["name"], "longrun")
+        self.assertIn("longrun_next", discovered["instructions"])
+        self.assertNotIn("protocolVersion", discovered)
+        tools = self.request(client, "tools/list")["result"]
+        self.assertEqual(tools["resultType"], "complete")
+        self.assertTrue(all("outputSchema" in tool for tool in tools["tools"]), "structured results, as since 2025-06-18")
+        next_ = self.request(client, "tools/call", {"name": "longrun_next", "arguments": {}})["result"]
+        self.assertEqual((next_["resultType"], next_["isError"]), ("complete", True))
+        self.assertIn("structuredContent", next_)
+        prompt = self.request(client, "prompts/get", {"name": "longrun_continue"})["result"]
+        self.assertEqual(prompt["resultType"], "complete")
+        self.assertNotIn("ttlMs", prompt, "only what a client may cache says for how long")
+        self.assertEqual(client.close(), 0)
+        self.assertEqual(client.notifications, [])
+
+    def test_malformed_stateless_requests_get_json_rpc_errors_and_the_server_keeps_serving(self) -> None:
+        client = self.start()
+        self.assertIn("result", self.request(client, "server/discover"))  # the connection is a stateless one
+        no_capabilities = {VERSION_KEY: CURRENT}
+        cases: list[tuple[dict[str, Any], int]] = [
+            ({"method": "tools/list", "params": {}}, -32602),
+            ({"method": "tools/list"}, -32602),
+            ({"method": "tools/list", "params": {"_meta": "2026-07-28"}}, -32602),
+            ({"method": "tools/list", "params": {"_meta": {CAPABILITIES_KEY: {}, "progressToken": 1}}}, -32602),
+            ({"method": "tools/list", "params": {"_meta": no_capabilities}}, -32602),
+            ({"method": "tools/list", "params": {"_meta": {VERSION_KEY: 20260728, CAPABILITIES_KEY: {}}}}, -32602),
+            ({"method": "tools/list", "params": {"_meta": {VERSION_KEY: CURRENT, CAPABILITIES_KEY: []}}}, -32602),
+            ({"method": "tools/list", "params": {"_meta": {**ENVELOPE, "io.modelcontextprotocol/clientInfo": "me"}}}, -32602),
+            ({"method": "tools/list", "params": {"_meta": {VERSION_KEY: "2099-01-01", CAPABILITIES_KEY: {}}}}, -32022),
+            ({"method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}, -32022),
+            ({"method": "ping", "params": {"_meta": ENVELOPE}}, -32601),
+            ({"method": "resources/subscribe", "params": {"_meta": ENVELOPE, "uri": "longrun://t1/status"}}, -32601),
+            ({"method": "no/such/method", "params": {"_meta": ENVELOPE}}, -32601),
+            ({"method": "tools/call", "params": {"_meta": ENVELOPE, "name": "rm_rf"}}, -32602),
+            ({"method": "resources/read", "params": {"_meta": ENVELOPE, "uri": "file:///etc/passwd"}}, -32002),
+            ({"method": "subscriptions/listen", "params": {"_meta": ENVELOPE}}, -32602),
+            ({"method": "subscriptions/listen", "params": {"_meta": ENVELOPE, "notifications": []}}, -32602),
+            ({"method": "subscriptions/listen", "params": {"_meta": ENVELOPE, "notifications": {"resourceSubscriptions": "longrun://t1/status"}}}, -32602),
+            ({"method": "subscriptions/listen", "params": {"_meta": ENVELOPE, "notifications": {"resourceSubscriptions": [7]}}}, -32602),
+            ({"method": "subscriptions/listen", "params": {"_meta": ENVELOPE, "notifications": {"resourceSubscriptions": ["longrun://t1/secrets"]}}}, -32602),
+            ({"method": "subscriptions/listen", "params": {"_meta": ENVELOPE, "notifications": {"resourceSubscriptions": ["longrun://other/status"]}}}, -32602),
+        ]
+        for number, (message, code) in enumerate(cases, start=100):
+            with self.subTest(message=message):
+                client.send({"jsonrpc": "2.0", "id": number, **message})
+                answer = client.receive()
+                self.assertEqual((answer["id"], answer["error"]["code"]), (number, code), answer)
+                self.assertNotIn("Traceback", answer["error"]["message"])
+                if code == -32022:
+                    self.assertIn(CURRENT, answer["error"]["data"]["supported"])
+                self.assertEqual(self.request(client, "server/discover")["result"]["supportedVersions"], [CURRENT], "still serving")
+        self.assertEqual(client.notifications, [])
+        self.assertEqual(client.close(), 0)
+
+    def test_an_unsupported_revision_names_the_handshake_ones_and_does_not_decide_the_connection(self) -> None:
+        client = self.start()
+        client.send({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": {VERSION_KEY: "2099-01-01", CAPABILITIES_KEY: {}}}})
+        error = client.receive()["error"]
+        self.assertEqual(error["code"], -32022)
+        self.assertEqual(error["data"], {"supported": [CURRENT, "2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"], "requested": "2099-01-01"})
+        client._next_id = 1
+        self.assertEqual(client.initialize()["result"]["protocolVersion"], "2025-11-25", "the client falls back to the handshake")
+        refused = self.request(client, "tools/list")
+        self.assertEqual(refused["error"]["code"], -32600, "a handshake connection does not take the envelope")
+        self.assertIn("negotiated 2025-11-25 with initialize", refused["error"]["message"])
+        self.assertEqual(client.request("ping")["result"], {})
+        self.assertEqual(client.close(), 0)
+
+    def test_a_discover_without_its_envelope_is_told_what_it_lacks(self) -> None:
+        client = self.start()
+        answer = client.request("server/discover")
+        self.assertEqual(answer["error"]["code"], -32602)
+        self.assertIn(VERSION_KEY, answer["error"]["message"])
+        self.assertEqual(client.close(), 0)
+
+    def test_a_listen_stream_is_acknowledged_then_hears_changes_and_ends_when_cancelled_or_at_the_end(self) -> None:
+        client = self.start()
+        status = "longrun://t1/status"
+        self.assertFalse(self.request(client, "tools/call", {"name": "longrun_init", "arguments": {"contract_path": self.contract}})["result"]["isError"])
+        for stream in ("listen-1", "listen-2"):
+            client.send({"jsonrpc": "2.0", "id": stream, "method": "subscriptions/listen",
+                         "params": {"_meta": ENVELOPE, "notifications": {"resourceSubscriptions": [status], "toolsListChanged": True}}})  # fmt: skip
+        self.assertEqual(self.request(client, "server/discover")["result"]["resultType"], "complete")  # both acks come first
+        self.assertEqual(
+            client.notifications,
+            [{"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
+              "params": {"notifications": {"resourceSubscriptions": [status]}, "_meta": {SUBSCRIPTION_KEY: stream}}}
+             for stream in ("listen-1", "listen-2")],  # fmt: skip
+            "the tool list never changes, so only the resource is honored",
+        )
+        duplicate = self.request(client, "subscriptions/listen", {"notifications": {"resourceSubscriptions": [status]}}, request_id="listen-1")
+        self.assertEqual(duplicate["error"]["code"], -32600, "an open stream's id is in use")
+        client.notifications.clear()
+        client.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "listen-2", "reason": "done"}})
+        self.write("notes.txt", "plan\n")
+        recorded = self.request(client, "tools/call", {"name": "longrun_checkpoint", "arguments": {"step": "notes", "evidence_file": "notes.txt"}})
+        self.assertFalse(recorded["result"]["isError"])
+        self.assertEqual(
+            client.notifications,
+            [{"jsonrpc": "2.0", "method": "notifications/resources/updated", "params": {"uri": status, "_meta": {SUBSCRIPTION_KEY: "listen-1"}}}],
+            "announced before the call's result, on the stream still open only",
+        )
+        client.notifications.clear()
+        self.assertEqual(client.close(), 0)
+        end = client.receive()
+        self.assertEqual(end["id"], "listen-1", "the open stream is closed gracefully, with its result")
+        self.assertEqual(end["result"]["resultType"], "complete")
+        self.assertEqual(end["result"]["_meta"][SUBSCRIPTION_KEY], "listen-1")
+        with self.assertRaises(ServerGone):
+            client.receive()  # nothing for the cancelled stream
+        self.assertEqual(client.notifications, [])
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 """``longrun mcp`` driven by the official MCP Python SDK (``mcp``, test-only) over stdio, through a whole contract.
 
-The SDK connects as a host does (its default ``auto`` mode probes for the stateless revision first and
-falls back to the initialize handshake), lists the tools, resources and the prompt, and a scripted
-agent that only follows ``longrun_next`` takes the six-step contract to ``done``: init, checkpoints,
-an exec, an exec that waits for an approval given from outside (``longrun approve``, which a
-subscription to the task's status hears of), done. The tests skip when ``mcp`` is not installed,
+The SDK connects as a host does: in its default ``auto`` mode it probes ``server/discover`` and speaks
+the stateless revision 2026-07-28 (the test checks that it did), and pinned to ``legacy`` it speaks
+the initialize handshake, which negotiates 2025-11-25. Either way it lists the tools, resources and
+the prompt, and a scripted agent that only follows ``longrun_next`` takes the six-step contract to
+``done``: init, checkpoints, an exec, an exec that waits for an approval given from outside
+(``longrun approve``, which the client hears of: through a ``subscriptions/listen`` stream on
+2026-07-28, through ``resources/subscribe`` on 2025-11-25), done. The tests skip when ``mcp`` is not installed,
 unless ``LONGRUN_REQUIRE_MCP=1`` (``.ci/run`` installs the pinned SDK and sets it), which makes them
 fail instead: CI must never pass by skipping them.
 """
@@ -26,6 +28,7 @@ try:
     import mcp_types
     from mcp import Client
     from mcp.client.stdio import StdioServerParameters, stdio_client
+    from mcp.client.subscriptions import ResourceUpdated
     from mcp.shared.exceptions import MCPDeprecationWarning
 except ImportError as exc:  # pragma: no cover - depends on the machine
     MISSING: str | None = f"the MCP Python SDK is not installed ({exc}); pip install mcp"
@@ -41,7 +44,7 @@ def setUpModule() -> None:
 
 
 class SdkClientTests(McpCase):
-    def client(self, *extra: str) -> Any:
+    def client(self, *extra: str, mode: str = "auto") -> Any:
         errlog = self.stderr_file()
         params = StdioServerParameters(command=sys.executable, args=self.server_argv("--create-store", *extra)[1:], env=self.env(), cwd=self.work)
         self.updates: list[str] = []
@@ -52,7 +55,7 @@ class SdkClientTests(McpCase):
                 self.updates.append(str(message.params.uri))
                 self.updated.set()
 
-        return Client(stdio_client(params, errlog=errlog), message_handler=on_message, read_timeout_seconds=120)
+        return Client(stdio_client(params, errlog=errlog), message_handler=on_message, read_timeout_seconds=120, mode=mode)
 
     async def call(self, client: Any, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         result = await client.call_tool(name, arguments)
@@ -77,9 +80,10 @@ class SdkClientTests(McpCase):
             await self.call(client, suggested["name"], suggested["arguments"])
         raise AssertionError("the agent never stopped")
 
-    async def whole_contract(self) -> None:
-        async with self.client() as client:
-            self.assertEqual(client.protocol_version, "2025-11-25")
+    async def whole_contract(self, mode: str, revision: str) -> None:
+        async with self.client(mode=mode) as client:
+            self.assertEqual(client.protocol_version, revision)
+            stateless = revision == "2026-07-28"
             self.assertEqual(client.server_info.name, "longrun")
             tools = {tool.name: tool for tool in (await client.list_tools()).tools}
             self.assertEqual(
@@ -96,8 +100,9 @@ class SdkClientTests(McpCase):
             status_uri = "longrun://t1/status"
             self.assertEqual({str(r.uri) for r in (await client.list_resources()).resources},
                              {"longrun://t1/contract", status_uri, "longrun://t1/history"})  # fmt: skip
-            with self.assertWarns(MCPDeprecationWarning):  # the SDK's note that the 2026 revisions drop it
-                await client.subscribe_resource(status_uri)
+            if not stateless:
+                with self.assertWarns(MCPDeprecationWarning):  # the SDK's note that the 2026 revision drops it
+                    await client.subscribe_resource(status_uri)
 
             waiting = await self.agent(client)
             self.assertEqual((waiting["who"], waiting["step"]), ("operator", "append-b"), waiting)
@@ -107,10 +112,20 @@ class SdkClientTests(McpCase):
             self.assertTrue(refused.is_error)
             self.assertIn("an agent cannot approve its own requests", refused.content[0].text)
 
-            self.updated.clear()
-            self.cli_json("approve", self.store, "t1", "--step", "append-b", "--yes")  # a person, from outside
-            await asyncio.wait_for(self.updated.wait(), timeout=60)
-            self.assertIn(status_uri, self.updates)
+            if stateless:
+                # Opened now, the stream's first event can only be the approval: the server compares with
+                # what the task was when the stream was acknowledged.
+                async with client.listen(resource_subscriptions=[status_uri]) as subscription:
+                    self.assertEqual(subscription.honored.resource_subscriptions, [status_uri])
+                    self.cli_json("approve", self.store, "t1", "--step", "append-b", "--yes")  # a person, from outside
+                    event = await asyncio.wait_for(anext(aiter(subscription)), timeout=60)
+                self.assertEqual(event, ResourceUpdated(uri=status_uri))
+                self.assertEqual(self.updates, [status_uri], "the stream's notification, and nothing unasked for")
+            else:
+                self.updated.clear()
+                self.cli_json("approve", self.store, "t1", "--step", "append-b", "--yes")  # a person, from outside
+                await asyncio.wait_for(self.updated.wait(), timeout=60)
+                self.assertIn(status_uri, self.updates)
 
             finished = await self.agent(client)
             self.assertEqual(finished["kind"], "finished", finished)
@@ -129,11 +144,18 @@ class SdkClientTests(McpCase):
             rule = (await client.get_prompt("longrun_continue", {})).messages[0].content.text
             self.assertIn("call `longrun_next`", rule)
             self.assertIn("Never approve your own steps", rule)
-            with self.assertWarns(MCPDeprecationWarning):
-                await client.send_ping()
+            if not stateless:
+                with self.assertWarns(MCPDeprecationWarning):
+                    await client.send_ping()
 
-    def test_a_whole_contract_through_the_sdk_with_an_approval_given_from_outside(self) -> None:
-        asyncio.run(self.whole_contract())
+    def test_a_whole_contract_through_the_sdk_on_the_current_revision(self) -> None:
+        asyncio.run(self.whole_contract("auto", "2026-07-28"))
+        status = self.cli_json("status", self.store, "t1")
+        self.assertEqual(status["status"], "done")
+        self.assertEqual(self.cli_json("verify", self.store, "t1")["verdict"], "finished")
+
+    def test_a_whole_contract_through_the_sdk_on_the_handshake_revision(self) -> None:
+        asyncio.run(self.whole_contract("legacy", "2025-11-25"))
         status = self.cli_json("status", self.store, "t1")
         self.assertEqual(status["status"], "done")
         self.assertEqual(self.cli_json("verify", self.store, "t1")["verdict"], "finished")
