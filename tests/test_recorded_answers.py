@@ -28,7 +28,7 @@ from longrun.canonical import canonical_bytes
 from longrun.cli._common import ExitCode
 from longrun.cli._verify import verify
 from longrun.errors import StateUnrecoverableError
-from longrun.functions._steps import CALL_ACTION
+from longrun.functions._lineage import CALL_ACTION
 from longrun.protocols import LoadResult
 from longrun.stores import _journal
 from longrun.stores.base import BaseStore, Witness

@@ -854,7 +854,7 @@ class LeaseTests(RunnerCase):
             # A contender whose clock is past the expiry takes the task over.
             self.store.acquire_lease("task-1", "contender", 30.0, self.clock.now() + 1000)
             for _ in range(200):
-                if runner.engine._keeper is not None and runner.engine._keeper.failure is not None:
+                if runner.engine._io.keeper is not None and runner.engine._io.keeper.failure is not None:
                     taken.set()
                     return
                 threading.Event().wait(0.01)
@@ -897,7 +897,7 @@ class LeaseTests(RunnerCase):
                 return
             store.broken.set()
             for _ in range(200):
-                if runner_box["runner"].engine._keeper.failure is not None:
+                if runner_box["runner"].engine._io.keeper.failure is not None:
                     return
                 threading.Event().wait(0.01)
 

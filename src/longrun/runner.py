@@ -24,11 +24,10 @@ import operator
 from typing import Mapping, Sequence, Unpack
 
 from .budget import Limits
-from ._io import is_async_callable
 from .canonical import JSONValue
 from .clock import SystemClock
 from .contract import RunContract, Step, plan_digest, plan_prefix_digests, validate_plan
-from .engine import Engine, EngineOptions, Stop, default_owner, utc
+from .engine import Engine, EngineOptions, Stop, default_owner, is_async_callable, utc
 from .envelope import PlanOutline, RunState
 from .errors import InvalidInputError, UnknownActionError
 from .ledger import EffectRecord, EffectState
@@ -188,10 +187,13 @@ class _DeclaredPlan:
 
     async def adrive(self, engine: Engine) -> None:
         await self._graph(engine)
-        raise self._finish(engine)
+        raise await engine.driver.run(engine.finish_steps(self._required()))
 
     def _finish(self, engine: Engine) -> Stop:
-        return engine.finish(self._runner.contract.completion_evidence or [step.step_id for step in self._runner.steps])
+        return engine.finish(self._required())
+
+    def _required(self) -> list[str]:
+        return list(self._runner.contract.completion_evidence or [step.step_id for step in self._runner.steps])
 
     async def _graph(self, engine: Engine) -> None:
         """Start every step whose steps before are verified, up to ``max_parallel`` at once (the

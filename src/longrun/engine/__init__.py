@@ -29,26 +29,40 @@ or the task is cancelled (threads cannot be killed: the run stops waiting, keeps
 thread ends, and the call can check ``EffectRequest.cancelled()``; targets should check
 ``EffectRequest.epoch`` and ``deadline``). Async applies are cancelled.
 
-The engine is one class built in layers, each a module that adds one concern to the one below it
-(a method may call only what its own layer or a lower one defines):
+The engine is composed of plain parts, none derived from another:
 
-- ``_base``: configuration, the working state, the lease, evidence, and the commit path;
-- ``_driving``: what the synchronous and async drivers call;
-- ``_reconcile``: settling an effect by observation, requests, backoffs;
-- ``_gate``: cancellation and the approval gate, read fresh;
-- ``_steps``: calls, timers, questions, stops, and the rules every step keeps before it starts;
-- ``_effects``: one effect from planned to verified;
-- ``_engine``: ``Engine`` itself: one invocation (``run``, ``arun``) and the recovery procedure.
-
-``_plans`` holds what a face hands the engine (``Plan``) and the ``Stop`` that unwinds it;
-``_evidence`` the bounded trails of evidence an outcome carries.
+- ``_config``: ``EngineConfig``, the options checked once (and ``EngineOptions``, their keywords);
+- ``_invocation``: ``Invocation``, the working state of one run (no store handle), and ``Stop``;
+- ``_ops``: every request a step yields (adapter calls, sleeps, loads, commits, control reads, the lease);
+- ``_steps``: the rules every step keeps, cancellation and the approval gate, calls, timers, questions, stops;
+- ``_effects``: one effect from planned to verified, settling by observation, the recovery procedure;
+- ``_drivers``: ``RunIO`` (the store, the sources, the lease keeper) and the two drivers that
+  perform the requests, ``SyncDriver`` and ``AsyncDriver``;
+- ``_engine``: ``Engine``, the facade the faces drive, and ``Plan``, what a face hands it;
+- ``_evidence``: the bounded trails of evidence an outcome carries.
 """
 
 from ..contract import INTERNAL_PREFIX, is_internal
 
-from ._base import EngineOptions
-from ._engine import Engine
-from ._plans import AsyncPlan, Plan, Stop, check_parallel, check_timeout, default_owner, utc
+from ._config import EngineConfig, EngineOptions, check_parallel, check_timeout, default_owner, utc
+from ._engine import AsyncPlan, Engine, Plan
+from ._invocation import Invocation, Stop
+from ._ops import is_async_callable
 
 
-__all__ = ["INTERNAL_PREFIX", "AsyncPlan", "Engine", "EngineOptions", "Plan", "Stop", "check_parallel", "check_timeout", "default_owner", "is_internal", "utc"]
+__all__ = [
+    "INTERNAL_PREFIX",
+    "AsyncPlan",
+    "Engine",
+    "EngineConfig",
+    "EngineOptions",
+    "Invocation",
+    "Plan",
+    "Stop",
+    "check_parallel",
+    "check_timeout",
+    "default_owner",
+    "is_async_callable",
+    "is_internal",
+    "utc",
+]

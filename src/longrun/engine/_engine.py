@@ -1,223 +1,410 @@
-"""``Engine``: one invocation of a task (``run``, ``arun``) and the recovery procedure that begins it."""
+"""``Engine``: the facade every face drives: one invocation of a task (``run``, ``arun``) at a time.
+
+``run`` and ``arun`` open an ``Invocation``, take the lease, run the recovery procedure, let the
+face's ``Plan`` drive its steps, and close with the legal stop as a ``RunOutcome``. The steps
+themselves are the module-level procedures of ``engine._steps`` and ``engine._effects``; the
+facade hands each to the driver of the invocation under way (``SyncDriver``, or the
+``AsyncDriver`` under ``arun`` and in parallel sections) and keeps nothing of its own but the
+configuration (``EngineConfig``) and the run's I/O (``RunIO``). Not thread-safe: one invocation
+at a time.
+"""
 
 from __future__ import annotations
 
-import operator
-import threading
+import shlex
+from typing import Awaitable, Callable, Mapping, Protocol, Sequence, TypeVar
 
-from .. import _crashpoints
-from .._io import Gather, Steps, drive
-from ..budget import BudgetCounters, describe_wall_gap
-from ..contract import is_internal
+from ..budget import Limits, RetryPolicy
+from ..canonical import JSONValue
+from ..contract import RunContract, Step
 from ..envelope import RunState
-from ..errors import CorruptStateError, FencedError, InvalidInputError, LeaseHeldError, StateUnrecoverableError, StorageError
-from ..lease import Lease, LeaseKeeper
-from ..ledger import IN_FLIGHT
-from ..outcome import TERMINAL, RunOutcome, Status
-from ..recovery import Reconciled, Verdict
-from ._effects import EffectRules
-from ._evidence import EvidenceLog
-from ._plans import AsyncPlan, Plan, Stop, utc
+from ..errors import FencedError, InvalidInputError, UnknownActionError
+from ..events import EventHook, Reporter
+from ..ledger import EffectRecord, EffectState
+from ..outcome import RunOutcome, Status
+from ..protocols import AnyEffectAdapter, ApprovalSource, CancellationSource, Clock, Store
+from . import _effects, _steps
+from ._config import EngineConfig, check_parallel
+from ._drivers import AsyncDriver, SyncDriver, drive
+from ._runio import RunIO
+from ._invocation import Invocation, Stop
+from ._ops import Steps
 
-__all__ = ["Engine"]
+__all__ = ["AsyncPlan", "Engine", "Plan"]
 
-_state_of = operator.attrgetter("state")
+T = TypeVar("T")
+
+_VERIFIED = EffectState.VERIFIED
 
 
-class Engine(EffectRules):
-    """The recovery procedure and the per-step rules for one task, driven by a face's ``Plan``.
-    
-    ``Engine`` holds what every face shares: the store, the adapters, the clock, the limits and
-    retry policy, the lease, and the authority sources. ``run(plan)`` is one invocation: lease,
-    load and validate, reconcile, then the plan drives its steps through ``effect``, ``call`` and
-    ``timer``, each of which reads cancellation fresh, enforces the budgets, persists the intent
-    before acting and settles by observation. Not thread-safe: one invocation at a time.
+class Plan(Protocol):
+    """What a face hands the engine: the digest that pins the plan, and how to drive it.
+
+    ``digest`` is what approvals bind to. ``initial`` adds the records a first revision needs;
+    ``accept`` checks a recorded state against the plan (raising a ``Stop`` on divergence, and may
+    record an allowed change such as a grown plan); ``drive`` makes the steps through the engine
+    and ends with ``Engine.finish``; ``result`` is the run's result for the outcome.
     """
+
+    digest: str
+
+    def initial(self, engine: "Engine", state: RunState) -> None: ...
+
+    def accept(self, engine: "Engine", state: RunState) -> None: ...
+
+    def drive(self, engine: "Engine") -> None: ...
+
+    def result(self, state: RunState) -> JSONValue: ...
+
+    def progress(self, state: RunState) -> str: ...
+
+
+class AsyncPlan(Plan, Protocol):
+    """A ``Plan`` the async driver can drive: ``adrive`` awaits its steps (``Engine.arun``)."""
+
+    async def adrive(self, engine: "Engine") -> None: ...
+
+
+class Engine:
+    """The recovery procedure and the per-step rules for one task, driven by a face's ``Plan``.
+
+    ``run(plan)`` is one invocation: lease, load and validate, reconcile, then the plan drives its
+    steps through ``effect``, ``call``, ``timer`` and ``ask``, each of which reads cancellation
+    fresh, enforces the budgets, persists the intent before acting and settles by observation.
+    """
+
+    def __init__(
+        self,
+        contract: RunContract,
+        *,
+        store: Store,
+        adapters: Mapping[str, AnyEffectAdapter],
+        owner: str | None = None,
+        clock: Clock | None = None,
+        limits: Limits | None = None,
+        retry: RetryPolicy | None = None,
+        lease_ttl_s: float = 30.0,
+        approvals: ApprovalSource | None = None,
+        cancellations: CancellationSource | None = None,
+        on_event: EventHook | None = None,
+        timeout_s: float | None = None,
+        max_parallel: int = 16,
+        asynchronous: bool = False,
+    ):
+        self.config = EngineConfig.of(
+            contract, store=store, adapters=adapters, owner=owner, clock=clock, limits=limits, retry=retry,
+            lease_ttl_s=lease_ttl_s, approvals=approvals, cancellations=cancellations, on_event=on_event,
+            timeout_s=timeout_s, max_parallel=max_parallel, asynchronous=asynchronous,
+        )  # fmt: skip
+        config = self.config
+        self.contract: RunContract = config.contract
+        self.task_id: str = config.contract.task_id
+        self.store: Store = config.store
+        self.cancellations: CancellationSource = config.cancellations
+        self.adapters: Mapping[str, AnyEffectAdapter] = config.adapters
+        self.owner: str = config.owner
+        self.clock: Clock = config.clock
+        self.limits: Limits = config.limits
+        self.max_parallel: int = config.max_parallel
+        self._reporter = Reporter(contract.task_id, on_event)
+        self._io = RunIO(self.config)
+        self._inv: Invocation | None = None
+        self._sync: SyncDriver | None = None
+        self._async: AsyncDriver | None = None
+
+    # -- configuration, as the faces read it (plain attributes: read on every step) --------------------------
+
+    @property
+    def store_spec(self) -> str:
+        """How a command names this engine's store in a next action (``<store>`` if it cannot be named)."""
+        spec = getattr(self.store, "spec", None)
+        return shlex.quote(spec) if isinstance(spec, str) and spec else "<store>"
+
+    @property
+    def asynchronous(self) -> bool:
+        return self.config.asynchronous
+
+    def adapter_for(self, action: str, *, step_id: str) -> AnyEffectAdapter:
+        adapter = self.adapters.get(action)
+        if adapter is None:
+            raise UnknownActionError(
+                f"step {step_id!r} uses action {action!r}, which has no adapter (have: {sorted(self.adapters)})"
+            )
+        return adapter
+
+    # -- the invocation under way ---------------------------------------------------------------------
+
+    @property
+    def invocation(self) -> Invocation:
+        if self._inv is None:
+            raise InvalidInputError("no invocation is under way")
+        return self._inv
+
+    @property
+    def state(self) -> RunState:
+        """The working state of the invocation under way."""
+        inv = self._inv
+        if inv is None:
+            raise InvalidInputError("no invocation is under way")
+        return inv.state
+
+    @property
+    def plan_digest(self) -> str:
+        """The digest the invocation under way is pinned to (what approvals bind to); a plan may
+        adopt the recorded one while it accepts the state (a task recorded under an older name)."""
+        return self.invocation.plan_digest
+
+    @plan_digest.setter
+    def plan_digest(self, digest: str) -> None:
+        self.invocation.plan_digest = digest
+
+    @property
+    def cancelled_with(self) -> tuple[str, ...]:
+        """Other tasks whose cancellation record cancels this run too (a child's ancestors, up to
+        the first detached link), read through the same source after the task's own; set by the plan."""
+        return self.invocation.cancelled_with
+
+    @cancelled_with.setter
+    def cancelled_with(self, ancestors: tuple[str, ...]) -> None:
+        self.invocation.cancelled_with = tuple(ancestors)
+
+    @property
+    def driver(self) -> AsyncDriver:
+        """The async driver of the invocation under way (``Engine.arun``)."""
+        if self._async is None:
+            raise InvalidInputError("no async invocation is under way: async steps need `await fn.arun(...)` or Runner.arun")
+        return self._async
+
+    def _drive(self, steps: Steps[T]) -> T:
+        """A step procedure driven to its end from synchronous code, in this thread."""
+        sync = self._sync
+        assert sync is not None, "no invocation is under way"
+        with self._io.commit_lock:  # not while the async driver's I/O thread commits this state
+            return drive(steps, sync.perform)
+
+    # -- the steps, from synchronous code ----------------------------------------------------------------
+
+    def effect(self, step: Step, *, retry: RetryPolicy | None = None, timeout_s: float | None = None) -> EffectRecord:
+        """Make one step's effect verified, or stop; return its verified record (``_effects.effect``)."""
+        inv, sync = self._inv, self._sync
+        assert inv is not None and sync is not None, "no invocation is under way"
+        recorded = inv.state.effects.get(step.step_id)
+        if recorded is not None and recorded.state is _VERIFIED:
+            return recorded  # replay: nothing to wait for
+        with self._io.commit_lock:  # not while the async driver's I/O thread commits this state
+            return drive(_effects.effect(inv, step, retry=retry, timeout_s=timeout_s), sync.perform)
+
+    def effect_steps(self, step: Step, *, retry: RetryPolicy | None = None, timeout_s: float | None = None) -> Steps[EffectRecord]:
+        """``effect`` as a step procedure, for a driver to run."""
+        return _effects.effect(self.invocation, step, retry=retry, timeout_s=timeout_s)
+
+    def verified_prefix(self, steps: Sequence[Step]) -> int:
+        return _effects.verified_prefix(self.invocation, steps)
+
+    def call(self, step: Step, invoke: Callable[[], object], *, retry: RetryPolicy | None = None, timeout_s: float | None = None) -> EffectRecord:
+        """Run ``invoke`` once for a step that is not an external effect (``_steps.call``)."""
+        return self._drive(_steps.call(self.invocation, step, invoke, retry=retry, timeout_s=timeout_s))
+
+    def call_steps(
+        self, step: Step, invoke: Callable[[], object], *, retry: RetryPolicy | None = None, timeout_s: float | None = None, awaitable: bool = False
+    ) -> Steps[EffectRecord]:
+        return _steps.call(self.invocation, step, invoke, retry=retry, timeout_s=timeout_s, awaitable=awaitable)
+
+    def timer(self, step: Step, seconds: float) -> EffectRecord:
+        """A durable wait (``_steps.timer``)."""
+        return self._drive(_steps.timer(self.invocation, step, seconds))
+
+    def timer_steps(self, step: Step, seconds: float) -> Steps[EffectRecord]:
+        return _steps.timer(self.invocation, step, seconds)
+
+    def ask(self, step: Step, choices: Sequence[JSONValue] | None) -> EffectRecord:
+        """A person's answer as a value (``_steps.ask``)."""
+        return self._drive(_steps.ask(self.invocation, step, choices))
+
+    def ask_steps(self, step: Step, choices: Sequence[JSONValue] | None) -> Steps[EffectRecord]:
+        return _steps.ask(self.invocation, step, choices)
+
+    def check_cancellation(self) -> None:
+        """Read the task's cancellation record fresh and stop if it says so (or cannot be trusted)."""
+        self._drive(_steps.check_cancellation(self.invocation))
+
+    def plan(self, step: Step) -> EffectRecord:
+        """The step's record, planned now (it goes out with the next commit) unless it exists."""
+        with self._io.commit_lock:  # not while the async driver's I/O thread commits this state
+            return _steps.plan(self.invocation, step)
+
+    def complete(self, step_id: str, result: JSONValue, *, failed: bool = False) -> EffectRecord:
+        """Settle a planned internal step (a child task's result, a function's return value)."""
+        with self._io.commit_lock:
+            return _steps.complete(self.invocation, step_id, result, failed=failed)
+
+    def wait(self, status: Status, next_action: str, *, wake_at: float | None = None) -> Stop:
+        """A stop that waits for something outside the run (a person, a child task): committed."""
+        return self._drive(_steps.wait(self.invocation, status, next_action, wake_at=wake_at))
+
+    def finish(self, required: Sequence[str]) -> Stop:
+        """The stop ``done``, if every step in ``required`` is verified and nothing is in flight."""
+        return self._drive(_steps.finish(self.invocation, required))
+
+    def finish_steps(self, required: Sequence[str]) -> Steps[Stop]:
+        return _steps.finish(self.invocation, required)
+
+    def refused_action(self, step_id: str, reason: str) -> Stop:
+        """Stop ``unsafe-to-continue`` before a step whose action the contract does not allow."""
+        return self._drive(_steps.refused_action(self.invocation, step_id, reason))
+
+    def mismatch(self, detail: str, next_action: str) -> Stop:
+        """A ``plan-mismatch`` stop: the code or plan asks for something other than what was recorded."""
+        return _steps.mismatch(self.invocation, detail, next_action)
+
+    def record_plan_growth(self, state: RunState, recorded_steps: int, steps: int) -> None:
+        """Adopt a plan that appends steps to the recorded one (``_steps.record_plan_growth``)."""
+        _steps.record_plan_growth(self.invocation, state, recorded_steps, steps)
+
+    def run_parallel(self, procedures: Sequence[Steps[T]], max_parallel: int) -> list[T]:
+        """Run step procedures at once from synchronous code (``Run.map``); their values in order."""
+        check_parallel(max_parallel)
+        if self._async is not None:
+            raise InvalidInputError("steps in parallel are already running: await them instead")
+        sync = self._sync
+        assert sync is not None
+        return sync.parallel(procedures, max_parallel)
+
+    def concurrently(self, work: Callable[[AsyncDriver], Awaitable[T]], max_parallel: int) -> T:
+        """Await ``work`` from synchronous code, on an event loop of its own with an async driver
+        (adapters run in worker threads). If a step stops the run, the others settle first."""
+        check_parallel(max_parallel)
+        if self._async is not None:
+            raise InvalidInputError("steps in parallel are already running: await them instead")
+        sync = self._sync
+        assert sync is not None
+        return sync.concurrently(work, max_parallel, attach=self._attach)
+
+    def _attach(self, driver: AsyncDriver | None) -> None:
+        self._async = driver
+
+    # -- one invocation ---------------------------------------------------------------------------------
+
+    def refuse(self, reasons: Sequence[str], next_action: str) -> RunOutcome:
+        """An ``unsafe-to-continue`` outcome decided before the lease is taken: nothing was run."""
+        inv = self._begin("")
+        for reason in reasons:
+            inv.evidence.unknown("contract", reason)
+        return inv.outcome(Status.UNSAFE_TO_CONTINUE, next_action)
+
+    def _begin(self, digest: str) -> Invocation:
+        config = self.config
+        inv = Invocation(
+            task_id=config.task_id,
+            plan_digest=digest,
+            clock=config.clock,
+            limits=config.limits,
+            retry=config.retry,
+            timeout_s=config.timeout_s,
+            adapters=config.adapters,
+            max_parallel=config.max_parallel,
+            reporter=self._reporter,
+            monotonic_clock=config.monotonic_clock,
+            timeline_clock=config.timeline_clock,
+            signed_approvals=self._io.signed_approvals,
+            signed_cancellations=self._io.signed_cancellations,
+            store_spec=self.store_spec,
+        )
+        self._inv = inv
+        self._sync = SyncDriver(self._io, inv)
+        self._async = None
+        return inv
 
     def run(self, plan: Plan) -> RunOutcome:
         """Recover and let ``plan`` advance the run as far as it may go now; return why it stopped."""
         if self.asynchronous:
             raise InvalidInputError("this engine has async adapters: use `await engine.arun(plan)`")
-        early = self._open(plan)
-        if early is not None:
-            return early
-        assert self._keeper is not None
-        try:
-            with self._keeper:
-                status, next_action = self._recover_and_run(plan)
-        except FencedError as exc:
-            return self._fenced(exc)
-        except BaseException:
-            self._release(quiet=True)
-            raise
-        return self._close(plan, status, next_action)
-
-    async def arun(self, plan: AsyncPlan) -> RunOutcome:
-        """``run`` under the async driver: the plan's steps are awaited, parallel ones side by side
-        (at most ``max_parallel`` at once), and the starts that become ready together share a commit."""
-        from .._concurrency import AsyncDriver
-
-        early = self._open(plan)
-        if early is not None:
-            return early
-        assert self._keeper is not None
-        try:
-            with self._keeper:
-                async with AsyncDriver(self, self.max_parallel) as driver:
-                    status, next_action = await driver.recover_and_run(plan)
-        except FencedError as exc:
-            return self._fenced(exc)
-        except BaseException:
-            self._release(quiet=True)
-            raise
-        return self._close(plan, status, next_action)
-
-    def _open(self, plan: Plan) -> RunOutcome | None:
-        """Begin an invocation: reset, take the lease; an outcome if the lease cannot be taken."""
-        self._evidence = EvidenceLog(self.clock)
-        self._state = None
-        self._dirty = False
-        self._changed = set()
-        self._cancellation_checked = False
-        self._working = False
-        self._policies = {}
-        # The first apply of every call is preceded by an observe of that effect (and of each one
-        # after it, until one is observed absent): a state rolled back further than any check can
-        # see then finds its effects applied and verifies them instead of repeating them.
-        self._observe_next = True
-        self._wake_at = None
-        self._result = None
-        self._timeouts = {}
-        self._stopping = None
-        self._stragglers = []
-        self.cancel_signal = threading.Event()
-        self.plan_digest = plan.digest
+        inv = self._begin(plan.digest)
         self._reporter.begin(self.owner)
+        early = self._io.acquire(inv, plan.progress)
+        if early is not None:
+            return early
+        keeper = self._io.keeper
+        assert keeper is not None
         try:
-            self._lease = self.store.acquire_lease(
-                self.task_id, self.owner, self.lease_ttl_s, self.clock.now(), monotonic=self._monotonic_reading()
-            )
-        except LeaseHeldError as exc:
-            holder = exc.holder if isinstance(exc.holder, Lease) else None
-            self._evidence.observed("store", str(exc))
-            self._evidence.unknown("lease", "whether the current lease holder is alive and making progress")
-            until = ""
-            if holder is not None:
-                now = self.clock.now()
-                until = f" at {utc(now + max(0.0, holder.remaining(now, self._monotonic_reading())))}"
-            progress = ""
-            try:  # the holder's progress, for the outcome: a read-only load takes no lease and moves nothing
-                self._state = self.store.load(self.task_id).state
-            except (CorruptStateError, StorageError) as load_error:
-                self._evidence.unknown("store", f"the task's progress could not be read: {load_error}")
-            if self._state is not None:
-                progress = f"; so far revision {self._state.revision}, {plan.progress(self._state)}"
-            return self._outcome(
-                Status.ALREADY_RUNNING,
-                f"wait for the current owner to finish or for its lease to expire{until}, then run again{progress}",
-            )
-        except CorruptStateError as exc:
-            self._evidence.observed("store", f"the lease record cannot be read: {exc}")
-            self._evidence.unknown("lease", "who holds the task's lease, and at which epoch")
-            return self._outcome(
-                Status.STATE_UNRECOVERABLE,
-                f"repair the lease record with `longrun repair {self.store_spec} {self.task_id} --lease` (it keeps the damaged "
-                "record aside and the next run gets an epoch above every one recorded), then run again",
-            )
-        self._evidence.observed("store", f"lease acquired by {self.owner} at epoch {self._lease.epoch}")
-        self._keeper = LeaseKeeper(
-            self._lease, self._renew, self.lease_ttl_s / 3, self._monotonic, on_renewed=self._watch_cancellation
-        )
-        return None
-
-    def _fenced(self, exc: FencedError) -> RunOutcome:
-        self._evidence.observed("store", f"write refused: {exc}")
-        self._evidence.unknown("lease", "another runner took over this task; its progress is not known here")
-        return self._outcome(Status.LEASE_LOST, "nothing on this runner: the newer lease holder continues the run")
-
-    def _close(self, plan: Plan, status: Status, next_action: str) -> RunOutcome:
+            with keeper:
+                status, next_action = self._recover_and_run(inv, plan)
+        except FencedError as exc:
+            return self._fenced(inv, exc)
+        except BaseException:
+            self._io.release(inv, quiet=True)
+            raise
         if status is not Status.LEASE_LOST:
-            self._release(quiet=False)
-        if self._state is not None:
-            self._result = plan.result(self._state)
-        return self._outcome(status, next_action)
+            self._io.release(inv, quiet=False)
+        return self._close(inv, plan, status, next_action)
 
-    def _recover_and_run(self, plan: Plan) -> tuple[Status, str]:
+    def _recover_and_run(self, inv: Invocation, plan: Plan) -> tuple[Status, str]:
         try:
-            drive(self._recover(plan), self._perform)
+            self._drive(self._recover(inv, plan))
             plan.drive(self)
         except Stop as stop:
-            self._wake_at = stop.wake_at
+            inv.wake_at = stop.wake_at
             return stop.status, stop.next_action
         except Exception:
-            self.keep_settled()
+            self._io.keep_settled(inv)
             raise
         raise AssertionError("the plan ended without a stop")  # pragma: no cover
 
-    def recover_steps(self, plan: Plan) -> Steps[None]:
-        """The recovery procedure (load, validate, observe everything in flight) as a step procedure."""
-        return self._recover(plan)
+    def _recover(self, inv: Invocation, plan: Plan) -> Steps[None]:
+        lease = self._io.lease
+        assert lease is not None
+        return _effects.recover(inv, lease, lambda state: plan.initial(self, state), lambda state: plan.accept(self, state))
 
-    def _recover(self, plan: Plan) -> Steps[None]:
-        assert self._lease is not None
-        self._worked_mark = self._monotonic()  # this run's work is charged from here
+    async def arun(self, plan: AsyncPlan) -> RunOutcome:
+        """``run`` under the async driver: the plan's steps are awaited, parallel ones side by side
+        (at most ``max_parallel`` at once), the starts that become ready together share a commit,
+        and the store and control I/O of the steps it awaits runs off the event loop."""
+        inv = self._begin(plan.digest)
+        self._reporter.begin(self.owner)
+        async with AsyncDriver(self._io, inv, self.max_parallel) as driver:
+            early = await driver.call_io(self._io.acquire, inv, plan.progress)
+            if early is not None:
+                return early
+            keeper = self._io.keeper
+            assert keeper is not None
+            try:
+                with keeper:
+                    self._async = driver
+                    try:
+                        status, next_action = await self._arecover_and_run(inv, plan, driver)
+                    finally:
+                        self._async = None
+            except FencedError as exc:
+                return self._fenced(inv, exc)
+            except BaseException:
+                self._io.release(inv, quiet=True)
+                raise
+            if status is not Status.LEASE_LOST:
+                await driver.call_io(lambda: self._io.release(inv, quiet=False))
+        return self._close(inv, plan, status, next_action)
+
+    async def _arecover_and_run(self, inv: Invocation, plan: AsyncPlan, driver: AsyncDriver) -> tuple[Status, str]:
         try:
-            loaded = self.store.load(self.task_id, lease=self._lease)
-        except StateUnrecoverableError as exc:
-            self._evidence.observed("store", str(exc))
-            self._evidence.unknown("store", "which effects took place after the last readable revision")
-            raise Stop(
-                Status.STATE_UNRECOVERABLE,
-                "inspect the state (the observations say what is damaged, rolled back or missing; damaged files are "
-                "quarantined) and the target before anything else; do not restart this task from scratch: to go on "
-                "under a new task id, mark every step observe_first=True and keep its effect key "
-                f"(Step(..., key='{self.task_id}/<step id>') unless it has one) so effects already made are observed, not repeated",
-            ) from None
-        if _crashpoints.ARMED:
-            _crashpoints.hit("recovery.loaded", loaded.state.revision if loaded.state is not None else 0)
-        for item in loaded.observations:
-            self._evidence.observations.append(item)
-        now = self.clock.now()
-        if loaded.state is None:
-            self._state = RunState(
-                task_id=self.task_id,
-                plan_digest=self.plan_digest,
-                budget=BudgetCounters(created_at=now, last_progress_at=now),
-                created_at=now,
-                next_action="start the first step",
-            )
-            plan.initial(self, self._state)
-            self._commit()
-            self._evidence.inferred("no state existed: this is the task's first run")
-            return
-        state = loaded.state
-        self._state = state
-        self._evidence.observed(
-            "store", f"state from {loaded.source}, revision {state.revision}, bytes {loaded.digest}, status {state.status.value}"
-        )
-        self._evidence.observed("clock", describe_wall_gap(state.updated_at, now))
-        plan.accept(self, state)
-        if state.status in TERMINAL:
-            self._evidence.inferred(f"the run already ended {state.status.value}; nothing more will be applied")
-            raise Stop(state.status, state.next_action)
-        in_flight = []
-        records = list(state.effects.values())
-        if IN_FLIGHT.isdisjoint(map(_state_of, records)):  # as after a clean stop: one pass in C, not one call a record
-            records = []
-        for record in records:
-            if not record.in_flight:
-                continue
-            if is_internal(record.action):
-                self._interrupted(record)
-            else:
-                in_flight.append(record)
-        # Every effect in flight is observed (at once, bounded, under the async driver) before anything else.
-        verdicts: list[Reconciled] = yield Gather(tuple(self._reconcile(record) for record in in_flight), self.max_parallel)
-        unsafe = [settled for settled in verdicts if settled.verdict is Verdict.UNSAFE]
-        if len(in_flight) == 1 and verdicts[0].verdict is Verdict.RETRY:
-            self._observe_next = False  # the effect this call applies first has just been observed
-        if unsafe:
-            raise self._unsafe(unsafe[0])
-        if self._dirty:
-            self._commit()
+            await driver.run(self._recover(inv, plan))
+            await plan.adrive(self)
+        except Stop as stop:
+            await driver.settle()
+            final = await driver.settle_stop(stop)
+            inv.wake_at = final.wake_at
+            return final.status, final.next_action
+        except Exception:
+            await driver.settle()
+            await driver.call_io(self._io.keep_settled, inv)
+            raise
+        raise AssertionError("the plan ended without a stop")  # pragma: no cover
+
+    def _fenced(self, inv: Invocation, exc: FencedError) -> RunOutcome:
+        inv.evidence.observed("store", f"write refused: {exc}")
+        inv.evidence.unknown("lease", "another runner took over this task; its progress is not known here")
+        return inv.outcome(Status.LEASE_LOST, "nothing on this runner: the newer lease holder continues the run")
+
+    def _close(self, inv: Invocation, plan: Plan, status: Status, next_action: str) -> RunOutcome:
+        if inv.current is not None:
+            inv.result = plan.result(inv.current)
+        return inv.outcome(status, next_action)
 

@@ -40,7 +40,7 @@ from ..contract import ASK_ACTION
 from ._durable import DurableFunction, durable
 from ._family import cancel_children
 from ._run import AsyncRun, Run
-from ._steps import (
+from ._lineage import (
     CALL_ACTION,
     CHILD_ACTION,
     FUNCTION_STEP,

@@ -17,7 +17,7 @@ from ..outcome import RunOutcome, Status
 from ..protocols import AnyEffectAdapter, Store
 from ._plan import FunctionPlan, Recording, run_coroutine
 from ._family import cancelled_down
-from ._steps import ChildLink, qualified_name
+from ._lineage import ChildLink, qualified_name
 
 __all__ = ["DurableFunction", "durable"]
 

@@ -24,7 +24,7 @@ from ..ledger import EffectState
 from ..engine import Engine
 from ..outcome import TERMINAL, Evidence, RunOutcome, Status
 from ..protocols import CancellationSource, Store
-from ._steps import CHILD_ACTION
+from ._lineage import CHILD_ACTION
 
 __all__ = ["cancel_children", "cancelled_down", "unfinished_children", "waiting_path"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..canonical import JSONValue, digest_of, ensure_json
 from ..contract import INTERNAL_PREFIX, RunContract, Step
@@ -15,10 +15,8 @@ from ..errors import InvalidInputError
 from ..ledger import EffectState
 from ..outcome import RunOutcome, Status
 from ._run import AsyncRun, Run
-from ._steps import FUNCTION_STEP, ChildLink, cancelled_with
+from ._lineage import FUNCTION_STEP, ChildLink, TaskFunction, cancelled_with
 
-if TYPE_CHECKING:
-    from ._durable import DurableFunction
 
 __all__ = ["FunctionPlan", "Recording", "run_coroutine"]
 
@@ -42,7 +40,7 @@ class FunctionPlan:
 
     def __init__(
         self,
-        function: DurableFunction[Any],
+        function: TaskFunction,
         arguments: dict[str, JSONValue],
         contract: RunContract,
         link: ChildLink | None = None,
@@ -132,7 +130,9 @@ class FunctionPlan:
 
     async def adrive(self, engine: Engine) -> None:
         args, kwargs = self._args()
-        self._returned(engine, await self._function.fn(AsyncRun(engine, self._function), *args, **kwargs))
+        value = await self._function.fn(AsyncRun(engine, self._function), *args, **kwargs)
+        self._settle_result(engine, value)
+        raise await engine.driver.run(engine.finish_steps([FUNCTION_STEP]))
 
     def _args(self) -> tuple[list[JSONValue], dict[str, JSONValue]]:
         args = self._arguments["args"]
@@ -141,10 +141,13 @@ class FunctionPlan:
         return args, kwargs
 
     def _returned(self, engine: Engine, value: object) -> None:
+        self._settle_result(engine, value)
+        raise engine.finish([FUNCTION_STEP])
+
+    def _settle_result(self, engine: Engine, value: object) -> None:
         result = ensure_json(value, what=f"the return value of {self._function.name}")
         if engine.state.effects[FUNCTION_STEP].state is not EffectState.VERIFIED:
             engine.complete(FUNCTION_STEP, result)
-        raise engine.finish([FUNCTION_STEP])
 
     def progress(self, state: RunState) -> str:
         counts: dict[str, int] = {}

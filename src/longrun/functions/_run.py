@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from .._io import is_async_callable
+from ..engine import is_async_callable
 from ..budget import RetryPolicy
 from ..canonical import JSONValue
 from ..errors import InvalidInputError
 from ..ledger import EffectState
-from ._steps import RunSteps, qualified_name
+from ._lineage import ChildFunction, qualified_name
+from ._steps import RunSteps
 
-if TYPE_CHECKING:
-    from ._durable import DurableFunction
 
 __all__ = ["AsyncRun", "Run"]
 
@@ -117,7 +116,7 @@ class Run(RunSteps):
         files, signed records). With ``choices``, an answer outside them is refused and asked again."""
         return self._ask(step_id, question, choices)
 
-    def child(self, task_id: str, function: DurableFunction[Any], *args: Any, detached: bool = False, **kwargs: Any) -> Any:
+    def child(self, task_id: str, function: ChildFunction, *args: Any, detached: bool = False, **kwargs: Any) -> Any:
         """Start or resume another durable task (its own lease and ledger) and return its result.
 
         While the child is not done, this run stops ``waiting-on-child`` with the child's next
@@ -185,10 +184,12 @@ class AsyncRun(RunSteps):
 
     async def ask(self, step_id: str, question: str, *, choices: Sequence[JSONValue] | None = None) -> JSONValue:
         """``Run.ask``: reads the answer (it never waits for a person; without one the run stops)."""
-        return self._ask(step_id, question, choices)
+        step, choice_list = self._question(step_id, question, choices)
+        engine = self._engine
+        return (await engine.driver.step(engine.ask_steps(step, choice_list))).result
 
     async def child(
-        self, task_id: str, function: DurableFunction[Any], *args: Any, detached: bool = False, **kwargs: Any
+        self, task_id: str, function: ChildFunction, *args: Any, detached: bool = False, **kwargs: Any
     ) -> Any:
         """``Run.child``, awaited: an async child runs on this event loop, a synchronous one in a thread."""
         step_id, record = self._child_record(task_id, function, args, kwargs, detached)

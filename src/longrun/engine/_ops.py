@@ -1,12 +1,14 @@
-"""The waits a step makes, as records a driver performs: one engine, a synchronous and an async driver.
+"""Every request a step procedure yields: the one way a step reaches anything outside the run.
 
-The engine's step procedures (``Engine._effect`` and the rest) are generators. Every adapter call,
-user call, sleep and group commit they need is *yielded* as one of the records below, and the
-value (or the exception) comes back at the ``yield``. The synchronous driver (``drive``) performs
-each at once in the calling thread; the async driver (``longrun._concurrency``) awaits it, so that
-many steps wait at the same time, and makes the commits they ask for together into one. Every
-rule (what is durable before what, when to observe, what a failure means) is written once, in the
-generators; the drivers only decide how to wait.
+The step procedures (``engine._steps``, ``engine._effects``) are generators. Every adapter call,
+user call and sleep they need, and every read or write of the store and the control sources
+(loading the state, committing it, reading the cancellation record and the approvals, the lease
+to write under), is *yielded* as one of the records below, and the value (or the exception) comes
+back at the ``yield``. The two drivers (``engine._drivers``) perform them: the synchronous one at
+once in the calling thread, the async one without blocking the event loop (store and control I/O
+in the invocation's own I/O thread, adapters awaited or in worker threads), with the commits that
+steps ask for together made as one. Every rule (what is durable before what, when to observe,
+what a failure means) is written once, in the generators; the drivers only decide how to wait.
 """
 
 from __future__ import annotations
@@ -16,11 +18,16 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, TypeVar
 
-from .adapters import EffectRequest
-from .errors import LongrunError
+from ..adapters import EffectRequest
+from ..errors import LongrunError
+from ..control import ControlRecord
+from ..lease import Lease
 
 __all__ = [
     "COMMIT",
+    "READ_APPROVALS",
+    "RENEW_LEASE",
+    "CancellationRead",
     "Apply",
     "ApplyInterrupted",
     "ApplyTimedOut",
@@ -30,8 +37,11 @@ __all__ = [
     "Observe",
     "Op",
     "Sleep",
+    "Load",
+    "ReadApprovals",
+    "ReadCancellation",
+    "RenewLease",
     "Steps",
-    "drive",
     "is_async_callable",
 ]
 
@@ -116,42 +126,49 @@ class Gather:
     limit: int = 16
 
 
-Op = Apply | Observe | Invoke | Sleep | Commit | Gather
+@dataclass(frozen=True, slots=True)
+class CancellationRead:
+    """What ``ReadCancellation`` found: the record and whose it is, or none; ``paused`` when there
+    is none and the source asks the run to stop between two steps (a worker that drains)."""
+
+    whose: str
+    record: "ControlRecord | None"
+    paused: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """The task's state of record, loaded under the lease (``Store.load``): a ``LoadResult`` back."""
+
+    lease: Lease
+
+
+@dataclass(frozen=True, slots=True)
+class ReadCancellation:
+    """The cancellation record, read fresh through the run's cancellation source: the task's own,
+    then each of ``ancestors`` in order until one has a record. A ``CancellationRead`` back."""
+
+    ancestors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ReadApprovals:
+    """The task's approval records, read fresh through the run's approval source: a list back."""
+
+
+@dataclass(frozen=True, slots=True)
+class RenewLease:
+    """The lease to write under, renewed first if the background renewal is late; a ``Stop``
+    (``lease-lost``) thrown in if that renewal failed."""
+
+
+READ_APPROVALS = ReadApprovals()
+RENEW_LEASE = RenewLease()
+
+
+Op = Apply | Observe | Invoke | Sleep | Commit | Gather | Load | ReadCancellation | ReadApprovals | RenewLease
 Steps = Generator[Op, Any, T]
 """A step procedure: yields what it waits for, returns its value."""
-
-
-def drive(steps: Steps[T], perform: Callable[[Op], Any]) -> T:
-    """Run a step procedure to its end, performing each wait with ``perform`` in this thread.
-
-    Whatever ``perform`` raises (an adapter's exception, a stop from a commit) is thrown into the
-    procedure at the ``yield`` that asked for it, as if the call had been made there."""
-    value: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            op = steps.throw(error) if error is not None else steps.send(value)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        error = None
-        value = None
-        try:
-            value = perform(op)
-        except BaseException as exc:  # thrown into the procedure, where the call was asked for
-            error = exc
-
-
-def call_in_thread(fn: Callable[[], T], timeout_s: float) -> T:
-    """``fn()`` in a worker thread, waiting at most ``timeout_s``; ``ApplyTimedOut`` after that.
-
-    A thread cannot be stopped: on a timeout it goes on running, and the error says so."""
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="longrun-apply")
-    future = pool.submit(fn)
-    pool.shutdown(wait=False)
-    try:
-        return future.result(timeout=timeout_s)
-    except concurrent.futures.TimeoutError:
-        raise ApplyTimedOut(timeout_s, pending=future) from None
 
 
 def is_async_callable(fn: object) -> bool:

@@ -1,0 +1,461 @@
+"""The two drivers that perform what the step procedures yield, as equals.
+
+Both perform the store and control requests through the run's ``RunIO`` (``engine._runio``), written
+once. ``SyncDriver`` performs each request at once in the calling thread. ``AsyncDriver`` performs the
+same requests on the running event loop, as an equal, and never blocks the loop on I/O:
+
+- Store and control I/O runs in the invocation's own I/O thread (one per invocation, so one run's
+  loads, reads and commits stay in the order its steps asked for them, while the runs of other
+  tasks on the same loop go on; a thread per store object would instead serialize every task that
+  shares a store, which is how a worker runs its tasks). While a commit is in that thread no step
+  of the invocation resumes, so the state it encodes does not change under it.
+- What can be batched is: the commits that steps ask for while the loop is busy are one group
+  commit (the ``started`` records of effects that become ready together reach the store in one
+  journal record and one ``fdatasync``, or one transaction), and so are the reads of the
+  cancellation record and of the approvals (one read made after every asking step asked is fresh
+  for each of them).
+- An async adapter's ``apply`` and ``observe`` are awaited; a synchronous one's run in a worker
+  thread (at most ``max_parallel``), so a blocking adapter does not stop the others. Each ``apply``
+  is bounded by its timeout (the step's ``timeout_s``, else the run's, else the retry policy's
+  ``deadline_s``): an async one is cancelled when it passes, a thread cannot be and is waited for
+  before the lease is let go. Either way the effect is uncertain and observed before anything else.
+- A cancellation read by the lease keeper cancels the async applies in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
+
+from ..clock import SystemClock
+from ..errors import InvalidInputError
+from ..recovery import as_observation, observe_safely, timed_out_observation
+from ._invocation import Invocation, Stop
+from ._ops import (
+    Apply,
+    ApplyInterrupted,
+    ApplyTimedOut,
+    Commit,
+    Gather,
+    Invoke,
+    Load,
+    Observe,
+    Op,
+    ReadApprovals,
+    ReadCancellation,
+    RenewLease,
+    Sleep,
+    Steps,
+    is_async_callable,
+)
+from ._runio import RunIO
+
+__all__ = ["AsyncDriver", "SyncDriver", "call_in_thread", "drive"]
+
+T = TypeVar("T")
+
+
+def drive(steps: Steps[T], perform: Callable[[Op], Any]) -> T:
+    """Run a step procedure to its end, performing each request with ``perform`` in this thread.
+
+    Whatever ``perform`` raises (an adapter's exception, a stop from a commit) is thrown into the
+    procedure at the ``yield`` that asked for it, as if the call had been made there."""
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            op = steps.throw(error) if error is not None else steps.send(value)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        error = None
+        value = None
+        try:
+            value = perform(op)
+        except BaseException as exc:  # thrown into the procedure, where the call was asked for
+            error = exc
+
+
+def call_in_thread(fn: Callable[[], T], timeout_s: float) -> T:
+    """``fn()`` in a worker thread, waiting at most ``timeout_s``; ``ApplyTimedOut`` after that.
+
+    A thread cannot be stopped: on a timeout it goes on running, and the error says so."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="longrun-apply")
+    future = pool.submit(fn)
+    pool.shutdown(wait=False)
+    try:
+        return future.result(timeout=timeout_s)
+    except concurrent.futures.TimeoutError:
+        raise ApplyTimedOut(timeout_s, pending=future) from None
+
+
+class SyncDriver:
+    """Performs each request at once, in the calling thread."""
+
+    def __init__(self, io: RunIO, inv: Invocation):
+        self.io = io
+        self.inv = inv
+
+    def run(self, steps: Steps[T]) -> T:
+        return drive(steps, self.perform)
+
+    def perform(self, op: Op) -> Any:
+        io, inv = self.io, self.inv
+        if isinstance(op, Commit):
+            if inv.dirty:  # else nothing changed since the last commit
+                io.commit(inv)
+            return None
+        if isinstance(op, RenewLease):
+            return io.current_lease(inv)
+        if isinstance(op, ReadCancellation):
+            return io.read_cancellation(inv, op)
+        if isinstance(op, ReadApprovals):
+            return io.read_approvals(inv)
+        if isinstance(op, Observe):
+            if op.timeout_s is None:
+                return observe_safely(op.adapter, op.request)
+            adapter, request = op.adapter, op.request
+            try:
+                return call_in_thread(lambda: observe_safely(adapter, request), op.timeout_s)
+            except ApplyTimedOut as exc:
+                return timed_out_observation(request, exc.timeout_s)
+        if isinstance(op, Apply):
+            adapter = op.adapter
+            apply_request = op.request
+            if op.timeout_s is None:
+                return adapter.apply(apply_request)
+            return call_in_thread(lambda: adapter.apply(apply_request), op.timeout_s)
+        if isinstance(op, Invoke):
+            return op.fn() if op.timeout_s is None else call_in_thread(op.fn, op.timeout_s)
+        if isinstance(op, Sleep):
+            slept_from = inv.monotonic()
+            self.io.config.clock.sleep(op.seconds)  # waiting for a timer is not work
+            inv.waited(slept_from)
+            return None
+        if isinstance(op, Load):
+            return io.load(inv, op)
+        assert isinstance(op, Gather)
+        if len(op.steps) > 1:
+            # Several effects left in flight (by parallel steps): observed at once, in worker threads.
+            return self.parallel(op.steps, op.limit)
+        return [drive(steps, self.perform) for steps in op.steps]
+
+    def parallel(self, procedures: Sequence[Steps[T]], max_parallel: int) -> list[T]:
+        """Run step procedures at once from synchronous code (``Run.map``); their values in order."""
+
+        async def together(driver: AsyncDriver) -> list[T]:
+            return list(await asyncio.gather(*(driver.step(steps) for steps in procedures)))
+
+        return self.concurrently(together, max_parallel)
+
+    def concurrently(self, work: Callable[["AsyncDriver"], Awaitable[T]], max_parallel: int, attach: Callable[["AsyncDriver | None"], None] | None = None) -> T:
+        """Await ``work`` from synchronous code, on an event loop of its own with an async driver
+        (adapters run in worker threads). If a step stops the run, the others settle first."""
+
+        async def main() -> T:
+            async with AsyncDriver(self.io, self.inv, max_parallel) as driver:
+                if attach is not None:
+                    attach(driver)
+                try:
+                    return await driver.settled(work(driver))
+                finally:
+                    if attach is not None:
+                        attach(None)
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(main())
+        raise InvalidInputError("parallel steps cannot run from synchronous code inside a running event loop: use the async face")
+
+
+class AsyncDriver:
+    """Performs one invocation's requests on the running event loop (see the module docstring)."""
+
+    def __init__(self, io: RunIO, inv: Invocation, max_parallel: int):
+        self.io = io
+        self.inv = inv
+        self.max_parallel = max_parallel
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._limit: asyncio.Semaphore | None = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._io_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._batch: asyncio.Future[None] | None = None
+        self._committing: asyncio.Future[None] | None = None
+        self._reads: dict[object, asyncio.Future[Any]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._applying: set[asyncio.Future[Any]] = set()
+
+    async def __aenter__(self) -> "AsyncDriver":
+        self._loop = asyncio.get_running_loop()
+        self._limit = asyncio.Semaphore(self.max_parallel)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.max_parallel, thread_name_prefix="longrun-step")
+        self._io_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"longrun-io-{self.inv.task_id}")
+        self.io.on_cancelled = self.signal_cancelled
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.io.on_cancelled = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)  # a timed-out thread goes on; RunIO.release waits for it
+        if self._io_pool is not None:
+            self._io_pool.shutdown(wait=False)  # every request it ran was awaited
+
+    async def call_io(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in the invocation's I/O thread, in the order asked."""
+        assert self._loop is not None and self._io_pool is not None
+        return await self._loop.run_in_executor(self._io_pool, fn, *args)
+
+    # -- running steps -------------------------------------------------------------------------
+
+    async def step(self, steps: Steps[T]) -> T:
+        """One step procedure of a parallel section: at most ``max_parallel`` run at once, and
+        the run waits for it to settle before it returns (``settle``)."""
+        assert self._limit is not None
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        self.inv.in_flight += 1
+        try:
+            async with self._limit:
+                return await self.run(steps)
+        finally:
+            self.inv.in_flight -= 1
+            if task is not None:
+                self._tasks.discard(task)
+
+    async def settled(self, work: Awaitable[T]) -> T:
+        """Await ``work`` (steps in parallel); if it fails, first let the steps still in flight
+        settle. A stop comes out as the run's stop (``RunIO.settle_stop``)."""
+        try:
+            return await work
+        except Stop as stop:
+            await self.settle()
+            raise (await self.settle_stop(stop)) from None
+        except Exception:
+            await self.settle()
+            raise
+
+    async def settle_stop(self, raised: Stop) -> Stop:
+        return await self.call_io(self.io.settle_stop, self.inv, raised)
+
+    async def settle(self) -> None:
+        """Wait until every step still in flight (a sibling of one that stopped the run) has settled.
+        Their outcomes are in the state; their exceptions were raised to whoever awaited them."""
+        current = asyncio.current_task()
+        while True:
+            pending = [task for task in self._tasks if task is not current and not task.done()]
+            if not pending:
+                return
+            await asyncio.wait(pending)
+
+    async def run(self, steps: Steps[T]) -> T:
+        """Drive one step procedure, awaiting what it waits for (``drive``, awaited)."""
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            while self._committing is not None:  # the state is being encoded in the I/O thread: do not change it
+                await asyncio.wait((self._committing,))
+            try:
+                op = steps.throw(error) if error is not None else steps.send(value)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            error = None
+            value = None
+            try:
+                value = await self._perform(op)
+            except BaseException as exc:  # thrown into the procedure where the wait was asked for
+                error = exc
+
+    # -- performing --------------------------------------------------------------------------------
+
+    async def _perform(self, op: Op) -> Any:
+        io, inv = self.io, self.inv
+        if isinstance(op, Commit):
+            await self._commit()
+            return None
+        if isinstance(op, ReadCancellation):
+            return await self._read(op, lambda: io.read_cancellation(inv, op))
+        if isinstance(op, ReadApprovals):
+            return await self._read(op, lambda: io.read_approvals(inv))
+        if isinstance(op, RenewLease):
+            keeper = io.keeper
+            if keeper is not None and keeper.failure is None and not keeper.stale(io.config.lease_ttl_s):
+                return keeper.lease  # nothing to renew: no I/O
+            return await self.call_io(io.current_lease, inv)
+        if isinstance(op, Apply):
+            timeout_s = op.timeout_s if op.timeout_s is not None else inv.policies.get(op.request.step_id, inv.retry).deadline_s
+            return await self._bounded(op.adapter.apply, op.request, timeout_s, cancellable=True)
+        if isinstance(op, Observe):
+            timeout_s = op.timeout_s if op.timeout_s is not None else inv.policies.get(op.request.step_id, inv.retry).deadline_s
+            try:
+                returned: object = await self._bounded(op.adapter.observe, op.request, timeout_s, cancellable=False)
+            except ApplyTimedOut as exc:
+                return timed_out_observation(op.request, exc.timeout_s)
+            except Exception as exc:  # becomes an unknown observation that names it
+                returned = exc
+            return as_observation(op.request, returned)
+        if isinstance(op, Invoke):
+            return await self._invoke(op)
+        if isinstance(op, Sleep):
+            await self._sleep(op.seconds)
+            return None
+        if isinstance(op, Load):
+            return await self.call_io(io.load, inv, op)
+        assert isinstance(op, Gather)
+        limit = asyncio.Semaphore(max(1, op.limit))
+
+        async def one(steps: Steps[Any]) -> Any:
+            async with limit:
+                return await self.run(steps)
+
+        return list(await asyncio.gather(*(one(steps) for steps in op.steps)))
+
+    async def _read(self, key: object, read: Callable[[], T]) -> T:
+        """A control read shared by every step that asks for it in this turn of the loop: it is made
+        after they all asked, so it is fresh for each."""
+        assert self._loop is not None
+        pending = self._reads.get(key)
+        if pending is None:
+            pending = self._loop.create_future()
+            pending.add_done_callback(_retrieve)
+            self._reads[key] = pending
+            self._loop.call_soon(self._start_read, key, pending, read)
+        return await asyncio.shield(pending)
+
+    def _start_read(self, key: object, pending: asyncio.Future[Any], read: Callable[[], Any]) -> None:
+        assert self._loop is not None and self._io_pool is not None
+        del self._reads[key]  # a step that asks from now on gets a read of its own, made later
+        running = self._loop.run_in_executor(self._io_pool, read)
+        running.add_done_callback(lambda done: _pass_on(done, pending))
+
+    async def _bounded(self, fn: Callable[[Any], Any], request: Any, timeout_s: float | None, *, cancellable: bool) -> Any:
+        """``fn(request)``: awaited if async, else in a worker thread; ``ApplyTimedOut`` past
+        ``timeout_s``; ``ApplyInterrupted`` if a cancellation cancelled it."""
+        assert self._loop is not None and self._pool is not None
+        thread: concurrent.futures.Future[Any] | None = None
+        inner: asyncio.Future[Any]
+        if is_async_callable(fn):
+            inner = asyncio.ensure_future(fn(request))
+            if cancellable:  # a thread cannot be cancelled: it sees EffectRequest.cancelled() instead
+                self._applying.add(inner)
+        else:
+            thread = self._pool.submit(fn, request)
+            inner = asyncio.wrap_future(thread)
+        try:
+            # Awaited in this task (``asyncio.timeout``, not ``asyncio.wait``: about half the cost,
+            # three times per effect). A timeout or a cancellation of this task cancels ``inner``.
+            async with asyncio.timeout(timeout_s):
+                return await inner
+        except TimeoutError:
+            if inner.done() and not inner.cancelled():
+                return inner.result()  # it finished as the time ran out: its outcome stands
+            inner.cancel()
+            if thread is not None and not thread.done():
+                self.inv.stragglers.append(thread)
+                self._retire_pool()
+                raise ApplyTimedOut(timeout_s or 0.0, pending=thread) from None
+            raise ApplyTimedOut(timeout_s or 0.0) from None
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if inner.cancelled() and current is not None and current.cancelling() == 0:
+                # Not this task: a cancellation of the run reached the apply (``signal_cancelled``).
+                raise ApplyInterrupted("the apply was cancelled: the task was cancelled while it ran") from None
+            inner.cancel()
+            raise
+        finally:
+            self._applying.discard(inner)
+
+    def _retire_pool(self) -> None:
+        """A timed-out call goes on in its worker thread, which the pool cannot have back: the
+        steps after it (the observe of that very effect first) get a fresh pool, else with
+        ``max_parallel`` such threads (or one, at ``max_parallel=1``) they would wait for a thread
+        that may never end. The old pool's threads end when their calls do."""
+        assert self._pool is not None
+        retired = self._pool
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.max_parallel, thread_name_prefix="longrun-step")
+        retired.shutdown(wait=False)
+
+    async def _invoke(self, op: Invoke) -> Any:
+        assert self._pool is not None
+        if op.awaitable:
+            awaitable = op.fn()
+            assert inspect.isawaitable(awaitable)
+            try:
+                return await asyncio.wait_for(_awaited(awaitable), op.timeout_s)
+            except asyncio.TimeoutError:
+                raise ApplyTimedOut(op.timeout_s or 0.0) from None
+        future = asyncio.wrap_future(self._pool.submit(op.fn))
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), op.timeout_s)
+        except asyncio.TimeoutError:
+            if not future.done():
+                self._retire_pool()
+            raise ApplyTimedOut(op.timeout_s or 0.0) from None
+
+    async def _sleep(self, seconds: float) -> None:
+        clock = self.io.config.clock
+        inv = self.inv
+        mark = inv.monotonic()
+        if not isinstance(clock, SystemClock):
+            clock.sleep(seconds)  # a test clock moves at once
+        else:
+            await asyncio.sleep(seconds)
+        inv.waited(mark)
+
+    async def _commit(self) -> None:
+        """Join the next group commit (made once every step that is ready now has had its turn)."""
+        assert self._loop is not None
+        if self._batch is None:
+            self._batch = self._loop.create_future()
+            self._batch.add_done_callback(_retrieve)
+            self._loop.call_soon(self._flush)
+        await asyncio.shield(self._batch)
+
+    def _flush(self) -> None:
+        assert self._loop is not None and self._io_pool is not None
+        batch, self._batch = self._batch, None
+        assert batch is not None
+        self._committing = batch
+        running = self._loop.run_in_executor(self._io_pool, self.io.flush, self.inv)
+        running.add_done_callback(lambda done: self._flushed(done, batch))
+
+    def _flushed(self, done: asyncio.Future[None], batch: asyncio.Future[None]) -> None:
+        if self._committing is batch:
+            self._committing = None
+        _pass_on(done, batch)  # every step that waited on this commit raises its failure
+
+    def signal_cancelled(self) -> None:
+        """From the lease keeper's thread: cancel the async applies in flight."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._cancel_applies)
+
+    def _cancel_applies(self) -> None:
+        for inner in list(self._applying):
+            inner.cancel()
+
+
+def _pass_on(done: asyncio.Future[Any], to: asyncio.Future[Any]) -> None:
+    """The outcome of ``done`` (a call in a thread) as the outcome of ``to``."""
+    if to.done():
+        return
+    if done.cancelled():
+        to.cancel()
+        return
+    error = done.exception()
+    if error is not None:
+        to.set_exception(error)
+    else:
+        to.set_result(done.result())
+
+
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a shared request's failure as seen: the steps that waited on it raise it themselves."""
+    if not future.cancelled():
+        future.exception()

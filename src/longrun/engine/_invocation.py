@@ -1,0 +1,275 @@
+"""``Invocation``: the working state of one run of a task, and the ``Stop`` that ends it.
+
+An invocation is what the step procedures read and change: the state of record as it is being
+advanced, what changed since the last commit, the evidence, the stop recorded while parallel steps
+were in flight, and the work charged to the budget. It has no store, no control source and no
+lease keeper: a step that needs one yields a request (``engine._ops``) and a driver performs it.
+Its methods are pure bookkeeping; the rules are in the step procedures that take it as their
+first argument (``engine._steps``, ``engine._effects``).
+
+Not thread-safe: one invocation's steps run on one thread at a time (the caller's, or the event
+loop's); the async driver's I/O thread reads the state only while those steps are held at a
+``yield`` (see ``engine._drivers``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from typing import Any, Mapping
+
+from ..adapters import EffectRequest
+from ..budget import WORK_CHARGE_STEP_S, Backoff, Limits, RetryPolicy
+from ..canonical import JSONValue, printable
+from ..envelope import RunState
+from ..events import Reporter
+from ..lease import MonotonicReading
+from ..ledger import EffectRecord, VerifiedResults
+from ..outcome import TERMINAL, WAITING, RunOutcome, Status
+from ..progress import pending_of
+from ..protocols import AnyEffectAdapter, Clock, MonotonicClock, TimelineClock
+from ._evidence import EvidenceLog
+
+__all__ = ["Invocation", "Stop"]
+
+
+class Stop(BaseException):
+    """Unwinds a face's driving code to ``Engine.run``, which returns it as an outcome.
+
+    A ``BaseException`` so that no broad ``except Exception`` on the way, in the library or in a
+    user's durable function, can swallow a stop.
+    """
+
+    def __init__(self, status: Status, next_action: str, *, wake_at: float | None = None):
+        super().__init__(status.value)
+        self.status = status
+        self.next_action = next_action
+        self.wake_at = wake_at
+
+    def again(self) -> "Stop":
+        """The same stop, to raise in another step that may not go on (parallel steps share one)."""
+        return Stop(self.status, self.next_action, wake_at=self.wake_at)
+
+    @property
+    def waits(self) -> bool:
+        """Whether the stop waits for something (a person, a timer, a child): steps in parallel
+        that do not depend on the waiting one may still go on."""
+        return self.status in WAITING
+
+    def outranks(self, other: "Stop") -> bool:
+        """Whether this stop should be the run's outcome rather than ``other``: a stop that ends or
+        blocks the run outranks one that waits (for a person, a timer, a child)."""
+        return self.status not in WAITING and other.status in WAITING
+
+
+class Invocation:
+    """One run's working state (see the module docstring). Built by ``Engine`` for each ``run``."""
+
+    def __init__(
+        self,
+        *,
+        task_id: str,
+        plan_digest: str,
+        clock: Clock,
+        limits: Limits,
+        retry: RetryPolicy,
+        timeout_s: float | None,
+        adapters: Mapping[str, AnyEffectAdapter],
+        max_parallel: int,
+        reporter: Reporter,
+        monotonic_clock: MonotonicClock | None,
+        timeline_clock: TimelineClock | None,
+        signed_approvals: bool,
+        signed_cancellations: bool,
+        store_spec: str = "<store>",
+    ):
+        self.task_id = task_id
+        self.plan_digest = plan_digest
+        self.clock = clock
+        self.limits = limits
+        self.retry = retry
+        self.timeout_s = timeout_s
+        self.adapters = adapters
+        self.max_parallel = max_parallel
+        self.reporter = reporter
+        self._monotonic_clock = monotonic_clock
+        self._timeline_clock = timeline_clock
+        self.signed_approvals = signed_approvals
+        """Whether the approval source demands signatures (next actions then say ``--sign-key``)."""
+        self.signed_cancellations = signed_cancellations
+        self.store_spec = store_spec
+        """How a command names the store in a next action (``<store>`` if it cannot be named)."""
+        self.current: RunState | None = None
+        """The state being advanced; None until it is loaded (or on an early outcome)."""
+        self.epoch = 0
+        """The epoch of the lease this run holds (0 before it holds one)."""
+        self.changed: set[str] = set()
+        self.dirty = False
+        self.evidence = EvidenceLog(clock)
+        self.cancellation_checked = False
+        self.cancelled_with: tuple[str, ...] = ()
+        """Other tasks whose cancellation record cancels this run too, read through the same source
+        after the task's own (a child's ancestors, up to the first detached link); set by the plan."""
+        self.policies: dict[str, RetryPolicy] = {}
+        self.timeouts: dict[str, float] = {}
+        self.stopping: Stop | None = None
+        """The stop a step recorded while others may still be in flight: no new step starts."""
+        self.stragglers: list[concurrent.futures.Future[Any]] = []
+        """Timed-out attempts still running in a worker thread: the lease is kept until they end."""
+        self.cancel_signal = threading.Event()
+        """Set when a cancellation is read while the run holds its lease (``EffectRequest.cancelled``)."""
+        # The first apply of every call is preceded by an observe of that effect (and of each one
+        # after it, until one is observed absent): a state rolled back further than any check can
+        # see then finds its effects applied and verifies them instead of repeating them.
+        self.observe_next = True
+        self.worked_mark = self.monotonic()
+        """Monotonic reading up to which this run's work is charged to ``state.budget.worked_s``."""
+        self.working = False
+        """Whether this run planned, applied or observed a step (else it only read and waited)."""
+        self.in_flight = 0
+        """Steps in flight under the async driver: more than one means the steps are not sequential
+        (no other step is in flight beside the one asking while ``in_flight <= 1``)."""
+        self.wake_at: float | None = None
+        self.result: JSONValue = None
+
+    @property
+    def state(self) -> RunState:
+        """The working state of the invocation under way."""
+        assert self.current is not None, "no state is loaded"
+        return self.current
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+
+    def put(self, record: EffectRecord) -> None:
+        """Replace a step's effect record in the working state; it goes out with the next commit."""
+        state = self.state
+        self.reporter.moved(state.effects.get(record.step_id), record)
+        state.effects[record.step_id] = record
+        self.changed.add(record.step_id)
+        self.dirty = True
+
+    def monotonic(self) -> float:
+        """The clock's ``monotonic()`` if it has one (``FakeClock`` does), else its ``now()``."""
+        clock = self._monotonic_clock
+        return clock.monotonic() if clock is not None else self.clock.now()
+
+    def monotonic_reading(self) -> MonotonicReading | None:
+        """The reading the store's lease calls and backoffs get if the clock names the timeline of
+        its ``monotonic()`` (``SystemClock``: this boot), else None: expiry is then judged by wall clock."""
+        clock = self._timeline_clock
+        timeline = clock.monotonic_id() if clock is not None else None
+        if clock is None or not timeline:
+            return None
+        return MonotonicReading(timeline, clock.monotonic())
+
+    def take_work(self, least: float = WORK_CHARGE_STEP_S) -> float:
+        """Seconds of work since the last charge, on the monotonic clock, if at least ``least``;
+        otherwise 0 and they stay pending (so quick effects do not change the counters on every commit)."""
+        mark = self.monotonic()
+        worked = mark - self.worked_mark
+        if worked < least:
+            if worked < 0:  # a clock without monotonic() was stepped back: nothing to charge
+                self.worked_mark = mark
+            return 0.0
+        self.worked_mark = mark
+        return worked
+
+    def waited(self, monotonic_before: float) -> None:
+        """A wait since ``monotonic_before`` (a ``monotonic()`` reading) is not work."""
+        self.worked_mark += self.monotonic() - monotonic_before
+
+    def record_stop(self, status: Status, next_action: str, wake_at: float | None) -> tuple[Stop, bool]:
+        """Record a stop in the state; the stop to raise and whether it must be committed.
+
+        With steps in parallel, the first stop stands unless a later one outranks it (a stop that
+        ends or blocks the run outranks one that waits): a stop that does not is not recorded."""
+        next_action = printable(next_action)  # it may quote control record names and error text
+        stop = Stop(status, next_action, wake_at=wake_at)
+        if self.stopping is not None and not stop.outranks(self.stopping):
+            self.evidence.inferred(f"a parallel step would also stop the run {status.value}: {next_action}")
+            return self.stopping.again(), False
+        self.stopping = stop
+        state = self.state
+        state.status = status
+        state.next_action = next_action
+        if status in TERMINAL:
+            # An ended run asks nothing more of anyone: open approval requests are withdrawn.
+            state.approval_requests.clear()
+        state.unknowns = list(self.evidence.unknowns)
+        if self.working or status not in WAITING:
+            state.budget = state.budget.worked(self.take_work(least=0.0))  # a stop charges all of this run's work
+        else:  # a run that only read the state and found it must wait: that was waiting, not work
+            self.worked_mark = self.monotonic()
+        self.dirty = True
+        return stop.again(), True
+
+    def results(self) -> Mapping[str, JSONValue]:
+        """What a payload factory reads: the verified results, as a view (each planning a lookup)."""
+        return VerifiedResults(self.state.effects)
+
+    def policy(self, record: EffectRecord) -> RetryPolicy:
+        return self.policies.get(record.step_id, self.retry)
+
+    def request(self, record: EffectRecord, attempt: int, *, deadline_s: float | None = None) -> EffectRequest:
+        """What an adapter sees of one attempt of ``record``."""
+        return EffectRequest(
+            cancel_event=self.cancel_signal,
+            task_id=self.task_id,
+            step_id=record.step_id,
+            action=record.action,
+            key=record.key,
+            payload=record.payload,
+            payload_digest=record.payload_digest,
+            attempt=attempt,
+            epoch=self.epoch,
+            deadline=self.clock.now() + (self.policy(record).deadline_s if deadline_s is None else deadline_s),
+        )
+
+    def with_backoff(self, record: EffectRecord) -> EffectRecord:
+        """``record`` with the wait before its next attempt: a duration from now, anchored on this
+        run's clocks so that a later run can judge it whatever the wall clock does (``budget.Backoff``)."""
+        if record.attempts == 0:
+            return record.with_changes(not_before=None, backoff=None)
+        delay = self.policy(record).delay(record.key, record.attempts)
+        backoff = Backoff.begin(delay, self.clock.now(), self.monotonic_reading())
+        return record.with_changes(not_before=backoff.until, backoff=backoff)
+
+    def backoff_wait(self, record: EffectRecord, now: float) -> tuple[float, EffectRecord]:
+        """Seconds left of ``record``'s backoff, and the record to go on with.
+
+        On the monotonic timeline it was scheduled on, measured there; elsewhere by wall clock, but
+        never longer than its duration from now. When the wall clock judged it and is behind the
+        scheduled start (stepped back), or this run has a timeline the backoff lacks, the rest of the
+        wait is re-anchored on this run's clocks, so later runs measure from here."""
+        assert record.not_before is not None
+        reading = self.monotonic_reading()
+        backoff = record.backoff
+        if backoff is None:  # recorded before backoffs kept their duration: the policy's delay bounds it
+            duration = self.policy(record).delay(record.key, max(1, record.attempts))
+            backoff = Backoff(duration, record.not_before - duration)
+        wait = backoff.remaining(now, reading)
+        if wait > 0 and not backoff.measured_on(reading) and (reading is not None or now < backoff.scheduled_at):
+            backoff = backoff.resumed(now, reading)
+            record = record.with_changes(not_before=backoff.until, backoff=backoff)
+            self.put(record)
+        return wait, record
+
+    def outcome(self, status: Status, next_action: str) -> RunOutcome:
+        """The outcome of this invocation, stopped ``status``."""
+        state = self.current
+        revision = state.revision if state is not None else 0
+        self.reporter.stopped(status, next_action, revision=revision, epoch=self.epoch)
+        return RunOutcome(
+            status=status,
+            next_action=next_action,
+            task_id=self.task_id,
+            results=VerifiedResults(state.effects).copy() if state is not None else {},
+            observations=self.evidence.observations.items(),
+            inferences=self.evidence.inferences.items(),
+            unknowns=tuple(self.evidence.unknowns),
+            revision=revision,
+            epoch=self.epoch,
+            result=self.result,
+            wake_at=self.wake_at,
+            pending=pending_of(state) if state is not None else (),
+        )
