@@ -12,19 +12,19 @@ at a time.
 from __future__ import annotations
 
 import shlex
-from typing import Awaitable, Callable, Mapping, Protocol, Sequence, TypeVar
+from typing import Awaitable, Callable, Mapping, Protocol, Sequence, TypeVar, Unpack
 
 from ..budget import Limits, RetryPolicy
 from ..canonical import JSONValue
 from ..contract import RunContract, Step
 from ..envelope import RunState
 from ..errors import FencedError, InvalidInputError, UnknownActionError
-from ..events import EventHook, Reporter
+from ..events import Reporter
 from ..ledger import EffectRecord, EffectState
 from ..outcome import RunOutcome, Status
-from ..protocols import AnyEffectAdapter, ApprovalSource, CancellationSource, Clock, Store
+from ..protocols import AnyEffectAdapter, CancellationSource, Clock, Store
 from . import _effects, _steps
-from ._config import EngineConfig, check_parallel
+from ._config import EngineConfig, EngineOptions, check_parallel
 from ._drivers import AsyncDriver, SyncDriver, drive
 from ._runio import RunIO
 from ._invocation import Invocation, Stop
@@ -79,23 +79,10 @@ class Engine:
         *,
         store: Store,
         adapters: Mapping[str, AnyEffectAdapter],
-        owner: str | None = None,
-        clock: Clock | None = None,
-        limits: Limits | None = None,
-        retry: RetryPolicy | None = None,
-        lease_ttl_s: float = 30.0,
-        approvals: ApprovalSource | None = None,
-        cancellations: CancellationSource | None = None,
-        on_event: EventHook | None = None,
-        timeout_s: float | None = None,
-        max_parallel: int = 16,
         asynchronous: bool = False,
+        **options: Unpack[EngineOptions],
     ):
-        self.config = EngineConfig.of(
-            contract, store=store, adapters=adapters, owner=owner, clock=clock, limits=limits, retry=retry,
-            lease_ttl_s=lease_ttl_s, approvals=approvals, cancellations=cancellations, on_event=on_event,
-            timeout_s=timeout_s, max_parallel=max_parallel, asynchronous=asynchronous,
-        )  # fmt: skip
+        self.config = EngineConfig.of(contract, store=store, adapters=adapters, asynchronous=asynchronous, **options)
         config = self.config
         self.contract: RunContract = config.contract
         self.task_id: str = config.contract.task_id
@@ -106,7 +93,7 @@ class Engine:
         self.clock: Clock = config.clock
         self.limits: Limits = config.limits
         self.max_parallel: int = config.max_parallel
-        self._reporter = Reporter(contract.task_id, on_event)
+        self._reporter = Reporter(contract.task_id, options.get("on_event"))
         self._io = RunIO(self.config)
         self._inv: Invocation | None = None
         self._sync: SyncDriver | None = None
