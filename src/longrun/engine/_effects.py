@@ -34,7 +34,7 @@ from ._steps import failed_for_good, gate, interrupted, ready, start_attempt, st
 
 log = logging.getLogger("longrun")
 
-__all__ = ["effect", "recover", "verified_prefix"]
+__all__ = ["ON_EXHAUSTED", "effect", "recover", "verified_prefix"]
 
 
 _VERIFIED_STATE = EffectState.VERIFIED
@@ -55,8 +55,17 @@ def verified_prefix(inv: Invocation, steps: Sequence[Step]) -> int:
     return len(steps)
 
 
-def effect(inv: Invocation, step: Step, *, retry: RetryPolicy | None = None, timeout_s: float | None = None) -> Steps[EffectRecord]:
-    """Make one step's effect verified, or stop; return its verified record.
+_EXHAUSTED_FAILS = frozenset({EffectState.VERIFIED, EffectState.FAILED})
+ON_EXHAUSTED = ("stop", "raise")
+"""What an effect whose attempts ran out does: stop the run ``limits-exhausted``, or settle ``failed``
+(the face raises ``EffectFailed`` into the function, now and on every replay)."""
+
+
+def effect(
+    inv: Invocation, step: Step, *, retry: RetryPolicy | None = None, timeout_s: float | None = None, on_exhausted: str = "stop"
+) -> Steps[EffectRecord]:
+    """Make one step's effect verified, or stop; return its verified record (with
+    ``on_exhausted="raise"``: or its ``failed`` record, once its attempts ran out).
 
     A verified step returns at once (that is replay). Otherwise, in order: cancellation read
     fresh, the budgets, the record planned, a backoff honoured, an observation first where the
@@ -66,8 +75,9 @@ def effect(inv: Invocation, step: Step, *, retry: RetryPolicy | None = None, tim
     """
     state = inv.state
     step_options(inv, step, retry, timeout_s)
+    raises = on_exhausted == "raise"
     while True:
-        record, settled = yield from ready(inv, step, _VERIFIED)
+        record, settled = yield from ready(inv, step, _EXHAUSTED_FAILS if raises else _VERIFIED, exhausted_fails=raises)
         if settled:
             return record
         if state.reconcile_all:

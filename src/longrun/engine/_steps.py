@@ -302,10 +302,15 @@ def step_options(inv: Invocation, step: Step, retry: RetryPolicy | None, timeout
         inv.timeouts[step.step_id] = check_timeout(timeout_s, f"step {step.step_id!r}")
 
 
-def ready(inv: Invocation, step: Step, settled: frozenset[EffectState]) -> Steps[tuple[EffectRecord, bool]]:
+def ready(
+    inv: Invocation, step: Step, settled: frozenset[EffectState], *, exhausted_fails: bool = False
+) -> Steps[tuple[EffectRecord, bool]]:
     """The step's record and True if it is settled (replayed as it is); else the record ready
     for its next attempt: cancellation read fresh, the budgets checked, the record planned,
-    and a short backoff waited out (then everything again: a wait is a new moment)."""
+    and a short backoff waited out (then everything again: a wait is a new moment).
+
+    ``exhausted_fails``: a step whose own attempts ran out is settled ``failed`` (the face raises
+    ``EffectFailed``: ``on_exhausted="raise"``) instead of stopping the run ``limits-exhausted``."""
     state = inv.state
     while True:
         record = state.effects.get(step.step_id)
@@ -314,20 +319,35 @@ def ready(inv: Invocation, step: Step, settled: frozenset[EffectState]) -> Steps
         yield from check_cancellation(inv)
         state.current_step = step.step_id
         now = inv.clock.now()
-        yield from _check_budget(inv, record)
+        failed = yield from _check_budget(inv, record, exhausted_fails)
+        if failed is not None:
+            return failed, True
         if record is None:
             record = plan(inv, step, now)
         if not (yield from _backing_off(inv, record, now)):
             return record, False
 
 
-def _check_budget(inv: Invocation, record: EffectRecord | None) -> Steps[None]:
+def _check_budget(inv: Invocation, record: EffectRecord | None, exhausted_fails: bool = False) -> Steps[EffectRecord | None]:
+    """Stop ``limits-exhausted`` if the run's budget or the step's attempts ran out; with
+    ``exhausted_fails``, a step whose attempts ran out is settled ``failed`` and returned instead."""
     exhausted = inv.state.budget.exhausted(inv.limits, pending_s=inv.monotonic() - inv.worked_mark)
     if exhausted is None and record is not None:
         exhausted = inv.limits.attempts_exhausted(record.key, record.attempts, record.last_error)
+        if exhausted is not None and exhausted_fails and record.state is EffectState.PLANNED:
+            inv.evidence.observed("budget", f"{exhausted}; raised into the function (on_exhausted='raise')")
+            failure: JSONValue = {
+                "type": "EffectFailed",
+                "attempts": record.attempts,
+                "last_error": record.last_error or "no error was recorded",
+            }
+            failed = record.move(EffectState.FAILED, inv.clock.now(), result=failure, not_before=None, backoff=None)
+            inv.put(failed)  # committed with the next step's start or the stop: replayed as recorded
+            return failed
     if exhausted is not None:
         inv.evidence.observed("budget", exhausted)
         raise (yield from stop(inv, Status.LIMITS_EXHAUSTED, f"review why the budget ran out ({exhausted}); the run is over"))
+    return None
 
 
 def _backing_off(inv: Invocation, record: EffectRecord, now: float) -> Steps[bool]:
