@@ -49,9 +49,9 @@ __all__ = ["build_parser", "error_text", "main"]
 _SESSION_COMMANDS = ("init", "next", "exec", "checkpoint", "done", "stop")
 _STORE_COMMANDS = (
     "status", "history", "verify", "approve", "answer", "cancel", "repair", "ls", "watch", "console", "worker", "workers",
-    "mcp", *_SESSION_COMMANDS,
+    "mcp", "send", "event", *_SESSION_COMMANDS,
 )  # fmt: skip
-_TASK_COMMANDS = ("status", "history", "verify", "approve", "answer", "cancel", "repair", "watch", "init", "next", "done", "stop")
+_TASK_COMMANDS = ("status", "history", "verify", "approve", "answer", "cancel", "repair", "watch", "init", "next", "done", "stop", "send", "event")
 _STEP_COMMANDS = ("exec", "checkpoint")
 """Commands with a STEP after TASK (STORE must come first, or be given with --store)."""
 
@@ -213,6 +213,16 @@ def _store_command(args: argparse.Namespace, store: Store, label: str, out: Text
             control_root=args.control_root,
             as_json=args.json,
         )
+    if args.command == "send":
+        from ._talk import cmd_send
+
+        return cmd_send(
+            store, args.task, args.topic, args.value, key=args.key, sender=args.sender or login_name(), out=out, as_json=args.json
+        )
+    if args.command == "event":
+        from ._talk import cmd_event
+
+        return cmd_event(store, args.task, args.key, wait_s=args.wait, out=out, as_json=args.json)
     if args.command == "repair":
         from ._control import cmd_repair
 
