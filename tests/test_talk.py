@@ -415,6 +415,21 @@ class StoreCases(TalkCase):
         self.assertEqual(code, 2)
         self.assertEqual(task.run("t").result, {"n": 1})
 
+    def test_the_console_task_page_shows_each_events_latest_value_escaped(self) -> None:
+        from longrun.cli._console_pages import Console
+
+        @self.durable()
+        def task(run: longrun.Run) -> None:
+            run.set_event("phase", "<b>one</b>")
+            run.set_event("phase", "<b>two</b>")
+
+        console = Console(self.store, "store", read_only=True, approver="a", sign_key=None, control_root=None)
+        task.run("t")
+        page = console.task_page("t", {})
+        self.assertIn("<h2>Events</h2>", page)
+        self.assertIn("&lt;b&gt;two&lt;/b&gt;", page)
+        self.assertNotIn("one</b>", page.replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", '"'))
+
     def cli(self, *argv: str) -> tuple[int, str]:
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -47,9 +47,17 @@ Invariants every store built on ``BaseStore`` keeps (the tests are built to brea
    (``_epoch_floor``), so the next acquisition's epoch is above every epoch the state records. It
    refuses a record that is not damaged, and one whose holder is alive on this machine.
 
+9. A message's number is taken, and its key looked up, inside the receiver's exclusive
+   transaction (``send_message``): numbers follow the order the sends commit, with no gap and no
+   repeat, and a key is stored once. Messages are never fenced (anyone may send) and never marked
+   consumed here: the receiver records which it took in its own state (``longrun.messages``).
+
 A subclass supplies the primitives: a per-task exclusive transaction, reading and writing the
 lease record (and moving a damaged one aside), reading (and repairing) and writing the state, and
-the control records; a store on this machine's file system also gives ``_holders``.
+the control records, the mailbox; a store on this machine's file system also gives ``_holders``.
+
+One concept, the rules every store keeps, so one module, and a long one: each rule above is
+written here once, over primitives, so that no backend restates (and could weaken) one.
 """
 
 from __future__ import annotations
