@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import threading
+import time
 from typing import Any
 
 from helpers import pg_support, support
@@ -435,6 +436,47 @@ class StoreCases(TalkCase):
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = cli_main(list(argv))
         return code, out.getvalue()
+
+
+    # -- a worker fleet -------------------------------------------------------------------------
+
+    def serve(self, functions: list[Any], until: Any) -> None:
+        """Run a worker in a thread until ``until()`` holds (a liveness guard of 60 s), then stop it."""
+        from longrun.worker import Worker
+
+        worker = Worker(self.store, functions, poll_s=0.05, rescan_s=0.05, claim_ttl_s=5.0)
+        thread = threading.Thread(target=lambda: asyncio.run(worker.serve()))
+        thread.start()
+        try:
+            deadline = time.monotonic() + 60.0
+            while not until():
+                if time.monotonic() > deadline or not thread.is_alive():
+                    self.fail("the worker did not get there")
+                time.sleep(0.02)
+        finally:
+            worker.stop()
+            thread.join(60.0)
+
+    def status(self, task_id: str) -> str:
+        try:
+            state = self.store.load(task_id).state
+        except UnknownTaskError:
+            return "unknown"
+        return "none" if state is None else state.status.value
+
+    def test_a_worker_runs_a_receiver_again_when_a_message_is_sent_to_it_or_its_receive_times_out(self) -> None:
+        @longrun.durable(store=self.store, lease_ttl_s=5.0)
+        def consumer(run: longrun.Run) -> list[Any]:
+            first = run.recv("orders")
+            late = run.recv("late", timeout_s=0.5)  # past Limits.max_block_s below: the run stops until then
+            return [first, late]
+
+        consumer = consumer.with_options(limits=Limits(max_block_s=0.05))
+        consumer.start("c")
+        self.serve([consumer], lambda: self.status("c") == "awaiting-input")
+        consumer.send("c", "orders", {"n": 1})
+        self.serve([consumer], lambda: self.status("c") == "done")
+        self.assertEqual(self.store.load("c").state.effects["longrun.function"].result, [{"n": 1}, None])
 
 
 class JsonFileStoreTests(StoreCases):
