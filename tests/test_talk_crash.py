@@ -30,10 +30,10 @@ from longrun.messages import RECV_ACTION
 from longrun.stores import PostgresStore
 from longrun.task_events import EVENT_ACTION, events_of
 from longrun.testing import read_outbox
-from longrun.testing.faults.points import read_trace
+from longrun.testing.faults.points import TALK_POINTS, read_trace
 
 CHILD = os.path.join(support.HELPERS, "talk_child.py")
-NEW_POINTS = ("message.sent", "message.received", "event.set")
+NEW_POINTS = TALK_POINTS
 KILLED = forked.KILLED
 
 
