@@ -6,7 +6,8 @@ an effect and publishes its progress as an event (tests/helpers/talk_child.py). 
 traced first to learn every named point it passes (``message.sent``, ``message.received`` and
 ``event.set`` among them) and how often; then, for each point and occurrence, a fresh store is run
 with ``LONGRUN_CRASH_AT=point:N``, the process dies there, and the tasks are run again until the
-consumer is done. Afterwards:
+consumer is done, on the JSON-file, SQLite and PostgreSQL stores, and with the tasks written
+``async def`` (the async driver). Afterwards:
 
 - the consumer's mailbox holds exactly the three messages, in send order, each with the key its
   send step derives (a send repeated after a kill is a duplicate, never a second message);
@@ -64,9 +65,12 @@ class TalkCrashCase(support.TempDirTest):
         self.addCleanup(getattr(store, "close"))
         return store
 
+    asynchronous = False
+    """Whether the tasks are ``async def`` (``AsyncRun``, the async driver)."""
+
     def run_child(self, case: dict[str, Any], **extra: Any) -> dict[str, Any]:
         case["later"] += 100.0  # a killed run's lease has expired for the next run
-        return self.server.run({**case, **extra}, f"run {case['work']} {extra}")
+        return self.server.run({**case, "async": self.asynchronous, **extra}, f"run {case['work']} {extra}")
 
     def after_kill(self, case: dict[str, Any]) -> None:
         """Whatever the next run needs after a kill (the store's lease clock may be the server's)."""
@@ -184,6 +188,13 @@ class PostgresTalkCrashTests(TalkCrashCase):
 
 class JsonTalkCrashTests(TalkCrashCase):
     pass
+
+
+class AsyncJsonTalkCrashTests(TalkCrashCase):
+    """The same tasks written ``async def``: the async driver performs the sends, reads and commits."""
+
+    asynchronous = True
+    thorough = scale.FULL
 
 
 del TalkCrashCase

@@ -1,7 +1,7 @@
 """Two durable tasks that talk, in a process of their own, for tests that SIGKILL it (tests/test_talk_crash.py).
 
 A fork server (``python talk_child.py serve``, see ``helpers.forked``): each request
-(``kind root work later ttl``, ``crash_at`` or ``trace``) runs, in a forked process armed with crash
+(``kind root work later ttl``, ``crash_at`` or ``trace``, ``async`` for the async face) runs, in a forked process armed with crash
 points, the consumer (it stops awaiting-input until it has messages), then the producer, then the
 consumer again, and reports the consumer's last outcome. Run again after a kill, the same three
 runs resume both tasks.
@@ -54,6 +54,23 @@ def produce(run: longrun.Run, to: str, n: int) -> int:
     return n
 
 
+async def consume_async(run: longrun.AsyncRun, n: int) -> list[Any]:
+    got = []
+    for i in range(n):
+        value = await run.recv("orders")
+        await run.effect(f"ship/{i}", "ship", {"order": value})
+        await run.set_event("progress", {"received": i + 1})
+        got.append(value)
+    return got
+
+
+async def produce_async(run: longrun.AsyncRun, to: str, n: int) -> int:
+    for i in range(n):
+        await run.send(to, "orders", {"n": i})
+    await run.set_event("sent", n)
+    return n
+
+
 def make_store(kind: str, root: str, work: str) -> longrun.Store:
     if kind == "json":
         return JsonFileStore(root, create=True)
@@ -88,8 +105,9 @@ def run_request(request: dict[str, Any]) -> longrun.RunOutcome:
         retry=RetryPolicy(base_delay_s=0.0, jitter=0.0),
     )
     outbox = OutboxAdapter(os.path.join(request["work"], "outbox.jsonl"))
-    consumer = longrun.durable(adapters={"ship": outbox}, allowed_actions=("ship",), **options)(consume)
-    producer = longrun.durable(**options)(produce)
+    asynchronous = bool(request.get("async"))
+    consumer = longrun.durable(adapters={"ship": outbox}, allowed_actions=("ship",), **options)(consume_async if asynchronous else consume)
+    producer = longrun.durable(**options)(produce_async if asynchronous else produce)
     try:
         consumer.run(CONSUMER, N)
         producer.run(PRODUCER, CONSUMER, N)
