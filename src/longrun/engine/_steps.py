@@ -39,6 +39,7 @@ from ..errors import (
 )
 from ..budget import RetryPolicy
 from ..ledger import IN_FLIGHT, EffectRecord, EffectState, recordable_result
+from ..messages import SEND_ACTION
 from ..outcome import Status
 from ._config import check_timeout, utc
 from ._invocation import Invocation, Stop
@@ -594,6 +595,11 @@ def record_plan_growth(inv: Invocation, state: RunState, recorded_steps: int, st
 
 
 def interrupted(inv: Invocation, record: EffectRecord) -> None:
-    """A call the process died in: calls have no effect to observe, so it may simply run again."""
+    """A call the process died in: calls have no effect to observe, so it may simply run again.
+    So may a send: its key makes a copy the receiver already holds a duplicate, stored once."""
+    if record.action == SEND_ACTION:
+        inv.evidence.inferred(f"send {record.step_id!r} was interrupted (attempt {record.attempts}); it is sent again under the same key")
+        inv.put(record.move(EffectState.PLANNED, inv.clock.now(), last_error="interrupted: the process stopped during the send"))
+        return
     inv.evidence.inferred(f"call {record.step_id!r} was interrupted (attempt {record.attempts}); it will be called again")
     inv.put(record.move(EffectState.PLANNED, inv.clock.now(), last_error="interrupted: the process stopped during the call"))
