@@ -14,7 +14,7 @@ from ..contract import ASK_ACTION, INTERNAL_PREFIX, Step, check_step_id, check_t
 from ..engine import Engine
 from ..errors import CallFailed, ChildCycleError, EffectFailed, InvalidInputError, SizeLimitError, UnknownTaskError
 from ..ledger import EffectRecord, EffectState
-from ..messages import MAX_MESSAGE_BYTES, RECV_ACTION, SEND_ACTION, check_topic, sent_key
+from ..messages import MAX_KEY_CHARS, MAX_MESSAGE_BYTES, RECV_ACTION, SEND_ACTION, check_topic, sent_key
 from ..outcome import ENDED_UNFINISHED, RunOutcome, Status
 from ..task_events import EVENT_ACTION
 
@@ -231,8 +231,8 @@ class RunSteps:
         check_task_id(to_task)
         check_topic(topic)
         plain = _bounded(value, f"the value of a message on topic {topic!r}")
-        if key is not None and (not isinstance(key, str) or not key or len(key) > 512):
-            raise InvalidInputError(f"a message key must be a string of 1-512 characters, got {key!r:.80}")
+        if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_KEY_CHARS):
+            raise InvalidInputError(f"a message key must be a string of 1-{MAX_KEY_CHARS} characters, got {key!r:.80}")
         sid = self._talk_id(f"{SEND_ACTION}:{to_task}/{topic}", step_id)
         payload: dict[str, JSONValue] = {"to": to_task, "topic": topic, "key": key if key is not None else sent_key(self.task_id, sid), "value": plain}
         return self._checked_talk(sid, SEND_ACTION, payload, "a send")
@@ -287,6 +287,7 @@ def _bounded(value: object, what: str) -> JSONValue:
 
 
 def check_on_exhausted(on_exhausted: str) -> str:
+    """``on_exhausted`` if it is ``"stop"`` or ``"raise"``, else ``InvalidInputError``."""
     if on_exhausted not in ("stop", "raise"):
         raise InvalidInputError(f"on_exhausted must be 'stop' or 'raise', got {on_exhausted!r}")
     return on_exhausted
