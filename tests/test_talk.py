@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import io
 import json
+import os
 import threading
 import time
 from typing import Any
@@ -417,6 +418,28 @@ class StoreCases(TalkCase):
         code, _ = self.cli("send", spec, "nobody", "orders", "1")
         self.assertEqual(code, 2)
         self.assertEqual(task.run("t").result, {"n": 1})
+
+    def test_status_of_a_task_with_a_damaged_message_still_shows_the_state_and_names_the_damage(self) -> None:
+        if not isinstance(self.store, JsonFileStore):
+            self.skipTest("damaged on the JSON-file store's files (the store contract damages every store)")
+
+        @self.durable()
+        def task(run: longrun.Run) -> Any:
+            return run.recv("orders")
+
+        task.run("t")
+        task.send("t", "orders", 1)
+        directory = self.path("store", "t", "messages")
+        [name] = os.listdir(directory)
+        with open(os.path.join(directory, name), "r+b") as handle:
+            handle.write(b"#")
+        code, out = self.cli("status", self.store.spec, "t")
+        self.assertEqual(code, 0)
+        self.assertIn("status       awaiting-input", out)
+        self.assertIn("the mailbox cannot be read", out)
+        outcome = task.run("t")  # the receive refuses to guess: a person looks
+        self.assertEqual(outcome.status, Status.UNSAFE_TO_CONTINUE)
+        self.assertIn("mailbox", outcome.next_action)
 
     def test_the_console_task_page_shows_each_events_latest_value_escaped(self) -> None:
         from longrun.cli._console_pages import Console

@@ -179,8 +179,12 @@ def _event_lines(state: RunState) -> list[str]:
 
 
 def mailbox_summary(store: Store, state: RunState | None, task_id: str) -> dict[str, object]:
-    """The task's mailbox: how many messages it holds, and how many of each topic it has not received."""
-    messages = store.read_messages(task_id)
+    """The task's mailbox: how many messages it holds, and how many of each topic it has not received
+    (``error`` instead, naming the damage, if a message cannot be read: the state is still shown)."""
+    try:
+        messages = store.read_messages(task_id)
+    except CorruptStateError as exc:
+        return {"messages": None, "received": None, "waiting": {}, "error": str(exc)}
     consumed = consumed_messages([(record.action, record.result) for record in state.effects.values()]) if state is not None else set()
     waiting: dict[str, int] = {}
     for message in messages:
@@ -190,6 +194,8 @@ def mailbox_summary(store: Store, state: RunState | None, task_id: str) -> dict[
 
 
 def _mailbox_line(mailbox: dict[str, object]) -> str:
+    if mailbox.get("error"):
+        return f"  messages     the mailbox cannot be read: {mailbox['error']}"
     waiting = mailbox["waiting"]
     assert isinstance(waiting, dict)
     topics = ", ".join(f"{topic} {count}" for topic, count in sorted(waiting.items()))
@@ -243,7 +249,7 @@ def cmd_status(store: Store, label: str, task_id: str, as_json: bool, out: TextI
         write_json(out, body)
     else:
         lines = render_status(task_id, loaded, lease, now, label)
-        if mailbox["messages"]:
+        if mailbox["messages"] or mailbox.get("error"):
             at = next((index for index, line in enumerate(lines) if line.startswith("  next action")), len(lines))
             lines.insert(at, _mailbox_line(mailbox))
         out.write("\n".join(lines) + "\n")
