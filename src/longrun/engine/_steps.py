@@ -38,6 +38,7 @@ from ..errors import (
     exception_type_name,
 )
 from ..budget import RetryPolicy
+from ..intervention import superseded_cancellation
 from ..ledger import IN_FLIGHT, EffectRecord, EffectState, recordable_result
 from ..outcome import Status
 from ._config import check_timeout, utc
@@ -167,6 +168,11 @@ def check_cancellation(inv: Invocation) -> Steps[None]:
             inv.cancellation_checked = True
         return
     whose = found.whose
+    if raw.digest and superseded_cancellation(raw.digest) in state.consumed_approvals:
+        if not inv.cancellation_checked:
+            inv.evidence.inferred(f"cancellation record {raw.name} was superseded by a reopen: it does not cancel the task again")
+            inv.cancellation_checked = True
+        return
     named = "cancellation record" if whose == inv.task_id else f"cancellation record of ancestor task {whose!r}"
     item = inv.evidence.observed("control", _describe(named, raw))
     state.note_control(item)
