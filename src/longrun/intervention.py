@@ -17,6 +17,11 @@ is recorded as an observation (source ``person:<name>``, the time it was given, 
 in the outcome, in the effect record's evidence and among the control records the state keeps,
 which ``longrun history`` shows.
 
+A **fork** (``DurableFunction.fork``) is recorded in both tasks: the fork's function record names its
+origin (``forked_from``: the task and the step it starts at; ``origin_of``), and the origin holds a
+verified record of its own per fork (step id ``FORK_PREFIX`` + the fork's task id, action
+``FORK_ACTION``; ``forks_of``).
+
 A **reopen** binds the task, the plan digest, the status it reopens and the revision that recorded
 that status: a reopen written for one ending does not reopen a later one. The engine acts on it
 when a run finds the task in that status (``REOPENABLE``: every terminal status but ``done``): the
@@ -50,8 +55,10 @@ from .protocols import Store
 from .signing import sign_approval
 
 __all__ = [
-    "APPLIED",
     "ABSENT",
+    "APPLIED",
+    "FORK_ACTION",
+    "FORK_PREFIX",
     "INTERVENTION_TTL_S",
     "REOPENABLE",
     "REOPEN_ACTION",
@@ -63,6 +70,8 @@ __all__ = [
     "reopen",
     "resolve",
     "find_reopen",
+    "forks_of",
+    "origin_of",
     "find_resolution",
     "reopen_approval",
     "resolution_approval",
@@ -80,6 +89,10 @@ ABSENT = "absent"
 INTERVENTION_TTL_S = 7 * 86_400.0
 """How long a resolution or a reopen counts, unless the writer says otherwise."""
 MAX_EVIDENCE_CHARS = 4000
+
+FORK_ACTION = INTERNAL_PREFIX + "fork"
+FORK_PREFIX = INTERNAL_PREFIX + "fork/"
+"""The step id of an origin's record of one fork is this prefix and the fork's task id."""
 
 REOPENABLE = ENDED_UNFINISHED
 """The statuses a reopen takes a task out of: every terminal status but ``done``."""
@@ -414,3 +427,21 @@ def superseded_cancellation(digest: str) -> str:
     """How the state's consumed records name a cancellation record (by the digest of its bytes) that a
     reopen superseded: that record never cancels the task again."""
     return _SUPERSEDED + digest
+
+
+def origin_of(state: RunState | None) -> dict[str, JSONValue] | None:
+    """``{"task": ..., "step": ...}`` if the task is a fork (its function record says so); else None."""
+    for record in state.effects.values() if state is not None else ():
+        if record.action.startswith(INTERNAL_PREFIX):
+            forked = record.payload.get("forked_from")
+            if isinstance(forked, dict):
+                return forked
+        break  # a durable task's function record is its first
+    return None
+
+
+def forks_of(state: RunState | None) -> list[dict[str, JSONValue]]:
+    """The forks the task records, oldest first: ``{"task": ..., "step": ...}`` each."""
+    if state is None:
+        return []
+    return [dict(record.payload) for step_id, record in state.effects.items() if step_id.startswith(FORK_PREFIX)]

@@ -363,16 +363,15 @@ def _reopened(inv: Invocation, state: RunState) -> Steps[bool]:
     state.consumed_approvals.append(approval.approval_id)
     state.note_control(inv.evidence.observed(f"person:{approval.approver}", detail))
     budget = state.budget
-    if reopen.add_attempts:
-        budget = replace(budget, attempts_total=max(0, budget.attempts_total - reopen.add_attempts))
-        for record in list(state.effects.values()):
-            if record.state is EffectState.VERIFIED or is_internal(record.action) and record.state is EffectState.FAILED:
-                continue
-            fewer = max(0, record.attempts - reopen.add_attempts)
-            if record.state is EffectState.FAILED:  # failed for good: the operator says to try again
-                inv.put(record.with_changes(state=EffectState.PLANNED, attempts=fewer, updated_at=now))
-            elif fewer != record.attempts:
-                inv.put(record.with_changes(attempts=fewer, updated_at=now))
+    budget = replace(budget, attempts_total=max(0, budget.attempts_total - reopen.add_attempts))
+    for record in list(state.effects.values()):
+        if record.state is EffectState.VERIFIED or is_internal(record.action) and record.state is EffectState.FAILED:
+            continue  # a call's recorded exception replays as recorded
+        fewer = max(0, record.attempts - reopen.add_attempts)
+        if record.state is EffectState.FAILED:  # failed for good, and the operator says to try again
+            inv.put(record.with_changes(state=EffectState.PLANNED, attempts=fewer, updated_at=now))
+        elif fewer != record.attempts:
+            inv.put(record.with_changes(attempts=fewer, updated_at=now))
     if reopen.add_time_s:
         budget = replace(
             budget,

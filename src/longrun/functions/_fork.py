@@ -30,10 +30,10 @@ import socket
 from typing import TYPE_CHECKING
 
 from ..canonical import JSONValue, digest_of
-from ..contract import INTERNAL_PREFIX
 from ..engine import Engine, Stop
 from ..envelope import RunState
 from ..errors import ForkRefusedError, TaskExistsError, UnknownStepError, UnknownTaskError
+from ..intervention import FORK_ACTION, FORK_PREFIX
 from ..ledger import EffectRecord, EffectState
 from ..outcome import Status
 from ..protocols import Store
@@ -42,11 +42,8 @@ from ._lineage import CALL_ACTION, FUNCTION_STEP
 if TYPE_CHECKING:
     from ._plan import FunctionPlan
 
-__all__ = ["FORK_ACTION", "FORK_PREFIX", "Forking", "check_new_task", "forks_of", "origin_of", "records_to_copy", "record_fork_in_origin"]
+__all__ = ["Forking", "check_new_task", "records_to_copy", "record_fork_in_origin"]
 
-FORK_ACTION = INTERNAL_PREFIX + "fork"
-FORK_PREFIX = INTERNAL_PREFIX + "fork/"
-"""The step id of an origin's record of one fork is this prefix and the fork's task id."""
 _LEASE_TTL_S = 30.0
 
 
@@ -78,20 +75,6 @@ def records_to_copy(origin: RunState, from_step: str | None) -> tuple[str, list[
             "Nothing was written"
         )
     return from_step, [record for record in before if _copied(record)]
-
-
-def origin_of(state: RunState | None) -> dict[str, JSONValue] | None:
-    """``{"task": ..., "step": ...}`` for a fork (from its function record); None otherwise."""
-    record = state.effects.get(FUNCTION_STEP) if state is not None else None
-    forked = record.payload.get("forked_from") if record is not None else None
-    return forked if isinstance(forked, dict) else None
-
-
-def forks_of(state: RunState | None) -> list[dict[str, JSONValue]]:
-    """The forks the task records of itself, oldest first: ``{"task": ..., "step": ...}`` each."""
-    if state is None:
-        return []
-    return [dict(record.payload) for step_id, record in state.effects.items() if step_id.startswith(FORK_PREFIX)]
 
 
 def check_new_task(store: Store, task_id: str) -> None:
