@@ -89,11 +89,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         return cmd_resume(args.target, args.path, args.json, out, err, verbose=args.verbose > 0)
     reopen_options = (args.reason, args.by, args.add_attempts, args.add_time, args.sign_key, args.control_root) if args.command == "resume" else ()
     if args.command == "resume" and not args.reopen and any(option not in (None, 0, 0.0) for option in reopen_options):
-        args.command_parser.error("--reason, --by, --add-attempts, --add-time, --sign-key and --control-root go with --reopen")
+        raise CliError("--reason, --by, --add-attempts, --add-time, --sign-key and --control-root go with --reopen", ExitCode.USAGE)
     if args.command == "resume" and args.reopen and args.task is None:
-        args.command_parser.error("--reopen needs STORE TASK: it reopens a durable-function task")
+        raise CliError("--reopen needs STORE TASK: it reopens a durable-function task", ExitCode.USAGE)
     if args.command == "resume" and args.reopen and args.reason is None:
-        args.command_parser.error("--reopen needs --reason TEXT: why the task goes on is recorded")
+        raise CliError("--reopen needs --reason TEXT: why the task goes on is recorded", ExitCode.USAGE)
     if args.command == "resume":
         from ._resume import cmd_resume_task
 

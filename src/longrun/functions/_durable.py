@@ -221,8 +221,8 @@ class DurableFunction(Generic[R]):
         if origin is None:
             raise UnknownTaskError(f"task {task_id!r} has no committed state; nothing was written")
         args, kwargs = self._recorded_arguments(origin, ForkRefusedError)
-        start_at, copied = records_to_copy(origin, from_step)
         check_new_task(store, new_task_id)
+        start_at, copied = records_to_copy(origin, from_step)
         engine, plan = self._plan(new_task_id, tuple(args), dict(kwargs))
         record_fork_in_origin(store, task_id, new_task_id, start_at, engine.clock.now())
         forking = Forking(plan, copied, {"task": task_id, "step": start_at})

@@ -16,7 +16,8 @@ of the origin lists it.
 
 Refused before anything is written: an origin that is not a durable function's task or not this
 function's (``ForkRefusedError``), a step the origin does not record (``UnknownStepError``), an
-effect before the step still in flight (``ForkRefusedError``: resolve it first), a new task id the
+origin with an effect in flight anywhere (``ForkRefusedError``: resolve it first; after the step
+the fork would make it again under a new key, a duplicate if it took place), a new task id the
 store already holds (``TaskExistsError``), and an origin whose lease is held (``LeaseHeldError``).
 
 Not guaranteed: what the fork's code makes of the copied results (they are what the origin recorded,
@@ -67,12 +68,14 @@ def records_to_copy(origin: RunState, from_step: str | None) -> tuple[str, list[
                 break
             before.append(record)
         from_step = ledger[len(before)].step_id if len(before) < len(ledger) else ""
-    in_flight = [record.step_id for record in before if record.in_flight]
+    in_flight = [record.step_id for record in ledger if record.in_flight]
     if in_flight:
+        # Before the step it could not be copied; from the step on the fork would make it again under a
+        # new key, which the target cannot tell from the first: a duplicate if the first took place.
         raise ForkRefusedError(
-            f"step(s) {', '.join(in_flight)} of task {origin.task_id!r}, before {from_step!r}, are in flight: their outcome "
-            "is not known, so they can be neither copied nor made again; resolve them first (`longrun resolve`). "
-            "Nothing was written"
+            f"step(s) {', '.join(in_flight)} of task {origin.task_id!r} are in flight: whether the target has them is "
+            "not known, so they can be neither copied nor made again under new keys; resolve them first "
+            "(`longrun resolve`). Nothing was written"
         )
     return from_step, [record for record in before if _copied(record)]
 
