@@ -9,6 +9,7 @@ STORE. Their one target counts applies per key (``calls``) and what it really re
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -18,7 +19,7 @@ from typing import Any
 
 from helpers import ops_tasks, pg_support, support
 from longrun import Approval, JsonFileStore, SqliteStore, Status, Store
-from longrun.authority import FileControlSource, SignedApprovals
+from longrun.authority import FileControlSource, SignedApprovals, sign_approval
 from longrun.cli import main
 from longrun.errors import (
     ForkRefusedError, InvalidInputError, ReopenRefusedError, ResolveRefusedError, TaskExistsError, UnknownStepError, UnknownTaskError,
@@ -207,7 +208,7 @@ class OperatorCases(support.TempDirTest):
         limited = self.fn(ops_tasks.one_try_order, approvals=source)
         self.assertEqual(limited.run("g2", 1).status, Status.LIMITS_EXHAUSTED)
         self.assertEqual(limited.reopen("g2", "unsigned", by="eve", add_attempts=1).status, Status.LIMITS_EXHAUSTED)
-        self.assertEqual(limited.reopen("g2", "signed", by="eve", add_attempts=1, sign_key=key).status, Status.DONE)
+        self.assertEqual(limited.reopen("g2", "signed", by="eve", add_attempts=1, sign=functools.partial(sign_approval, key=key)).status, Status.DONE)
 
     # -- reopen ----------------------------------------------------------------------------------
 

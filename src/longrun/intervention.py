@@ -40,7 +40,7 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from . import _fields as f
 from .approval import Approval
@@ -52,7 +52,6 @@ from .errors import CorruptStateError, InvalidInputError, ReopenRefusedError, Re
 from .ledger import EffectRecord
 from .outcome import ENDED_UNFINISHED, Status
 from .protocols import Store
-from .signing import sign_approval
 
 __all__ = [
     "ABSENT",
@@ -65,6 +64,7 @@ __all__ = [
     "REOPEN_STEP",
     "RESOLVE_ACTION",
     "ApprovalWriter",
+    "Signer",
     "Reopen",
     "Resolution",
     "reopen",
@@ -281,9 +281,13 @@ def _loaded(store: Store, task_id: str) -> RunState:
     return state
 
 
-def _write(store: Store, approval: Approval, write_to: ApprovalWriter | None, sign_key: bytes | None) -> Approval:
-    if sign_key is not None:
-        approval = sign_approval(approval, sign_key)
+Signer = Callable[[Approval], Approval]
+"""Signs a record before it is written: ``functools.partial(longrun.authority.sign_approval, key=key)``."""
+
+
+def _write(store: Store, approval: Approval, write_to: ApprovalWriter | None, sign: Signer | None) -> Approval:
+    if sign is not None:
+        approval = sign(approval)
     (write_to if write_to is not None else store).write_approval(approval)
     return approval
 
@@ -300,19 +304,19 @@ def resolve(
     key: str | None = None,
     payload_digest: str | None = None,
     write_to: ApprovalWriter | None = None,
-    sign_key: bytes | None = None,
+    sign: Signer | None = None,
 ) -> Approval:
     """Record, as ``by``, that the in-flight effect of ``step_id`` was found applied (``applied=True``,
     with ``result`` as its result if given) or absent at its target, having checked ``evidence``.
     The record is read from ``store`` and written there, or to ``write_to`` (a ``FileControlSource``),
-    signed with ``sign_key`` if given; the task's next run acts on it, once. Returns the record.
+    signed by ``sign`` if given (``functools.partial(longrun.authority.sign_approval, key=key)``); the task's next run acts on it, once. Returns the record.
     ``key`` and ``payload_digest``, when given, must be the effect's (what the person checked)."""
     state = _loaded(store, task_id)
     approval = resolution_approval(
         state, step_id, APPLIED if applied else ABSENT, evidence, approval_id=secrets.token_hex(16), by=by, at=time.time(),
         result=result, key=key, payload_digest=payload_digest,
     )  # fmt: skip
-    return _write(store, approval, write_to, sign_key)
+    return _write(store, approval, write_to, sign)
 
 
 def reopen(
@@ -324,7 +328,7 @@ def reopen(
     add_attempts: int = 0,
     add_time_s: float = 0.0,
     write_to: ApprovalWriter | None = None,
-    sign_key: bytes | None = None,
+    sign: Signer | None = None,
 ) -> Approval:
     """Record, as ``by`` and for ``reason``, that the task (which ended in a ``REOPENABLE`` status)
     is to go on, with ``add_attempts`` more attempts and ``add_time_s`` more seconds of work; written
@@ -333,7 +337,7 @@ def reopen(
     approval = reopen_approval(
         state, reason, approval_id=secrets.token_hex(16), by=by, at=time.time(), add_attempts=add_attempts, add_time_s=add_time_s
     )
-    return _write(store, approval, write_to, sign_key)
+    return _write(store, approval, write_to, sign)
 
 
 # -- reading (the engine) ------------------------------------------------------------------------

@@ -20,10 +20,10 @@ import json
 from typing import Any, TextIO
 
 from ..approval import Approval
-from ..authority import key_id, load_key
+from ..authority import key_id, load_key, sign_approval
 from ..canonical import JSONValue, parse_json
 from ..errors import CorruptStateError
-from ..intervention import ApprovalWriter, Reopen, Resolution, reopen, resolve
+from ..intervention import ApprovalWriter, Reopen, Resolution, Signer, reopen, resolve
 from ..protocols import Store
 from ._common import CliError, ExitCode, checked_task, format_time, write_json
 from ._control import open_control_root
@@ -68,7 +68,7 @@ def cmd_resolve(
     writer = _writer(control_root)
     approval = resolve(
         store, task_id, step_id, applied=applied, evidence=evidence, by=by, result=result, key=key,
-        payload_digest=payload_digest, write_to=writer, sign_key=secret,
+        payload_digest=payload_digest, write_to=writer, sign=_signer(secret),
     )  # fmt: skip
     resolution = Resolution.from_json(approval.answer)
     if as_json:
@@ -107,7 +107,7 @@ def write_reopen(
     goes to stdout)."""
     secret = load_key(sign_key) if sign_key is not None else None
     approval = reopen(
-        store, task_id, reason, by=by, add_attempts=add_attempts, add_time_s=add_time_s, write_to=_writer(control_root), sign_key=secret
+        store, task_id, reason, by=by, add_attempts=add_attempts, add_time_s=add_time_s, write_to=_writer(control_root), sign=_signer(secret)
     )
     record = Reopen.from_json(approval.answer)
     if not as_json:
@@ -117,6 +117,12 @@ def write_reopen(
             + (f"; {record.add_time_s:g} s more work" if record.add_time_s else "")
             + f" (record {approval.approval_id})\n"
         )
+
+
+def _signer(secret: bytes | None) -> Signer | None:
+    if secret is None:
+        return None
+    return lambda approval: sign_approval(approval, secret)
 
 
 def _written(approval: Approval, secret: bytes | None, control_root: str | None) -> dict[str, JSONValue]:

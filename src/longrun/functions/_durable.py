@@ -14,7 +14,7 @@ from ..contract import RunContract, check_task_id
 from ..engine import Engine, EngineOptions
 from ..envelope import RunState
 from ..errors import ForkRefusedError, InvalidInputError, UnknownTaskError
-from ..intervention import ApprovalWriter, reopen
+from ..intervention import ApprovalWriter, Signer, reopen
 from ..outcome import RunOutcome, Status
 from ..protocols import AnyEffectAdapter, Store
 from ._plan import FunctionPlan, Recording, run_coroutine
@@ -246,16 +246,16 @@ class DurableFunction(Generic[R]):
         add_attempts: int = 0,
         add_time_s: float = 0.0,
         write_to: ApprovalWriter | None = None,
-        sign_key: bytes | None = None,
+        sign: Signer | None = None,
     ) -> RunOutcome:
         """Reopen ``task_id`` (ended cancelled, blocked, limits-exhausted, or another ``REOPENABLE``
         status) as ``by``, for ``reason``, with ``add_attempts`` more attempts per unfinished effect
         and ``add_time_s`` more seconds of work, and run it once with its recorded arguments. The
         reopen is a control record (``longrun.intervention.reopen``), written to the store, or to
-        ``write_to``, signed with ``sign_key`` if given: it must be where this function's approval
+        ``write_to``, signed by ``sign`` if given (``functools.partial(longrun.authority.sign_approval, key=key)``): it must be where this function's approval
         source reads. ``ReopenRefusedError`` for a task that is done or has not ended."""
         store = self._options["store"]
-        reopen(store, task_id, reason, by=by, add_attempts=add_attempts, add_time_s=add_time_s, write_to=write_to, sign_key=sign_key)
+        reopen(store, task_id, reason, by=by, add_attempts=add_attempts, add_time_s=add_time_s, write_to=write_to, sign=sign)
         return self.resume(task_id)
 
     def resume(self, task_id: str) -> RunOutcome:
