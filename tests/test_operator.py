@@ -170,7 +170,8 @@ class OperatorCases(support.TempDirTest):
             with self.subTest(case=case):
                 code, out, err = run_cli("resolve", self.spec, *case)
                 self.assertEqual(code, 2, out + err)
-                self.assertEqual(len(err.strip().splitlines()) >= 1, True)
+                self.assertIn("error:", err)
+                self.assertEqual(out, "", "nothing is said to have been written")
         self.assertEqual([r for r in self.store.read_approvals("t5") if isinstance(r.body, dict) and r.body.get("action") == RESOLVE_ACTION], [])
         code, _, err = run_cli(
             "resolve", self.spec, "t5", "charge", "--applied", "--evidence", "seen", "--key", record.key, "--payload-digest", record.payload_digest,
@@ -190,6 +191,12 @@ class OperatorCases(support.TempDirTest):
         self.assertIn(f"written under   {control}", out)
         self.assertEqual(function.run("s1", 1).status, Status.DONE)
         self.assertEqual(self.target.calls["s1/charge"], 1)
+        # The other way: found absent, applied again exactly once.
+        function = self.unsafe_charge("s2", lose="lose_before", approvals=source)
+        code, _, err = run_cli("resolve", self.spec, "s2", "charge", "--absent", "--evidence", "not there", "--control-root", control)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(function.run("s2", 1).status, Status.DONE)
+        self.assertEqual((self.target.calls["s2/charge"], self.target.sent()["s2/charge"]), (2, 1))
 
     def test_resolve_and_reopen_with_signed_records_only(self) -> None:
         key_file = self.path("ops.key")
@@ -203,6 +210,11 @@ class OperatorCases(support.TempDirTest):
         self.assertEqual(run_cli("resolve", self.spec, "g1", "charge", "--absent", "--evidence", "signed", "--sign-key", key_file)[0], 0)
         self.assertEqual(function.run("g1", 1).status, Status.DONE)
         self.assertEqual((self.target.calls["g1/charge"], self.target.sent()["g1/charge"]), (2, 1))
+        # The other way: found applied, never applied again.
+        function = self.unsafe_charge("g3", lose="lose_after", approvals=source)
+        self.assertEqual(run_cli("resolve", self.spec, "g3", "charge", "--applied", "--evidence", "seen", "--sign-key", key_file)[0], 0)
+        self.assertEqual(function.run("g3", 1).status, Status.DONE)
+        self.assertEqual((self.target.calls["g3/charge"], self.target.sent()["g3/charge"]), (1, 1))
         # A reopen is signed the same way.
         self.target.reset(self.path("outbox2.jsonl"), transient={"charge": 1})
         limited = self.fn(ops_tasks.one_try_order, approvals=source)
