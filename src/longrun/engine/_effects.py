@@ -369,15 +369,15 @@ def _reopened(inv: Invocation, state: RunState) -> Steps[bool]:
             continue  # a call's recorded exception replays as recorded
         fewer = max(0, record.attempts - reopen.add_attempts)
         if record.state is EffectState.FAILED:  # failed for good, and the operator says to try again
-            inv.put(record.with_changes(state=EffectState.PLANNED, attempts=fewer, updated_at=now))
+            # An approval authorized one attempt that failed: trying again asks again.
+            inv.put(record.with_changes(state=EffectState.PLANNED, attempts=fewer, approval_id=None, not_before=None, backoff=None, updated_at=now))
         elif fewer != record.attempts:
             inv.put(record.with_changes(attempts=fewer, updated_at=now))
     if reopen.add_time_s:
-        budget = replace(
-            budget,
-            worked_s=max(0.0, budget.worked_s - reopen.add_time_s),
-            worked_at_progress_s=max(0.0, budget.worked_at_progress_s - reopen.add_time_s),
-        )
+        # Less work counted: S more under max_elapsed_s, and S more under max_no_progress_s (the work
+        # since the last progress shrinks by S, to no less than none).
+        worked = max(0.0, budget.worked_s - reopen.add_time_s)
+        budget = replace(budget, worked_s=worked, worked_at_progress_s=min(budget.worked_at_progress_s, worked))
     state.budget = budget
     state.status = Status.RUNNING
     state.next_action = "run the task again: it was reopened"
