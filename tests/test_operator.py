@@ -266,6 +266,17 @@ class OperatorCases(support.TempDirTest):
         self.assertIn("is done", err)
         self.assertEqual(run_cli("resume", self.spec, "l1", "--add-attempts", "2")[0], 2, "--add-attempts goes with --reopen")
 
+    def test_a_reopen_with_more_time_lets_a_task_past_its_time_budget_finish(self) -> None:
+        self.target.reset(self.path("outbox.jsonl"))
+        function = self.fn(ops_tasks.slow_order)
+        outcome = function.run("w1", 1)
+        self.assertEqual(outcome.status, Status.LIMITS_EXHAUSTED, outcome.next_action)
+        self.assertIn("--reopen", outcome.next_action)
+        code, out, err = run_cli("resume", self.spec, "w1", "--reopen", "--reason", "it may think longer", "--add-time", "5")
+        self.assertEqual((code, self.state("w1").status), (4, Status.LIMITS_EXHAUSTED), "5 s more is not enough")
+        self.assertEqual(run_cli("resume", self.spec, "w1", "--reopen", "--reason", "longer still", "--add-time", "60")[0], 0)
+        self.assertEqual(self.target.sent(), {"w1/charge": 1})
+
     # -- fork ------------------------------------------------------------------------------------
 
     def test_a_fork_after_a_fix_applies_only_from_its_step_and_both_tasks_record_it(self) -> None:

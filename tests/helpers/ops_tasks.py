@@ -16,7 +16,7 @@ import longrun
 from longrun import Limits
 from longrun.adapters import EffectRequest, Observation, Receipt
 from longrun.errors import PermanentError, TransientError
-from longrun.testing import MemoryStore, OutboxAdapter
+from longrun.testing import FakeClock, MemoryStore, OutboxAdapter
 
 
 class Target:
@@ -94,5 +94,23 @@ def gated_order(run: longrun.Run, n: int) -> str:
 @longrun.durable(store=PLACEHOLDER, adapters={"send": TARGET}, allowed_actions=("send",), limits=Limits(max_attempts=1))
 def one_try_order(run: longrun.Run, n: int) -> str:
     run.effect("reserve", "send", {"n": n, "what": "reserve"})
+    run.effect("charge", "send", {"n": n, "what": "charge"})
+    return f"order {n} charged"
+
+
+CLOCK = FakeClock()
+"""The clock of ``slow_order``: its 'think' call takes 20 s of work on it."""
+
+
+def _think() -> str:
+    CLOCK.advance(20.0)
+    return "thought"
+
+
+@longrun.durable(
+    store=PLACEHOLDER, adapters={"send": TARGET}, allowed_actions=("send",), clock=CLOCK, limits=Limits(max_elapsed_s=10.0)
+)
+def slow_order(run: longrun.Run, n: int) -> str:
+    run.call("think", _think)
     run.effect("charge", "send", {"n": n, "what": "charge"})
     return f"order {n} charged"
