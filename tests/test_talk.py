@@ -363,6 +363,28 @@ class StoreCases(TalkCase):
         self.assertEqual(target.calls, 3, "replay raised the recorded failure without trying again")
         self.assertEqual(self.outbox.counts(), {"o/reserve": 1, "o/release": 1})
 
+    def test_a_reopen_tries_again_what_stopped_the_run_never_an_effect_failed_the_function_handled(self) -> None:
+        card, courier = Flaky(failures=100), Flaky(failures=3)
+
+        @self.durable(
+            adapters={"charge": card, "ship": courier}, allowed_actions=("charge", "ship"),
+            limits=Limits(max_attempts=3), retry=RetryPolicy(base_delay_s=0.01, max_delay_s=0.01, jitter=0.0),
+        )  # fmt: skip
+        def order(run: longrun.Run) -> str:
+            try:
+                run.effect("charge", "charge", {"amount": 5}, on_exhausted="raise")
+            except EffectFailed:
+                run.effect("notify", "ship", {"note": "not charged"})  # stops limits-exhausted: the courier is down
+                return "compensated"
+            return "charged"
+
+        self.assertEqual(order.run("o").status, Status.LIMITS_EXHAUSTED)
+        self.assertEqual((card.calls, courier.calls), (3, 3))
+        done = order.reopen("o", "the courier is back", by="ops", add_attempts=1)
+        self.assertEqual((done.status, done.result), (Status.DONE, "compensated"))
+        self.assertEqual(card.calls, 3, "the handled EffectFailed replays as recorded: the charge is not tried again")
+        self.assertEqual(courier.applied, [{"note": "not charged"}])
+
     def test_an_effect_that_succeeds_within_its_attempts_raises_nothing(self) -> None:
         target = Flaky(failures=2)
         self.assertEqual(self.saga(target).run("o").result, {"charged": True})
