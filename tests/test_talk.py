@@ -109,6 +109,20 @@ class StoreCases(TalkCase):
         received = sorted(record.result["seq"] for record in state.effects.values() if record.action == RECV_ACTION)
         self.assertEqual(received, [1, 2, 4], "the message on another topic is kept, not consumed")
 
+    def test_a_fork_keeps_the_receives_it_copied_and_receives_its_own_mailbox_from_its_first_message(self) -> None:
+        @self.durable()
+        def consumer(run: longrun.Run) -> list[Any]:
+            first = run.recv("t")
+            second = run.recv("t")
+            return [first, second]
+
+        consumer.run("c")
+        consumer.send("c", "t", "origin's first")
+        self.assertEqual(consumer.run("c").status, Status.AWAITING_INPUT)
+        consumer.fork("c", "c2", from_step="longrun.recv:t@2")
+        consumer.send("c2", "t", "fork's first")  # number 1 in the fork's own mailbox
+        self.assertEqual(consumer.resume("c2").result, ["origin's first", "fork's first"])
+
     def test_fifo_follows_the_order_the_sends_committed_not_the_senders(self) -> None:
         @self.durable()
         def consumer(run: longrun.Run) -> list[Any]:

@@ -177,12 +177,14 @@ def decode_message(data: bytes, name: str) -> Message:
         raise CorruptStateError(f"message {name} is damaged: {exc}") from exc
 
 
-def consumed_messages(records: Sequence[tuple[str, JSONValue]]) -> set[int]:
-    """The ``seq`` of every message the receives in ``records`` returned: ``(action, result)``
-    pairs of a task's effect records (only ``RECV_ACTION`` results count)."""
+def consumed_messages(task_id: str, records: Sequence[tuple[str, JSONValue]]) -> set[int]:
+    """The ``seq`` of every message of ``task_id``'s mailbox that the receives in ``records``
+    returned: ``(action, result)`` pairs of the task's effect records (only ``RECV_ACTION`` results
+    that name this mailbox count: a task forked from another keeps the receives it copied, whose
+    numbers are the other task's)."""
     consumed = set()
     for action, result in records:
-        if action == RECV_ACTION and isinstance(result, dict):
+        if action == RECV_ACTION and isinstance(result, dict) and result.get("task") == task_id:
             seq = result.get("seq")
             if isinstance(seq, int) and not isinstance(seq, bool):
                 consumed.add(seq)

@@ -188,7 +188,7 @@ def mailbox_summary(store: Store, state: RunState | None, task_id: str) -> dict[
         messages = store.read_messages(task_id)
     except CorruptStateError as exc:
         return {"messages": None, "received": None, "waiting": {}, "error": str(exc)}
-    consumed = consumed_messages([(record.action, record.result) for record in state.effects.values()]) if state is not None else set()
+    consumed = consumed_messages(task_id, [(record.action, record.result) for record in state.effects.values()]) if state is not None else set()
     waiting: dict[str, int] = {}
     for message in messages:
         if message.seq not in consumed:

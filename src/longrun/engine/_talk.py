@@ -89,7 +89,7 @@ def send(inv: Invocation, step: Step) -> Steps[EffectRecord]:
 
 def receive(inv: Invocation, step: Step, timeout_s: float | None) -> Steps[EffectRecord]:
     """The oldest unconsumed message of the step's topic, recorded as this step's result
-    (``{"seq", "value", "sender", "key", "sent_at"}``), or ``{"timed_out": true}`` once the recorded
+    (``{"task", "seq", "value", "sender", "key", "sent_at"}``: the mailbox and the message), or ``{"timed_out": true}`` once the recorded
     timeout passed; otherwise wait (see the module docstring)."""
     state = inv.state
     payload = step.payload
@@ -118,11 +118,13 @@ def receive(inv: Invocation, step: Step, timeout_s: float | None) -> Steps[Effec
                     f"inspect the mailbox of task {inv.task_id!r}: {exc}; restore or remove the damaged message, then run again",
                 )
             ) from None
-        consumed = consumed_messages([(other.action, other.result) for other in state.effects.values() if other.action == RECV_ACTION])
+        consumed = consumed_messages(inv.task_id, [(other.action, other.result) for other in state.effects.values() if other.action == RECV_ACTION])
         chosen = next((message for message in messages if message.seq not in consumed), None)
         now = inv.clock.now()
         if chosen is not None:
-            result: JSONValue = {"seq": chosen.seq, "value": chosen.value, "sender": chosen.sender, "key": chosen.key, "sent_at": chosen.sent_at}
+            result: JSONValue = {
+                "task": inv.task_id, "seq": chosen.seq, "value": chosen.value, "sender": chosen.sender, "key": chosen.key, "sent_at": chosen.sent_at,
+            }  # fmt: skip
             inv.evidence.observed(f"recv:{step.step_id}", f"message {chosen.seq} on topic {topic!r} from {chosen.sender}, consumed once")
         elif record.not_before is not None and now >= record.not_before:
             result = {"timed_out": True}
