@@ -43,6 +43,7 @@ from .errors import (
 )
 from .lease import Lease
 from .messages import Delivery, Message
+from .schedules import Schedule, ScheduleError
 from .ledger import EffectRecord, EffectState
 from .outcome import Evidence, PendingRequest, RunOutcome, Status
 from .protocols import AsyncEffectAdapter, Clock, EffectAdapter, LoadResult, Store
@@ -51,7 +52,7 @@ from .stores import BaseStore, JsonFileStore, PostgresStore, SqliteStore
 if TYPE_CHECKING:
     # Type checkers see the real classes (so ``from longrun import Runner`` types as the class);
     # at run time they come from __getattr__ below.
-    from .functions import AsyncRun, DurableFunction, Run, durable
+    from .functions import AsyncRun, DurableFunction, Run, durable, scheduled
     from .runner import Runner, SystemClock
 
 
@@ -62,7 +63,7 @@ def __getattr__(name: str) -> object:
         from . import runner
 
         return getattr(runner, name)
-    if name in ("durable", "DurableFunction", "Run", "AsyncRun"):
+    if name in ("durable", "DurableFunction", "Run", "AsyncRun", "scheduled"):
         from . import functions
 
         return getattr(functions, name)
@@ -117,6 +118,8 @@ __all__ = [
     "RunOutcome",
     "RunState",
     "Runner",
+    "Schedule",
+    "ScheduleError",
     "SchemaVersionError",
     "SizeLimitError",
     "SqliteStore",
@@ -131,4 +134,5 @@ __all__ = [
     "UnknownTaskError",
     "durable",
     "plan_digest",
+    "scheduled",
 ]

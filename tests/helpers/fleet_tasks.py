@@ -200,6 +200,12 @@ if STORE is not None:
         run.effect("first", "send", {"x": 1})
         raise RuntimeError("the function's own bug")
 
+    @longrun.durable(adapters={"send": FleetTarget(apply_s=0.3)}, allowed_actions=("send",), **_common)
+    def ticker(run: longrun.Run, slot: str) -> str:
+        """A scheduled function: one slow effect per slot (``longrun schedule add ... --function fleet_tasks:ticker``)."""
+        run.effect("tick", "send", {"slot": slot})
+        return slot
+
 
 LEASE_LOG_SQL = {
     "postgresql": [

@@ -49,7 +49,7 @@ __all__ = ["build_parser", "error_text", "main"]
 _SESSION_COMMANDS = ("init", "next", "exec", "checkpoint", "done", "stop")
 _STORE_COMMANDS = (
     "status", "history", "verify", "approve", "answer", "cancel", "repair", "ls", "watch", "console", "worker", "workers",
-    "mcp", "resolve", "fork", "send", "event", *_SESSION_COMMANDS,
+    "mcp", "resolve", "fork", "send", "event", "schedule", *_SESSION_COMMANDS,
 )  # fmt: skip
 _TASK_COMMANDS = (
     "status", "history", "verify", "approve", "answer", "cancel", "repair", "watch", "init", "next", "done", "stop", "resolve", "fork",
@@ -144,6 +144,10 @@ def _store_command(args: argparse.Namespace, store: Store, label: str, out: Text
             store, args.modules, args.path, concurrency=args.concurrency, name=args.name, limits=dict(args.limit),
             claim_ttl_s=args.claim_ttl, poll_s=args.poll, as_json=args.json, out=out, err=err, verbose=args.verbose > 0,
         )  # fmt: skip
+    if args.command == "schedule":
+        from ._schedule import cmd_schedule
+
+        return cmd_schedule(store, args, out, err)
     if args.command == "workers":
         from ._worker import cmd_workers
 

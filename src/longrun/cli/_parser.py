@@ -378,6 +378,46 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_json(worker, "at exit, {name, runs, statuses, drained}")
 
+    schedule = add(
+        "schedule",
+        "add, list, pause, resume, remove, trigger or backfill the cron schedules of a store's durable functions",
+        "Schedules start a durable function at each slot of a cron expression (five fields: minute hour "
+        "day-of-month month day-of-week), once across the fleet: each slot's task id is NAME.YYYYmmddTHHMMZ, "
+        "so a slot is recorded once however many workers start it. Workers serving the function start the slots; "
+        "missed slots are started (--catchup backfill) or skipped but the latest (skip).",
+    )
+    schedule_actions = schedule.add_subparsers(dest="schedule_action", metavar="ACTION", required=True)
+
+    def schedule_action(name: str, help: str, *, named: bool = True) -> argparse.ArgumentParser:
+        command = schedule_actions.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".")
+        command.set_defaults(command_parser=command)
+        add_store(command, task=False)
+        if named:
+            command.add_argument("name", metavar="NAME", help="the schedule's name")
+        add_json(command, "the schedule(s) or the tasks recorded")
+        return command
+
+    schedule_add = schedule_action("add", "store a schedule: NAME starts --function at each slot of --cron")
+    schedule_add.add_argument("--function", metavar="MODULE:FUNCTION", required=True, help="a @longrun.durable function")
+    schedule_add.add_argument("--cron", metavar="EXPR", required=True, help='five fields, e.g. "*/15 * * * *" or "0 9 * * mon-fri"')
+    schedule_add.add_argument("--timezone", metavar="ZONE", default="UTC", help="the zone the fields are read in (default UTC)")
+    schedule_add.add_argument("--catchup", choices=("skip", "backfill"), default="skip", help="missed slots: start the latest only (skip, default) or every one")
+    schedule_add.add_argument("--since", metavar="TIME", help="ISO 8601: the first slot is the first at or after TIME (default: after now)")
+    schedule_add.add_argument("--replace", action="store_true", help="replace a schedule of that name (else refused, exit 2)")
+    schedule_action("ls", "list the schedules: function, cron, zone, catch-up, next and last slot (read-only)", named=False)
+    schedule_action("pause", "pause a schedule: no slot starts until it is resumed")
+    schedule_action("resume", "resume a schedule from the first slot after now (slots missed while paused: backfill)")
+    schedule_action("rm", "remove a schedule (the tasks it started stay)")
+    schedule_trigger = schedule_action("trigger", "record a run of the schedule's function now (task NAME.manual.TIME)")
+    schedule_backfill = schedule_action("backfill", "record the task of every slot in [--since, --until] not recorded before")
+    schedule_backfill.add_argument("--since", metavar="TIME", required=True, help="ISO 8601 (a time without a zone is UTC)")
+    schedule_backfill.add_argument("--until", metavar="TIME", help="ISO 8601 (default: now)")
+    schedule_backfill.add_argument("--max", metavar="N", type=count(1, 100_000), default=1000, help="at most N slots (default 1000)")
+    for command in (schedule_add, schedule_trigger, schedule_backfill):
+        command.add_argument(
+            "--path", metavar="DIR", type=path, action="append", default=[], help="search DIR for the function's module first (repeatable)"
+        )
+
     workers = add("workers", "list the workers of a store's fleet: name, host, tasks held, last heartbeat (read-only)")
     add_store(workers, task=False)
     add_json(workers, "a list of {name, host, pid, state, alive, running, claimed, heartbeat_age_s, functions, ...}")

@@ -40,6 +40,7 @@ from ..contract import ASK_ACTION
 from ._durable import DurableFunction, durable
 from ._family import cancel_children
 from ._run import AsyncRun, Run
+from ._schedule import SchedulePass, scheduled, start_due_slots, start_slot
 from ._lineage import (
     CALL_ACTION,
     CHILD_ACTION,
@@ -48,4 +49,4 @@ from ._lineage import (
     qualified_name,
 )
 
-__all__ = ["ASK_ACTION", "CALL_ACTION", "CHILD_ACTION", "FUNCTION_STEP", "SLEEP_ACTION", "AsyncRun", "DurableFunction", "Run", "cancel_children", "durable", "qualified_name"]
+__all__ = ["ASK_ACTION", "CALL_ACTION", "CHILD_ACTION", "FUNCTION_STEP", "SLEEP_ACTION", "AsyncRun", "DurableFunction", "Run", "cancel_children", "durable", "qualified_name", "scheduled", "SchedulePass", "start_due_slots", "start_slot"]

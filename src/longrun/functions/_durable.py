@@ -20,6 +20,7 @@ from ..intervention import ApprovalWriter, Signer, reopen
 from ..outcome import RunOutcome, Status
 from ..messages import Delivery, Message
 from ..protocols import AnyEffectAdapter, Clock, Store
+from ..schedules import Schedule
 from ..task_events import read_event
 from ._plan import FunctionPlan, Recording, run_coroutine
 from ._family import cancelled_down
@@ -46,6 +47,8 @@ class DurableFunction(Generic[R]):
         self._options = engine_options
         self.__wrapped__ = fn
         self.__doc__ = fn.__doc__
+        self.schedule: Schedule | None = None
+        """The schedule ``@longrun.scheduled`` gave this function, if any (a worker serving it stores it)."""
 
     def contract_for(self, task_id: str) -> RunContract:
         return dataclasses.replace(self._contract, task_id=check_task_id(task_id))

@@ -310,4 +310,11 @@ def tables(dialect: Dialect) -> list[str]:
             expires_at {f},
             PRIMARY KEY (action, slot))""",
         f"CREATE TABLE IF NOT EXISTS longrun_fleet_meta (name TEXT PRIMARY KEY, value {f} NOT NULL)",
+        f"""CREATE TABLE IF NOT EXISTS longrun_schedules (
+            name TEXT PRIMARY KEY,
+            record TEXT NOT NULL,
+            next_slot {f} NOT NULL,
+            last_slot {f},
+            last_task TEXT,
+            updated_at {f} NOT NULL)""",
     ]

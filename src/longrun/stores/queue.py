@@ -30,6 +30,8 @@ Tables (version ``SCHEMA_VERSION`` in ``longrun_fleet_schema``, apart from the s
     longrun_workers name, host, pid, started_at, heartbeat_at, heartbeat_s, state, concurrency,
                     running, functions
     longrun_slots   action, slot, holder, token, expires_at: K rows per limited action
+    longrun_schedules name, record (``schedules.Schedule.to_json``), next_slot (the next slot to
+                    start), last_slot, last_task (the last slot a worker started, and its task)
 
 A claim sets ``wake_at`` to the claim's expiry and is extended while the worker runs the task: a
 worker that dies leaves a row that is due again when its claim expires, with no step in between
@@ -60,6 +62,7 @@ from ..contract import check_task_id
 from ..errors import CorruptStateError, InvalidInputError, LongrunError, SchemaVersionError, StorageError, UnknownTaskError
 from ..outcome import TERMINAL
 from ..protocols import Store
+from ..schedules import Schedule, ScheduleError, ScheduleState
 from ._fileio import FileIO, ensure_dirs
 from ._queue_sql import FUNCTION_STEP, NOTIFY_CHANNEL, Dialect, PostgresDialect, SqliteDialect, tables
 
@@ -142,11 +145,13 @@ class SlotHold:
     token: str
 
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """1: the index, the workers and the action slots; 2: a message sent to a task wakes it (a trigger on
-``longrun_messages``). Every statement of ``_create`` may run again, so a version-1 database is
-brought up to date by running them all."""
-_SCHEMA_DESCRIPTIONS = {1: "the due-time index, workers and action slots", 2: "a message sent to a task wakes it"}
+``longrun_messages``); 3: schedules (``longrun_schedules``). Every statement of ``_create`` may run
+again, so an older database is brought up to date by running them all."""
+_SCHEMA_DESCRIPTIONS = {
+    1: "the due-time index, workers and action slots", 2: "a message sent to a task wakes it", 3: "schedules",
+}  # fmt: skip
 _TERMINAL_VALUES = tuple(sorted(status.value for status in TERMINAL))
 MAX_ROW_BYTES = 64 * 1024 * 1024
 
@@ -702,6 +707,113 @@ class TaskQueue:
         with self._tables.session(f"count the slots of {action!r}", write=False):
             row = self._tables.one("SELECT COUNT(*) FROM longrun_slots WHERE action = ? AND token IS NOT NULL AND expires_at > {now}", (action,))
         return int(row[0])
+
+    # -- schedules (``longrun.schedules``) ------------------------------------------------------
+
+    def clock(self) -> float:
+        """The database's clock, in seconds since the epoch: what a schedule's slots are due by."""
+        with self._tables.session("read the database's clock", write=False):
+            return float(self._tables.one("SELECT {now}")[0])
+
+    def add_schedule(self, schedule: Schedule, *, replace: bool = False, since: float | None = None) -> ScheduleState:
+        """Store ``schedule``, its first slot the first after now (the database's clock), or the
+        first at or after ``since`` (a past time: the slots since then are missed ones, which its
+        catch-up starts or skips).
+
+        A schedule of that name already stored is kept as it is when its definition is the same (a
+        worker, or a decorator imported again, adds it again); replaced when ``replace`` (its next
+        slot recomputed from now if its cron or time zone changed); else ``ScheduleError``. Either
+        way a stored schedule stays paused or not as it was."""
+        if not isinstance(schedule, Schedule):
+            raise InvalidInputError(f"add_schedule needs a Schedule, got {type(schedule).__name__}")
+        record = canonical_bytes(schedule.to_json()).decode("utf-8")
+        with self._tables.session(f"add schedule {schedule.name!r}"):
+            now = float(self._tables.one("SELECT {now}")[0])
+            existing = self._schedule_row(schedule.name)
+            if existing is None:
+                next_slot = schedule.next_after(now if since is None else since - 1.0)
+                self._tables.run(
+                    "INSERT INTO longrun_schedules (name, record, next_slot, updated_at) VALUES (?, ?, ?, {now})",
+                    (schedule.name, record, next_slot),
+                )
+                return ScheduleState(schedule, next_slot, None, None)
+            schedule = dataclasses.replace(schedule, paused=existing.schedule.paused)  # a pause is the operator's to undo
+            if existing.schedule == schedule:
+                return existing
+            if not replace:
+                raise ScheduleError(
+                    f"schedule {schedule.name!r} exists with another definition ({existing.schedule.cron!r} in "
+                    f"{existing.schedule.timezone}, {existing.schedule.function}); nothing was changed"
+                )
+            moved = (existing.schedule.cron, existing.schedule.timezone) != (schedule.cron, schedule.timezone)
+            next_slot = schedule.next_after(now if since is None else since - 1.0) if moved or since is not None else existing.next_slot
+            self._tables.run(
+                "UPDATE longrun_schedules SET record = ?, next_slot = ?, updated_at = {now} WHERE name = ?",
+                (record, next_slot, schedule.name),
+            )
+            return ScheduleState(schedule, next_slot, existing.last_slot, existing.last_task)
+
+    def _schedule_row(self, name: str) -> ScheduleState | None:
+        row = self._tables.one("SELECT record, next_slot, last_slot, last_task FROM longrun_schedules WHERE name = ?", (name,))
+        return None if row is None else self._schedule_state(row)
+
+    @staticmethod
+    def _schedule_state(row: Sequence[Any]) -> ScheduleState:
+        record, next_slot, last_slot, last_task = row
+        text = record if isinstance(record, str) else bytes(record).decode("utf-8", "replace")
+        schedule = Schedule.from_json(parse_json(text.encode("utf-8"), what="a stored schedule", max_bytes=MAX_ROW_BYTES))
+        return ScheduleState(
+            schedule, float(next_slot), float(last_slot) if last_slot is not None else None, str(last_task) if last_task is not None else None
+        )
+
+    def schedules(self) -> list[ScheduleState]:
+        """Every stored schedule, by name. ``CorruptStateError`` for a damaged row."""
+        with self._tables.session("read the schedules", write=False):
+            rows = self._tables.rows("SELECT record, next_slot, last_slot, last_task FROM longrun_schedules ORDER BY name")
+        return [self._schedule_state(row) for row in rows]
+
+    def schedule(self, name: str) -> ScheduleState:
+        """The stored schedule ``name``; ``ScheduleError`` if there is none."""
+        with self._tables.session(f"read schedule {name!r}", write=False):
+            found = self._schedule_row(name)
+        if found is None:
+            raise ScheduleError(f"no schedule named {name!r} in {self!r}")
+        return found
+
+    def pause_schedule(self, name: str, paused: bool) -> ScheduleState:
+        """Pause or resume schedule ``name``. A resumed schedule starts at the first slot after now:
+        the slots that passed while it was paused are not started (``backfill`` starts them)."""
+        with self._tables.session(f"{'pause' if paused else 'resume'} schedule {name!r}"):
+            found = self._schedule_row(name)
+            if found is None:
+                raise ScheduleError(f"no schedule named {name!r} in {self!r}; nothing was changed")
+            if found.schedule.paused == paused:
+                return found
+            schedule = dataclasses.replace(found.schedule, paused=paused)
+            next_slot = found.next_slot if paused else schedule.next_after(float(self._tables.one("SELECT {now}")[0]))
+            self._tables.run(
+                "UPDATE longrun_schedules SET record = ?, next_slot = ?, updated_at = {now} WHERE name = ?",
+                (canonical_bytes(schedule.to_json()).decode("utf-8"), next_slot, name),
+            )
+        return ScheduleState(schedule, next_slot, found.last_slot, found.last_task)
+
+    def remove_schedule(self, name: str) -> None:
+        """Delete schedule ``name`` (tasks it started stay); ``ScheduleError`` if there is none."""
+        with self._tables.session(f"remove schedule {name!r}"):
+            cursor = self._tables.run("DELETE FROM longrun_schedules WHERE name = ?", (name,))
+            if cursor.rowcount != 1:
+                raise ScheduleError(f"no schedule named {name!r} in {self!r}; nothing was changed")
+
+    def advance_schedule(self, name: str, expected: float, next_slot: float, last_slot: float, last_task: str) -> bool:
+        """Move schedule ``name`` from slot ``expected`` to ``next_slot``, recording the last slot
+        started, only if it still stands at ``expected`` (another worker may have moved it first)."""
+        with self._tables.session(f"advance schedule {name!r}"):
+            cursor = self._tables.run(
+                "UPDATE longrun_schedules SET next_slot = ?, last_slot = ?, last_task = ?, updated_at = {now} "
+                "WHERE name = ? AND next_slot = ?",
+                (next_slot, last_slot, last_task, name, expected),
+            )
+            return bool(cursor.rowcount == 1)
 
     # -- LISTEN / NOTIFY ----------------------------------------------------------------------
 

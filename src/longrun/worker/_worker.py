@@ -35,10 +35,12 @@ import os
 import signal
 import socket
 import threading
+import time
 from typing import Any, Awaitable, Callable, Iterable, Mapping, TypeVar
 
 from ..errors import InvalidInputError, LongrunError, describe_exception
 from ..functions import DurableFunction
+from ..functions import SchedulePass, start_due_slots
 from ..protocols import Store
 from ..stores.queue import Claim, TaskQueue, open_queue
 from ._limits import SlotKeeper
@@ -136,6 +138,8 @@ class Worker:
         self._runs = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
+        self._schedules_at = 0.0
+        """When (time.monotonic) the schedules are read next."""
 
     # -- control ------------------------------------------------------------------------------
 
@@ -171,6 +175,9 @@ class Worker:
         try:
             await in_queue(self._queue.ensure)
             await in_queue(self._queue.forget_workers, FORGET_WORKERS_S)
+            for function in self.functions.values():  # the schedules its functions were decorated with
+                if function.schedule is not None:
+                    await in_queue(functools.partial(self._queue.add_schedule, function.schedule, replace=True))
             if self.limits:
                 self._slot_queue = open_queue(self.store)
                 self._runner.slots = SlotKeeper(self._slot_queue, self.name, ttl_s=self.slot_ttl_s)
@@ -237,6 +244,7 @@ class Worker:
             try:
                 if not self._queue.in_store:
                     await in_queue(self._queue.rescan, self.rescan_s)
+                timeout = min(timeout, await self._start_schedules(in_queue))
                 if free > 0:
                     claims: list[Claim] = await in_queue(self._queue.claim, self.name, names, free, self.claim_ttl_s)
                     for claim in claims:
@@ -257,6 +265,24 @@ class Worker:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             except asyncio.TimeoutError:
                 pass
+
+    async def _start_schedules(self, in_queue: Callable[..., Awaitable[Any]]) -> float:
+        """Start the due slots of the schedules of this worker's functions (at most once a poll, or
+        when a slot falls due); return how long the claim loop may wait before the next pass."""
+        now = time.monotonic()
+        if now < self._schedules_at:
+            return self._schedules_at - now
+        try:
+            done: SchedulePass = await in_queue(start_due_slots, self._queue, self.store, self.functions)
+        except LongrunError as exc:  # a damaged schedule or a refused slot: said each poll until mended
+            log.warning("worker %s: the schedules could not be served: %s", self.name, exc)
+            self._schedules_at = now + self.poll_s
+            return self.poll_s
+        for task_id in done.started:
+            log.info("worker %s: scheduled task %s recorded", self.name, task_id, extra={"worker": self.name})
+        wait = self.poll_s if done.next_in_s is None else min(self.poll_s, max(done.next_in_s, 0.02))
+        self._schedules_at = now + wait
+        return 0.0 if done.started else wait  # a slot recorded is due at once: claim it now
 
     async def _keep_alive(self, in_queue: Callable[..., Awaitable[Any]]) -> None:
         interval = self.claim_ttl_s / 3
