@@ -15,6 +15,7 @@ import os
 import random
 import time
 import unittest
+from typing import Any
 
 from helpers import pg_support, scale, support
 from helpers.fleet_support import Database, Fleet, helper, overlapping_leases, tasks_module
@@ -81,6 +82,68 @@ class FleetCrashCases:
 
     def offsets(self) -> dict[int, float]:
         return {}
+
+
+class ScheduleFleetCases:
+    """A schedule's slots started by a fleet of three workers, two of them SIGKILLed while the slots
+    are started and run: every slot has one task, done, whose effect was applied once."""
+
+    minutes = 6
+
+    def fleet_store(self) -> tuple[str, Database]:
+        raise NotImplementedError
+
+    def test_each_slot_of_a_schedule_runs_once_in_a_fleet_of_three_with_two_killed(self) -> None:
+        from longrun.schedules import slot_task_id
+
+        t: Any = self
+        spec, database = self.fleet_store()
+        work = t.tmp
+        helper(spec, work, "prepare")
+        helper(spec, work, "schedule", "ticks", str(self.minutes))
+        fleet = Fleet(spec, work, concurrency=2)
+        t.addCleanup(fleet.close)
+        fleet.start(3)
+        for slot in (0, 1):  # two of the three, while the backfilled slots are being started and run
+            time.sleep(0.8)
+            fleet.kill(slot)
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            statuses = database.statuses()
+            if set(statuses) == {"done"} and statuses["done"] >= self.minutes:
+                break
+            if time.monotonic() > deadline:
+                t.fail(f"not every slot finished: {statuses}\n{fleet.logs()}")
+            time.sleep(0.3)
+        fleet.wait_ready(database)
+        fleet.drain()
+        os.environ["LONGRUN_FLEET_WORK"] = work
+        counts = tasks_module().outbox_counts()
+        tasks = sorted(key.rpartition("/")[0] for key in counts)
+        first = min(tasks)
+        start = time.mktime(time.strptime(first, "ticks.%Y%m%dT%H%MZ")) - time.timezone
+        t.assertEqual(tasks, [slot_task_id("ticks", start + 60 * i) for i in range(len(tasks))], "one task per slot, none missing")
+        t.assertGreaterEqual(len(tasks), self.minutes)
+        t.assertEqual({key: n for key, n in counts.items() if n != 1}, {}, "each slot's effect applied once")
+        t.assertEqual(fleet.kills, 2)
+
+
+class PostgresScheduleFleetTests(ScheduleFleetCases, pg_support.SchemaPerTest, support.TempDirTest):
+    def fleet_store(self) -> tuple[str, Database]:
+        return schema_url(self.schema), Database("", self.schema)
+
+
+class SqliteScheduleFleetTests(ScheduleFleetCases, support.TempDirTest):
+    def fleet_store(self) -> tuple[str, Database]:
+        spec = "sqlite:" + os.path.join(self.tmp, "tasks.db")
+        return spec, Database(spec)
+
+
+class JsonScheduleFleetTests(ScheduleFleetCases, support.TempDirTest):
+    def fleet_store(self) -> tuple[str, Database]:
+        spec = os.path.join(self.tmp, "store")
+        os.makedirs(spec)
+        return spec, Database(spec)
 
 
 class PostgresFleetCrashTests(FleetCrashCases, pg_support.SchemaPerTest, support.TempDirTest):

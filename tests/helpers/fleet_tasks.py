@@ -245,7 +245,7 @@ def _execute(statements: list[str]) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """``prepare`` (tables, the lease log) and ``enqueue FUNCTION COUNT ARGS_JSON [PREFIX]``."""
+    """``prepare`` (tables, the lease log), ``enqueue FUNCTION COUNT ARGS_JSON [PREFIX]`` and ``schedule NAME MINUTES``."""
     command = argv[0]
     if command == "prepare":
         spec = os.environ[STORE_VARIABLE]
@@ -261,6 +261,15 @@ def main(argv: list[str]) -> None:
         prefix = argv[4] if len(argv) > 4 else "t"
         for i in range(int(argv[2])):
             function.start(f"{prefix}{i}", *arguments)
+    elif command == "schedule":  # schedule NAME MINUTES: ticker every minute, backfilled from MINUTES ago
+        from longrun.schedules import Schedule
+        from longrun.stores.queue import open_queue
+
+        queue = open_queue(STORE)  # type: ignore[arg-type]
+        try:
+            queue.add_schedule(Schedule(argv[1], ticker.name, "* * * * *", "UTC", "backfill"), since=queue.clock() - 60 * int(argv[2]))
+        finally:
+            queue.close()
     else:
         raise SystemExit(f"unknown command {command!r}")
 
