@@ -120,7 +120,7 @@ class Schedule:
         try:
             return cls(
                 document["name"], document["function"], document["cron"], document["timezone"], document["catchup"], document["paused"]
-            )  # type: ignore[arg-type]
+            )
         except LongrunError as exc:
             raise CorruptStateError(f"stored schedule {document.get('name')!r} is not valid: {exc}") from None
 
