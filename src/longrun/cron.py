@@ -29,7 +29,7 @@ import dataclasses
 import datetime
 import zoneinfo
 
-from .errors import InvalidInputError
+from .errors import CronError, ZoneNotFoundError
 
 __all__ = ["Cron", "CronError", "ZoneNotFoundError", "zone"]
 
@@ -43,14 +43,6 @@ _MACROS = {
 _SEARCH_YEARS = 9
 """How far ahead a slot is looked for: past any leap day (``0 0 29 2 *``), so an expression that
 finds none in that time has none (``0 0 30 2 *``)."""
-
-
-class CronError(InvalidInputError):
-    """A cron expression that is not five valid fields (the message names the field and why)."""
-
-
-class ZoneNotFoundError(InvalidInputError):
-    """A time-zone name this machine's time-zone database does not know (or it has none: install ``tzdata``)."""
 
 
 def zone(name: str) -> datetime.tzinfo:

@@ -17,6 +17,9 @@
     |   +-- ResolveRefusedError       an effect's outcome cannot be resolved as asked (not in flight, another key or payload)
     |   +-- ReopenRefusedError        a task cannot be reopened (it is done, or has not ended)
     |   +-- ForkRefusedError          a task cannot be forked from that step (an effect before it is in flight)
+    |   +-- CronError                 a cron expression that is not five valid fields (names the field)
+    |   +-- ZoneNotFoundError         a time-zone name this machine does not know (install tzdata)
+    |   +-- ScheduleError(LookupError) no schedule by that name, or one with another definition
     +-- StorageError(OSError)         the store could not read or write; __cause__ holds the OSError
     |   +-- FencedError               a write carried an epoch other than the store's current one
     |   +-- LeaseHeldError            another live owner holds the task's lease
@@ -49,6 +52,7 @@ __all__ = [
     "CallFailed",
     "ChildCycleError",
     "ContractFileError",
+    "CronError",
     "EffectFailed",
     "CorruptStateError",
     "FencedError",
@@ -63,6 +67,7 @@ __all__ = [
     "PermanentError",
     "ReopenRefusedError",
     "ResolveRefusedError",
+    "ScheduleError",
     "SchemaVersionError",
     "SizeLimitError",
     "StateUnrecoverableError",
@@ -72,6 +77,7 @@ __all__ = [
     "UnknownActionError",
     "UnknownStepError",
     "UnknownTaskError",
+    "ZoneNotFoundError",
     "describe_exception",
     "exception_message",
     "exception_type_name",
@@ -180,6 +186,18 @@ class ReopenRefusedError(InvalidInputError):
 class ForkRefusedError(InvalidInputError):
     """A task cannot be forked as asked (an effect before the step is still in flight, or the task
     is not a durable function's). Nothing was written."""
+
+
+class CronError(InvalidInputError):
+    """A cron expression that is not five valid fields (the message names the field and why)."""
+
+
+class ZoneNotFoundError(InvalidInputError):
+    """A time-zone name this machine's time-zone database does not know (or it has none: install ``tzdata``)."""
+
+
+class ScheduleError(InvalidInputError, LookupError):
+    """A schedule that does not exist, or exists with another definition (the message names it)."""
 
 
 class ContractFileError(InvalidInputError):

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from .canonical import JSONValue
 from .cron import Cron, zone
-from .errors import CorruptStateError, InvalidInputError, LongrunError
+from .errors import CorruptStateError, InvalidInputError, LongrunError, ScheduleError
 from .names import SAFE_NAME
 
 __all__ = [
@@ -41,10 +41,6 @@ MAX_BACKFILL = 1000
 """The most missed slots one pass of a worker starts for one schedule (the next pass goes on)."""
 MAX_NAME_CHARS = 96
 """A schedule's name leaves room in a task id (128 characters) for the slot's time."""
-
-
-class ScheduleError(InvalidInputError, LookupError):
-    """A schedule that does not exist, or exists when it should not (the message names it)."""
 
 
 def _check_name(name: object) -> str:

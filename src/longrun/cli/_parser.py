@@ -1,6 +1,8 @@
 """The argument parser: every command, its arguments and its help (``longrun --help``, ``longrun COMMAND --help``).
 
 The types that check each argument, and the options several commands share, are in ``_arguments``.
+One concept, the command line's grammar, so one module: long because every command's arguments
+and help are written out here, where ``--help`` shows them.
 """
 
 from __future__ import annotations
