@@ -12,6 +12,7 @@
     |   +-- ApprovalWaitingError      an approval or answer of the same request already waits, unused
     |   +-- ContractFileError         a run-contract file that cannot be used (its file and line)
     |   +-- NotAStoreError            a directory or database that is not a longrun store (its path)
+    |   +-- TaskNotFinishedError      a task asked to be deleted has not ended (its status)
     +-- StorageError(OSError)         the store could not read or write; __cause__ holds the OSError
     |   +-- FencedError               a write carried an epoch other than the store's current one
     |   +-- LeaseHeldError            another live owner holds the task's lease
@@ -57,6 +58,7 @@ __all__ = [
     "SizeLimitError",
     "StateUnrecoverableError",
     "StorageError",
+    "TaskNotFinishedError",
     "TransientError",
     "UnknownActionError",
     "UnknownTaskError",
@@ -146,6 +148,17 @@ class NotAStoreError(InvalidInputError):
     def __init__(self, message: str, *, path: str):
         super().__init__(message)
         self.path = path
+
+
+class TaskNotFinishedError(InvalidInputError):
+    """A task was asked to be deleted (``Store.delete_task``, ``longrun delete``, ``longrun prune``)
+    but its run has not ended: it is not ``done``, ``cancelled``, ``limits-exhausted`` or
+    ``blocked``, or it has no committed state yet. ``status`` is what the store holds (``new`` for
+    no state). Nothing was deleted."""
+
+    def __init__(self, message: str, *, status: str):
+        super().__init__(message)
+        self.status = status
 
 
 class ContractFileError(InvalidInputError):

@@ -125,6 +125,14 @@ class ControlFiles:
         """Whether the task's ``control`` directory is held open (see ``hold_directories``)."""
         return task_id in self._held
 
+    def forget(self, task_id: str) -> None:
+        """Close the task's held ``control`` directory, if held (the task was deleted: a task made
+        again under its id has a directory of its own)."""
+        with self._held_lock:
+            fd = self._held.pop(task_id, None)
+        if fd is not None:
+            self.io.close(fd)
+
     def close(self) -> None:
         """Close the directories held open; the object stays usable."""
         with self._held_lock:

@@ -61,14 +61,12 @@ from ..errors import CorruptStateError, InvalidInputError, LongrunError, SchemaV
 from ..outcome import TERMINAL
 from ..protocols import Store
 from ._fileio import FileIO, ensure_dirs
-from ._queue_sql import FUNCTION_STEP, NOTIFY_CHANNEL, Dialect, PostgresDialect, SqliteDialect, tables
+from ._queue_sql import FUNCTION_STEP, NOTIFY_CHANNEL, SIDE_FILE, Dialect, PostgresDialect, SqliteDialect, tables
 
 __all__ = ["SCHEMA_VERSION", "Claim", "QueueEntry", "SlotHold", "TaskQueue", "WorkerRecord", "open_queue"]
 
 log = logging.getLogger("longrun")
 
-SIDE_FILE = ".fleet.sqlite"
-"""The JSON-file store's fleet tables, in its root: a dot name is never a task id."""
 _WAITING_ON_CHILD = "waiting-on-child"
 
 
