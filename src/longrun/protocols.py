@@ -20,7 +20,7 @@ from .outcome import Evidence
 __all__ = [
     "AnyEffectAdapter", "ApprovalSource", "AsyncEffectAdapter", "CancellationSource", "Clock", "ClosableStore",
     "EffectAdapter", "HistoryStore", "LoadResult", "MonotonicClock", "PausingSource", "RepairableStore", "SigningSource",
-    "Store", "TaskDeletion", "TimelineClock",
+    "Store", "TaskDeletion", "TimelineClock", "WatchedSource",
 ]  # fmt: skip
 
 
@@ -251,3 +251,14 @@ class SigningSource(Protocol):
     actions then say to write them with a key (``longrun approve --sign-key``)."""
 
     requires_signature: bool
+
+
+@runtime_checkable
+class WatchedSource(Protocol):
+    """A control source whose records are files under directories a worker can watch: a worker of
+    the fleet polls these roots' directory times (``longrun.worker``), at most every 250 ms, and
+    wakes the task whose control directory changed, so that an approval, an answer or a
+    cancellation written there is acted on at once. ``FileControlSource``, the JSON-file store and
+    the signature-checking wrappers around them are each one."""
+
+    def watch_roots(self) -> tuple[str, ...]: ...

@@ -92,6 +92,10 @@ class FileIO:
     def rmdir(self, path: str) -> None:
         os.rmdir(path)
 
+    def utime(self, path: str) -> None:
+        """Set the access and modification times of ``path`` to now (following a link)."""
+        os.utime(path)
+
     def listdir(self, path: str) -> list[str]:
         return os.listdir(path)
 

@@ -516,6 +516,31 @@ class TaskQueue:
             for r in rows
         ]
 
+    def change_count(self) -> int | None:
+        """A number that changes whenever another connection commits to the tables' database (SQLite's
+        ``PRAGMA data_version``: one read of the file's header, no table read), for a watcher that
+        polls; None where notifications do that job (PostgreSQL)."""
+        if self._tables.dialect.notify:
+            return None
+        with self._tables.session("read the change counter", write=False):
+            row = self._tables.one("PRAGMA data_version")
+        return int(row[0])
+
+    def watched(self, functions: Iterable[str]) -> list[tuple[str, bool]]:
+        """(task id, parked) for every row of ``functions`` whose last outcome was not terminal:
+        the tasks a control record may wake. Parked: no due time (it waits for something)."""
+        names = sorted(set(functions))
+        if not names:
+            return []
+        marks = ", ".join("?" for _ in names)
+        ended = ", ".join("?" for _ in _TERMINAL_VALUES)
+        with self._tables.session("list the watched tasks", write=False):
+            rows = self._tables.rows(
+                f"SELECT task_id, wake_at IS NULL FROM longrun_queue WHERE function IN ({marks}) AND status NOT IN ({ended})",
+                (*names, *_TERMINAL_VALUES),
+            )
+        return [(str(row[0]), bool(row[1])) for row in rows]
+
     # -- polling for a store without triggers (the JSON-file store) -----------------------------
 
     def fingerprint(self, task_id: str) -> str | None:

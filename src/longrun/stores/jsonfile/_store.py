@@ -280,6 +280,10 @@ class JsonFileStore(BaseStore):
         self._known(approval.task_id)
         self._control.write_approval(approval)
 
+    def watch_roots(self) -> tuple[str, ...]:
+        """The store root: its tasks' control records are files under it (``protocols.WatchedSource``)."""
+        return (self.root,)
+
     # -- deletion -----------------------------------------------------------------------------
 
     DELETED_PREFIX = ".deleted."
