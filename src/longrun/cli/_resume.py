@@ -54,7 +54,7 @@ from ._common import (
     CliError, ExitCode, TaskCodeError, checked_task, close_store, evidence_line, name_store, open_store, store_label, write_json,
 )  # fmt: skip
 
-__all__ = ["STATUS_EXIT", "cmd_resume", "cmd_resume_task", "cmd_start", "load_target"]
+__all__ = ["STATUS_EXIT", "cmd_resume", "cmd_resume_task", "cmd_start", "load_target", "run_recorded_once"]
 
 STATUS_EXIT: dict[Status, ExitCode] = {Status.DONE: ExitCode.OK, **dict.fromkeys(ENDED_UNFINISHED, ExitCode.ENDED)}
 """Every status not listed exits ``ExitCode.NOT_AS_ASKED`` (1): a later run continues it."""
@@ -244,6 +244,30 @@ def cmd_start(
             "(`longrun worker STORE --import MODULE`), or `longrun resume STORE TASK`\n"
         )
     return ExitCode.OK
+
+
+def run_recorded_once(store: Any, task_id: str, paths: Sequence[str], err: TextIO) -> RunOutcome:
+    """Run a durable function's task once against ``store`` (not the store the function was decorated
+    with), with the arguments it records: the console's "run once". The function's module is imported
+    from ``paths`` and the current directory; its own exception is a ``TaskCodeError``."""
+    from ..functions import FUNCTION_STEP
+
+    state = store.load(task_id).state
+    record = state.effects.get(FUNCTION_STEP) if state is not None else None
+    payload = record.payload if record is not None else None
+    if not isinstance(payload, dict):
+        raise CliError(f"task {task_id!r} records no durable function to run", ExitCode.USAGE)
+    name, args, kwargs = payload.get("function"), payload.get("args"), payload.get("kwargs")
+    if not isinstance(name, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise CliError(f"task {task_id!r}: its function record is malformed", ExitCode.STORAGE)
+    function = _durable_target(name, paths, err, False).with_options(store=store)
+    try:
+        outcome: RunOutcome = function.run(task_id, *args, **kwargs)
+    except (LongrunError, OSError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        raise TaskCodeError(f"{name}: the function raised {_explain(exc)}") from exc
+    return outcome
 
 
 def cmd_resume_task(

@@ -314,6 +314,33 @@ class _Tables:
         )
         return 1 if cursor.rowcount == 1 else 0
 
+    def exists(self) -> bool:
+        """Whether the tables were made (a read that creates nothing; a JSON-file store's side file
+        that does not exist is not created)."""
+        if not self.dialect.in_store and isinstance(self.dialect, SqliteDialect) and not os.path.exists(self.dialect.path):
+            return False
+        with self._lock:
+            if self._ready:
+                return True
+            errors = self.dialect.errors()
+            if self.dialect.in_store:
+                self.store.list_tasks()  # the store's own check of its database first
+            try:
+                connection = self.dialect.connect()
+            except LongrunError:
+                raise
+            except Exception as exc:
+                raise StorageError(f"{self!r}: cannot connect: {exc}") from exc
+            try:
+                cursor = connection.cursor()
+                cursor.execute(self.dialect.schema_exists_sql())
+                return bool(cursor.fetchone()[0])
+            except errors as exc:
+                raise StorageError(f"{self!r}: cannot look for the fleet tables: {exc}") from exc
+            finally:
+                with contextlib.suppress(Exception):
+                    connection.close()
+
     def notify(self) -> None:
         if self.dialect.notify:
             self.run(f"SELECT pg_notify('{NOTIFY_CHANNEL}', '')")
@@ -632,6 +659,13 @@ class TaskQueue:
                 "THEN longrun_workers.started_at ELSE excluded.started_at END",
                 (name, host, pid, heartbeat_s, state, concurrency, running, listed),
             )
+
+    def live_workers(self, function: str) -> list[WorkerRecord]:
+        """The workers alive now that run ``function``; none where the fleet's tables were never made
+        (made by nothing here: a read-only look)."""
+        if not self._tables.exists():
+            return []
+        return [record for record in self.workers() if record.alive and function in record.functions]
 
     def workers(self) -> list[WorkerRecord]:
         """Every worker that has recorded a heartbeat, alive or not, ordered by name."""
