@@ -23,7 +23,7 @@ from typing import Sequence, TextIO
 
 from ..contract import INTERNAL_PREFIX, is_internal
 from ..envelope import RunState
-from ..errors import CorruptStateError, InvalidInputError, LongrunError
+from ..errors import CorruptStateError, LongrunError
 from ..lease import Lease
 from ..ledger import EffectState
 from ..outcome import Status

@@ -47,9 +47,18 @@ Invariants every store built on ``BaseStore`` keeps (the tests are built to brea
    (``_epoch_floor``), so the next acquisition's epoch is above every epoch the state records. It
    refuses a record that is not damaged, and one whose holder is alive on this machine.
 
+9. A task is deleted (``delete_task``) only inside its exclusive transaction, only if its state
+   loads with an ended status (``outcome.TERMINAL``) and its lease is neither live by the store's
+   clock nor held by a live process on this machine; its id then starts afresh. Each store's
+   ``_delete_task`` says what a crash in the middle leaves: the whole task, or nothing that loads
+   as one.
+
 A subclass supplies the primitives: a per-task exclusive transaction, reading and writing the
-lease record (and moving a damaged one aside), reading (and repairing) and writing the state, and
-the control records; a store on this machine's file system also gives ``_holders``.
+lease record (and moving a damaged one aside), reading (and repairing) and writing the state, the
+control records, and the deletion; a store on this machine's file system also gives ``_holders``.
+
+One concept, so one module, longer than most: the rules every store keeps, written once so that no
+backend can keep a different version of them.
 """
 
 from __future__ import annotations
