@@ -18,6 +18,7 @@ from longrun import JsonFileStore, SqliteStore, Store
 from longrun.cli import main
 from longrun.errors import UnknownTaskError
 from longrun.stores import PostgresStore
+from longrun.stores.queue import open_queue
 from longrun.testing import FakeClock, OutboxAdapter
 
 DAY_S = 86400.0
@@ -183,10 +184,15 @@ class FleetCommandCases(support.TempDirTest):
         code, out, err = run_cli("delete", self.spec, "parent-kid")
         self.assertEqual(code, 1)
         self.assertIn("child of parent (awaiting-approval)", err)
+        queue = open_queue(self.store)
+        self.addCleanup(queue.close)
+        queue.enqueue("q", quick.name)  # its row in the fleet's queue, if it had none yet
+        self.assertEqual(len(queue.entries(["q"])), 1)
         code, out, err = run_cli("delete", self.spec, "q")
         self.assertEqual((code, err), (0, ""))
         self.assertIn("deleted q (done at revision", out)
         self.assertNotIn("q", self.store.list_tasks())
+        self.assertEqual(queue.entries(["q"]), [], "its queue row went with it")
         code, out, err = run_cli("delete", self.spec, "q")
         self.assertEqual(code, 2)
         self.assertIn("no task 'q'", err)
