@@ -7,7 +7,7 @@ import dataclasses
 
 from ...approval import Approval
 from ...cancellation import Cancellation
-from ...errors import InvalidInputError, LeaseHeldError, TaskNotFinishedError, UnknownTaskError
+from ...errors import InvalidInputError, LeaseHeldError, LongrunError, TaskNotFinishedError, UnknownTaskError
 from ...outcome import Status
 from ._base import BAD_TASK_IDS, ContractBase, sample_state
 
@@ -92,3 +92,30 @@ class DeletionContract(ContractBase):
         for bad in BAD_TASK_IDS:
             with case.subTest(task_id=bad), case.assertRaises(InvalidInputError):
                 store.delete_task(bad, self.now())
+
+    def test_contract_a_delete_cut_short_leaves_the_whole_task_or_nothing_that_loads(self) -> None:
+        # The n-th low-level operation of the deletion fails, for n = 1, 2, ... until one completes:
+        # each time, another reader sees the task whole (as it was) or not at all, never damaged.
+        case = self._case
+        for n in range(1, 500):
+            store, task_id = self.store(), f"cut-{n}"
+            self.ended(store, task_id)
+            before = self.snapshot(task_id)
+            failed: BaseException | None = None
+            with self.fail_nth_operation(store, n):
+                try:
+                    store.delete_task(task_id, self.now())
+                except (OSError, LongrunError) as exc:
+                    failed = exc
+            with self.reader() as reader:
+                present = task_id in reader.list_tasks()
+            if present:
+                case.assertIsNotNone(failed, f"operation {n} failed: a delete that returned must have deleted")
+                case.assertEqual(self.snapshot(task_id), before, f"operation {n} failed: the task must be whole")
+                self.store().delete_task(task_id, self.now())  # and it can still be deleted
+            else:
+                with self.reader() as reader, case.assertRaises(UnknownTaskError):
+                    reader.load(task_id)
+            if failed is None:
+                break
+        case.assertGreater(n, 1, "the hook never made an operation fail")
