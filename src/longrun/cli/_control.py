@@ -8,6 +8,8 @@ touches the state. ``repair --lease`` replaces a damaged lease record through th
 ``detached=True``), and theirs, each by a record naming its parent, written the same way; it says
 how many.
 
+Given a filter instead of a task, ``approve`` and ``cancel`` act on many tasks (``_bulk``).
+
 ``approve`` first shows the pending request in full: the task, step and action, the payload the
 step will apply (pretty-printed from the state's record, long values elided with their size, every
 control character escaped: see ``_payload``), its digest and the expiry. It then copies the
@@ -27,7 +29,8 @@ With ``--json`` each prints one JSON object (the request and the approval; the c
 stdout instead of the text; ``approve`` then shows the request on stderr when it asks for
 confirmation.
 
-Not guaranteed: that the runner acts on the record (it reads it on its next run), or who the
+Not guaranteed: that the runner acts on the record (it reads it on its next run: a live worker
+runs the task within a second of the record's arrival, see ``worker._watch``), or who the
 operator is (the approver name is what the caller says, by default the login name; a signature
 shows only that the signer held the key).
 """
