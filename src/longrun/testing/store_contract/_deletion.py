@@ -97,6 +97,7 @@ class DeletionContract(ContractBase):
         # The n-th low-level operation of the deletion fails, for n = 1, 2, ... until one completes:
         # each time, another reader sees the task whole (as it was) or not at all, never damaged.
         case = self._case
+        n = 0
         for n in range(1, 500):
             store, task_id = self.store(), f"cut-{n}"
             self.ended(store, task_id)
