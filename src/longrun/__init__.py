@@ -24,6 +24,7 @@ from .errors import (
     CallFailed,
     ChildCycleError,
     CorruptStateError,
+    EffectFailed,
     FencedError,
     ForeignStateError,
     IllegalTransitionError,
@@ -42,6 +43,7 @@ from .errors import (
     UnknownTaskError,
 )
 from .lease import Lease
+from .messages import Delivery, Message
 from .ledger import EffectRecord, EffectState
 from .outcome import Evidence, PendingRequest, RunOutcome, Status
 from .protocols import AsyncEffectAdapter, Clock, EffectAdapter, LoadResult, Store
@@ -83,7 +85,9 @@ __all__ = [
     "ChildCycleError",
     "Clock",
     "CorruptStateError",
+    "Delivery",
     "DurableFunction",
+    "EffectFailed",
     "EffectAdapter",
     "EffectRecord",
     "EffectRequest",
@@ -99,6 +103,7 @@ __all__ = [
     "Limits",
     "LoadResult",
     "LongrunError",
+    "Message",
     "Observation",
     "ObservedState",
     "PayloadError",

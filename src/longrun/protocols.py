@@ -15,6 +15,7 @@ from .cancellation import Cancellation
 from .control import ControlRecord
 from .envelope import RunState
 from .lease import Lease, LeaseRepair, MonotonicReading
+from .messages import Delivery, Message
 from .outcome import Evidence
 
 __all__ = [
@@ -182,6 +183,18 @@ class Store(Protocol):
         ``TaskNotFinishedError`` (nothing deleted) for any other task, ``LeaseHeldError`` while
         its lease is live, ``UnknownTaskError`` for a task the store does not hold. A crash in the
         middle leaves either the whole task or nothing that loads as a task (each store says how)."""
+        ...
+
+    def send_message(self, message: Message) -> Delivery:
+        """Put ``message`` in its receiver's mailbox with the next sequence number, in the order the
+        sends commit, unless a message with its key is there (then store nothing and answer with that
+        one's number, ``duplicate=True``). ``UnknownTaskError`` for a receiver the store does not
+        hold; ``SizeLimitError`` past ``messages.MAX_MESSAGES``. Not fenced: anyone may send."""
+        ...
+
+    def read_messages(self, task_id: str, topic: str | None = None) -> tuple[Message, ...]:
+        """The task's messages (of ``topic``, or all), oldest first by sequence number; consumed
+        ones too (the receiver's state says which are). ``CorruptStateError`` for a damaged one."""
         ...
 
 

@@ -8,6 +8,7 @@ import dataclasses
 from ...approval import Approval
 from ...cancellation import Cancellation
 from ...errors import InvalidInputError, LeaseHeldError, LongrunError, TaskNotFinishedError, UnknownTaskError
+from ...messages import Message
 from ...outcome import Status
 from ._base import BAD_TASK_IDS, ContractBase, sample_state
 
@@ -29,6 +30,7 @@ class DeletionContract(ContractBase):
         store.commit(lease, state, set(state.effects))  # type: ignore[attr-defined]
         store.write_approval(Approval("ap-1", task_id, "sha256:p", "s", "sha256:d", "write", 2e9, "ops", 1e9))  # type: ignore[attr-defined]
         store.write_cancellation(Cancellation(task_id, 1e9, "ops", "stop"))  # type: ignore[attr-defined]
+        store.send_message(Message(task_id, "orders", {"n": 1}, "k1", "ops", 1e9))  # type: ignore[attr-defined]
         store.release_lease(lease, self.now())  # type: ignore[attr-defined]
 
     def test_contract_delete_removes_an_ended_task_whole_and_its_id_starts_afresh(self) -> None:
@@ -41,7 +43,7 @@ class DeletionContract(ContractBase):
         case.assertTrue(deletion.removed)
         with self.reader() as reader:
             case.assertEqual(reader.list_tasks(), ["kept"])
-            for read in (reader.load, reader.read_lease, reader.read_approvals, reader.read_cancellation):
+            for read in (reader.load, reader.read_lease, reader.read_approvals, reader.read_cancellation, reader.read_messages):
                 with case.subTest(read=read.__name__), case.assertRaises(UnknownTaskError):
                     read("gone")
             case.assertEqual(reader.load("kept").state.status, Status.DONE)  # the other task untouched
@@ -52,6 +54,7 @@ class DeletionContract(ContractBase):
             case.assertIsNone(instance.load("gone", lease=lease).state)
             case.assertEqual(instance.read_approvals("gone"), ())
             case.assertIsNone(instance.read_cancellation("gone"))
+            case.assertEqual(instance.read_messages("gone"), ())
             fresh = sample_state("gone", effects=1)
             case.assertEqual(instance.commit(lease, fresh, set(fresh.effects)), 1)
             instance.release_lease(lease, self.now())
