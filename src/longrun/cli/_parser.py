@@ -1,6 +1,9 @@
 """The argument parser: every command, its arguments and its help (``longrun --help``, ``longrun COMMAND --help``).
 
 The types that check each argument, and the options several commands share, are in ``_arguments``.
+
+One concept, so one module, and a long one: one block per command, each its arguments and help
+text, so that the whole command line is read (and reviewed) in one place.
 """
 
 from __future__ import annotations
