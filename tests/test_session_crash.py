@@ -19,6 +19,7 @@ import unittest
 from typing import IO
 
 from helpers import scale, support
+from helpers.cli_process import run_longrun
 from helpers.session_support import SessionCase
 
 
@@ -50,9 +51,7 @@ class CrashPointTests(SessionCase):
         env = self.env()
         if crash_at is not None:
             env["LONGRUN_CRASH_AT"] = crash_at
-        return subprocess.run(
-            [sys.executable, "-m", "longrun", *args], env=env, capture_output=True, text=True, timeout=60, check=False
-        )
+        return run_longrun(args, env=env, cwd=None)  # a process of its own, forked: the crash point SIGKILLs it
 
     def ready_for_append_a(self) -> None:
         self.init()
