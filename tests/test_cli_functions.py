@@ -13,6 +13,7 @@ import unittest
 
 import helpers  # noqa: F401  (puts src on sys.path)
 from helpers.cli_process import run_longrun
+from helpers.support import MEMORY_TMP
 from longrun import JsonFileStore
 from longrun.testing import read_outbox
 
@@ -50,7 +51,7 @@ MODULE = textwrap.dedent(
 
 class StartAndResumeTests(unittest.TestCase):
     def setUp(self) -> None:
-        self.dir = tempfile.TemporaryDirectory()
+        self.dir = tempfile.TemporaryDirectory(dir=MEMORY_TMP)
         self.addCleanup(self.dir.cleanup)
         self.code = os.path.join(self.dir.name, "code")
         self.tasks = os.path.join(self.dir.name, "tasks")

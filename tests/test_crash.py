@@ -19,7 +19,6 @@ from longrun.testing.faults import BLOB_POINTS
 
 
 class ChildRunnerCase(support.TempDirTest):
-    in_memory = True
 
     task = "crash-task"
     sqlite = False

@@ -45,7 +45,6 @@ def _kill(agent: subprocess.Popen[bytes]) -> None:
 
 
 class CrashPointTests(SessionCase):
-    in_memory = True
 
     def longrun(self, *args: str, crash_at: str | None = None) -> subprocess.CompletedProcess[str]:
         env = self.env()
@@ -99,7 +98,6 @@ class CrashPointTests(SessionCase):
 
 
 class OrphanTests(SessionCase):
-    in_memory = True
 
     contract_text = SessionCase.contract_text.replace(
         'command = "echo a >> target.txt"', 'command = "touch started; while [ ! -f go ]; do sleep 0.02; done; echo a >> target.txt"'
@@ -135,7 +133,6 @@ class OrphanTests(SessionCase):
 
 
 class ScriptedAgentTests(SessionCase):
-    in_memory = True
 
     # A killed command's lease runs out after this; the next command waits for it (a shorter wait, a quicker test).
     contract_text = SessionCase.contract_text.replace("lease_ttl_s = 1\n", "lease_ttl_s = 0.5\n")
