@@ -23,6 +23,7 @@ from ..events import Reporter
 from ..ledger import EffectRecord, EffectState
 from ..outcome import RunOutcome, Status
 from ..protocols import AnyEffectAdapter, CancellationSource, Clock, Store
+from ..telemetry import ProgressReport
 from . import _effects, _steps
 from ._config import EngineConfig, EngineOptions, check_parallel
 from ._drivers import AsyncDriver, SyncDriver, drive
@@ -210,6 +211,13 @@ class Engine:
 
     def ask_steps(self, step: Step, choices: Sequence[JSONValue] | None) -> Steps[EffectRecord]:
         return _steps.ask(self.invocation, step, choices)
+
+    def report_progress(self, done: float, total: float | None, note: str | None) -> ProgressReport:
+        """Record how far the run has come (``_steps.report_progress``): state, not a step."""
+        return self._drive(_steps.report_progress(self.invocation, done, total, note))
+
+    def report_progress_steps(self, done: float, total: float | None, note: str | None) -> Steps[ProgressReport]:
+        return _steps.report_progress(self.invocation, done, total, note)
 
     def check_cancellation(self) -> None:
         """Read the task's cancellation record fresh and stop if it says so (or cannot be trusted)."""

@@ -131,6 +131,16 @@ class Run(RunSteps):
             record = self._child_settled(step_id, task_id, outcome)
         return self._child_result(step_id, record)
 
+    def progress(self, done: float, total: float | None = None, note: str | None = None) -> None:
+        """Record how far the function has come: ``done`` units of ``total`` (if known), with a note.
+
+        Kept in the task's state, not as a step: it changes no replay, and a function may report as
+        often as it likes. It goes out with the next commit, or commits by itself at most once a
+        second. ``watch``, ``ls``, ``status``, the console and ``longrun metrics`` show it, with the
+        rate between two reported points and the time left at that rate."""
+        self._engine.report_progress(done, total, note)
+
+
 class AsyncRun(RunSteps):
     """What an ``async`` durable function receives: ``Run``'s steps, awaited.
 
@@ -197,3 +207,8 @@ class AsyncRun(RunSteps):
             outcome = await function.arun_child(task_id, self.task_id, args, kwargs, link=self._link(detached))
             record = self._child_settled(step_id, task_id, outcome)
         return self._child_result(step_id, record)
+
+    async def progress(self, done: float, total: float | None = None, note: str | None = None) -> None:
+        """``Run.progress``, awaited (a commit it makes runs off the event loop)."""
+        engine = self._engine
+        await engine.driver.run(engine.report_progress_steps(done, total, note))
