@@ -25,7 +25,7 @@ from ..metrics import CONTENT_TYPE, MetricsSnapshot, collect, render
 from ..protocols import Store
 from ._common import write_json
 
-__all__ = ["MetricsEndpoint", "cmd_metrics", "metrics_text", "snapshot_of", "start_metrics_endpoint"]
+__all__ = ["CONTENT_TYPE", "MetricsEndpoint", "cmd_metrics", "metrics_text", "snapshot_of", "start_metrics_endpoint"]
 
 log = logging.getLogger("longrun")
 
