@@ -232,12 +232,12 @@ class Reporter:
             if record.last_error:
                 why = f"attempt {record.attempts} failed: {record.last_error}"
             elif record.evidence:
-                why = f"attempt {record.attempts} was observed not to have taken place: {record.evidence}"
+                why = f"attempt {record.attempts} observed: {record.evidence}"
             else:
-                why = f"attempt {record.attempts} ended without an error recorded"
+                why = f"attempt {record.attempts}, no error recorded"
             if record.not_before is not None:
                 state = "retry-scheduled"
-                text = f"retry scheduled for {_utc(record.not_before)} ({why})"
+                text = f"retry scheduled ({why}; next attempt at {_utc(record.not_before)})"
             else:
                 text = f"may be applied again ({why})"
         elif record.state is EffectState.PLANNED:

@@ -182,9 +182,9 @@ def failure_of(state: RunState) -> str | None:
     """The error type of a task that failed (``longrun_tasks_failed``), or None if it did not.
 
     The one place that says what a failure is: a status of ``FAILED_STATUSES``, typed by the
-    exception recorded in the failed record that stopped it (``type`` of a call's or a child's
-    recorded failure, the ``TypeName`` before ``: `` of an adapter's error), else by the status
-    (``limits-exhausted``, ``unsafe-to-continue``, ...)."""
+    failed record that stopped it (the ``type`` a call's or a child's recorded failure names; an
+    effect fails only on ``PermanentError``), else by the status itself (``limits-exhausted``,
+    ``unsafe-to-continue``, ...)."""
     if state.status not in FAILED_STATUSES:
         return None
     for record in reversed(list(state.effects.values())):
@@ -193,10 +193,6 @@ def failure_of(state: RunState) -> str | None:
         result = record.result
         if isinstance(result, dict) and isinstance(result.get("type"), str) and result["type"]:
             return str(result["type"])
-        if record.last_error:
-            head, separator, _ = record.last_error.partition(": ")
-            if separator and head.replace(".", "").replace("_", "").isalnum():
-                return head
         return "PermanentError"
     return state.status.value
 

@@ -77,7 +77,7 @@ def observe_safely(adapter: EffectAdapter, request: EffectRequest) -> Observatio
 def timed_out_observation(request: EffectRequest, timeout_s: float) -> Observation:
     """What an ``observe`` that did not answer within ``timeout_s`` tells: nothing, so unknown."""
     log.warning(
-        "task %s: effect %s (key %s): observe did not answer within %g s; its outcome stays unknown",
+        "task %s: step %s: observe of %s did not answer within %g s; its outcome stays unknown",
         request.task_id, request.step_id, request.key, timeout_s, extra=_request_fields(request),
     )  # fmt: skip
     return Observation.unknown(f"observe did not answer within {timeout_s:g} s")
@@ -90,7 +90,7 @@ def as_observation(request: EffectRequest, returned: object) -> Observation:
         # raises InvalidInputError inside observe: an adapter bug, so the outcome is unknown.
         described = describe_exception(returned)  # the adapter's exception may not even print itself
         log.warning(
-            "task %s: effect %s (key %s): observe raised %s; its outcome stays unknown",
+            "task %s: step %s: observe of %s failed: %s; its outcome stays unknown",
             request.task_id, request.step_id, request.key, described, extra=_request_fields(request),
         )  # fmt: skip
         return Observation.unknown(f"observe raised {described}")
@@ -117,7 +117,7 @@ def settle(record: EffectRecord, observation: Observation, deduplicates: bool, n
         result, omitted = recordable_result(result, what=f"the result of step {record.step_id!r}")
         evidence = observation.evidence
         if omitted is not None:  # the effect took place and is recorded; its result is too large to keep
-            log.warning("effect %s (key %s): %s", record.step_id, record.key, omitted, extra={"step": record.step_id, "key": record.key, "action": record.action})
+            log.warning("step %s: %s: %s", record.step_id, record.key, omitted, extra={"step": record.step_id, "key": record.key, "action": record.action})
             evidence = f"{evidence}; {omitted}"
         verified = record.move(EffectState.VERIFIED, now, result=result, evidence=evidence)
         return Reconciled(verified, Verdict.VERIFIED, observation, f"observed applied: {observation.evidence}")

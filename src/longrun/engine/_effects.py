@@ -163,8 +163,8 @@ def _execute(inv: Invocation, step: Step, record: EffectRecord) -> Steps[None]:
     except Exception as exc:  # outcome unknown: recorded as uncertain and observed, never retried blind
         described = describe_exception(exc)  # never trusting the adapter's exception to print itself
         log.warning(
-            "task %s: effect %s (key %s): attempt %d of apply raised %s; observing the target to learn whether it took place",
-            inv.task_id, step.step_id, record.key, attempt, described, extra={"task": inv.task_id, **record_fields(record)},
+            "task %s: step %s, attempt %d: apply of %s raised %s; observing the target to learn whether it took place",
+            inv.task_id, step.step_id, attempt, record.key, described, extra={"task": inv.task_id, **record_fields(record)},
         )  # fmt: skip
         yield RENEW_LEASE
         inv.evidence.observed(f"adapter:{step.action}", f"{record.key} attempt {attempt} raised {described}")
@@ -177,7 +177,7 @@ def _execute(inv: Invocation, step: Step, record: EffectRecord) -> Steps[None]:
     yield RENEW_LEASE
     checked = check_receipt(receipt, key=record.key, step_id=step.step_id, already_spent=record.cost + state.budget.cost_spent)
     for problem in checked.problems:  # an adapter bug, or a result too large to keep: evidence, never dropped
-        log.warning("task %s: effect %s (key %s): %s", inv.task_id, step.step_id, record.key, problem, extra={"task": inv.task_id, **record_fields(record)})
+        log.warning("task %s: step %s: %s: %s", inv.task_id, step.step_id, record.key, problem, extra={"task": inv.task_id, **record_fields(record)})
         inv.evidence.unknown(f"adapter:{step.action}", problem)
     inv.evidence.observed(f"adapter:{step.action}", f"receipt for {record.key} attempt {attempt}: {checked.evidence}")
     cost = checked.cost
