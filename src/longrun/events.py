@@ -198,7 +198,11 @@ class Reporter:
         durable function it runs, if it is one, and the epoch."""
         self.fields["epoch"] = epoch
         record = state.effects.get(_FUNCTION_STEP)
-        name = record.payload.get("function") if record is not None else None
+        if record is not None:
+            self._name_function(record)
+
+    def _name_function(self, record: EffectRecord) -> None:
+        name = record.payload.get("function")
         if isinstance(name, str):
             self.fields["function"] = name
 
@@ -215,6 +219,8 @@ class Reporter:
     def moved(self, previous: EffectRecord | None, record: EffectRecord) -> None:
         """A record replaced in the working state (durable with the next commit)."""
         self._pending[record.step_id] = None
+        if previous is None and record.step_id == _FUNCTION_STEP:  # a new task's own record names its function
+            self._name_function(record)
         if previous is not None and previous.state is record.state and previous.not_before == record.not_before:
             return
         if not log.isEnabledFor(logging.INFO):

@@ -299,8 +299,8 @@ def recover(inv: Invocation, lease: Lease, initial: Callable[[RunState], None], 
             created_at=now,
             next_action="start the first step",
         )
-        initial(inv.current)
         inv.reporter.loaded(inv.current, lease.epoch)
+        initial(inv.current)
         inv.dirty = True
         yield COMMIT
         inv.evidence.inferred("no state existed: this is the task's first run")
