@@ -159,6 +159,9 @@ class MetricsCase(support.TempDirTest):
         self.assertEqual(sum(item.value for item in families["longrun_tasks"].samples), 5)
         failed = families["longrun_tasks_failed"].samples
         self.assertEqual([(item.labels, item.value) for item in failed], [({"function": names["refused"], "error_type": "PermanentError"}, 1.0)])
+        steps = families["longrun_step_failures"]
+        self.assertEqual(steps.type, "counter")
+        self.assertEqual([(item.labels, item.value) for item in steps.samples], [({"function": names["refused"], "error_type": "PermanentError"}, 1.0)])
         # Counters, from the ledgers: 3 + 1 (gated) + 1 (flaky) mails verified, one more attempt
         # (a transient failure, retried); the flaky one known by observation only; the permanent
         # failure applied once, verified never.
@@ -411,6 +414,22 @@ class RenderTests(support.TempDirTest):
         for status in Status:
             state.status = status
             self.assertEqual(failure_of(state) is not None, status in FAILED_STATUSES, status)
+
+        def broken() -> None:
+            raise ValueError("bad row")
+
+        @longrun.durable(store=store, clock=clock)
+        def tolerant(run: longrun.Run) -> str:
+            try:
+                run.call("parse", broken)
+            except longrun.CallFailed:
+                return "skipped"  # a failure the function handled: the task is done, the step failed
+            return "parsed"
+
+        self.assertIs(tolerant.run("c-1").status, Status.DONE)
+        snapshot = collect(store, tasks=["c-1"], now=0.0)
+        self.assertEqual(snapshot.value("longrun_step_failures_total", function=tolerant.name, error_type="ValueError"), 1)
+        self.assertEqual(snapshot.family("longrun_tasks_failed").samples, ())
 
     def test_the_bucket_bounds_are_increasing_and_end_in_inf(self) -> None:
         for bounds in (LATENCY_BOUNDS, DURATION_BOUNDS):

@@ -18,6 +18,7 @@ Families (each with its HELP and TYPE lines)::
 
     longrun_tasks{status,function}                              gauge
     longrun_tasks_failed{function,error_type}                   gauge
+    longrun_step_failures_total{function,error_type}            counter  steps recorded failed (a call that raised, ...)
     longrun_effects{action,state}                               gauge
     longrun_effects_applied_total{action}                       counter  attempts started
     longrun_effects_verified_total{action}                      counter
@@ -54,7 +55,7 @@ from .canonical import JSONValue
 from .contract import INTERNAL_PREFIX, is_internal
 from .envelope import RunState
 from .errors import CorruptStateError, LongrunError
-from .ledger import EffectState
+from .ledger import EffectRecord, EffectState
 from .outcome import TERMINAL, Status
 from .progress import pending_of
 from .protocols import Store
@@ -188,13 +189,18 @@ def failure_of(state: RunState) -> str | None:
     if state.status not in FAILED_STATUSES:
         return None
     for record in reversed(list(state.effects.values())):
-        if record.state is not EffectState.FAILED:
-            continue
-        result = record.result
-        if isinstance(result, dict) and isinstance(result.get("type"), str) and result["type"]:
-            return str(result["type"])
-        return "PermanentError"
+        if record.state is EffectState.FAILED:
+            return _error_type(record)
     return state.status.value
+
+
+def _error_type(record: EffectRecord) -> str:
+    """The exception type a failed record names: a call's or a child's recorded ``type``; an
+    effect fails only on ``PermanentError``."""
+    result = record.result
+    if isinstance(result, dict) and isinstance(result.get("type"), str) and result["type"]:
+        return str(result["type"])
+    return "PermanentError"
 
 
 class _Families:
@@ -242,6 +248,7 @@ def _declare(families: _Families) -> None:
     for name, kind, help in (
         ("longrun_tasks", "gauge", "Tasks in the store by status and durable function (empty for a plan or a session)."),
         ("longrun_tasks_failed", "gauge", "Tasks whose run ended or stopped on an error, by function and error type."),
+        ("longrun_step_failures_total", "counter", "Steps recorded as failed (a call or child that raised, an effect refused for good), by function and error type."),
         ("longrun_effects", "gauge", "Effect records by action and ledger state."),
         ("longrun_effects_applied_total", "counter", "Apply attempts started, by action, from the recorded ledgers."),
         ("longrun_effects_verified_total", "counter", "Effects verified, by action, from the recorded ledgers."),
@@ -314,6 +321,8 @@ def _task(
         families.add("longrun_tasks_failed", 1.0, function=function, error_type=error_type)
     for record in state.effects.values():
         action = record.action
+        if record.state is EffectState.FAILED:
+            families.add("longrun_step_failures_total", 1.0, function=function, error_type=_error_type(record))
         if is_internal(action):
             continue
         families.add("longrun_effects", 1.0, action=action, state=record.state.value)
