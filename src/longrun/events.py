@@ -35,7 +35,7 @@ import contextvars
 import datetime
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator
 
 from .canonical import JSONValue
 from .contract import INTERNAL_PREFIX, is_internal
@@ -178,7 +178,7 @@ class Reporter:
     # -- the run ------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def logging(self) -> Iterator[None]:
+    def logging(self) -> Generator[None, None, None]:
         """While the run is under way: records logged in this thread or task name it (``_WithFields``)."""
         token = _RUN_FIELDS.set(self.fields)
         try:
