@@ -18,6 +18,7 @@ state is still current when printed (a runner may commit right after).
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import re
 import time
@@ -25,16 +26,21 @@ from typing import Sequence, TextIO
 
 from ..contract import INTERNAL_PREFIX, is_internal
 from ..envelope import RunState
+from ..intervention import forks_of, origin_of
 from ..errors import CorruptStateError, InvalidInputError, LongrunError
 from ..lease import Lease
 from ..ledger import EffectState
+from ..messages import consumed_messages
 from ..outcome import Status
 from ..progress import Progress, progress_of
+from ..telemetry import ProgressReport
 from ..protocols import LoadResult, Store
+from ..task_events import events_of
 from ._common import (
     STORE_PLACEHOLDER,
     checked_task,
     evidence_line,
+    format_duration,
     format_time,
     lease_summary,
     name_store,
@@ -45,7 +51,7 @@ from ._common import (
 from ._control import payload_view
 from ._payload import payload_lines, safe_text
 
-__all__ = ["LS_STATUSES", "NO_STATE_ACTION", "cmd_ls", "cmd_status", "ls_entry", "parse_since", "progress_line", "select", "status_json"]
+__all__ = ["LS_STATUSES", "NO_STATE_ACTION", "cmd_ls", "cmd_status", "ls_entry", "parse_since", "progress_line", "reported_line", "select", "status_json"]
 
 NO_STATE_ACTION = "run the task: no revision has been committed yet"
 
@@ -79,6 +85,9 @@ def status_json(task_id: str, loaded: LoadResult, lease: Lease | None, now: floa
     }
     body["checked_at"] = now
     body["progress"] = progress_of(state).to_json() if state is not None else None
+    body["events"] = events_of(state)
+    body["forked_from"] = origin_of(state)
+    body["forks"] = forks_of(state)
     return body
 
 
@@ -94,7 +103,7 @@ def step_kind(action: str) -> str:
         return "effect"
     return {
         "call": "call", "sleep": "timer", "ask": "question", "child": "child", "function": "function",
-        "checkpoint": "checkpoint", "contract": "contract",
+        "checkpoint": "checkpoint", "contract": "contract", "send": "send", "recv": "receive", "event": "event",
     }.get(  # fmt: skip
         action[len(INTERNAL_PREFIX) :], "internal"
     )
@@ -145,6 +154,18 @@ def _request_lines(state: RunState, now: float) -> list[str]:
     return lines
 
 
+def reported_line(report: ProgressReport, *, note: bool = True) -> str:
+    """``45/100 (45%), 1.5/s, about 37s left: importing rows``: what a durable function reported."""
+    parts = [report.label() + (f" ({100 * report.fraction:.0f}%)" if report.fraction is not None else "")]
+    rate = report.rate
+    if rate is not None:
+        parts.append(f"{rate:.2f}/s" if abs(rate) < 10 else f"{rate:.0f}/s")
+    if report.eta_s is not None and report.total is not None and report.done < report.total:
+        parts.append(f"about {format_duration(report.eta_s)} left")
+    line = ", ".join(parts)
+    return line + (f": {safe_text(report.note)}" if report.note and note else "")
+
+
 def progress_line(progress: Progress) -> str:
     """``4/6 verified (67%), 1 in flight, 1 waiting, 0 planned, 0 not yet planned`` and the like."""
     parts = []
@@ -160,6 +181,42 @@ def progress_line(progress: Progress) -> str:
     if progress.remaining is not None:
         parts.append(f"{progress.remaining} not yet planned")
     return ", ".join(parts)
+
+
+def _event_lines(state: RunState) -> list[str]:
+    """The task's events (``run.set_event``): each key with its latest value, long values cut."""
+    events = events_of(state)
+    if not events:
+        return []
+    lines = [f"  events       {len(events)} key{'s' if len(events) != 1 else ''} set (the latest value of each)"]
+    for key, value in events.items():
+        text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+        lines.append(f"    {key} = {safe_text(text if len(text) <= 200 else text[:197] + '...')}")
+    return lines
+
+
+def mailbox_summary(store: Store, state: RunState | None, task_id: str) -> dict[str, object]:
+    """The task's mailbox: how many messages it holds, and how many of each topic it has not received
+    (``error`` instead, naming the damage, if a message cannot be read: the state is still shown)."""
+    try:
+        messages = store.read_messages(task_id)
+    except CorruptStateError as exc:
+        return {"messages": None, "received": None, "waiting": {}, "error": str(exc)}
+    consumed = consumed_messages(task_id, [(record.action, record.result) for record in state.effects.values()]) if state is not None else set()
+    waiting: dict[str, int] = {}
+    for message in messages:
+        if message.seq not in consumed:
+            waiting[message.topic] = waiting.get(message.topic, 0) + 1
+    return {"messages": len(messages), "received": len(messages) - sum(waiting.values()), "waiting": waiting}
+
+
+def _mailbox_line(mailbox: dict[str, object]) -> str:
+    if mailbox.get("error"):
+        return f"  messages     the mailbox cannot be read: {mailbox['error']}"
+    waiting = mailbox["waiting"]
+    assert isinstance(waiting, dict)
+    topics = ", ".join(f"{topic} {count}" for topic, count in sorted(waiting.items()))
+    return f"  messages     {mailbox['messages']} in the mailbox, {mailbox['received']} received" + (f"; waiting: {topics}" if topics else "")
 
 
 def render_status(task_id: str, loaded: LoadResult, lease: Lease | None, now: float, label: str = STORE_PLACEHOLDER) -> list[str]:
@@ -181,7 +238,16 @@ def render_status(task_id: str, loaded: LoadResult, lease: Lease | None, now: fl
         f"  lease        {lease_summary(lease, now)}",
         f"  progress     {progress_line(progress_of(state))}",
     ]
+    origin, forks = origin_of(state), forks_of(state)
+    if origin is not None:
+        lines.append(f"  forked from  task {origin.get('task')}, from step {origin.get('step') or '(after its last step)'}")
+    if forks:
+        listed = ", ".join(f"{fork.get('task')} (from step {fork.get('step') or '-'})" for fork in forks)
+        lines.append(f"  forks        {listed}")
+    if state.progress is not None:
+        lines.append(f"  reported     {reported_line(state.progress)} (at {format_time(state.progress.at)})")
     lines += _effect_lines(state)
+    lines += _event_lines(state)
     lines += _request_lines(state, now)
     if state.unknowns:
         lines.append(f"  unknowns     {len(state.unknowns)} recorded at the last stop")
@@ -200,12 +266,18 @@ def cmd_status(store: Store, label: str, task_id: str, as_json: bool, out: TextI
     loaded = store.load(task_id)  # no lease: read-only, never quarantines
     lease = store.read_lease(task_id)
     now = time.time()
+    mailbox = mailbox_summary(store, loaded.state, task_id)
     if as_json:
         body = status_json(task_id, loaded, lease, now)
         body["next_action"] = name_store(str(body["next_action"]), label)
+        body["mailbox"] = mailbox
         write_json(out, body)
     else:
-        out.write("\n".join(render_status(task_id, loaded, lease, now, label)) + "\n")
+        lines = render_status(task_id, loaded, lease, now, label)
+        if mailbox["messages"] or mailbox.get("error"):
+            at = next((index for index, line in enumerate(lines) if line.startswith("  next action")), len(lines))
+            lines.insert(at, _mailbox_line(mailbox))
+        out.write("\n".join(lines) + "\n")
     return 0
 
 
@@ -233,7 +305,8 @@ def ls_entry(store: Store, task_id: str) -> dict[str, object]:
         "next_action": state.next_action,
         "source": loaded.source,
         "updated_at": state.updated_at,
-        "progress": {**progress.to_json(), "label": progress.label()},
+        # A function's own report, where it made one, says more than a count of its steps.
+        "progress": {**progress.to_json(), "label": reported_line(state.progress, note=False) if state.progress is not None else progress.label()},
     }
 
 

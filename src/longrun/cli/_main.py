@@ -8,7 +8,9 @@ and errors go to stderr. The library's log records are routed to stderr only for
 the call. A traceback is printed only for an exception nobody expected (exit 70): a bug in
 longrun, or, under ``resume``, the task's own code raising inside ``run()``.
 
-``--json`` may be given before the command (``longrun --json status ...``) or after it.
+``--json`` may be given before the command (``longrun --json status ...``) or after it, and so
+may ``--log-format text|json`` and ``--log-level`` (``longrun.logging``: ISO-8601 UTC times in both
+formats; ``-v`` is ``--log-level info``, ``-vv`` debug).
 
 The store of every command that takes one is named once: as the ``STORE`` argument before
 ``TASK``, or with ``--store SPEC``. Both at once are accepted only when they agree.
@@ -27,6 +29,7 @@ import traceback
 from typing import Sequence, TextIO
 
 from ..errors import LongrunError
+from ..logging import configure
 from ..protocols import Store
 from ._common import (
     CliError,
@@ -49,9 +52,12 @@ __all__ = ["build_parser", "error_text", "main"]
 _SESSION_COMMANDS = ("init", "next", "exec", "checkpoint", "done", "stop")
 _STORE_COMMANDS = (
     "status", "history", "verify", "approve", "answer", "cancel", "repair", "ls", "watch", "console", "worker", "workers",
-    "mcp", *_SESSION_COMMANDS,
+    "mcp", "resolve", "fork", "send", "event", "metrics", *_SESSION_COMMANDS,
 )  # fmt: skip
-_TASK_COMMANDS = ("status", "history", "verify", "approve", "answer", "cancel", "repair", "watch", "init", "next", "done", "stop")
+_TASK_COMMANDS = (
+    "status", "history", "verify", "approve", "answer", "cancel", "repair", "watch", "init", "next", "done", "stop", "resolve", "fork",
+    "send", "event",
+)  # fmt: skip
 _STEP_COMMANDS = ("exec", "checkpoint")
 """Commands with a STEP after TASK (STORE must come first, or be given with --store)."""
 
@@ -85,10 +91,23 @@ def _dispatch(args: argparse.Namespace) -> int:
         from ._resume import cmd_resume
 
         return cmd_resume(args.target, args.path, args.json, out, err, verbose=args.verbose > 0)
+    reopen_options = (args.reason, args.by, args.add_attempts, args.add_time, args.sign_key, args.control_root) if args.command == "resume" else ()
+    if args.command == "resume" and not args.reopen and any(option not in (None, 0, 0.0) for option in reopen_options):
+        raise CliError("--reason, --by, --add-attempts, --add-time, --sign-key and --control-root go with --reopen", ExitCode.USAGE)
+    if args.command == "resume" and args.reopen and args.task is None:
+        raise CliError("--reopen needs STORE TASK: it reopens a durable-function task", ExitCode.USAGE)
+    if args.command == "resume" and args.reopen and args.reason is None:
+        raise CliError("--reopen needs --reason TEXT: why the task goes on is recorded", ExitCode.USAGE)
     if args.command == "resume":
         from ._resume import cmd_resume_task
 
-        return cmd_resume_task(path(args.target), args.task, args.path, args.json, out, err, verbose=args.verbose > 0)
+        reopen = None
+        if args.reopen:
+            reopen = {
+                "reason": args.reason, "by": args.by or login_name(), "add_attempts": args.add_attempts, "add_time_s": args.add_time,
+                "sign_key": args.sign_key, "control_root": args.control_root,
+            }  # fmt: skip
+        return cmd_resume_task(path(args.target), args.task, args.path, args.json, out, err, verbose=args.verbose > 0, reopen=reopen)
     if args.command == "start":
         from ._resume import cmd_start
 
@@ -127,11 +146,16 @@ def _store_command(args: argparse.Namespace, store: Store, label: str, out: Text
         return cmd_worker(
             store, args.modules, args.path, concurrency=args.concurrency, name=args.name, limits=dict(args.limit),
             claim_ttl_s=args.claim_ttl, poll_s=args.poll, as_json=args.json, out=out, err=err, verbose=args.verbose > 0,
+            metrics_port=args.metrics_port,
         )  # fmt: skip
     if args.command == "workers":
         from ._worker import cmd_workers
 
         return cmd_workers(store, args.json, out)
+    if args.command == "metrics":
+        from ._metrics import cmd_metrics
+
+        return cmd_metrics(store, args.json, out)
     if args.command == "status":
         from ._inspect import cmd_status
 
@@ -213,6 +237,31 @@ def _store_command(args: argparse.Namespace, store: Store, label: str, out: Text
             control_root=args.control_root,
             as_json=args.json,
         )
+    if args.command == "resolve":
+        from ._intervene import cmd_resolve, parse_result
+
+        return cmd_resolve(
+            store, args.task, args.step, applied=args.applied, evidence=args.evidence, by=args.by or login_name(),
+            result=parse_result(args.result), key=args.key, payload_digest=args.payload_digest, out=out,
+            sign_key=args.sign_key, control_root=args.control_root, as_json=args.json,
+        )  # fmt: skip
+    if args.command == "fork":
+        from ._intervene import cmd_fork
+        from ._resume import recorded_function
+
+        checked_task(args.new_task)
+        function, _, _ = recorded_function(store, label, args.task, args.path, err, args.verbose > 0)
+        return cmd_fork(store, function, args.task, args.new_task, args.from_step, args.json, out)
+    if args.command == "send":
+        from ._talk import cmd_send
+
+        return cmd_send(
+            store, args.task, args.topic, args.value, key=args.key, sender=args.sender or login_name(), out=out, as_json=args.json
+        )
+    if args.command == "event":
+        from ._talk import cmd_event
+
+        return cmd_event(store, args.task, args.key, wait_s=args.wait, out=out, as_json=args.json)
     if args.command == "repair":
         from ._control import cmd_repair
 
@@ -275,6 +324,8 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
     elif extras:
         command_parser.error(f"unrecognized arguments: {' '.join(extras)}")
     args.json = args.json or args.json_first  # every command takes --json, before it or after it
+    args.log_format = args.log_format or args.log_format_first or "text"  # and --log-format, --log-level
+    args.log_level = args.log_level or args.log_level_first
     if args.command in _STORE_COMMANDS:
         args.store_spec = _store_spec(args)
     if args.command == "repair" and not args.lease:
@@ -290,11 +341,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse exits 2 on usage errors and 0 after --help
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else ExitCode.USAGE)
     logger = logging.getLogger("longrun")
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("longrun: %(levelname)s: %(message)s"))
     previous_level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG))
+    level = args.log_level or {0: "warning", 1: "info"}.get(args.verbose, "debug")
+    handler = configure(sys.stderr, log_format=args.log_format, level=level)
     try:
         return int(_dispatch(args))
     except (CliError, LongrunError, OSError) as exc:
