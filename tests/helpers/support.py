@@ -23,7 +23,18 @@ ROOT = os.path.dirname(TESTS)
 
 CHILD = os.path.join(HELPERS, "child_runner.py")
 
-MEMORY_TMP = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+def _memory_tmp(path: str = "/dev/shm", *, need_bytes: int = 1 << 30) -> str | None:
+    # A container's default /dev/shm is 64 MB: too small for the suite's scratch data, so a memory
+    # file system is used only where it has room (a gigabyte free); the disk serves otherwise.
+    if not (os.path.isdir(path) and os.access(path, os.W_OK)):
+        return None
+    stats = os.statvfs(path)
+    return path if stats.f_bavail * stats.f_frsize >= need_bytes else None
+
+
+MEMORY_TMP = _memory_tmp()
 """A memory file system for the tests' scratch directories, where there is one: a SIGKILL leaves
 the page cache intact, so the kill tests need no disk flush to be honest (power loss is modelled
 apart, ``longrun.testing.faults.power_loss_model``), and thousands of commits then cost no fsync waits."""
