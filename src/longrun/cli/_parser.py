@@ -3,6 +3,9 @@
 One concept: the command line's grammar. It is long because it declares every command in one
 place, which is what a reader looking for a flag wants; the commands' work is in their own modules.
 The types that check each argument, and the options several commands share, are in ``_arguments``.
+
+One concept, so one module, and a long one: one block per command, each its arguments and help
+text, so that the whole command line is read (and reviewed) in one place.
 """
 
 from __future__ import annotations
