@@ -47,7 +47,8 @@ from ..contract import INTERNAL_PREFIX, is_internal
 from ._config import EngineConfig, EngineOptions, check_parallel, check_timeout, default_owner, utc
 from ._engine import AsyncPlan, Engine, Plan
 from ._invocation import Invocation, Stop
-from ._ops import is_async_callable
+from ._ops import Steps, is_async_callable
+from . import procedures
 
 
 __all__ = [
@@ -59,10 +60,12 @@ __all__ = [
     "Invocation",
     "Plan",
     "Stop",
+    "Steps",
     "check_parallel",
     "check_timeout",
     "default_owner",
     "is_async_callable",
     "is_internal",
+    "procedures",
     "utc",
 ]

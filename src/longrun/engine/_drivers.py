@@ -45,6 +45,7 @@ from ._ops import (
     Op,
     ReadApprovals,
     ReadCancellation,
+    ReadStore,
     RenewLease,
     Sleep,
     Steps,
@@ -135,6 +136,8 @@ class SyncDriver:
             return None
         if isinstance(op, Load):
             return io.load(inv, op)
+        if isinstance(op, ReadStore):
+            return op.read(io.config.store)
         assert isinstance(op, Gather)
         if len(op.steps) > 1:
             # Several effects left in flight (by parallel steps): observed at once, in worker threads.
@@ -303,6 +306,8 @@ class AsyncDriver:
             return None
         if isinstance(op, Load):
             return await self.call_io(io.load, inv, op)
+        if isinstance(op, ReadStore):
+            return await self.call_io(op.read, io.config.store)
         assert isinstance(op, Gather)
         limit = asyncio.Semaphore(max(1, op.limit))
 

@@ -22,6 +22,7 @@ from ..adapters import EffectRequest
 from ..errors import LongrunError
 from ..control import ControlRecord
 from ..lease import Lease
+from ..protocols import Store
 
 __all__ = [
     "COMMIT",
@@ -40,6 +41,7 @@ __all__ = [
     "Load",
     "ReadApprovals",
     "ReadCancellation",
+    "ReadStore",
     "RenewLease",
     "Steps",
     "is_async_callable",
@@ -162,11 +164,19 @@ class RenewLease:
     (``lease-lost``) thrown in if that renewal failed."""
 
 
+@dataclass(frozen=True, slots=True)
+class ReadStore:
+    """A read of the store beyond the task's own state (another task's records, the family of a
+    child about to start): ``read(store)``'s value back, or its exception."""
+
+    read: Callable[[Store], Any]
+
+
 READ_APPROVALS = ReadApprovals()
 RENEW_LEASE = RenewLease()
 
 
-Op = Apply | Observe | Invoke | Sleep | Commit | Gather | Load | ReadCancellation | ReadApprovals | RenewLease
+Op = Apply | Observe | Invoke | Sleep | Commit | Gather | Load | ReadCancellation | ReadApprovals | ReadStore | RenewLease
 Steps = Generator[Op, Any, T]
 """A step procedure: yields what it waits for, returns its value."""
 

@@ -18,7 +18,7 @@ question); apart, each half would call into the other at every step.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from .. import _crashpoints
 from ..approval import Approval, ApprovalRequest, GateVerdict, evaluate_gate
@@ -42,7 +42,7 @@ from ..ledger import IN_FLIGHT, EffectRecord, EffectState, recordable_result
 from ..outcome import Status
 from ._config import check_timeout, utc
 from ._invocation import Invocation, Stop
-from ._ops import COMMIT, READ_APPROVALS, RENEW_LEASE, ApplyTimedOut, CancellationRead, Invoke, ReadCancellation, Sleep, Steps
+from ._ops import COMMIT, READ_APPROVALS, RENEW_LEASE, ApplyTimedOut, CancellationRead, Invoke, ReadCancellation, ReadStore, Sleep, Steps
 
 __all__ = [
     "ask",
@@ -55,6 +55,7 @@ __all__ = [
     "interrupted",
     "mismatch",
     "plan",
+    "read_store",
     "ready",
     "record_plan_growth",
     "refused_action",
@@ -65,6 +66,8 @@ __all__ = [
     "transient",
 ]
 
+
+T = TypeVar("T")
 
 _NAMED_STEPS = 20
 """The most required steps the inference of a ``done`` run names one by one."""
@@ -149,6 +152,13 @@ def _describe(kind: str, raw: ControlRecord) -> str:
     if raw.error is not None:
         return f"{text} unusable: {raw.error}"
     return text
+
+
+def read_store(inv: Invocation, read: Callable[[Any], T]) -> Steps[T]:
+    """``read(store)``, performed by the driver (off the event loop under the async one): a face's
+    read of records beyond the task's own state, such as the family of a child about to start."""
+    value: T = yield ReadStore(read)
+    return value
 
 
 def check_cancellation(inv: Invocation) -> Steps[None]:

@@ -146,7 +146,7 @@ class DurableFunction(Generic[R]):
         from ..stores.queue import open_queue  # only a fleet needs the queue's tables
 
         engine, plan = self._plan(task_id, tuple(args), dict(kwargs or {}))
-        queue = open_queue(engine.store)
+        queue = open_queue(engine.config.store)
         try:
             queue.ensure()  # the queue's triggers exist before the first record, so nothing is missed
             created = self._record(engine, plan)
@@ -157,11 +157,12 @@ class DurableFunction(Generic[R]):
 
     def _record(self, engine: Engine, plan: FunctionPlan) -> bool:
         """Commit the task's first revision unless it has one; True if this call did. Refuses another plan."""
-        task_id = engine.task_id
+        config = engine.config
+        task_id = config.task_id
         created = False
         for _ in range(100):
             try:
-                state = engine.store.load(task_id).state
+                state = config.store.load(task_id).state
             except UnknownTaskError:
                 state = None
             if state is not None:
@@ -172,7 +173,7 @@ class DurableFunction(Generic[R]):
                 break
             if outcome.status is not Status.ALREADY_RUNNING:
                 raise InvalidInputError(f"task {task_id!r} could not be recorded: {outcome.status.value}: {outcome.next_action}")
-            engine.clock.sleep(0.05)  # another process is recording it: read what it records
+            config.clock.sleep(0.05)  # another process is recording it: read what it records
         else:
             raise InvalidInputError(f"task {task_id!r} is held by another process that records nothing; try again")
         if state is not None and state.plan_digest != plan.digest:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Mapping, Sequence
 
-from ..engine import is_async_callable
+from ..engine import is_async_callable, procedures
 from ..budget import RetryPolicy
 from ..canonical import JSONValue
 from ..errors import InvalidInputError
@@ -46,7 +46,7 @@ class Run(RunSteps):
         effect is uncertain and observed (``apply`` then runs in a worker thread).
         """
         step = self._effect_step(step_id, action, payload, approval, observe_first)
-        return self._engine.effect(step, retry=retry, timeout_s=timeout_s).result
+        return self._engine.drive(procedures.effect, step, retry=retry, timeout_s=timeout_s).result
 
     def map(
         self,
@@ -67,13 +67,13 @@ class Run(RunSteps):
         the run (say, it awaits approval), the others in flight settle and nothing new starts."""
         if not isinstance(step_prefix, str) or not step_prefix:
             raise InvalidInputError("map needs a non-empty step prefix")
-        steps = [
+        made = [
             self._effect_step(f"{step_prefix}/{index}", action, payload, approval, False) for index, payload in enumerate(payloads)
         ]
         engine = self._engine
         records = engine.run_parallel(
-            [engine.effect_steps(step, retry=retry, timeout_s=timeout_s) for step in steps],
-            max_parallel if max_parallel is not None else engine.max_parallel,
+            [engine.steps(procedures.effect, step, retry=retry, timeout_s=timeout_s) for step in made],
+            max_parallel if max_parallel is not None else engine.config.max_parallel,
         )
         return [record.result for record in records]
 
@@ -98,7 +98,7 @@ class Run(RunSteps):
         if inspect.iscoroutinefunction(fn):
             raise InvalidInputError(f"step {step_id!r}: {qualified_name(fn)} is async; call it from an async durable function")
         step = self._call_step(step_id, fn, args, kwargs, replay)
-        record = self._engine.call(step, lambda: fn(*args, **kwargs), retry=retry, timeout_s=timeout_s)
+        record = self._engine.drive(procedures.call, step, lambda: fn(*args, **kwargs), retry=retry, timeout_s=timeout_s)
         return self._call_result(step_id, record)
 
     def sleep(self, step_id: str, seconds: float) -> None:
@@ -106,7 +106,7 @@ class Run(RunSteps):
 
         A wait longer than ``Limits.max_block_s`` stops the run ``sleeping`` with ``wake_at``; run
         the task again at or after that time (a worker does it by itself)."""
-        self._engine.timer(self._sleep_step(step_id, seconds), float(seconds))
+        self._engine.drive(procedures.timer, self._sleep_step(step_id, seconds), float(seconds))
 
     def ask(self, step_id: str, question: str, *, choices: Sequence[JSONValue] | None = None) -> JSONValue:
         """A person's answer, as a value. Until it is given the run stops ``awaiting-input``.
@@ -125,10 +125,10 @@ class Run(RunSteps):
         the child's names its parent and lineage. Cancelling this task cancels the child while it is
         unfinished, unless ``detached=True`` (then it runs on by itself). A child that is this task
         or one of its ancestors is refused with ``ChildCycleError``."""
-        step_id, record = self._child_record(task_id, function, args, kwargs, detached)
+        step_id, record = self._engine.drive(self._child_record, task_id, function, args, kwargs, detached)
         if record.state is EffectState.PLANNED:
             outcome = function.run_child(task_id, self.task_id, args, kwargs, link=self._link(detached))
-            record = self._child_settled(step_id, task_id, outcome)
+            record = self._engine.drive(self._child_settled, step_id, task_id, outcome)
         return self._child_result(step_id, record)
 
 class AsyncRun(RunSteps):
@@ -156,7 +156,7 @@ class AsyncRun(RunSteps):
         ``deadline_s``) the apply is cancelled, and the effect is uncertain and observed."""
         step = self._effect_step(step_id, action, payload, approval, observe_first)
         engine = self._engine
-        record = await engine.driver.step(engine.effect_steps(step, retry=retry, timeout_s=timeout_s))
+        record = await engine.driver.step(engine.steps(procedures.effect, step, retry=retry, timeout_s=timeout_s))
         return record.result
 
     async def call(
@@ -173,27 +173,28 @@ class AsyncRun(RunSteps):
         a worker thread, so that it does not block the other steps)."""
         step = self._call_step(step_id, fn, args, kwargs, replay)
         engine = self._engine
-        steps = engine.call_steps(step, lambda: fn(*args, **kwargs), retry=retry, timeout_s=timeout_s, awaitable=is_async_callable(fn))
+        steps = engine.steps(procedures.call, step, lambda: fn(*args, **kwargs), retry=retry, timeout_s=timeout_s, awaitable=is_async_callable(fn))
         return self._call_result(step_id, await engine.driver.step(steps))
 
     async def sleep(self, step_id: str, seconds: float) -> None:
         """``Run.sleep``, awaited."""
         step = self._sleep_step(step_id, seconds)
         engine = self._engine
-        await engine.driver.step(engine.timer_steps(step, float(seconds)))
+        await engine.driver.step(engine.steps(procedures.timer, step, float(seconds)))
 
     async def ask(self, step_id: str, question: str, *, choices: Sequence[JSONValue] | None = None) -> JSONValue:
         """``Run.ask``: reads the answer (it never waits for a person; without one the run stops)."""
         step, choice_list = self._question(step_id, question, choices)
         engine = self._engine
-        return (await engine.driver.step(engine.ask_steps(step, choice_list))).result
+        return (await engine.driver.step(engine.steps(procedures.ask, step, choice_list))).result
 
     async def child(
         self, task_id: str, function: ChildFunction, *args: Any, detached: bool = False, **kwargs: Any
     ) -> Any:
         """``Run.child``, awaited: an async child runs on this event loop, a synchronous one in a thread."""
-        step_id, record = self._child_record(task_id, function, args, kwargs, detached)
+        engine = self._engine  # the store reads, the cancellation read and the commit: off this loop
+        step_id, record = await engine.driver.step(engine.steps(self._child_record, task_id, function, args, kwargs, detached))
         if record.state is EffectState.PLANNED:
             outcome = await function.arun_child(task_id, self.task_id, args, kwargs, link=self._link(detached))
-            record = self._child_settled(step_id, task_id, outcome)
+            record = await engine.driver.step(engine.steps(self._child_settled, step_id, task_id, outcome))
         return self._child_result(step_id, record)
