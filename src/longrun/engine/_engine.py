@@ -205,8 +205,9 @@ class Engine:
             self.drive(self._recover, plan)
             plan.drive(self)
         except Stop as stop:
-            inv.wake_at = stop.wake_at
-            return stop.status, stop.next_action
+            final = self._io.settle_stop(inv, stop)  # a stop recorded and not yet committed is, now
+            inv.wake_at = final.wake_at
+            return final.status, final.next_action
         except Exception:
             self._io.keep_settled(inv)
             raise

@@ -108,16 +108,19 @@ def mismatch(inv: Invocation, detail: str, next_action: str) -> Stop:
     return Stop(Status.PLAN_MISMATCH, f"{next_action} (what differs: {detail})")
 
 
-def refused_action(inv: Invocation, step_id: str, reason: str) -> Steps[Stop]:
-    """Stop ``unsafe-to-continue`` before a step whose action the contract does not allow."""
+def refused_action(inv: Invocation, step_id: str, reason: str) -> Stop:
+    """Stop ``unsafe-to-continue`` before a step whose action the contract does not allow.
+
+    A rule with no I/O, so that a face may raise it from wherever it checks (an async face from
+    its event loop): the stop is recorded in the state and committed as it unwinds to the facade,
+    by the driver of the invocation (``RunIO.settle_stop``)."""
     inv.evidence.unknown("contract", f"step {step_id!r}: {reason}")
-    return (
-        yield from stop(
-            inv,
-            Status.UNSAFE_TO_CONTINUE,
-            f"change the code or the contract: step {step_id!r} asks for an action it may not take ({reason}); nothing was applied",
-        )
+    raised, _ = inv.record_stop(
+        Status.UNSAFE_TO_CONTINUE,
+        f"change the code or the contract: step {step_id!r} asks for an action it may not take ({reason}); nothing was applied",
+        None,
     )
+    return raised
 
 
 def finish(inv: Invocation, required: Sequence[str]) -> Steps[Stop]:

@@ -73,7 +73,7 @@ class RunSteps:
             config.adapter_for(action, step_id=step_id)  # raises, naming the actions that have one
         refusal = config.contract.action_refusal(action)
         if refusal is not None:
-            raise engine.drive(procedures.refused_action, step_id, refusal)
+            raise engine.record(procedures.refused_action, step_id, refusal)
         step = Step(step_id, action, payload, approval=approval, observe_first=observe_first)
         recorded = engine.invocation.state.effects.get(step_id)
         if recorded is not None:

@@ -279,7 +279,7 @@ class Session:
                 needs_approval = needs_approval or bool(isinstance(current.payload, dict) and current.payload.get("approval"))
             refusal = engine.config.contract.action_refusal(step.action)
             if refusal is not None:
-                raise engine.drive(procedures.refused_action, step_id, refusal)
+                raise engine.record(procedures.refused_action, step_id, refusal)
             engine.drive(procedures.effect, Step(step_id, step.action, payload, approval=needs_approval), retry=self._step_retry(contract))
             raise engine.drive(procedures.wait, Status.RUNNING, self._rule.step_action(contract, engine.invocation.state, self.store_spec).text)
 
