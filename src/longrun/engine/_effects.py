@@ -285,7 +285,7 @@ def recover(inv: Invocation, lease: Lease, initial: Callable[[RunState], None], 
     if _crashpoints.ARMED:
         _crashpoints.hit("recovery.loaded", loaded.state.revision if loaded.state is not None else 0)
     for item in loaded.observations:
-        inv.evidence.observations.append(item)
+        inv.evidence.observations.append((item.source, item.detail, item.at))
     now = inv.clock.now()
     if loaded.state is None:
         inv.current = RunState(
@@ -295,7 +295,7 @@ def recover(inv: Invocation, lease: Lease, initial: Callable[[RunState], None], 
             created_at=now,
             next_action="start the first step",
         )
-        initial(inv.current)
+        initial(inv.state)
         inv.dirty = True
         yield COMMIT
         inv.evidence.inferred("no state existed: this is the task's first run")

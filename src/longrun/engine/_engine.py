@@ -22,8 +22,7 @@ from ..outcome import RunOutcome, Status
 from ..protocols import AnyEffectAdapter, Store
 from . import _effects
 from ._config import EngineConfig, EngineOptions, check_parallel
-from ._drivers import AsyncDriver, SyncDriver, drive
-from ._runio import RunIO
+from ._drivers import AsyncDriver, RunIO, SyncDriver, drive
 from ._invocation import Invocation, Stop
 from ._ops import Steps
 

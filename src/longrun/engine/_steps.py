@@ -181,7 +181,7 @@ def check_cancellation(inv: Invocation) -> Steps[None]:
         return
     whose = found.whose
     named = "cancellation record" if whose == inv.task_id else f"cancellation record of ancestor task {whose!r}"
-    item = inv.evidence.observed("control", _describe(named, raw))
+    item = inv.evidence.noted("control", _describe(named, raw))
     state.note_control(item)
     judgement = judge_cancellation(raw, whose)
     if judgement.verdict == "refused":
@@ -258,7 +258,7 @@ def gate(inv: Invocation, step: Step, record: EffectRecord, waiting: Status) -> 
     refused = 0
     for raw in records:
         refused += isinstance(raw, RefusedRecord)
-        state.note_control(inv.evidence.observed("control", _describe("approval record", raw)))
+        state.note_control(inv.evidence.noted("control", _describe("approval record", raw)))
     decision = evaluate_gate(request, records, frozenset(state.consumed_approvals), now)
     if decision.verdict is GateVerdict.GRANTED:
         assert decision.approval is not None
