@@ -65,7 +65,8 @@ def effect(inv: Invocation, step: Step, *, retry: RetryPolicy | None = None, tim
     run's) bounds each ``apply``: a synchronous adapter then runs in a worker thread.
     """
     state = inv.state
-    step_options(inv, step, retry, timeout_s)
+    if retry is not None or timeout_s is not None:
+        step_options(inv, step, retry, timeout_s)
     while True:
         record, settled = yield from ready(inv, step, _VERIFIED)
         if settled:

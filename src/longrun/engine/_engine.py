@@ -82,23 +82,21 @@ class Engine:
         self._reporter = Reporter(contract.task_id, options.get("on_event"))
         self._io = RunIO(self.config)
         self._inv: Invocation | None = None
+        self.invocation: Invocation
+        """The working state of the invocation under way (its ``state``, ``plan_digest``,
+        ``cancelled_with``): set when ``run`` or ``arun`` begins, a plain attribute read at every step."""
         self._sync: SyncDriver | None = None
         self._async: AsyncDriver | None = None
 
     # -- the steps API of the faces: a procedure of ``engine.procedures`` bound to the invocation -------
 
-    @property
-    def invocation(self) -> Invocation:
-        """The working state of the invocation under way (its ``state``, ``plan_digest``, ``cancelled_with``)."""
-        inv = self._inv
-        if inv is None:
-            raise InvalidInputError("no invocation is under way")
-        return inv
-
     def steps(self, procedure: Callable[Concatenate[Invocation, P], Steps[T]], *args: P.args, **kwargs: P.kwargs) -> Steps[T]:
         """``procedure(invocation, *args, **kwargs)``: a step procedure of the invocation under way,
         for a driver to run (``await engine.driver.step(...)`` or ``engine.run_parallel``)."""
-        return procedure(self.invocation, *args, **kwargs)
+        inv = self._inv
+        if inv is None:
+            raise InvalidInputError("no invocation is under way")
+        return procedure(inv, *args, **kwargs)
 
     def drive(self, procedure: Callable[Concatenate[Invocation, P], Steps[T]], *args: P.args, **kwargs: P.kwargs) -> T:
         """``steps(procedure, ...)`` driven to its end from synchronous code, in this thread."""
@@ -111,7 +109,9 @@ class Engine:
     def record(self, rule: Callable[Concatenate[Invocation, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
         """``rule(invocation, ...)``: a rule that only reads or changes the working state (no I/O:
         ``procedures.plan``, ``complete``, ``mismatch``), under the commit lock."""
-        inv = self.invocation
+        inv = self._inv
+        if inv is None:
+            raise InvalidInputError("no invocation is under way")
         with self._io.commit_lock:  # not while the async driver's I/O thread commits this state
             return rule(inv, *args, **kwargs)
 
@@ -171,7 +171,7 @@ class Engine:
             signed_cancellations=self._io.signed_cancellations,
             store_spec=config.store_spec,
         )
-        self._inv = inv
+        self._inv = self.invocation = inv
         self._sync = SyncDriver(self._io, inv)
         self._async = None
         return inv

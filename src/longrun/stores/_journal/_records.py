@@ -300,8 +300,14 @@ class Shadow:
             changed = [step_id for step_id, record in current.items() if known.get(step_id) is not record]
             changed += [step_id for step_id in known if step_id not in current]
         changed = dict.fromkeys(changed)  # once each, in the caller's order
-        added = [step_id for step_id in changed if step_id not in known and step_id in current]
-        removed = [step_id for step_id in changed if step_id in known and step_id not in current]
+        added: list[str] = []
+        removed: list[str] = []
+        for step_id in changed:  # a loop, not two comprehensions: this runs on every commit
+            if step_id in known:
+                if step_id not in current:
+                    removed.append(step_id)
+            elif step_id in current:
+                added.append(step_id)
         if len(known) + len(added) - len(removed) != len(current):
             return None  # a record was added or removed without being named in ``changed``
         if len(added) > 1:

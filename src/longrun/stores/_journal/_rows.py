@@ -227,9 +227,13 @@ _record_values = operator.attrgetter(*EFFECT_FIELDS)
 def record_changes(
     old: EffectRecord, new: EffectRecord, blobs: BlobCodec | None = None, introduced: list[BlobRef] | None = None
 ) -> dict[str, Any]:
-    changes = {
-        name: b for name, a, b in zip(EFFECT_FIELDS, _record_values(old), _record_values(new)) if a is not b and not _same_json(a, b)
-    }
+    changes: dict[str, Any] = {}
+    for name, a, b in zip(EFFECT_FIELDS, _record_values(old), _record_values(new)):
+        # Most fields are the very same object (or two equal scalars of one type): no call for them.
+        if a is b or (type(a) is type(b) and type(a) is not dict and type(a) is not list and a == b):
+            continue
+        if not _same_json(a, b):
+            changes[name] = b
     if "state" in changes:
         changes["state"] = changes["state"].value
     if changes.get("backoff") is not None:

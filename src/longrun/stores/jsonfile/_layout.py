@@ -423,7 +423,10 @@ class Gates:
 
     def leave(self, task_id: str, gate: Gate) -> None:
         gate.lock.release()
-        self._uncount(task_id, gate)
+        with self.mutex:  # ``_uncount``, without the call: every transaction leaves a gate
+            gate.users -= 1
+            if gate.users == 0:
+                del self._gates[task_id]
 
     def _uncount(self, task_id: str, gate: Gate) -> None:
         with self.mutex:
