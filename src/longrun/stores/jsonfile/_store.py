@@ -25,8 +25,7 @@ from .._fileio import FileIO, read_small, read_small_fd, write_atomic
 from .._holders import HolderLocks
 from ..base import BaseStore
 from ..controlfiles import ControlFiles
-from ._handles import Handles, Held, Transaction, lease_key
-from ._layout import HOLDER_LOCK, LEASE, MAX_RECORD_BYTES, NONBLOCK, Gate, Gates, TaskFiles
+from ._layout import HOLDER_LOCK, LEASE, MAX_RECORD_BYTES, NONBLOCK, Gate, Gates, Handles, Held, TaskFiles, Transaction, lease_key
 from ._reading import epoch_floor, history
 from ._recovery import Load
 from ._writing import Writer, Writers
@@ -179,7 +178,7 @@ class JsonFileStore(BaseStore):
         """The lease file's bytes (None: no lease file), read in the task's turn.
 
         A store object that holds the task's lock descriptor also holds the lease file it last
-        read (``_handles``): while an ``lstat`` finds that very file unchanged, its bytes are the
+        read (``_layout.Handles``): while an ``lstat`` finds that very file unchanged, its bytes are the
         ones read then, and the read costs one call instead of three."""
         held = self._handles.get(task_id)
         if held is None:
