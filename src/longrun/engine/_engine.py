@@ -2,11 +2,13 @@
 
 ``run`` and ``arun`` open an ``Invocation``, take the lease, run the recovery procedure, let the
 face's ``Plan`` drive its steps, and close with the legal stop as a ``RunOutcome``. The steps
-themselves are the module-level procedures of ``engine._steps`` and ``engine._effects``; the
-facade hands each to the driver of the invocation under way (``SyncDriver``, or the
-``AsyncDriver`` under ``arun`` and in parallel sections) and keeps nothing of its own but the
-configuration (``EngineConfig``) and the run's I/O (``RunIO``). Not thread-safe: one invocation
-at a time.
+themselves are the module-level procedures of ``engine._steps`` and ``engine._effects``, which a
+face names from ``engine.procedures``. The facade's steps API is narrow and the same for every
+kind of step: ``steps(procedure, ...)`` binds one to the invocation under way for a driver,
+``drive(procedure, ...)`` runs it to its end in this thread, ``record(rule, ...)`` applies a rule
+with no I/O; ``driver`` is the async driver under ``arun``. The options are read from
+``config`` (``EngineConfig``), the working state from ``invocation``. It keeps nothing of its own
+but those and the run's I/O (``RunIO``). Not thread-safe: one invocation at a time.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class Plan(Protocol):
     ``digest`` is what approvals bind to. ``initial`` adds the records a first revision needs;
     ``accept`` checks a recorded state against the plan (raising a ``Stop`` on divergence, and may
     record an allowed change such as a grown plan); ``drive`` makes the steps through the engine
-    and ends with ``Engine.finish``; ``result`` is the run's result for the outcome.
+    and ends with the stop of ``procedures.finish``; ``result`` is the run's result for the outcome.
     """
 
     digest: str

@@ -7,7 +7,7 @@ theirs in turn; each record names the parent whose cancellation caused it.
 signed), and a durable task that ends ``cancelled`` calls it through its store. Besides these
 records, a child reads the cancellation of each task its record names in ``cancelled_with`` (its
 parent, and theirs up to a detached link) through its own source before every new effect
-(``Engine.cancelled_with``), so a parent cancelled in a control area or by a signed record stops
+(``Invocation.cancelled_with``), so a parent cancelled in a control area or by a signed record stops
 its children there too, even where the records written to the store are not read.
 """
 
