@@ -67,7 +67,8 @@ class FunctionPlan:
         config = engine.config
         task = f"{config.store_spec} {config.task_id}"
         if not isinstance(name, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
-            raise engine.record(procedures.mismatch,
+            raise engine.record(
+                procedures.mismatch,
                 f"the task runs a declared plan or a session (recorded plan digest {state.plan_digest}), not {self._function.name}",
                 f"run task {config.task_id!r} with the code that started it (`longrun status {task}` shows it), or give "
                 f"{self._function.name} a new task id",
@@ -93,7 +94,8 @@ class FunctionPlan:
             action = f"resume it with its recorded arguments: `longrun resume {task}` (or call run with them)"
         else:
             action = f"restore the code that started it ({name}, with its contract), then `longrun resume {task}`"
-        raise engine.record(procedures.mismatch,
+        raise engine.record(
+            procedures.mismatch,
             f"task {config.task_id!r} was started differently ({detail}); recorded plan digest {state.plan_digest}, this run's {self.digest}",
             f"{action}; or give this run a new task id. Nothing was run",
         )

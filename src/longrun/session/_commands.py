@@ -151,7 +151,8 @@ class Session:
     def _guard_order(self, engine: Engine, contract: SessionContract, step_id: str) -> None:
         missing = self._before(contract, engine.invocation.state, step_id)
         if missing:
-            raise engine.record(procedures.mismatch, 
+            raise engine.record(
+                procedures.mismatch,
                 f"step {step_id!r} asked for before {missing} were recorded",
                 f"take the steps in order: `longrun next {self.store_spec} {self.task_id}` says which one is next",
             )

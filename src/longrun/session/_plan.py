@@ -47,7 +47,8 @@ class SessionPlan:
 
     def accept(self, engine: Engine, state: RunState) -> None:
         if state.plan_digest != self.digest:
-            raise engine.record(procedures.mismatch, 
+            raise engine.record(
+                procedures.mismatch,
                 f"{contract_difference(state, self._contract)}: recorded plan digest {state.plan_digest}, "
                 f"this contract's {self.digest}",
                 "the task was started with another run contract: a changed contract needs a new task id",
