@@ -12,6 +12,11 @@
     |   +-- ApprovalWaitingError      an approval or answer of the same request already waits, unused
     |   +-- ContractFileError         a run-contract file that cannot be used (its file and line)
     |   +-- NotAStoreError            a directory or database that is not a longrun store (its path)
+    |   +-- UnknownStepError(LookupError) the task has no step by that id
+    |   +-- TaskExistsError           a new task (a fork) was asked for under an id already in use
+    |   +-- ResolveRefusedError       an effect's outcome cannot be resolved as asked (not in flight, another key or payload)
+    |   +-- ReopenRefusedError        a task cannot be reopened (it is done, or has not ended)
+    |   +-- ForkRefusedError          a task cannot be forked from that step (an effect before it is in flight)
     +-- StorageError(OSError)         the store could not read or write; __cause__ holds the OSError
     |   +-- FencedError               a write carried an epoch other than the store's current one
     |   +-- LeaseHeldError            another live owner holds the task's lease
@@ -46,6 +51,7 @@ __all__ = [
     "CorruptStateError",
     "FencedError",
     "ForeignStateError",
+    "ForkRefusedError",
     "IllegalTransitionError",
     "InvalidInputError",
     "LeaseHeldError",
@@ -53,12 +59,16 @@ __all__ = [
     "NotAStoreError",
     "PayloadError",
     "PermanentError",
+    "ReopenRefusedError",
+    "ResolveRefusedError",
     "SchemaVersionError",
     "SizeLimitError",
     "StateUnrecoverableError",
     "StorageError",
+    "TaskExistsError",
     "TransientError",
     "UnknownActionError",
+    "UnknownStepError",
     "UnknownTaskError",
     "describe_exception",
     "exception_message",
@@ -146,6 +156,28 @@ class NotAStoreError(InvalidInputError):
     def __init__(self, message: str, *, path: str):
         super().__init__(message)
         self.path = path
+
+
+class UnknownStepError(InvalidInputError, LookupError):
+    """The task records no step by that id; nothing was written."""
+
+
+class TaskExistsError(InvalidInputError):
+    """A new task was asked for (a fork) under an id the store already holds; nothing was written."""
+
+
+class ResolveRefusedError(InvalidInputError):
+    """An effect's outcome cannot be resolved as asked: it is not in flight, is not an effect, or its
+    key or payload digest is not the one the person checked. Nothing was written."""
+
+
+class ReopenRefusedError(InvalidInputError):
+    """A task cannot be reopened: it is ``done``, or it has not ended. Nothing was written."""
+
+
+class ForkRefusedError(InvalidInputError):
+    """A task cannot be forked as asked (an effect before the step is still in flight, or the task
+    is not a durable function's). Nothing was written."""
 
 
 class ContractFileError(InvalidInputError):

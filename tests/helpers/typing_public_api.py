@@ -265,3 +265,27 @@ def events_and_logs(contract: longrun.RunContract, steps: list[longrun.Step], st
     runner = longrun.Runner(contract, steps, store=store, adapters=adapters, on_event=hook)
     durable = longrun.durable(store=store, adapters=adapters, on_event=seen.append)
     print(runner.run().status, durable, [event.to_json() for event in seen])
+
+
+# -- docs/cli.md, "Resolve, reopen, fork" -------------------------------------------------------------
+
+
+def interventions(store: Store) -> None:
+    import functools
+
+    from longrun.authority import FileControlSource, sign_approval
+    from longrun.intervention import reopen, resolve
+
+    @longrun.durable(store=store, adapters={"pay": Renderer()}, allowed_actions=("pay",))
+    def order(run: longrun.Run, n: int) -> str:
+        run.effect("charge", "pay", {"order": n})
+        return "paid"
+
+    sign = functools.partial(sign_approval, key=b"k" * 32)
+    record = resolve(store, "order-1", "charge", applied=False, evidence="not charged", by="ann", sign=sign)
+    assert_type(record, longrun.Approval)
+    written = reopen(store, "order-2", "released", by="ann", add_attempts=1, write_to=FileControlSource("/srv/control"))
+    assert_type(written, longrun.Approval)
+    assert_type(order.reopen("order-2", "released", by="ann", add_time_s=60.0), RunOutcome)
+    assert_type(order.fork("order-1", "order-1b", from_step="charge"), str)
+    assert_type(order.resume("order-1b"), RunOutcome)

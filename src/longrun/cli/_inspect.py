@@ -25,6 +25,7 @@ from typing import Sequence, TextIO
 
 from ..contract import INTERNAL_PREFIX, is_internal
 from ..envelope import RunState
+from ..intervention import forks_of, origin_of
 from ..errors import CorruptStateError, InvalidInputError, LongrunError
 from ..lease import Lease
 from ..ledger import EffectState
@@ -79,6 +80,8 @@ def status_json(task_id: str, loaded: LoadResult, lease: Lease | None, now: floa
     }
     body["checked_at"] = now
     body["progress"] = progress_of(state).to_json() if state is not None else None
+    body["forked_from"] = origin_of(state)
+    body["forks"] = forks_of(state)
     return body
 
 
@@ -181,6 +184,12 @@ def render_status(task_id: str, loaded: LoadResult, lease: Lease | None, now: fl
         f"  lease        {lease_summary(lease, now)}",
         f"  progress     {progress_line(progress_of(state))}",
     ]
+    origin, forks = origin_of(state), forks_of(state)
+    if origin is not None:
+        lines.append(f"  forked from  task {origin.get('task')}, from step {origin.get('step') or '(after its last step)'}")
+    if forks:
+        listed = ", ".join(f"{fork.get('task')} (from step {fork.get('step') or '-'})" for fork in forks)
+        lines.append(f"  forks        {listed}")
     lines += _effect_lines(state)
     lines += _request_lines(state, now)
     if state.unknowns:

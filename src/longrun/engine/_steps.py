@@ -38,6 +38,7 @@ from ..errors import (
     exception_type_name,
 )
 from ..budget import RetryPolicy
+from ..intervention import superseded_cancellation
 from ..ledger import IN_FLIGHT, EffectRecord, EffectState, recordable_result
 from ..outcome import Status
 from ._config import check_timeout, utc
@@ -180,6 +181,11 @@ def check_cancellation(inv: Invocation) -> Steps[None]:
             inv.cancellation_checked = True
         return
     whose = found.whose
+    if raw.digest and superseded_cancellation(raw.digest) in state.consumed_approvals:
+        if not inv.cancellation_checked:
+            inv.evidence.inferred(f"cancellation record {raw.name} was superseded by a reopen: it does not cancel the task again")
+            inv.cancellation_checked = True
+        return
     named = "cancellation record" if whose == inv.task_id else f"cancellation record of ancestor task {whose!r}"
     item = inv.evidence.noted("control", _describe(named, raw))
     state.note_control(item)
@@ -220,9 +226,17 @@ def check_cancellation(inv: Invocation) -> Steps[None]:
         )
     raise (
         yield from stop(
-            inv, Status.CANCELLED, f"nothing: the run was cancelled by {record.requested_by}: {record.reason}; no new effect will start"
-        )
+            inv, Status.CANCELLED,
+            f"nothing: the run was cancelled by {record.requested_by}: {record.reason}; no new effect will start "
+            f"(to go on after all: {_reopen_command(inv)})",
+        )  # fmt: skip
     )
+
+
+def _reopen_command(inv: Invocation, options: str = "") -> str:
+    """How an operator reopens a task that ended unfinished (``longrun.intervention``)."""
+    signed = " --sign-key <key file>" if inv.signed_approvals else ""
+    return f"`longrun resume {inv.store_spec} {inv.task_id} --reopen --reason TEXT{options}{signed}`"
 
 
 def _question(record: EffectRecord) -> str:
@@ -340,7 +354,8 @@ def _check_budget(inv: Invocation, record: EffectRecord | None) -> Steps[None]:
         exhausted = inv.limits.attempts_exhausted(record.key, record.attempts, record.last_error)
     if exhausted is not None:
         inv.evidence.observed("budget", exhausted)
-        raise (yield from stop(inv, Status.LIMITS_EXHAUSTED, f"review why the budget ran out ({exhausted}); the run is over"))
+        more = _reopen_command(inv, " --add-attempts N")
+        raise (yield from stop(inv, Status.LIMITS_EXHAUSTED, f"review why the budget ran out ({exhausted}); the run is over (to give it more: {more})"))
 
 
 def _backing_off(inv: Invocation, record: EffectRecord, now: float) -> Steps[bool]:
@@ -424,7 +439,12 @@ def failed_for_good(inv: Invocation, step: Step, record: EffectRecord, exc: Perm
     message = exception_message(exc)
     inv.put(record.move(EffectState.FAILED, inv.clock.now(), last_error=f"permanent: {message}"))
     inv.evidence.observed(source, f"{record.key} attempt {record.attempts} failed permanently: {message}")
-    return (yield from stop(inv, Status.BLOCKED, f"fix the cause of the permanent failure of step {step.step_id!r} ({message}); the run is over"))
+    again = _reopen_command(inv)
+    return (
+        yield from stop(
+            inv, Status.BLOCKED, f"fix the cause of the permanent failure of step {step.step_id!r} ({message}); the run is over (after the fix: {again})"
+        )
+    )
 
 
 def transient(inv: Invocation, step: Step, record: EffectRecord, exc: Exception) -> Steps[None]:
