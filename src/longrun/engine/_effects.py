@@ -362,7 +362,7 @@ def _reopened(inv: Invocation, state: RunState) -> Steps[bool]:
             state.consumed_approvals.append(superseded_cancellation(found_cancel.record.digest))
             detail += f"; cancellation record {found_cancel.record.name} ({found_cancel.record.digest}) is superseded"
     state.consumed_approvals.append(approval.approval_id)
-    state.note_control(inv.evidence.observed(f"person:{approval.approver}", detail))
+    state.note_control(inv.evidence.noted(f"person:{approval.approver}", detail))
     budget = state.budget
     budget = replace(budget, attempts_total=max(0, budget.attempts_total - reopen.add_attempts))
     for record in list(state.effects.values()):
@@ -409,7 +409,7 @@ def _resolved_by_hand(inv: Invocation, in_flight: list[EffectRecord]) -> Steps[l
         )
         state.consumed_approvals.append(approval.approval_id)
         state.note_control(Evidence(f"person:{approval.approver}", detail, approval.granted_at))
-        inv.evidence.observations.append(Evidence(f"person:{approval.approver}", detail, approval.granted_at))
+        inv.evidence.observations.append((f"person:{approval.approver}", detail, approval.granted_at))
         uncertain = record if record.state is EffectState.UNCERTAIN else record.move(EffectState.UNCERTAIN, now)
         if resolution.outcome == APPLIED:
             result = resolution.result if resolution.result is not None else record.result

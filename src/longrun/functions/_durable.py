@@ -225,12 +225,12 @@ class DurableFunction(Generic[R]):
         check_new_task(store, new_task_id)
         start_at, copied = records_to_copy(origin, from_step)
         engine, plan = self._plan(new_task_id, tuple(args), dict(kwargs))
-        record_fork_in_origin(store, task_id, new_task_id, start_at, engine.clock.now())
+        record_fork_in_origin(store, task_id, new_task_id, start_at, engine.config.clock.now())
         forking = Forking(plan, copied, {"task": task_id, "step": start_at})
-        queue = open_queue(engine.store)
+        queue = open_queue(engine.config.store)
         try:
             queue.ensure()
-            outcome = run_coroutine(engine.arun(forking), f"forking {task_id!r}") if engine.asynchronous else engine.run(forking)
+            outcome = run_coroutine(engine.arun(forking), f"forking {task_id!r}") if engine.config.asynchronous else engine.run(forking)
             if outcome.status is not Status.RUNNING:
                 raise InvalidInputError(f"task {new_task_id!r} could not be recorded: {outcome.status.value}: {outcome.next_action}")
             queue.enqueue(new_task_id, self.name)
