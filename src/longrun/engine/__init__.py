@@ -37,6 +37,7 @@ The engine is composed of plain parts, none derived from another:
 - ``_ops``: every request a step yields (adapter calls, sleeps, loads, commits, control reads, the lease);
 - ``_steps``: the rules every step keeps, cancellation and the approval gate, calls, timers, questions, stops;
 - ``_effects``: one effect from planned to verified, settling by observation, the recovery procedure;
+- ``_talk``: the steps by which tasks talk: a message sent, a message received, an event set;
 - ``procedures``: the step procedures a face names (``Engine.steps``, ``Engine.drive``, ``Engine.record``);
 - ``_drivers``: ``RunIO`` (the store, the sources, the lease keeper) and the two drivers that
   perform the requests, ``SyncDriver`` and ``AsyncDriver``;
@@ -49,6 +50,7 @@ from ._config import EngineConfig, EngineOptions, check_parallel, check_timeout,
 from ._engine import AsyncPlan, Engine, Plan
 from ._invocation import Invocation, Stop
 from ._ops import Steps, is_async_callable
+from ._talk import RECEIVE_POLL_S, receive, send, set_event
 from . import procedures
 
 
@@ -60,6 +62,7 @@ __all__ = [
     "EngineOptions",
     "Invocation",
     "Plan",
+    "RECEIVE_POLL_S",
     "Stop",
     "Steps",
     "check_parallel",
@@ -68,5 +71,8 @@ __all__ = [
     "is_async_callable",
     "is_internal",
     "procedures",
+    "receive",
+    "send",
+    "set_event",
     "utc",
 ]

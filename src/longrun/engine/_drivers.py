@@ -1,7 +1,7 @@
 """The two drivers that perform what the step procedures yield, as equals.
 
 Both perform the store and control requests through the run's ``RunIO``, written once: the store (the
-lease, loads, fenced commits), the cancellation and approval sources, and the ``LeaseKeeper`` that
+lease, loads, fenced commits, messages), the cancellation and approval sources, and the ``LeaseKeeper`` that
 renews the lease in the background, each method one blocking piece of I/O over an ``Invocation``.
 A commit holds ``RunIO.commit_lock``, so the two drivers never write one invocation's state at once.
 ``SyncDriver`` performs each request at once in the calling thread. ``AsyncDriver`` performs the
@@ -44,6 +44,7 @@ from ..clock import SystemClock
 from ..control import ControlRecord
 from ..errors import CorruptStateError, FencedError, InvalidInputError, LeaseHeldError, SizeLimitError, StorageError, describe_exception
 from ..lease import Lease, LeaseKeeper
+from ..messages import Delivery, Message
 from ..outcome import RunOutcome, Status
 from ..protocols import LoadResult, SigningSource
 from ..recovery import as_observation, observe_safely, timed_out_observation
@@ -62,8 +63,10 @@ from ._ops import (
     Op,
     ReadApprovals,
     ReadCancellation,
+    ReadMessages,
     ReadStore,
     RenewLease,
+    SendMessage,
     Sleep,
     Steps,
     is_async_callable,
@@ -231,6 +234,12 @@ class RunIO:
     def read_approvals(self, inv: Invocation) -> list[ControlRecord]:
         return list(self.config.approvals.read_approvals(inv.task_id))
 
+    def send_message(self, inv: Invocation, op: SendMessage) -> Delivery:
+        return self.store.send_message(op.message)
+
+    def read_messages(self, inv: Invocation, op: ReadMessages) -> tuple[Message, ...]:
+        return self.store.read_messages(inv.task_id, op.topic)
+
     def flush(self, inv: Invocation) -> None:
         """Commit what the steps changed, if anything."""
         if inv.dirty:
@@ -371,6 +380,10 @@ class SyncDriver:
             return io.load(inv, op)
         if isinstance(op, ReadStore):
             return op.read(io.config.store)
+        if isinstance(op, SendMessage):
+            return io.send_message(inv, op)
+        if isinstance(op, ReadMessages):
+            return io.read_messages(inv, op)
         assert isinstance(op, Gather)
         if len(op.steps) > 1:
             # Several effects left in flight (by parallel steps): observed at once, in worker threads.
@@ -541,6 +554,10 @@ class AsyncDriver:
             return await self.call_io(io.load, inv, op)
         if isinstance(op, ReadStore):
             return await self.call_io(op.read, io.config.store)
+        if isinstance(op, SendMessage):
+            return await self.call_io(io.send_message, inv, op)
+        if isinstance(op, ReadMessages):
+            return await self.call_io(io.read_messages, inv, op)
         assert isinstance(op, Gather)
         limit = asyncio.Semaphore(max(1, op.limit))
 

@@ -9,7 +9,7 @@ state (no I/O). Every I/O a procedure needs, the store's included, is a request 
 driver (``engine._ops``), so none of them blocks an event loop.
 """
 
-from ._effects import effect, verified_prefix
+from ._effects import ON_EXHAUSTED, effect, verified_prefix
 from ._steps import (
     ask,
     call,
@@ -24,8 +24,10 @@ from ._steps import (
     timer,
     wait,
 )
+from ._talk import receive, send, set_event
 
 __all__ = [
+    "ON_EXHAUSTED",
     "ask",
     "call",
     "check_cancellation",
@@ -35,8 +37,11 @@ __all__ = [
     "mismatch",
     "plan",
     "read_store",
+    "receive",
     "record_plan_growth",
     "refused_action",
+    "send",
+    "set_event",
     "timer",
     "verified_prefix",
     "wait",
