@@ -52,7 +52,8 @@ class Run(RunSteps):
         raised again on every replay) so that it can compensate, instead of the run stopping
         ``limits-exhausted``.
         """
-        check_on_exhausted(on_exhausted)
+        if on_exhausted != "stop":  # the default needs no check (nor a call on every effect)
+            check_on_exhausted(on_exhausted)
         step = self._effect_step(step_id, action, payload, approval, observe_first)
         return self._effect_result(self._engine.drive(procedures.effect, step, retry=retry, timeout_s=timeout_s, on_exhausted=on_exhausted))
 
@@ -197,7 +198,8 @@ class AsyncRun(RunSteps):
     ) -> JSONValue:
         """``Run.effect``, awaited. Past ``timeout_s`` (else the run's, else the retry policy's
         ``deadline_s``) the apply is cancelled, and the effect is uncertain and observed."""
-        check_on_exhausted(on_exhausted)
+        if on_exhausted != "stop":  # the default needs no check (nor a call on every effect)
+            check_on_exhausted(on_exhausted)
         step = self._effect_step(step_id, action, payload, approval, observe_first)
         engine = self._engine
         record = await engine.driver.step(engine.steps(procedures.effect, step, retry=retry, timeout_s=timeout_s, on_exhausted=on_exhausted))
