@@ -30,7 +30,7 @@ from ..task_events import events_of
 from ._common import format_time, lease_summary, relative, short_digest
 from ._control import cmd_approve, cmd_cancel, parse_answer, payload_view
 from ._history import timeline
-from ._inspect import LS_STATUSES, ls_entry, parse_since, progress_line, select
+from ._inspect import LS_STATUSES, ls_entry, parse_since, progress_line, reported_line, select
 from ._payload import payload_lines, safe_text
 from ._verify import verify
 
@@ -251,6 +251,7 @@ class Console:
         facts = [
             ("status", _status_badge(state.status.value)),
             ("progress", bar + e(progress_line(progress))),
+            *([("reported", e(reported_line(state.progress)))] if state.progress is not None else []),
             ("revision", e(state.revision)),
             ("updated", e(f"{format_time(state.updated_at)} ({relative(state.updated_at, now)})")),
             ("plan digest", f'<span class="mono">{e(state.plan_digest)}</span>'),

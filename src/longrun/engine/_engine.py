@@ -180,6 +180,10 @@ class Engine:
 
     def run(self, plan: Plan) -> RunOutcome:
         """Recover and let ``plan`` advance the run as far as it may go now; return why it stopped."""
+        with self._reporter.logging():  # what is logged meanwhile in this thread names the run
+            return self._run(plan)
+
+    def _run(self, plan: Plan) -> RunOutcome:
         if self.config.asynchronous:
             raise InvalidInputError("this engine has async adapters: use `await engine.arun(plan)`")
         inv = self._begin(plan.digest)
@@ -223,6 +227,10 @@ class Engine:
         """``run`` under the async driver: the plan's steps are awaited, parallel ones side by side
         (at most ``max_parallel`` at once), the starts that become ready together share a commit,
         and the store and control I/O of the steps it awaits runs off the event loop."""
+        with self._reporter.logging():  # what is logged meanwhile in this task names the run
+            return await self._arun(plan)
+
+    async def _arun(self, plan: AsyncPlan) -> RunOutcome:
         inv = self._begin(plan.digest)
         self._reporter.begin(self.config.owner)
         async with AsyncDriver(self._io, inv, self.config.max_parallel) as driver:

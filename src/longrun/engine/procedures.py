@@ -21,6 +21,7 @@ from ._steps import (
     read_store,
     record_plan_growth,
     refused_action,
+    report_progress,
     timer,
     wait,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "receive",
     "record_plan_growth",
     "refused_action",
+    "report_progress",
     "send",
     "set_event",
     "timer",

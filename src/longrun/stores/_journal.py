@@ -332,10 +332,12 @@ scalar_values = operator.attrgetter(*SCALAR_KEYS)
 _EVIDENCE_LISTS = ("control_observations", "unknowns")
 LIST_KEYS = frozenset(("consumed_approvals", *_EVIDENCE_LISTS))
 _BUDGET_KEYS = tuple("budget." + field.name for field in dataclasses.fields(BudgetCounters))
-HEADER_KEYS = frozenset((*SCALAR_KEYS, *_BUDGET_KEYS, "approval_requests", *LIST_KEYS, "plan_outline"))
-_LATER_HEADER_KEYS = frozenset(("budget.worked_s", "budget.worked_at_progress_s", "plan_outline"))
+RECORD_KEYS = ("plan_outline", "progress", "effect_latency")
+"""The header's optional records (each written only when the state has one, as its ``to_json``)."""
+HEADER_KEYS = frozenset((*SCALAR_KEYS, *_BUDGET_KEYS, "approval_requests", *LIST_KEYS, *RECORD_KEYS))
+_LATER_HEADER_KEYS = frozenset(("budget.worked_s", "budget.worked_at_progress_s", *RECORD_KEYS))
 """Header fields that states written before them lack (``BudgetCounters.from_json`` fills them in;
-``plan_outline`` is written only when the state has one)."""
+the ``RECORD_KEYS`` are written only when the state has one)."""
 _FIRST_HEADER_KEYS = HEADER_KEYS - _LATER_HEADER_KEYS
 
 # The codecs below name every field of RunState and EffectRecord; fail at import, not on a
@@ -343,7 +345,7 @@ _FIRST_HEADER_KEYS = HEADER_KEYS - _LATER_HEADER_KEYS
 if {field.name for field in dataclasses.fields(EffectRecord)} != set(EFFECT_FIELDS):
     raise ImportError("EffectRecord's fields changed: update EFFECT_FIELDS and row_of in stores/_journal.py")
 if {field.name for field in dataclasses.fields(RunState)} != {
-    *SCALAR_KEYS, "budget", "approval_requests", *LIST_KEYS, "effects", "revision", "plan_outline"
+    *SCALAR_KEYS, "budget", "approval_requests", *LIST_KEYS, "effects", "revision", *RECORD_KEYS
 }:
     raise ImportError("RunState's fields changed: update the header codec in stores/_journal.py")
 
@@ -528,8 +530,10 @@ def header_of(state: RunState) -> dict[str, Any]:
     header["consumed_approvals"] = list(state.consumed_approvals)
     for key in _EVIDENCE_LISTS:
         header[key] = [item.to_json() for item in getattr(state, key)]
-    if state.plan_outline is not None:  # absent otherwise: such a header is what older code wrote
-        header["plan_outline"] = state.plan_outline.to_json()
+    for key in RECORD_KEYS:
+        record = getattr(state, key)
+        if record is not None:  # absent otherwise: such a header is what older code wrote
+            header[key] = record.to_json()
     return header
 
 
@@ -555,8 +559,9 @@ def build_state(
         effects=[],
         completed_steps=[],
     )
-    if header.get("plan_outline") is not None:
-        document["plan_outline"] = header["plan_outline"]
+    for key in RECORD_KEYS:
+        if header.get(key) is not None:
+            document[key] = header[key]
     state = RunState.from_json(document)
     effects = {step_id: record_from_row(row, fetch) for step_id, row in rows.items()}
     if not are_step_ids(list(effects)):  # check_step_id's rule, in one match for all of them
@@ -933,7 +938,7 @@ class Shadow:
             "consumed_approvals": list(state.consumed_approvals),
             "control_observations": list(state.control_observations),
             "unknowns": list(state.unknowns),
-            "plan_outline": state.plan_outline,
+            **{key: getattr(state, key) for key in RECORD_KEYS},
         }
 
     def tracks(self, state: RunState) -> bool:
@@ -1020,12 +1025,13 @@ class Shadow:
                 if value is not old and (type(value) is not type(old) or value != old):
                     assignments[flat] = header[flat] = value
             objects["budget"] = state.budget
-        if state.plan_outline is not objects["plan_outline"]:
-            # Compared by identity: the outline is written once (and when the plan grows), never
-            # compared element by element on a commit.
-            outline = state.plan_outline
-            assignments["plan_outline"] = header["plan_outline"] = outline.to_json() if outline is not None else None
-            objects["plan_outline"] = outline
+        for key in RECORD_KEYS:
+            # Compared by identity: each is a frozen record, replaced when it changes (the outline
+            # once, and when the plan grows), never compared element by element on a commit.
+            record = getattr(state, key)
+            if record is not objects[key]:
+                assignments[key] = header[key] = record.to_json() if record is not None else None
+                objects[key] = record
         requests = tuple(state.approval_requests.items())
         if requests != objects["approval_requests"]:
             assignments["approval_requests"] = header["approval_requests"] = [r.to_json() for _, r in requests]
