@@ -260,19 +260,33 @@ def render_status(task_id: str, loaded: LoadResult, lease: Lease | None, now: fl
     return lines
 
 
+def code_version(state: RunState | None) -> str | None:
+    """The code version a durable function's task recorded when it started (None: not a durable
+    function's task, or recorded before versions were)."""
+    record = state.effects.get(INTERNAL_PREFIX + "function") if state is not None else None
+    payload = record.payload if record is not None else None
+    version = payload.get("version") if isinstance(payload, dict) else None
+    return version if isinstance(version, str) else None
+
+
 def cmd_status(store: Store, label: str, task_id: str, as_json: bool, out: TextIO) -> int:
     task_id = checked_task(task_id)
     loaded = store.load(task_id)  # no lease: read-only, never quarantines
     lease = store.read_lease(task_id)
     now = time.time()
     mailbox = mailbox_summary(store, loaded.state, task_id)
+    version = code_version(loaded.state)
     if as_json:
         body = status_json(task_id, loaded, lease, now)
         body["next_action"] = name_store(str(body["next_action"]), label)
         body["mailbox"] = mailbox
+        if version is not None:
+            body["code_version"] = version
         write_json(out, body)
     else:
         lines = render_status(task_id, loaded, lease, now, label)
+        if version is not None:
+            lines.insert(1, f"  code version {version}")
         if mailbox["messages"] or mailbox.get("error"):
             at = next((index for index, line in enumerate(lines) if line.startswith("  next action")), len(lines))
             lines.insert(at, _mailbox_line(mailbox))

@@ -219,7 +219,7 @@ def _store_command(args: argparse.Namespace, store: Store, label: str, out: Text
         return cmd_worker(
             store, args.modules, args.path, concurrency=args.concurrency, name=args.name, limits=dict(args.limit),
             claim_ttl_s=args.claim_ttl, poll_s=args.poll, as_json=args.json, out=out, err=err, verbose=args.verbose > 0,
-            metrics_port=args.metrics_port,
+            metrics_port=args.metrics_port, version_policy=args.version_policy,
         )  # fmt: skip
     if args.command == "schedule":
         from ._schedule import cmd_schedule

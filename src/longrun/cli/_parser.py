@@ -427,6 +427,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-port", metavar="PORT", type=port,
         help="serve the store's metrics (Prometheus text format) at http://127.0.0.1:PORT/metrics while the worker runs",
     )  # fmt: skip
+    worker.add_argument(
+        "--version-policy", choices=("any", "same"), default="any",
+        help="same: run and recover only tasks that recorded this code's version of their function (default any)",
+    )  # fmt: skip
     add_json(worker, "at exit, {name, runs, statuses, drained}")
 
     metrics = add(

@@ -49,7 +49,7 @@ def _clock_offset() -> float:
 def cmd_worker(
     store: Store, modules: Sequence[str], paths: Sequence[str], *, concurrency: int, name: str | None,
     limits: Mapping[str, int], claim_ttl_s: float, poll_s: float, as_json: bool, out: TextIO, err: TextIO, verbose: bool,
-    metrics_port: int | None = None,
+    metrics_port: int | None = None, version_policy: str = "any",
 ) -> int:  # fmt: skip
     from ..worker import Worker
 
@@ -61,7 +61,7 @@ def cmd_worker(
     try:
         worker = Worker(
             store, functions, concurrency=concurrency, name=name, limits=limits, claim_ttl_s=claim_ttl_s, poll_s=poll_s,
-            clock_offset_s=_clock_offset(),
+            clock_offset_s=_clock_offset(), version_policy=version_policy,
         )  # fmt: skip
     except InvalidInputError as exc:
         raise CliError(str(exc), ExitCode.USAGE) from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import hashlib
 import inspect
 import secrets
 from types import MappingProxyType
@@ -40,9 +41,12 @@ class DurableFunction(Generic[R]):
     authority sources) are fixed at decoration; the contract's task id is the one ``run`` gets.
     """
 
-    def __init__(self, fn: Callable[..., Any], contract: RunContract, engine_options: dict[str, Any]):
+    def __init__(self, fn: Callable[..., Any], contract: RunContract, engine_options: dict[str, Any], version: str | None = None):
         self.fn = fn
         self.name = qualified_name(fn)
+        self.version = check_version(version) if version is not None else source_version(fn)
+        """The code version each task of this function records when it starts: ``durable(version=...)``,
+        or ``source-`` and the first 12 hex digits of the SHA-256 of the function's module source."""
         self._contract = contract
         self._options = engine_options
         self.__wrapped__ = fn
@@ -333,9 +337,34 @@ class DurableFunction(Generic[R]):
     def __repr__(self) -> str:
         return f"<durable function {self.name}>"
 
+MAX_VERSION_CHARS = 64
+
+
+def check_version(version: object) -> str:
+    """``version`` if it is 1-64 printable ASCII characters without spaces, else ``InvalidInputError``."""
+    if not isinstance(version, str) or not 1 <= len(version) <= MAX_VERSION_CHARS or not version.isascii() or not version.isprintable() or " " in version:
+        raise InvalidInputError(f"a code version is 1-{MAX_VERSION_CHARS} printable ASCII characters without spaces, got {version!r}")
+    return version
+
+
+def source_version(fn: Callable[..., Any]) -> str:
+    """``source-`` and 12 hex digits of the SHA-256 of the module that defines ``fn`` (its file's
+    bytes); ``source-unknown`` when Python cannot find that file (a REPL, a zip without sources)."""
+    target = inspect.unwrap(fn)
+    try:
+        path = inspect.getsourcefile(target)
+        if path is None:
+            return "source-unknown"
+        with open(path, "rb") as handle:
+            return "source-" + hashlib.sha256(handle.read()).hexdigest()[:12]
+    except (OSError, TypeError):
+        return "source-unknown"
+
+
 def durable(
     *,
     store: Store,
+    version: str | None = None,
     adapters: Mapping[str, AnyEffectAdapter] | None = None,
     contract: RunContract | None = None,
     allowed_actions: tuple[str, ...] = (),
@@ -353,6 +382,8 @@ def durable(
     ``contract`` is a ``RunContract`` whose task id is replaced by each run's; without one, a
     contract is built from ``goal``, ``allowed_actions`` and ``forbidden_actions``. ``on_event``
     receives a ``longrun.events.RunEvent`` after each commit that made a transition durable.
+    ``version`` is the code version each task records when it starts (default: a digest of the
+    function's module source); ``longrun worker --version-policy same`` runs only tasks of its own.
     """
     if contract is not None and (allowed_actions or forbidden_actions or goal is not None):
         raise InvalidInputError("give either contract= or goal/allowed_actions/forbidden_actions, not both")
@@ -378,6 +409,6 @@ def durable(
             engine_options, store=store, adapters=dict(adapters or {}), asynchronous=inspect.iscoroutinefunction(fn)
         )
         Engine(base, **options)  # validates the options now, not at the first run
-        return DurableFunction(fn, base, options)
+        return DurableFunction(fn, base, options, version)
 
     return decorate

@@ -192,3 +192,8 @@ class TaskFunction(Protocol):
 
     @property
     def fn(self) -> Callable[..., Any]: ...
+
+    @property
+    def version(self) -> str:
+        """The code version a task records when it starts (``durable(version=...)``)."""
+        ...

@@ -48,7 +48,9 @@ class FunctionPlan:
         self._function = function
         self._arguments = arguments
         self._contract = contract
-        self._payload: dict[str, JSONValue] = {"function": function.name, **arguments}
+        # The version is recorded, not part of the plan digest: a task goes on under new code
+        # (replay by step id decides), and a worker may choose by it (``--version-policy``).
+        self._payload: dict[str, JSONValue] = {"function": function.name, **arguments, "version": function.version}
         if link is not None:  # a child task names its family; the links are not part of the plan digest
             self._payload.update(link.recorded())
         self.digest = digest_of({"contract": contract.to_json(), "function": function.name, "arguments": arguments})

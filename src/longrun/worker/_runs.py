@@ -87,6 +87,12 @@ def _clone_store(store: Store) -> Store:
     return store  # the JSON-file store runs different tasks in parallel through one object
 
 
+OTHER_VERSION = "other-version"
+"""What a worker with ``--version-policy same`` records in the queue for a task of another version."""
+OTHER_VERSION_WAIT_S = 10.0
+"""When such a task is due again (for any worker: one of its version, or of policy ``any``, runs it)."""
+
+
 class ClaimRunner:
     """Runs one claimed task at a time per thread for the worker named ``name`` (see the module
     docstring). ``stopping`` is the worker's drain; ``slots`` is set once the worker holds its action
@@ -108,6 +114,8 @@ class ClaimRunner:
         self.limits = limits
         self.clock_offset_s = clock_offset_s
         self.slots: SlotKeeper | None = None
+        self.version_policy = "any"
+        """``same``: run only tasks that recorded the version of the function this worker has."""
         self.drained = 0
         self._stopping = stopping
         self._local = threading.local()
@@ -182,7 +190,12 @@ class ClaimRunner:
         args, kwargs = payload.get("args"), payload.get("kwargs")
         if not isinstance(args, list) or not isinstance(kwargs, dict):
             return Disposition("not-runnable", error="the task's function record is malformed")
-        return self._variant(self.functions[claim.function], store), args, kwargs
+        function = self.functions[claim.function]
+        if self.version_policy == "same" and payload.get("version") != function.version:
+            # Another version's task: left for a worker of that version (or of --version-policy any),
+            # looked at again later by this one in case none comes.
+            return Disposition(OTHER_VERSION, wake_in_s=OTHER_VERSION_WAIT_S)
+        return self._variant(function, store), args, kwargs
 
     def run_sync(self, claim: Claim) -> Disposition:
         try:

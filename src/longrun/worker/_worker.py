@@ -59,6 +59,9 @@ log = logging.getLogger("longrun")
 
 T = TypeVar("T")
 
+VERSION_POLICIES = ("any", "same")
+"""``any``: run every task of the functions served; ``same``: only tasks whose recorded code version
+is the version of the function this worker has (``DurableFunction.version``)."""
 FORGET_WORKERS_S = 7 * 86400.0
 """A worker starting deletes the rows of workers silent for longer than this (a week)."""
 
@@ -85,6 +88,9 @@ class Worker:
     ``poll_s`` how often the queue is read when no notification comes; ``rescan_s`` how often a
     store without triggers (the JSON-file store) is searched for tasks run outside the fleet.
     ``clock_offset_s`` shifts the wall clock the functions run with (a testing aid).
+    ``version_policy`` (``VERSION_POLICIES``): ``"same"`` runs and recovers only tasks that recorded
+    this worker's version of their function; others are left in the queue for another worker
+    (looked at again every ``OTHER_VERSION_WAIT_S``). A task recorded before versions were has none.
     """
 
     def __init__(
@@ -100,6 +106,7 @@ class Worker:
         rescan_s: float = 2.0,
         slot_ttl_s: float = 30.0,
         clock_offset_s: float = 0.0,
+        version_policy: str = "any",
     ):
         self.functions: dict[str, DurableFunction[Any]] = {}
         for function in functions:
@@ -132,6 +139,9 @@ class Worker:
         self._runner = ClaimRunner(
             store, self.functions, name=self.name, limits=self.limits, clock_offset_s=self.clock_offset_s, stopping=self._stopping
         )
+        if version_policy not in VERSION_POLICIES:
+            raise InvalidInputError(f"version_policy is one of {', '.join(VERSION_POLICIES)}, got {version_policy!r}")
+        self._runner.version_policy = version_policy
         self._queue = open_queue(store)
         self._slot_queue: TaskQueue | None = None
         self._running: dict[str, tuple[Claim, asyncio.Task[None]]] = {}
