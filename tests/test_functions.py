@@ -741,6 +741,7 @@ class StoreCases(DurableCase):
                 "function": f"{__name__}:StoreCases.test_the_function_record_names_the_function_and_its_arguments.<locals>.agent",
                 "args": ["tidy"],
                 "kwargs": {"budget": 3},
+                "version": agent.version,  # the function's code version, recorded when the task starts
             },
         )
         self.assertEqual(record.state, EffectState.VERIFIED)
