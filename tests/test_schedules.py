@@ -212,6 +212,29 @@ class ScheduleStoreCases:
         with t.assertRaises(ScheduleError):
             self.queue.schedule("reports")
 
+    def test_a_damaged_schedule_row_is_a_typed_error_naming_it_and_the_worker_goes_on(self) -> None:
+        t: Any = self
+        self.queue.add_schedule(Schedule("reports", self.report.name, "*/5 * * * *"))
+        with self.queue._tables.session("damage a schedule"):  # a test reaches past the API to damage the row
+            self.queue._tables.run("UPDATE longrun_schedules SET record = ? WHERE name = ?", ('{"schema_version": 1, "name": "reports"}', "reports"))
+        with t.assertRaises(CorruptStateError) as caught:
+            self.queue.schedules()
+        t.assertIn("stored schedule 'reports'", str(caught.exception))
+        self.report.start("plain-task", "no slot")
+        worker = Worker(self.store, [self.report], poll_s=0.05, rescan_s=0.05)
+        thread = threading.Thread(target=worker.run)
+        with t.assertLogs("longrun", "WARNING") as logs:
+            thread.start()
+            try:
+                deadline = time.monotonic() + DEADLINE_S
+                while (state := self.store.load("plain-task").state) is None or state.status.value != "done":
+                    t.assertLess(time.monotonic(), deadline, "the worker stopped claiming tasks")
+                    time.sleep(0.05)
+            finally:
+                worker.stop()
+                thread.join(DEADLINE_S)
+        t.assertIn("the schedules could not be served", "\n".join(logs.output))
+
     def test_backfill_starts_every_missed_slot_once_however_many_passes_start_them(self) -> None:
         t: Any = self
         now = self.queue.clock()

@@ -352,3 +352,19 @@ def tasks_that_talk(store: Store) -> None:
     assert_type(delivery.duplicate, bool)
     assert_type(waiter.get_event("waiter-7", "phase", timeout_s=5.0), JSONValue)
     assert_type(store.read_messages("kitchen-1", "orders"), tuple[longrun.Message, ...])
+
+
+# -- docs/fleet.md, "Schedules" and "Code versions" -----------------------------------------------
+
+
+def schedules_and_versions(store: Store) -> None:
+    @longrun.scheduled("*/15 9-17 * * mon-fri", timezone="UTC", catchup="backfill", name="digest")
+    @longrun.durable(store=store, version="2026.12")
+    def digest(run: longrun.Run, slot: str) -> str:
+        return slot
+
+    assert_type(digest, longrun.DurableFunction[str])
+    assert_type(digest.version, str)
+    assert_type(digest.schedule, longrun.Schedule | None)
+    schedule = longrun.Schedule("nightly", digest.name, "0 2 * * *", "Europe/Berlin", "skip")
+    assert_type(schedule.next_after(0.0), float)
