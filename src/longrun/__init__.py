@@ -44,6 +44,7 @@ from .errors import (
 )
 from .lease import Lease
 from .messages import Delivery, Message
+from .queues import Queue
 from .schedules import Schedule, ScheduleError
 from .ledger import EffectRecord, EffectState
 from .outcome import Evidence, PendingRequest, RunOutcome, Status
@@ -111,6 +112,7 @@ __all__ = [
     "PendingRequest",
     "PermanentError",
     "PostgresStore",
+    "Queue",
     "Receipt",
     "RetryPolicy",
     "Run",

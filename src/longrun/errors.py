@@ -21,6 +21,7 @@
     |   +-- CronError                 a cron expression that is not five valid fields (names the field)
     |   +-- ZoneNotFoundError         a time-zone name this machine does not know (install tzdata)
     |   +-- ScheduleError(LookupError) no schedule by that name, or one with another definition
+    |   +-- DuplicateTaskError        an enqueue whose dedup_id another task that has not ended holds (names it)
     +-- StorageError(OSError)         the store could not read or write; __cause__ holds the OSError
     |   +-- FencedError               a write carried an epoch other than the store's current one
     |   +-- LeaseHeldError            another live owner holds the task's lease
@@ -54,6 +55,7 @@ __all__ = [
     "ChildCycleError",
     "ContractFileError",
     "CronError",
+    "DuplicateTaskError",
     "EffectFailed",
     "CorruptStateError",
     "FencedError",
@@ -205,6 +207,14 @@ class CronError(InvalidInputError):
 
 class ZoneNotFoundError(InvalidInputError):
     """A time-zone name this machine's time-zone database does not know (or it has none: install ``tzdata``)."""
+
+
+class DuplicateTaskError(InvalidInputError):
+    """An enqueue refused: its ``dedup_id`` is held in that queue by ``holder``, a task that has not ended."""
+
+    def __init__(self, message: str, *, holder: str):
+        super().__init__(message)
+        self.holder = holder
 
 
 class ScheduleError(InvalidInputError, LookupError):

@@ -55,7 +55,7 @@ __all__ = ["build_parser", "error_text", "main"]
 _SESSION_COMMANDS = ("init", "next", "exec", "checkpoint", "done", "stop")
 _STORE_COMMANDS = (
     "status", "history", "verify", "approve", "answer", "cancel", "repair", "ls", "watch", "console", "worker", "workers",
-    "mcp", "resolve", "fork", "send", "event", "metrics", "delete", "prune", "schedule", *_SESSION_COMMANDS,
+    "mcp", "resolve", "fork", "send", "event", "metrics", "delete", "prune", "schedule", "queues", *_SESSION_COMMANDS,
 )  # fmt: skip
 _TASK_COMMANDS = (
     "status", "history", "verify", "approve", "answer", "cancel", "repair", "watch", "init", "next", "done", "stop", "resolve", "fork",
@@ -221,6 +221,10 @@ def _store_command(args: argparse.Namespace, store: Store, label: str, out: Text
             claim_ttl_s=args.claim_ttl, poll_s=args.poll, as_json=args.json, out=out, err=err, verbose=args.verbose > 0,
             metrics_port=args.metrics_port, version_policy=args.version_policy,
         )  # fmt: skip
+    if args.command == "queues":
+        from ._worker import cmd_queues
+
+        return cmd_queues(store, args.json, out)
     if args.command == "schedule":
         from ._schedule import cmd_schedule
 

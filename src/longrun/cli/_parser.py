@@ -446,6 +446,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_store(metrics, task=False)
     add_json(metrics, "{collected_at, families: [{name, type, help, samples: [{name, labels, value}]}]}")
 
+    queues = add("queues", "list the fleet's queues: depth, running, oldest wait and limits (read-only)")
+    add_store(queues, task=False)
+    add_json(queues, "a list of {queue, depth, running, oldest_wait_s, limits}")
+
     schedule = add(
         "schedule",
         "add, list, pause, resume, remove, trigger or backfill the cron schedules of a store's durable functions",

@@ -17,15 +17,18 @@ from ..protocols import Store
 from ._common import CliError, ExitCode, write_json
 from ._resume import import_module
 
-__all__ = ["cmd_worker", "cmd_workers"]
+__all__ = ["cmd_queues", "cmd_worker", "cmd_workers"]
 
 CLOCK_OFFSET_VARIABLE = "LONGRUN_WORKER_CLOCK_OFFSET_S"
 
 
-def _functions(modules: Sequence[str], paths: Sequence[str], err: TextIO, verbose: bool) -> list[Any]:
+def _functions(modules: Sequence[str], paths: Sequence[str], err: TextIO, verbose: bool) -> tuple[list[Any], list[Any]]:
+    """The durable functions, and the named queues (``longrun.Queue``), at the top level of the modules."""
     from ..functions import DurableFunction  # imports the engine: only for commands that run tasks
+    from ..queues import Queue
 
     found: dict[str, Any] = {}
+    queues: dict[str, Any] = {}
     for name in modules:
         module = import_module(name, paths, err, verbose)
         durable = [value for value in vars(module).values() if isinstance(value, DurableFunction)]
@@ -33,7 +36,11 @@ def _functions(modules: Sequence[str], paths: Sequence[str], err: TextIO, verbos
             raise CliError(f"module {name!r} holds no @longrun.durable function at its top level", ExitCode.USAGE)
         for function in durable:
             found.setdefault(function.name, function)
-    return list(found.values())
+        for value in vars(module).values():
+            if isinstance(value, Queue):
+                if queues.setdefault(value.name, value) != value:
+                    raise CliError(f"queue {value.name!r} is defined twice with other limits in the imported modules", ExitCode.USAGE)
+    return list(found.values()), list(queues.values())
 
 
 def _clock_offset() -> float:
@@ -53,7 +60,7 @@ def cmd_worker(
 ) -> int:  # fmt: skip
     from ..worker import Worker
 
-    functions = _functions(modules, paths, err, verbose)
+    functions, queues = _functions(modules, paths, err, verbose)
     known = {action for function in functions for action in function.engine_options.get("adapters", {})}
     unknown = sorted(set(limits) - known)
     if unknown:
@@ -61,7 +68,7 @@ def cmd_worker(
     try:
         worker = Worker(
             store, functions, concurrency=concurrency, name=name, limits=limits, claim_ttl_s=claim_ttl_s, poll_s=poll_s,
-            clock_offset_s=_clock_offset(), version_policy=version_policy,
+            clock_offset_s=_clock_offset(), version_policy=version_policy, queues=queues,
         )  # fmt: skip
     except InvalidInputError as exc:
         raise CliError(str(exc), ExitCode.USAGE) from None
@@ -110,3 +117,37 @@ def cmd_workers(store: Store, as_json: bool, out: TextIO) -> int:
                     f"{record.heartbeat_age_s:>10.1f}s  {', '.join(record.functions)}\n"
                 )
     return ExitCode.OK if any(record.alive for record in records) else ExitCode.NOT_AS_ASKED
+
+
+def cmd_queues(store: Store, as_json: bool, out: TextIO) -> int:
+    """``longrun queues STORE``: each queue's depth, running tasks, oldest wait and limits."""
+    from ..stores.queue import open_queue
+
+    queue = open_queue(store)
+    try:
+        stats = queue.queue_stats()
+    finally:
+        queue.close()
+    if as_json:
+        write_json(out, stats)
+        return ExitCode.OK
+    if not stats:
+        out.write("no task has been queued in this store\n")
+        return ExitCode.OK
+    out.write(f"{'QUEUE':16} {'DEPTH':>7} {'RUNNING':>7} {'OLDEST WAIT':>12}  LIMITS\n")
+    for entry in stats:
+        limits = entry["limits"]
+        assert isinstance(limits, dict)
+        rate = limits.get("rate")
+        shown = ", ".join(
+            part for part in (
+                f"concurrency {limits['concurrency']}" if limits.get("concurrency") is not None else "",
+                f"per worker {limits['per_worker']}" if limits.get("per_worker") is not None else "",
+                f"rate {rate[0]}/{rate[1]:g}s" if isinstance(rate, list) else "",
+                "no priorities" if limits.get("priority") is False else "",
+            ) if part
+        ) or ("(default queue)" if entry["queue"] == "" else "none")
+        oldest = entry["oldest_wait_s"]
+        waited = f"{oldest:.1f}s" if isinstance(oldest, float) else "-"
+        out.write(f"{str(entry['queue']) or '(default)':16} {entry['depth']:>7} {entry['running']:>7} {waited:>12}  {shown}\n")
+    return ExitCode.OK

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import functools
 import hashlib
 import inspect
 import secrets
@@ -18,7 +19,8 @@ from ..engine import Engine, EngineOptions
 from ..envelope import RunState
 from ..errors import ForkRefusedError, InvalidInputError, UnknownTaskError
 from ..intervention import ApprovalWriter, Signer, reopen
-from ..outcome import RunOutcome, Status
+from ..outcome import TERMINAL, RunOutcome, Status
+from ..queues import Queue, check_dedup_id, check_queue_name
 from ..messages import Delivery, Message
 from ..protocols import AnyEffectAdapter, Clock, Store
 from ..schedules import Schedule
@@ -29,6 +31,15 @@ from ._fork import Forking, check_new_task, record_fork_in_origin, records_to_co
 from ._lineage import FUNCTION_STEP, ChildLink, qualified_name
 
 __all__ = ["DurableFunction", "durable"]
+
+
+def _ended(store: Store, task_id: str) -> bool:
+    """Whether ``task_id`` has ended (a dedup id it holds is free again); a task never recorded has."""
+    try:
+        state = store.load(task_id).state
+    except UnknownTaskError:
+        return True
+    return state is None or state.status in TERMINAL
 
 
 R = TypeVar("R")
@@ -150,24 +161,71 @@ class DurableFunction(Generic[R]):
         """``start`` from async code: the store's calls block, so they run in a worker thread."""
         return await asyncio.to_thread(self.enqueue, task_id, args, kwargs)
 
-    def enqueue(self, task_id: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *, priority: int = 0) -> bool:
+    def enqueue(
+        self,
+        task_id: str,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        queue: "str | Queue | None" = None,
+        delay_s: float = 0,
+        dedup_id: str | None = None,
+        priority: int = 0,
+    ) -> bool:
         """Record the task (its first revision, as a first run would commit it, without calling the
         function) and put it in the store's fleet queue with ``priority`` (higher runs first).
+
+        ``queue``: a named queue (``longrun.Queue``, defined in the store; a ``Queue`` given here is
+        defined, its limits replacing those stored) whose limits bound when a worker starts it.
+        ``delay_s``: not started before that many seconds from now. ``dedup_id``: refused with
+        ``DuplicateTaskError`` (naming the holder) while another task enqueued with that id in the
+        same queue has not ended. Queue, delay and dedup id apply to a task this call records.
 
         True if this call recorded it; False if it was recorded before with the same function and
         arguments (its priority is set, nothing else changes). Other arguments, or another function
         or plan under the same task id, are refused with ``InvalidInputError``, changing nothing."""
         from ..stores.queue import open_queue  # only a fleet needs the queue's tables
 
+        if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)) or not 0 <= delay_s <= 366 * 86400:
+            raise InvalidInputError(f"delay_s is a number of seconds in [0, one year], got {delay_s!r}")
         engine, plan = self._plan(task_id, tuple(args), dict(kwargs or {}))
-        queue = open_queue(engine.config.store)
+        fleet = open_queue(engine.config.store)
+        queue_name = queue.name if isinstance(queue, Queue) else queue
+        if queue_name is not None:
+            check_queue_name(queue_name)
+        if dedup_id is not None:
+            check_dedup_id(dedup_id)
         try:
-            queue.ensure()  # the queue's triggers exist before the first record, so nothing is missed
-            created = self._record(engine, plan)
-            queue.enqueue(task_id, self.name, priority=priority)
+            fleet.ensure()  # the queue's triggers exist before the first record, so nothing is missed
+            if isinstance(queue, Queue):
+                fleet.define_queue(queue)
+            new = self._unrecorded(engine.config.store, task_id)
+            reserved = dedup_id is not None and new
+            if reserved:
+                assert dedup_id is not None
+                fleet.reserve_dedup(queue_name or "", dedup_id, task_id, functools.partial(_ended, engine.config.store))
+            try:
+                if new and queue_name is not None:
+                    fleet.place(task_id, self.name, queue_name, not_before_s=float(delay_s), priority=priority)
+                elif new and delay_s:
+                    fleet.delay(task_id, self.name, float(delay_s), priority=priority)
+                created = self._record(engine, plan)
+            except BaseException:
+                if reserved:
+                    assert dedup_id is not None
+                    fleet.release_dedup(queue_name or "", dedup_id, task_id)
+                raise
+            fleet.enqueue(task_id, self.name, priority=priority)
         finally:
-            queue.close()
+            fleet.close()
         return created
+
+    @staticmethod
+    def _unrecorded(store: Store, task_id: str) -> bool:
+        try:
+            return store.load(task_id).state is None
+        except UnknownTaskError:
+            return True
 
     def _record(self, engine: Engine, plan: FunctionPlan) -> bool:
         """Commit the task's first revision unless it has one; True if this call did. Refuses another plan."""

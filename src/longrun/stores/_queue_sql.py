@@ -64,6 +64,10 @@ class Dialect:
     def triggers(self) -> list[str]:
         return []
 
+    def column_exists_sql(self, table: str, column: str) -> str:
+        """A query whose one value is 1 if ``table`` has ``column`` (for a table made by older code)."""
+        raise NotImplementedError
+
     def describe(self) -> str:
         raise NotImplementedError
 
@@ -122,6 +126,12 @@ class PostgresDialect(Dialect):
 
     def lock_schema(self, run: Callable[[str], Any]) -> None:
         run(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK})")
+
+    def column_exists_sql(self, table: str, column: str) -> str:
+        return (
+            "SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = current_schema() "
+            f"AND table_name = '{table}' AND column_name = '{column}'"
+        )
 
     def triggers(self) -> list[str]:
         now = self.now_sql
@@ -231,6 +241,9 @@ class SqliteDialect(Dialect):
     def schema_exists_sql(self) -> str:
         return "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'longrun_fleet_schema'"
 
+    def column_exists_sql(self, table: str, column: str) -> str:
+        return f"SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = '{column}'"
+
     def triggers(self) -> list[str]:
         if not self.in_store:
             return []
@@ -319,7 +332,9 @@ def tables(dialect: Dialect) -> list[str]:
             failures {i} NOT NULL DEFAULT 0,
             last_error TEXT,
             fingerprint TEXT,
-            updated_at {f} NOT NULL)""",
+            updated_at {f} NOT NULL,
+            queue_name TEXT,
+            not_before {f})""",
         "CREATE INDEX IF NOT EXISTS longrun_queue_due ON longrun_queue (wake_at) WHERE wake_at IS NOT NULL",
         "CREATE INDEX IF NOT EXISTS longrun_queue_parent ON longrun_queue (parent) WHERE parent IS NOT NULL",
         f"""CREATE TABLE IF NOT EXISTS longrun_workers (
@@ -341,6 +356,14 @@ def tables(dialect: Dialect) -> list[str]:
             expires_at {f},
             PRIMARY KEY (action, slot))""",
         f"CREATE TABLE IF NOT EXISTS longrun_fleet_meta (name TEXT PRIMARY KEY, value {f} NOT NULL)",
+        f"CREATE TABLE IF NOT EXISTS longrun_named_queues (name TEXT PRIMARY KEY, record TEXT NOT NULL, updated_at {f} NOT NULL)",
+        f"CREATE TABLE IF NOT EXISTS longrun_queue_starts (queue_name TEXT NOT NULL, started_at {f} NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS longrun_queue_starts_at ON longrun_queue_starts (queue_name, started_at)",
+        """CREATE TABLE IF NOT EXISTS longrun_dedup (
+            queue_name TEXT NOT NULL,
+            dedup_id TEXT NOT NULL,
+            task_id TEXT NOT NULL,
+            PRIMARY KEY (queue_name, dedup_id))""",
         f"""CREATE TABLE IF NOT EXISTS longrun_schedules (
             name TEXT PRIMARY KEY,
             record TEXT NOT NULL,

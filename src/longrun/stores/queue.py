@@ -59,9 +59,10 @@ from typing import Any, Callable, Generator, Iterable, Sequence
 
 from ..canonical import JSONValue, canonical_bytes, parse_json, sha256_hex
 from ..contract import check_task_id
-from ..errors import CorruptStateError, InvalidInputError, LongrunError, SchemaVersionError, StorageError, UnknownTaskError
+from ..errors import CorruptStateError, DuplicateTaskError, InvalidInputError, LongrunError, SchemaVersionError, StorageError, UnknownTaskError
 from ..outcome import TERMINAL
 from ..protocols import Store
+from ..queues import Queue
 from ..schedules import Schedule, ScheduleError, ScheduleState
 from ._fileio import FileIO, ensure_dirs
 from ._queue_sql import FUNCTION_STEP, NOTIFY_CHANNEL, SIDE_FILE, Dialect, PostgresDialect, SqliteDialect, tables
@@ -143,13 +144,18 @@ class SlotHold:
     token: str
 
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """1: the index, the workers and the action slots; 2: a message sent to a task wakes it (a trigger on
-``longrun_messages``); 3: schedules (``longrun_schedules``). Every statement of ``_create`` may run
-again, so an older database is brought up to date by running them all."""
+``longrun_messages``); 3: schedules (``longrun_schedules``); 4: named queues (``longrun_named_queues``,
+``longrun_queue_starts``, ``longrun_dedup``, and ``queue_name``, ``not_before`` on ``longrun_queue``).
+Every statement of ``_create`` may run again, so an older database is brought up to date by running
+them all (a column older code did not make is added)."""
 _SCHEMA_DESCRIPTIONS = {
     1: "the due-time index, workers and action slots", 2: "a message sent to a task wakes it", 3: "schedules",
+    4: "named queues",
 }  # fmt: skip
+_ADDED_COLUMNS = (("longrun_queue", "queue_name", "TEXT"), ("longrun_queue", "not_before", None))
+"""Columns of version 4 on a table older code made (None: the dialect's float type)."""
 _TERMINAL_VALUES = tuple(sorted(status.value for status in TERMINAL))
 MAX_ROW_BYTES = 64 * 1024 * 1024
 
@@ -295,7 +301,12 @@ class _Tables:
         )
         if int(self.one("SELECT COALESCE(MAX(version), 0) FROM longrun_fleet_schema")[0]) >= SCHEMA_VERSION:
             return  # another process got here first
-        for statement in tables(dialect) + dialect.triggers():
+        for statement in tables(dialect):
+            self.run(statement)
+        for table, column, kind in _ADDED_COLUMNS:
+            if not int(self.one(dialect.column_exists_sql(table, column))[0]):
+                self.run(f"ALTER TABLE {table} ADD COLUMN {column} {kind or dialect.float_type}")
+        for statement in dialect.triggers():
             self.run(statement)
         adopted = 0
         if dialect.in_store:
@@ -367,6 +378,8 @@ class TaskQueue:
     def __init__(self, dialect: Dialect, store: Store):
         self.store = store
         self._tables = _Tables(dialect, store)
+        self.limited = False
+        """Whether the last ``claim`` left due tasks of a named queue at its limit unclaimed."""
         self._slot_rows: dict[str, int] = {}
         """The slot count each limited action's rows were made for (so they are made once)."""
 
@@ -406,8 +419,12 @@ class TaskQueue:
                 (task_id, function, parent, priority),
             )
             created = bool(cursor.rowcount == 1)
-            if not created:
-                self._tables.run("UPDATE longrun_queue SET priority = ? WHERE task_id = ?", (priority, task_id))
+            if not created:  # a row made by a trigger, or placed in a named queue before the record: due now
+                self._tables.run(
+                    "UPDATE longrun_queue SET priority = ?, wake_at = CASE WHEN wake_at IS NULL AND claim_token IS NULL "
+                    "AND status = 'new' THEN {now} ELSE wake_at END WHERE task_id = ?",
+                    (priority, task_id),
+                )
             self._tables.notify()
         return created
 
@@ -415,38 +432,175 @@ class TaskQueue:
         """Claim up to ``limit`` due tasks of ``functions``, highest priority first, then longest due.
 
         A claim lasts ``ttl_s`` by the database's clock unless ``extend`` renews it; when it lapses
-        the row is due again (its worker died or stopped)."""
+        the row is due again (its worker died or stopped). A task of a named queue is claimed only
+        within the queue's limits (``longrun.queues``), judged while holding the queue's row;
+        ``limited`` says afterwards whether a queue at its limit held tasks back."""
         names = sorted(set(functions))
+        self.limited = False
         if limit <= 0 or not names:
             return []
         token = secrets.token_hex(12)
         marks = ", ".join("?" for _ in names)
-        columns = "task_id, function, nudge, parent, priority, failures"
+        due = f"wake_at <= {{now}} AND (not_before IS NULL OR not_before <= {{now}}) AND function IN ({marks})"
+        columns = "task_id, function, nudge, parent, priority, failures, queue_name, wake_at"
+        lock = " FOR UPDATE SKIP LOCKED" if self._tables.dialect.skip_locked else ""
         with self._tables.session("claim due tasks"):
-            if self._tables.dialect.skip_locked:
-                rows = self._tables.rows(
-                    f"UPDATE longrun_queue AS q SET claimed_by = ?, claim_token = ?, wake_at = {{now}} + ?, runs = q.runs + 1, "
-                    f"updated_at = {{now}} FROM (SELECT task_id FROM longrun_queue WHERE wake_at <= {{now}} AND function IN ({marks}) "
-                    "ORDER BY priority DESC, wake_at LIMIT ? FOR UPDATE SKIP LOCKED) AS due WHERE q.task_id = due.task_id "
-                    "RETURNING q.task_id, q.function, q.nudge, q.parent, q.priority, q.failures",
-                    (worker, token, ttl_s, *names, limit),
-                )
-            else:
-                rows = self._tables.rows(
-                    f"SELECT {columns} FROM longrun_queue WHERE wake_at <= {{now}} AND function IN ({marks}) "
-                    "ORDER BY priority DESC, wake_at LIMIT ?",
-                    (*names, limit),
-                )
-                for row in rows:
-                    self._tables.run(
-                        "UPDATE longrun_queue SET claimed_by = ?, claim_token = ?, wake_at = {now} + ?, runs = runs + 1, "
-                        "updated_at = {now} WHERE task_id = ?",
-                        (worker, token, ttl_s, row[0]),
+            defined = self._named_queues(lock=bool(lock))
+            rows = self._tables.rows(
+                f"SELECT {columns} FROM longrun_queue WHERE {due} AND queue_name IS NULL ORDER BY priority DESC, wake_at LIMIT ?{lock}",
+                (*names, limit),
+            )
+            capacity: dict[str, int] = {}
+            for name, queue in defined.items():
+                capacity[name] = self._capacity(queue, worker, limit)
+                if capacity[name] > 0:
+                    rows += self._tables.rows(
+                        f"SELECT {columns} FROM longrun_queue WHERE {due} AND queue_name = ? ORDER BY priority DESC, wake_at LIMIT ?{lock}",
+                        (*names, name, capacity[name]),
                     )
+                else:
+                    self.limited = True
+            rows.sort(key=lambda r: (-int(r[4]), float(r[7])))
+            taken: list[Any] = []
+            for row in rows:
+                if len(taken) == limit:
+                    break
+                queue_name = row[6]
+                if queue_name is not None:
+                    if capacity.get(str(queue_name), 0) <= 0:
+                        continue
+                    capacity[str(queue_name)] -= 1
+                    self._tables.run("INSERT INTO longrun_queue_starts (queue_name, started_at) VALUES (?, {now})", (queue_name,))
+                self._tables.run(
+                    "UPDATE longrun_queue SET claimed_by = ?, claim_token = ?, wake_at = {now} + ?, runs = runs + 1, "
+                    "updated_at = {now} WHERE task_id = ?",
+                    (worker, token, ttl_s, row[0]),
+                )
+                taken.append(row)
         return [
             Claim(str(r[0]), str(r[1]), token, int(r[2]), str(r[3]) if r[3] is not None else None, int(r[4]), int(r[5]))
-            for r in rows
+            for r in taken
         ]
+
+    def _capacity(self, queue: Queue, worker: str, limit: int) -> int:
+        """How many more of ``queue``'s tasks ``worker`` may start now (inside the claim's transaction)."""
+        room = limit
+        name = queue.name
+        live = "queue_name = ? AND claim_token IS NOT NULL AND wake_at > {now}"
+        if queue.concurrency is not None:
+            room = min(room, queue.concurrency - int(self._tables.one(f"SELECT COUNT(*) FROM longrun_queue WHERE {live}", (name,))[0]))
+        if queue.per_worker is not None:
+            mine = int(self._tables.one(f"SELECT COUNT(*) FROM longrun_queue WHERE {live} AND claimed_by = ?", (name, worker))[0])
+            room = min(room, queue.per_worker - mine)
+        period = queue.rate[1] if queue.rate is not None else 0.0
+        self._tables.run("DELETE FROM longrun_queue_starts WHERE queue_name = ? AND started_at <= {now} - ?", (name, period))
+        if queue.rate is not None:
+            started = int(self._tables.one("SELECT COUNT(*) FROM longrun_queue_starts WHERE queue_name = ?", (name,))[0])
+            room = min(room, queue.rate[0] - started)
+        return max(room, 0)
+
+    # -- named queues (``longrun.queues``) -------------------------------------------------------
+
+    def _named_queues(self, *, lock: bool = False) -> dict[str, Queue]:
+        rows = self._tables.rows("SELECT name, record FROM longrun_named_queues ORDER BY name" + (" FOR UPDATE" if lock else ""))
+        found = {}
+        for name, record in rows:
+            text = record if isinstance(record, str) else bytes(record).decode("utf-8", "replace")
+            found[str(name)] = Queue.from_json(parse_json(text.encode("utf-8"), what=f"stored queue {name!r}", max_bytes=MAX_ROW_BYTES))
+        return found
+
+    def define_queue(self, queue: Queue) -> None:
+        """Store ``queue`` (its limits replace those stored under its name)."""
+        if not isinstance(queue, Queue):
+            raise InvalidInputError(f"define_queue needs a longrun.Queue, got {type(queue).__name__}")
+        record = canonical_bytes(queue.to_json()).decode("utf-8")
+        with self._tables.session(f"define queue {queue.name!r}"):
+            self._tables.run(
+                "INSERT INTO longrun_named_queues (name, record, updated_at) VALUES (?, ?, {now}) "
+                "ON CONFLICT (name) DO UPDATE SET record = excluded.record, updated_at = excluded.updated_at",
+                (queue.name, record),
+            )
+
+    def named_queues(self) -> dict[str, Queue]:
+        """The queues defined in this store, by name. ``CorruptStateError`` for a damaged one."""
+        with self._tables.session("read the queues", write=False):
+            return self._named_queues()
+
+    def place(self, task_id: str, function: str, queue_name: str, *, not_before_s: float = 0.0, priority: int = 0) -> None:
+        """Make the row of a task about to be recorded, in ``queue_name``, parked: the record's
+        lease release makes it due (or ``enqueue`` does), and not before ``not_before_s`` from now.
+        ``InvalidInputError`` for a queue not defined, or a priority its queue does not keep."""
+        with self._tables.session(f"place task {task_id!r} in queue {queue_name!r}"):
+            queue = self._named_queues().get(queue_name)
+            if queue is None:
+                raise InvalidInputError(
+                    f"no queue named {queue_name!r} is defined in {self!r}: pass the longrun.Queue itself to fn.enqueue(queue=...) "
+                    "or to a worker (a module-level Queue in a worker's --import module), which defines it"
+                )
+            if not queue.priority and priority != 0:
+                raise InvalidInputError(f"queue {queue_name!r} keeps no priorities (priority=False); give priority 0")
+            self._tables.run(
+                "INSERT INTO longrun_queue (task_id, function, priority, wake_at, status, updated_at, queue_name, not_before) "
+                "VALUES (?, ?, ?, NULL, 'new', {now}, ?, {now} + ?) ON CONFLICT (task_id) DO NOTHING",
+                (task_id, function, priority, queue_name, max(0.0, float(not_before_s))),
+            )
+
+    def delay(self, task_id: str, function: str, not_before_s: float, *, priority: int = 0) -> None:
+        """Make the row of a task about to be recorded (in no named queue), parked, and not due
+        before ``not_before_s`` from now (``fn.enqueue(delay_s=...)``)."""
+        with self._tables.session(f"delay task {task_id!r}"):
+            self._tables.run(
+                "INSERT INTO longrun_queue (task_id, function, priority, wake_at, status, updated_at, not_before) "
+                "VALUES (?, ?, ?, NULL, 'new', {now}, {now} + ?) ON CONFLICT (task_id) DO NOTHING",
+                (task_id, function, priority, max(0.0, float(not_before_s))),
+            )
+
+    def reserve_dedup(self, queue_name: str, dedup_id: str, task_id: str, ended: Callable[[str], bool]) -> None:
+        """Hold ``dedup_id`` in ``queue_name`` for ``task_id``; ``DuplicateTaskError`` naming the
+        holder if another task holds it and has not ended (``ended(holder)``)."""
+        with self._tables.session(f"reserve dedup id {dedup_id!r}"):
+            row = self._tables.one("SELECT task_id FROM longrun_dedup WHERE queue_name = ? AND dedup_id = ?", (queue_name, dedup_id))
+            if row is not None and str(row[0]) != task_id:
+                holder = str(row[0])
+                if not ended(holder):
+                    raise DuplicateTaskError(
+                        f"dedup_id {dedup_id!r} of queue {queue_name!r} is held by task {holder!r}, which has not ended; nothing was enqueued",
+                        holder=holder,
+                    )
+                self._tables.run("DELETE FROM longrun_dedup WHERE queue_name = ? AND dedup_id = ?", (queue_name, dedup_id))
+                row = None
+            if row is None:
+                self._tables.run("INSERT INTO longrun_dedup (queue_name, dedup_id, task_id) VALUES (?, ?, ?)", (queue_name, dedup_id, task_id))
+
+    def release_dedup(self, queue_name: str, dedup_id: str, task_id: str) -> None:
+        """Let ``dedup_id`` go if ``task_id`` holds it (an enqueue that failed after reserving it)."""
+        with self._tables.session(f"release dedup id {dedup_id!r}"):
+            self._tables.run("DELETE FROM longrun_dedup WHERE queue_name = ? AND dedup_id = ? AND task_id = ?", (queue_name, dedup_id, task_id))
+
+    def queue_stats(self) -> list[dict[str, JSONValue]]:
+        """Each queue (the unnamed default one as ``""``): depth (tasks due or waiting to be, not
+        claimed), running (claimed), the oldest wait in seconds, and its limits."""
+        with self._tables.session("read the queues", write=False):
+            defined = self._named_queues()
+            rows = self._tables.rows(
+                "SELECT COALESCE(queue_name, ''), "
+                "SUM(CASE WHEN claim_token IS NULL AND wake_at IS NOT NULL THEN 1 ELSE 0 END), "
+                "SUM(CASE WHEN claim_token IS NOT NULL AND wake_at > {now} THEN 1 ELSE 0 END), "
+                "MAX(CASE WHEN claim_token IS NULL AND wake_at IS NOT NULL AND wake_at <= {now} "
+                "AND (not_before IS NULL OR not_before <= {now}) THEN {now} - wake_at END) "
+                "FROM longrun_queue GROUP BY COALESCE(queue_name, '')"
+            )
+        found = {str(r[0]): (int(r[1] or 0), int(r[2] or 0), float(r[3]) if r[3] is not None else None) for r in rows}
+        stats: list[dict[str, JSONValue]] = []
+        for name in sorted(set(found) | set(defined)):
+            depth, running, oldest = found.get(name, (0, 0, None))
+            queue = defined.get(name)
+            limits: dict[str, JSONValue] = {} if queue is None else {
+                "concurrency": queue.concurrency, "per_worker": queue.per_worker,
+                "rate": list(queue.rate) if queue.rate is not None else None, "priority": queue.priority,
+            }  # fmt: skip
+            stats.append({"queue": name, "depth": depth, "running": running, "oldest_wait_s": oldest, "limits": limits})
+        return stats
 
     def extend(self, claims: Sequence[Claim], ttl_s: float) -> list[Claim]:
         """Renew claims for another ``ttl_s``; return those no longer held (lapsed and claimed by another)."""
@@ -530,14 +684,19 @@ class TaskQueue:
             return None
         marks = ", ".join("?" for _ in names)
         with self._tables.session("read the next due time", write=False):
-            row = self._tables.one(f"SELECT MIN(wake_at) - {{now}} FROM longrun_queue WHERE wake_at IS NOT NULL AND function IN ({marks})", names)
+            row = self._tables.one(
+                "SELECT MIN(CASE WHEN not_before > wake_at THEN not_before ELSE wake_at END) - {now} FROM longrun_queue "
+                f"WHERE wake_at IS NOT NULL AND function IN ({marks})",
+                names,
+            )
         return None if row is None or row[0] is None else float(row[0])
 
     def entries(self, task_ids: Sequence[str] | None = None) -> list[QueueEntry]:
         """Rows of the index (all, or those of ``task_ids``), ordered by task id."""
         with self._tables.session("read the queue", write=False):
             query = (
-                "SELECT task_id, function, parent, priority, wake_at - {now}, status, claimed_by, runs, failures, last_error "
+                "SELECT task_id, function, parent, priority, CASE WHEN not_before > wake_at THEN not_before ELSE wake_at END - {now}, "
+                "status, claimed_by, runs, failures, last_error "
                 "FROM longrun_queue"
             )
             if task_ids is None:

@@ -46,6 +46,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, TypeVar
 
 from ..errors import InvalidInputError, LongrunError, describe_exception
 from ..functions import DurableFunction
+from ..queues import Queue
 from ..functions import SchedulePass, start_due_slots
 from ..protocols import Store
 from ..stores.queue import Claim, TaskQueue, open_queue
@@ -88,6 +89,7 @@ class Worker:
     ``poll_s`` how often the queue is read when no notification comes; ``rescan_s`` how often a
     store without triggers (the JSON-file store) is searched for tasks run outside the fleet.
     ``clock_offset_s`` shifts the wall clock the functions run with (a testing aid).
+    ``queues`` are named queues (``longrun.Queue``) the worker defines in the store as it starts.
     ``version_policy`` (``VERSION_POLICIES``): ``"same"`` runs and recovers only tasks that recorded
     this worker's version of their function; others are left in the queue for another worker
     (looked at again every ``OTHER_VERSION_WAIT_S``). A task recorded before versions were has none.
@@ -107,6 +109,7 @@ class Worker:
         slot_ttl_s: float = 30.0,
         clock_offset_s: float = 0.0,
         version_policy: str = "any",
+        queues: Iterable[Queue] = (),
     ):
         self.functions: dict[str, DurableFunction[Any]] = {}
         for function in functions:
@@ -142,6 +145,10 @@ class Worker:
         if version_policy not in VERSION_POLICIES:
             raise InvalidInputError(f"version_policy is one of {', '.join(VERSION_POLICIES)}, got {version_policy!r}")
         self._runner.version_policy = version_policy
+        self.queues = list(queues)
+        for queue in self.queues:
+            if not isinstance(queue, Queue):
+                raise InvalidInputError(f"{queue!r} is not a longrun.Queue")
         self._queue = open_queue(store)
         self._slot_queue: TaskQueue | None = None
         self._running: dict[str, tuple[Claim, asyncio.Task[None]]] = {}
@@ -194,6 +201,8 @@ class Worker:
         try:
             await in_queue(self._queue.ensure)
             await in_queue(self._queue.forget_workers, FORGET_WORKERS_S)
+            for queue in self.queues:  # the named queues it was given: their limits as this deployment says
+                await in_queue(self._queue.define_queue, queue)
             for function in self.functions.values():  # the schedules its functions were decorated with
                 if function.schedule is not None:
                     await in_queue(functools.partial(self._queue.add_schedule, function.schedule, replace=True))
@@ -293,7 +302,7 @@ class Worker:
                     if len(claims) == free:
                         continue  # more may be due: claim again once a run ends, or now
                     due_in = await in_queue(self._queue.next_due_in, names)
-                    if due_in is not None:
+                    if due_in is not None and not (due_in <= 0 and self._queue.limited):  # a full queue: the next poll, or a run's end
                         timeout = min(timeout, max(due_in, 0.02))
                     if not self._queue.in_store:
                         timeout = min(timeout, self.rescan_s)
