@@ -128,6 +128,61 @@ class ScheduleFleetCases:
         t.assertEqual(fleet.kills, 2)
 
 
+class RateFleetCases:
+    """A named queue's rate limit held by a fleet of three worker processes, one SIGKILLed: every
+    task done with its effect applied once, and no window of the period holding more starts than N."""
+
+    tasks = 16
+
+    def fleet_store(self) -> tuple[str, Database]:
+        raise NotImplementedError
+
+    def test_a_rate_limit_is_never_exceeded_in_a_fleet(self) -> None:
+        t: Any = self
+        spec, database = self.fleet_store()
+        work = t.tmp
+        helper(spec, work, "prepare")
+        helper(spec, work, "enqueue-rated", str(self.tasks))
+        fleet = Fleet(spec, work, concurrency=4)
+        t.addCleanup(fleet.close)
+        fleet.start(3)
+        time.sleep(1.5)
+        fleet.kill(0)
+        deadline = time.monotonic() + DEADLINE_S
+        while database.statuses() != {"done": self.tasks}:
+            if time.monotonic() > deadline:
+                t.fail(f"not every task finished: {database.statuses()}\n{fleet.logs()}")
+            time.sleep(0.3)
+        fleet.wait_ready(database)
+        fleet.drain()
+        starts = sorted(float(at) for (at,) in database.rows("SELECT started_at FROM fleet_start_log WHERE queue_name = 'rated'"))
+        t.assertGreaterEqual(len(starts), self.tasks)
+        count, period = 4, 2.0
+        crowded = [(starts[i], starts[i + count]) for i in range(len(starts) - count) if starts[i + count] - starts[i] < period - 1e-6]
+        t.assertEqual(crowded, [], f"more than {count} starts within {period}s")
+        os.environ["LONGRUN_FLEET_WORK"] = work
+        counts = tasks_module().outbox_counts()
+        t.assertEqual(counts, {f"r{i}/once": 1 for i in range(self.tasks)})
+
+
+class PostgresRateFleetTests(RateFleetCases, pg_support.SchemaPerTest, support.TempDirTest):
+    def fleet_store(self) -> tuple[str, Database]:
+        return schema_url(self.schema), Database("", self.schema)
+
+
+class SqliteRateFleetTests(RateFleetCases, support.TempDirTest):
+    def fleet_store(self) -> tuple[str, Database]:
+        spec = "sqlite:" + os.path.join(self.tmp, "tasks.db")
+        return spec, Database(spec)
+
+
+class JsonRateFleetTests(RateFleetCases, support.TempDirTest):
+    def fleet_store(self) -> tuple[str, Database]:
+        spec = os.path.join(self.tmp, "store")
+        os.makedirs(spec)
+        return spec, Database(spec)
+
+
 class PostgresScheduleFleetTests(ScheduleFleetCases, pg_support.SchemaPerTest, support.TempDirTest):
     def fleet_store(self) -> tuple[str, Database]:
         return schema_url(self.schema), Database("", self.schema)

@@ -206,6 +206,31 @@ if STORE is not None:
         run.effect("tick", "send", {"slot": slot})
         return slot
 
+    RATED = longrun.Queue("rated", rate=(4, 2.0))
+    """A named queue: at most 4 starts in any 2 seconds across the fleet (the workers define it on import)."""
+
+    @longrun.durable(adapters={"send": FleetTarget(apply_s=0.05)}, allowed_actions=("send",), **_common)
+    def rated(run: longrun.Run, n: int) -> int:
+        """One effect; its tasks are enqueued in the ``rated`` queue."""
+        run.effect("once", "send", {"n": n})
+        return n
+
+
+START_LOG_SQL = {
+    "postgresql": [
+        """CREATE TABLE IF NOT EXISTS fleet_start_log (seq BIGSERIAL PRIMARY KEY, queue_name TEXT, started_at DOUBLE PRECISION)""",
+        """CREATE OR REPLACE FUNCTION fleet_log_start() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+            INSERT INTO fleet_start_log (queue_name, started_at) VALUES (NEW.queue_name, NEW.started_at); RETURN NULL; END $$""",
+        "DROP TRIGGER IF EXISTS fleet_log_start ON longrun_queue_starts",
+        "CREATE TRIGGER fleet_log_start AFTER INSERT ON longrun_queue_starts FOR EACH ROW EXECUTE FUNCTION fleet_log_start()",
+    ],
+    "sqlite": [
+        "CREATE TABLE IF NOT EXISTS fleet_start_log (seq INTEGER PRIMARY KEY AUTOINCREMENT, queue_name TEXT, started_at REAL)",
+        """CREATE TRIGGER IF NOT EXISTS fleet_log_start AFTER INSERT ON longrun_queue_starts BEGIN
+            INSERT INTO fleet_start_log (queue_name, started_at) VALUES (NEW.queue_name, NEW.started_at); END""",
+    ],
+}
+"""A test-only log of every start a named queue admitted (the rate limiter prunes its own table)."""
 
 LEASE_LOG_SQL = {
     "postgresql": [
@@ -250,17 +275,20 @@ def main(argv: list[str]) -> None:
     if command == "prepare":
         spec = os.environ[STORE_VARIABLE]
         if spec.startswith("sqlite:"):
-            _execute(LEASE_LOG_SQL["sqlite"])
+            _execute(LEASE_LOG_SQL["sqlite"] + START_LOG_SQL["sqlite"])
         elif spec.startswith(("postgresql:", "postgres:")):
-            _execute(LEASE_LOG_SQL["postgresql"])
-        else:  # a JSON-file store: no trigger sees its files; only the fleet's side file is made
-            _execute([])
+            _execute(LEASE_LOG_SQL["postgresql"] + START_LOG_SQL["postgresql"])
+        else:  # a JSON-file store: no trigger sees its files; the fleet's side file is SQLite
+            _execute(START_LOG_SQL["sqlite"])
     elif command == "enqueue":
         function = globals()[argv[1]]
         arguments = json.loads(argv[3])
         prefix = argv[4] if len(argv) > 4 else "t"
         for i in range(int(argv[2])):
             function.start(f"{prefix}{i}", *arguments)
+    elif command == "enqueue-rated":  # enqueue-rated COUNT: tasks r0.. of rated, in the rated queue
+        for i in range(int(argv[1])):
+            rated.enqueue(f"r{i}", (i,), queue=RATED)
     elif command == "schedule":  # schedule NAME MINUTES: ticker every minute, backfilled from MINUTES ago
         from longrun.schedules import Schedule
         from longrun.stores.queue import open_queue
