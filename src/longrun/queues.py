@@ -26,6 +26,7 @@ Stored form: ``Queue.to_json`` in the fleet tables (``stores.queue``); a damaged
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from .canonical import JSONValue
 from .errors import CorruptStateError, InvalidInputError, LongrunError
@@ -92,12 +93,9 @@ class Queue:
         expected = {"schema_version", "name", "concurrency", "per_worker", "rate", "priority"}
         if set(document) != expected:
             raise CorruptStateError(f"stored queue {document.get('name')!r}: fields {sorted(document)}, expected {sorted(expected)}")
-        rate = document["rate"]
+        stored = document["rate"]
+        rate: Any = (stored[0], stored[1]) if isinstance(stored, list) and len(stored) == 2 else stored  # checked by __post_init__
         try:
-            return cls(
-                document["name"], document["concurrency"], document["per_worker"],
-                (rate[0], rate[1]) if isinstance(rate, list) and len(rate) == 2 else rate,
-                document["priority"],
-            )  # fmt: skip
+            return cls(document["name"], document["concurrency"], document["per_worker"], rate, document["priority"])
         except LongrunError as exc:
             raise CorruptStateError(f"stored queue {document.get('name')!r} is not valid: {exc}") from None

@@ -368,3 +368,17 @@ def schedules_and_versions(store: Store) -> None:
     assert_type(digest.schedule, longrun.Schedule | None)
     schedule = longrun.Schedule("nightly", digest.name, "0 2 * * *", "Europe/Berlin", "skip")
     assert_type(schedule.next_after(0.0), float)
+
+
+# -- docs/fleet.md, "Named queues" ----------------------------------------------------------------
+
+
+def named_queues(store: Store) -> None:
+    @longrun.durable(store=store)
+    def sync_account(run: longrun.Run, account: str) -> str:
+        return account
+
+    api = longrun.Queue("api", concurrency=4, per_worker=2, rate=(100, 60), priority=True)
+    assert_type(sync_account.enqueue("sync-1", ("acme",), queue=api, delay_s=5, dedup_id="acme", priority=1), bool)
+    assert_type(sync_account.enqueue("sync-2", ("acme",), queue="api"), bool)
+    assert_type(api.rate, tuple[int, float] | None)
