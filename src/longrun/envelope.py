@@ -34,11 +34,15 @@ from .approval import ApprovalRequest
 from .budget import BudgetCounters
 from .canonical import MAX_JSON_DEPTH, JSONValue, canonical_bytes, json_too_deep, parse_json, sha256_hex
 from .contract import Step, is_internal
+from .failures import RunFailure
 from .errors import CorruptStateError, ForeignStateError, InvalidInputError, SchemaVersionError, SizeLimitError
 from .ledger import EffectRecord, EffectState
 from .outcome import Evidence, Status
 
-__all__ = ["FORMAT", "MAX_STATE_BYTES", "SCHEMA_VERSION", "PlanOutline", "RunState", "check_loadable", "decode", "encode"]
+__all__ = [
+    "FORMAT", "MAX_STATE_BYTES", "SCHEMA_VERSION", "PlanOutline", "RunState", "check_loadable", "decode", "encode",
+    "recorded_before_queued",
+]  # fmt: skip
 
 FORMAT = "longrun.state"
 SCHEMA_VERSION = 1
@@ -47,7 +51,7 @@ MAX_CONTROL_OBSERVATIONS = 50
 _STATE_FIELDS = frozenset(
     ("task_id", "plan_digest", "revision", "created_at", "updated_at", "status", "current_step", "next_action",
      "completed_steps", "effects", "budget", "approval_requests", "consumed_approvals", "control_observations",
-     "unknowns", "lease", "reconcile_all", "plan_outline")
+     "unknowns", "lease", "reconcile_all", "plan_outline", "last_failure")
 )  # fmt: skip
 _OUTLINE_SPEC = (
     f.Field("steps", f.Kind.TUPLE, item=f.Kind.STEP),
@@ -120,6 +124,7 @@ _HEADER_SPEC = (
     f.Field("consumed_approvals", f.Kind.TEXTS),
     f.Field("reconcile_all", f.Kind.BOOL),
     f.Field("plan_outline", f.Kind.RECORD, optional=True, record=PlanOutline),
+    f.Field("last_failure", f.Kind.RECORD, optional=True, record=RunFailure),
 )
 """The state's own fields, as read (``from_json``) and as checked (``check_header``, ``validate``)."""
 _SCALAR_SPEC = tuple(field for field in _HEADER_SPEC if field.kind is not f.Kind.TEXTS)
@@ -168,6 +173,10 @@ class RunState:
     """Set when the state was recovered from a backup: every unverified step is observed before it is applied."""
     plan_outline: PlanOutline | None = None
     """The declared plan's step ids and actions (None for a durable function, or a state written before it)."""
+    last_failure: RunFailure | None = None
+    """The last failure of a durable function's run (its code raised, or its process died in a
+    step; ``failures``), kept until the run ends ``done``. None when it never failed, and in states
+    written before failures were recorded; the key is written only when there is one."""
 
     def check_header(self) -> None:
         """Refuse (``InvalidInputError``) a state whose own fields the loader would refuse: what a
@@ -240,6 +249,8 @@ class RunState:
         }
         if self.plan_outline is not None:
             body["plan_outline"] = self.plan_outline.to_json()
+        if self.last_failure is not None:
+            body["last_failure"] = self.last_failure.to_json()
         return body
 
     @classmethod
@@ -277,6 +288,18 @@ class RunState:
         if list(f.get_str_list(d, "completed_steps", what)) != state.completed_steps:
             raise CorruptStateError("state: completed_steps disagrees with the effect records")
         return state
+
+
+def recorded_before_queued(state: RunState) -> bool:
+    """Whether ``state`` is a task recorded for a worker (``fn.start``) by a version that recorded it
+    ``running`` rather than ``queued``, and never run since: it reads as ``queued``, and no run of it
+    died. (A durable function's first run records another next action, so its state is not this.)"""
+    return (
+        state.status is Status.RUNNING
+        and state.revision == 1
+        and state.budget.attempts_total == 0
+        and state.next_action == "start the first step"
+    )
 
 
 def encode(state: RunState, *, record_json: Callable[[EffectRecord], JSONValue] | None = None) -> bytes:

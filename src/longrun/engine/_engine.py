@@ -18,12 +18,12 @@ from ..budget import Limits, RetryPolicy
 from ..canonical import JSONValue
 from ..contract import RunContract, Step
 from ..envelope import RunState
-from ..errors import FencedError, InvalidInputError, UnknownActionError
+from ..errors import CorruptStateError, FencedError, InvalidInputError, StorageError, UnknownActionError
 from ..events import Reporter
 from ..ledger import EffectRecord, EffectState
 from ..outcome import RunOutcome, Status
 from ..protocols import AnyEffectAdapter, CancellationSource, Clock, Store
-from . import _effects, _steps
+from . import _effects, _failures, _steps
 from ._config import EngineConfig, EngineOptions, check_parallel
 from ._drivers import AsyncDriver, SyncDriver, drive
 from ._runio import RunIO
@@ -154,6 +154,16 @@ class Engine:
     @cancelled_with.setter
     def cancelled_with(self, ancestors: tuple[str, ...]) -> None:
         self.invocation.cancelled_with = tuple(ancestors)
+
+    @property
+    def counts_failures(self) -> bool:
+        """Whether the run's failures are recorded and counted (``Limits.max_failures``): its code
+        raising, or its process dying inside a step. Set by the plan (a durable function's does)."""
+        return self.invocation.counts_failures
+
+    @counts_failures.setter
+    def counts_failures(self, counted: bool) -> None:
+        self.invocation.counts_failures = bool(counted)
 
     @property
     def driver(self) -> AsyncDriver:
@@ -332,8 +342,14 @@ class Engine:
         except Stop as stop:
             inv.wake_at = stop.wake_at
             return stop.status, stop.next_action
-        except Exception:
-            self._io.keep_settled(inv)
+        except Exception as exc:
+            if self._records_failure(inv, exc):
+                try:
+                    self._drive(_failures.raised(inv, exc))
+                except Stop:  # the lease was lost meanwhile: nothing could be recorded; the error goes on
+                    pass
+            else:
+                self._io.keep_settled(inv)
             raise
         raise AssertionError("the plan ended without a stop")  # pragma: no cover
 
@@ -379,11 +395,29 @@ class Engine:
             final = await driver.settle_stop(stop)
             inv.wake_at = final.wake_at
             return final.status, final.next_action
-        except Exception:
+        except Exception as exc:
             await driver.settle()
-            await driver.call_io(self._io.keep_settled, inv)
+            if self._records_failure(inv, exc):
+                try:
+                    await driver.run(_failures.raised(inv, exc))
+                except Stop:  # the lease was lost meanwhile: nothing could be recorded; the error goes on
+                    pass
+            else:
+                await driver.call_io(self._io.keep_settled, inv)
             raise
         raise AssertionError("the plan ended without a stop")  # pragma: no cover
+
+    def _records_failure(self, inv: Invocation, exc: Exception) -> bool:
+        """Whether ``exc`` is a failure of the plan's own code that is recorded (``engine._failures``):
+        not the store's trouble (it could not be recorded), and only while the lease is held."""
+        keeper = self._io.keeper
+        return (
+            inv.counts_failures
+            and inv.current is not None
+            and keeper is not None
+            and keeper.failure is None
+            and not isinstance(exc, (StorageError, CorruptStateError))
+        )
 
     def _fenced(self, inv: Invocation, exc: FencedError) -> RunOutcome:
         inv.evidence.observed("store", f"write refused: {exc}")

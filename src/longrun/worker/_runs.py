@@ -191,8 +191,8 @@ class ClaimRunner:
                 return prepared
             variant, args, kwargs = prepared
             outcome = variant.run(claim.task_id, *args, **kwargs)
-        except Exception as exc:  # the function's own code raised (what was settled is committed), or its options are bad
-            return self.failed(claim, describe_exception(exc), exc)
+        except Exception as exc:  # the function's own code raised (recorded in its state), or its options are bad
+            return self.raised(claim, exc)
         return self._disposition(claim, variant, outcome)
 
     async def run_async(
@@ -201,9 +201,31 @@ class ClaimRunner:
         try:
             outcome = await variant.arun(claim.task_id, *args, **kwargs)
         except Exception as exc:
-            return self.failed(claim, describe_exception(exc), exc)
+            return await asyncio.to_thread(self.raised, claim, exc)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self._disposition, claim, variant, outcome)
+
+    def raised(self, claim: Claim, exc: Exception) -> Disposition:
+        """A run raised. If the task's state recorded it as the function's failure (the latest
+        commit did), the state says what comes next: ``failed`` (no retry), or ``retry-scheduled`` at
+        the recorded time. Otherwise (the store failed, the options are bad) the queue's own backoff."""
+        try:
+            state = self._thread_store().load(claim.task_id).state
+        except LongrunError:
+            state = None
+        failure = state.last_failure if state is not None else None
+        if state is None or failure is None or failure.revision != state.revision or state.status not in (Status.FAILED, Status.RETRY_SCHEDULED):
+            return self.failed(claim, describe_exception(exc), exc)
+        log.warning(
+            "worker %s: task %s raised %s", self.name, claim.task_id, failure.summary(),
+            exc_info=exc if not isinstance(exc, LongrunError) else None, extra={"task": claim.task_id, "worker": self.name},
+        )  # fmt: skip
+        error = f"{failure.error_type}: {failure.message}"[:2000]
+        if state.status is Status.FAILED:
+            return Disposition(Status.FAILED.value, error=error, wake_parent=True)
+        clock: Clock = self.functions[claim.function].engine_options.get("clock") or SystemClock()
+        wake_in = 0.0 if failure.retry_at is None else max(0.0, failure.retry_at - (clock.now() + self.clock_offset_s))
+        return Disposition(Status.RETRY_SCHEDULED.value, wake_in_s=wake_in, error=error)
 
     def failed(self, claim: Claim, error: str, exc: BaseException | None = None) -> Disposition:
         failures = min(claim.failures, 16) + 1  # this run's failure, after those the row counts

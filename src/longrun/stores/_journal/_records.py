@@ -73,6 +73,9 @@ def describe_record(body: bytes) -> dict[str, Any]:
     outline = assignments.get("plan_outline")
     if isinstance(outline, dict) and isinstance(outline.get("steps"), list):
         changes.append(f"plan outline recorded ({len(outline['steps'])} steps)")
+    failure = assignments.get("last_failure")
+    if isinstance(failure, dict):
+        changes.append(f"failure recorded: {failure.get('error_type')}: {failure.get('message')} (failure {failure.get('attempt')} of {failure.get('max_failures')})")
     extensions = record.get("extend") or {}
     if isinstance(extensions, dict):
         for key, change in extensions.items():
@@ -270,6 +273,7 @@ class Shadow:
             "control_observations": list(state.control_observations),
             "unknowns": list(state.unknowns),
             "plan_outline": state.plan_outline,
+            "last_failure": state.last_failure,
         }
 
     def tracks(self, state: RunState) -> bool:
@@ -356,6 +360,10 @@ class Shadow:
             outline = state.plan_outline
             assignments["plan_outline"] = header["plan_outline"] = outline.to_json() if outline is not None else None
             objects["plan_outline"] = outline
+        if state.last_failure is not objects["last_failure"]:  # a frozen record, replaced when a failure is recorded
+            failure = state.last_failure
+            assignments["last_failure"] = header["last_failure"] = failure.to_json() if failure is not None else None
+            objects["last_failure"] = failure
         requests = tuple(state.approval_requests.items())
         if requests != objects["approval_requests"]:
             assignments["approval_requests"] = header["approval_requests"] = [r.to_json() for _, r in requests]
