@@ -81,7 +81,7 @@ class RunFailure:
     kind: str
     """``"exception"`` (the function's code raised) or ``"crash"`` (the process died in a step)."""
     error_type: str
-    """The exception's type as ``module.QualName`` (``builtins`` left out), or ``ProcessDied``."""
+    """The exception's type name (``ValueError``), or ``ProcessDied`` for a crash."""
     message: str
     traceback: str
     """The formatted traceback, at most ``MAX_TRACEBACK_CHARS`` (its end); empty for a crash."""
@@ -115,17 +115,13 @@ class RunFailure:
     @classmethod
     def of_exception(cls, exc: BaseException, **fields: Any) -> "RunFailure":
         """The record of ``exc`` raised by the function's code (its message and traceback bounded)."""
-        kind = type(exc)
-        module = getattr(kind, "__module__", None)
-        name = getattr(kind, "__qualname__", None) or exception_type_name(exc)
-        error_type = name if module in (None, "builtins") else f"{module}.{name}"
         try:
             trace = "".join(traceback.format_exception(exc))
         except Exception:  # a traceback that cannot be formatted (an exception whose __str__ raises, say)
             trace = f"{exception_type_name(exc)}: <traceback could not be formatted>"
         return cls(
             kind="exception",
-            error_type=error_type if isinstance(error_type, str) else exception_type_name(exc),
+            error_type=exception_type_name(exc),
             message=_bounded_head(exception_message(exc), MAX_MESSAGE_CHARS),
             traceback=_bounded_tail(trace, MAX_TRACEBACK_CHARS),
             **fields,
