@@ -31,6 +31,8 @@ __all__ = ["CRASH_TYPE", "FAILURE_KINDS", "MAX_MESSAGE_CHARS", "MAX_TRACEBACK_CH
 
 MAX_TRACEBACK_CHARS = 8_000
 """The most of a traceback a failure record keeps: its end (the innermost frames and the error)."""
+_MAX_PIECE_CHARS = 1_000
+"""The most of one piece of a traceback (a frame, the error line) a failure record keeps."""
 MAX_MESSAGE_CHARS = 2_000
 """The most of an exception's message a failure record keeps."""
 CRASH_TYPE = "ProcessDied"
@@ -63,7 +65,8 @@ def _bounded_tail(text: str, limit: int) -> str:
 def _bounded_head(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
-    return text[:limit] + f" [{len(text) - limit} characters cut]"
+    end = "\n" if text.endswith("\n") else ""
+    return text[:limit] + f" [{len(text) - limit} characters cut]" + end
 
 
 def _problem(kind: object, attempt: object, max_failures: object) -> str | None:
@@ -116,7 +119,8 @@ class RunFailure:
     def of_exception(cls, exc: BaseException, **fields: Any) -> "RunFailure":
         """The record of ``exc`` raised by the function's code (its message and traceback bounded)."""
         try:
-            trace = "".join(traceback.format_exception(exc))
+            # Each piece bounded (a message of a megabyte is one), then the whole, keeping its end.
+            trace = "".join(_bounded_head(piece, _MAX_PIECE_CHARS) for piece in traceback.format_exception(exc))
         except Exception:  # a traceback that cannot be formatted (an exception whose __str__ raises, say)
             trace = f"{exception_type_name(exc)}: <traceback could not be formatted>"
         return cls(
