@@ -143,10 +143,13 @@ class FailureCases(support.TempDirTest):
     def test_a_long_traceback_and_message_are_bounded(self) -> None:
         @self.durable()
         def agent(run: longrun.Run, depth: int) -> None:
-            def deep(n: int) -> None:
+            def deep(n: int) -> None:  # two functions in turn: Python folds only a frame repeated as it is
                 if n == 0:
                     raise ValueError("x" * 100_000)
-                deep(n - 1)
+                deeper(n - 1)
+
+            def deeper(n: int) -> None:
+                deep(n)
 
             deep(depth)
 
