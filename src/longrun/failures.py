@@ -19,7 +19,9 @@ traceback is whole (it keeps the innermost ``MAX_TRACEBACK_CHARS``).
 
 from __future__ import annotations
 
+import os
 import traceback
+import types
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -67,6 +69,18 @@ def _bounded_head(text: str, limit: int) -> str:
         return text
     end = "\n" if text.endswith("\n") else ""
     return text[:limit] + f" [{len(text) - limit} characters cut]" + end
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _from_user_code(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """The traceback from its first frame outside longrun (the engine frames that called the
+    function say nothing about its bug); the whole of it if every frame is longrun's."""
+    first = tb
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_PACKAGE):
+        tb = tb.tb_next
+    return tb if tb is not None else first
 
 
 def _problem(kind: object, attempt: object, max_failures: object) -> str | None:
@@ -120,7 +134,8 @@ class RunFailure:
         """The record of ``exc`` raised by the function's code (its message and traceback bounded)."""
         try:
             # Each piece bounded (a message of a megabyte is one), then the whole, keeping its end.
-            trace = "".join(_bounded_head(piece, _MAX_PIECE_CHARS) for piece in traceback.format_exception(exc))
+            pieces = traceback.format_exception(type(exc), exc, _from_user_code(exc.__traceback__))
+            trace = "".join(_bounded_head(piece, _MAX_PIECE_CHARS) for piece in pieces)
         except Exception:  # a traceback that cannot be formatted (an exception whose __str__ raises, say)
             trace = f"{exception_type_name(exc)}: <traceback could not be formatted>"
         return cls(
