@@ -2,9 +2,11 @@
 
 Pages (server-rendered HTML and one stylesheet; no JavaScript at all):
 
-- ``/``: the task list (``ls``), with status, progress, last update and next action, filtered by
-  status, ``since`` and a limit as ``ls`` is.
-- ``/task/<id>``: the task's status and progress; its pending approval requests and questions
+- ``/``: the task list (``ls``), with status (and the last error of a run that failed), function,
+  progress, last update and next action, filtered by status, function, task id glob, ``since`` and
+  a limit as ``ls`` is.
+- ``/task/<id>``: the task's status and progress; what ran (a durable function's name, recorded
+  arguments, result, parent and children, each linked) and its last error with the traceback; its pending approval requests and questions
   with the payload shown in full (``_payload``: pretty-printed, control characters escaped, long
   values elided with their size) and a form to approve or answer each one; a form to cancel the
   run; its effects; its evidence in three parts, observations (what was read: the store's load
