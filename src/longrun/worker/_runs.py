@@ -4,7 +4,9 @@ the task is due next from the run's outcome (a ``Disposition`` the queue row rec
 ``ClaimRunner`` runs a task for a ``Worker``, which holds one: in a pool thread (``fn.run``) or on
 the worker's event loop (``fn.arun``). Each thread has a store object of its own, the function runs with
 the worker's name as its lease owner, the drain wired into its cancellation source, its limited
-actions and the clock offset. A run that raised is tried again after a growing delay.
+actions and the clock offset. A run whose function raised is tried again when the task's state
+says (``RunState.last_failure.retry_at``, the run's retry policy), and never once it is ``failed``;
+a run that raised for another reason (the store, bad options) after a growing delay.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ log = logging.getLogger("longrun")
 PARKED = frozenset({Status.AWAITING_APPROVAL, Status.AWAITING_INPUT, Status.UNSAFE_TO_CONTINUE, Status.PLAN_MISMATCH, Status.STATE_UNRECOVERABLE})
 """Outcomes that wait for a person: the row sleeps until a control record (or a rescan) wakes it."""
 ERROR_BACKOFF_S = (5.0, 600.0)
-"""A run that raised (the function's own exception, or a storage error) is tried again after
+"""A run that raised without its state recording the failure (a storage error, bad options) is tried again after
 ``5 s * 2**(failures - 1)``, at most 10 minutes, counting the runs in a row that raised on any worker
 (the queue row keeps the count): a fixed deployment picks it up, a broken one does not spin."""
 
