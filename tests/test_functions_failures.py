@@ -107,6 +107,20 @@ class FailureCases(support.TempDirTest):
         spec = getattr(self.store, "spec", None)
         return spec if isinstance(spec, str) else "<store>"
 
+    def test_an_async_function_raising_is_recorded_the_same_way(self) -> None:
+        @self.durable()
+        async def agent(run: longrun.AsyncRun) -> None:
+            await run.call("lookup", str.upper, "ada")
+            raise RuntimeError("async bug")
+
+        for attempt, status in ((1, Status.RETRY_SCHEDULED), (2, Status.RETRY_SCHEDULED), (3, Status.FAILED)):
+            with self.assertRaises(RuntimeError):
+                agent.run("t")
+            state = self.state("t")
+            assert state.last_failure is not None
+            self.assertEqual((state.status, state.last_failure.attempt, state.last_failure.message), (status, attempt, "async bug"))
+        self.assertEqual(agent.run("t").status, Status.FAILED)
+
     def test_a_fixed_function_finishes_and_its_failure_is_cleared(self) -> None:
         flaky = Flaky()
         agent = self.broken(flaky)
