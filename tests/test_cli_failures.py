@@ -126,6 +126,25 @@ class FailureCliCases(CliCase):
         self.run_cli("verify", self.spec(), "report-49", code=0)
         self.run_cli("verify", self.spec(), "report-48", code=0)
 
+    def test_the_console_shows_what_ran_and_the_last_error_and_filters_by_function_and_id(self) -> None:
+        from longrun.cli._console_pages import Console
+
+        console = Console(self.store, self.spec(), read_only=True, approver="alice", sign_key=None, control_root=None)
+        page = console.task_page("charge-bob", {})
+        self.assertIn(self.charge.name.replace("<", "&lt;").replace(">", "&gt;"), page)
+        self.assertIn("args [&quot;bob&quot;]", page)
+        self.assertIn("ValueError: card declined for bob (3) (failure 2 of 2 in a row, last step &#x27;price&#x27;)", page)
+        self.assertIn("raise ValueError(f&quot;card declined for {customer} ({amount})&quot;)", page)  # the traceback, escaped
+        self.assertIn("--reopen", page)
+        done = console.task_page("report-48", {})
+        self.assertIn("{&quot;pages&quot;: 48, &quot;week&quot;: 48}", done)
+        listing = console.task_list({"function": ["*charge"]})
+        self.assertIn("charge-ada", listing)
+        self.assertNotIn("report-48", listing)
+        self.assertIn("ValueError: card declined for ada", listing)
+        self.assertIn("report-49", console.task_list({"match": ["report-4?"], "status": ["queued"]}))
+        self.assertNotIn("report-48", console.task_list({"match": ["report-4?"], "status": ["queued"]}))
+
     def test_history_and_watch_show_the_last_error(self) -> None:
         self.assertIn("failure", self.run_cli("history", self.spec(), "charge-bob"))
         entries = json.loads(self.run_cli("history", self.spec(), "charge-bob", "--json"))
