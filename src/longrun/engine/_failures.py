@@ -51,7 +51,7 @@ def _next_action(inv: Invocation, failure: RunFailure) -> str:
         fix = "find why the process dies there (out of memory, a crash in native code, a kill)" if failure.kind == "crash" else "fix the code"
         return (
             f"{fix}, then `longrun resume {task} --reopen`: it failed {failure.attempt} times in a row "
-            f"({failure.error_type}: {failure.message}; `longrun status {task}` shows the traceback)"
+            f"({failure.error_type}: {failure.message}; `longrun status {task}` shows {'where' if failure.kind == 'crash' else 'the traceback'})"
         )
     return (
         f"nothing: a worker runs it again at or after the retry time (failure {failure.attempt} of "
