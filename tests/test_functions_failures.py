@@ -121,6 +121,22 @@ class FailureCases(support.TempDirTest):
             self.assertEqual((state.status, state.last_failure.attempt, state.last_failure.message), (status, attempt, "async bug"))
         self.assertEqual(agent.run("t").status, Status.FAILED)
 
+    def test_a_failed_task_reopened_after_a_fix_finishes_and_a_reopen_counts_failures_from_none(self) -> None:
+        flaky = Flaky()
+        agent = self.broken(flaky)
+        for _ in range(3):
+            with self.assertRaises(KeyError):
+                agent.run("t", "ada")
+        self.assertEqual(self.state("t").status, Status.FAILED)
+        with self.assertRaises(KeyError):  # reopened, still broken: failure 1 of 3 again, not failed at once
+            agent.reopen("t", "try once more", by="operator")
+        state = self.state("t")
+        assert state.last_failure is not None
+        self.assertEqual((state.status, state.last_failure.attempt), (Status.RETRY_SCHEDULED, 1))
+        flaky.fixed = True
+        outcome = agent.run("t", "ada")
+        self.assertEqual((outcome.status, outcome.result, outcome.last_failure), (Status.DONE, "ADA", None))
+
     def test_a_fixed_function_finishes_and_its_failure_is_cleared(self) -> None:
         flaky = Flaky()
         agent = self.broken(flaky)
