@@ -1,6 +1,9 @@
 """The argument parser: every command, its arguments and its help (``longrun --help``, ``longrun COMMAND --help``).
 
 The types that check each argument, and the options several commands share, are in ``_arguments``.
+
+Longer than 500 lines: it is one concept, the command line as a user reads it in ``--help``; each
+command's block is its arguments and their help, and apart they would only be the same table split.
 """
 
 from __future__ import annotations
