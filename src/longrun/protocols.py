@@ -7,7 +7,7 @@ these seams are frozen dataclasses defined beside the concept they belong to.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Collection, Protocol, runtime_checkable
+from typing import Collection, Iterable, Protocol, runtime_checkable
 
 from .adapters import EffectRequest, Observation, Receipt
 from .approval import Approval
@@ -16,11 +16,12 @@ from .control import ControlRecord
 from .envelope import RunState
 from .lease import Lease, LeaseRepair, MonotonicReading
 from .outcome import Evidence
+from .summary import TaskSummary
 
 __all__ = [
     "AnyEffectAdapter", "ApprovalSource", "AsyncEffectAdapter", "CancellationSource", "Clock", "ClosableStore",
     "EffectAdapter", "HistoryStore", "LoadResult", "MonotonicClock", "PausingSource", "RepairableStore", "SigningSource",
-    "Store", "TimelineClock",
+    "Store", "SummaryStore", "TimelineClock",
 ]  # fmt: skip
 
 
@@ -179,6 +180,29 @@ class HistoryStore(Protocol):
     ``at``, and a ``description``; ``longrun history`` shows them beside what the state records."""
 
     def history(self, task_id: str) -> list[dict[str, object]]: ...
+
+
+@runtime_checkable
+class SummaryStore(Protocol):
+    """A store that lists its tasks' summaries (``longrun.summary``) with filters, newest first, and
+    counts them by status: every store longrun ships (``BaseStore``). The SQL stores keep a summary
+    row per task in each commit's own transaction, indexed, so a page costs O(page); the default
+    loads every state. ``longrun ls``, the console and the metrics read these."""
+
+    def list_summaries(
+        self,
+        *,
+        statuses: Iterable[str] = (),
+        functions: Iterable[str] = (),
+        parent: str | None = None,
+        match: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[TaskSummary]: ...
+
+    def status_counts(self) -> dict[str, int]: ...
 
 
 @runtime_checkable

@@ -58,7 +58,7 @@ import contextlib
 import hmac
 import logging
 import secrets
-from typing import Collection, NamedTuple
+from typing import Collection, Iterable, NamedTuple
 
 from .. import _crashpoints
 from ..approval import Approval
@@ -72,12 +72,14 @@ from ..errors import (
     ForeignStateError,
     InvalidInputError,
     LeaseHeldError,
+    LongrunError,
     SchemaVersionError,
     StateUnrecoverableError,
     StorageError,
 )
 from ..lease import RELEASED, Lease, LeaseRepair, MonotonicReading
 from ..protocols import LoadResult
+from ..summary import MAX_ERROR_CHARS, NEW, UNREADABLE, SummaryQuery, TaskSummary, summarize
 from ._holders import HolderLocks
 
 __all__ = ["BaseStore", "Witness", "lost_records_message"]
@@ -197,6 +199,45 @@ class BaseStore:
 
     def list_tasks(self) -> list[str]:
         raise NotImplementedError
+
+    def list_summaries(
+        self,
+        *,
+        statuses: Iterable[str] = (),
+        functions: Iterable[str] = (),
+        parent: str | None = None,
+        match: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[TaskSummary]:
+        """The tasks' summaries (``longrun.summary``) that pass the filters, newest first (see
+        ``SummaryQuery``), ``offset`` skipped, at most ``limit``. Bad filters raise ``InvalidInputError``.
+
+        This default loads every task's state: O(tasks), and always exactly the committed state.
+        A store that keeps a summary row per task in each commit's own transaction (the SQL
+        stores) answers from an index instead, in O(page). A task whose state cannot be read
+        here is listed with the status ``unreadable`` and the reason as its error."""
+        query = SummaryQuery.of(
+            statuses=statuses, functions=functions, parent=parent, match=match, since=since, until=until, limit=limit, offset=offset
+        )
+        return query.select(self._summary(task_id) for task_id in self.list_tasks())
+
+    def status_counts(self) -> dict[str, int]:
+        """How many tasks have each status (``longrun.summary``: a ``Status`` value or ``new``);
+        statuses no task has are left out. This default loads every task; the SQL stores count rows."""
+        counts: dict[str, int] = {}
+        for summary in self.list_summaries():
+            counts[summary.status] = counts.get(summary.status, 0) + 1
+        return counts
+
+    def _summary(self, task_id: str) -> TaskSummary:
+        try:
+            state = self.load(task_id).state
+        except LongrunError as exc:
+            return TaskSummary(task_id, UNREADABLE, error=str(exc)[:MAX_ERROR_CHARS])
+        return summarize(state) if state is not None else TaskSummary(task_id, NEW)
 
     # -- the rules, once ----------------------------------------------------------------------
 

@@ -56,7 +56,7 @@ class PostgresStore(SqlStore):
     """
 
     placeholder = "%s"
-    types = {"int": "BIGINT", "float": "DOUBLE PRECISION", "serial": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY", "bytes": "BYTEA"}
+    types = {"int": "BIGINT", "float": "DOUBLE PRECISION", "serial": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY", "bytes": "BYTEA", "desc": "DESC NULLS LAST"}
 
     def __init__(self, connect: Callable[[], Any], *, transaction_timeout_s: float = 10.0, create: bool = True):
         super().__init__()
@@ -129,6 +129,9 @@ class PostgresStore(SqlStore):
 
     def _schema_table_sql(self) -> str:
         return "SELECT to_regclass('longrun_schema') IS NOT NULL"
+
+    def _match_sql(self) -> str:
+        return "task_id ~ ?"
 
     def _now_sql(self) -> str:
         return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
