@@ -7,7 +7,7 @@ these seams are frozen dataclasses defined beside the concept they belong to.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Collection, Iterable, Protocol, runtime_checkable
+from typing import Collection, Iterable, Protocol, Sequence, runtime_checkable
 
 from .adapters import EffectRequest, Observation, Receipt
 from .approval import Approval
@@ -20,7 +20,7 @@ from .summary import TaskSummary
 
 __all__ = [
     "AnyEffectAdapter", "ApprovalSource", "AsyncEffectAdapter", "CancellationSource", "Clock", "ClosableStore",
-    "EffectAdapter", "HistoryStore", "LoadResult", "MonotonicClock", "PausingSource", "RepairableStore", "SigningSource",
+    "EffectAdapter", "HistoryStore", "LoadResult", "MonotonicClock", "PausingSource", "RecordingStore", "RepairableStore", "SigningSource",
     "Store", "SummaryStore", "TimelineClock",
 ]  # fmt: skip
 
@@ -203,6 +203,15 @@ class SummaryStore(Protocol):
     ) -> list[TaskSummary]: ...
 
     def status_counts(self) -> dict[str, int]: ...
+
+
+@runtime_checkable
+class RecordingStore(Protocol):
+    """A store that writes the first revisions of new tasks together (``fn.start``,
+    ``fn.start_many``): every store longrun ships (``BaseStore.record_new``; the SQL stores in one
+    transaction for all of them). True for each state written; False for a task that exists."""
+
+    def record_new(self, states: Sequence[RunState], now: float) -> list[bool]: ...
 
 
 @runtime_checkable

@@ -29,7 +29,7 @@ from ..protocols import LoadResult, Store
 from ._common import format_time, lease_summary, relative, short_digest
 from ._control import cmd_approve, cmd_cancel, parse_answer, payload_view
 from ._history import timeline
-from ._inspect import LS_STATUSES, ls_entry, parse_since, progress_line, select
+from ._inspect import LS_STATUSES, list_entries, parse_since, progress_line
 from ._payload import payload_lines, safe_text
 from ._verify import verify
 
@@ -173,7 +173,7 @@ class Console:
             else:
                 problems.append(f"limit {limit_text[:20]!r} is not a positive whole number")
         with self.lock:
-            entries = select([ls_entry(self.store, task_id) for task_id in self.store.list_tasks()], statuses=statuses, since=since, limit=limit)
+            entries = list_entries(self.store, statuses=statuses, since=since, limit=limit)
         options = "".join(
             f'<option value="{e(value)}"{" selected" if value in statuses else ""}>{e(value)}</option>' for value in LS_STATUSES
         )

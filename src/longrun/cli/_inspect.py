@@ -30,7 +30,7 @@ from ..lease import Lease
 from ..ledger import EffectState
 from ..outcome import Status
 from ..progress import Progress, progress_of
-from ..protocols import LoadResult, Store
+from ..protocols import LoadResult, Store, SummaryStore
 from ._common import (
     STORE_PLACEHOLDER,
     checked_task,
@@ -277,6 +277,19 @@ def select(
     return chosen[:limit] if limit is not None else chosen
 
 
+def list_entries(
+    store: Store, *, statuses: Sequence[str] = (), since: float | None = None, limit: int | None = None
+) -> list[dict[str, object]]:
+    """``ls``'s rows, newest first. A store that lists summaries (``SummaryStore``) picks the page
+    from its index and only the page's tasks are loaded (each row shows what its load finds, so a
+    damaged task still shows ``DAMAGED``): O(page). Asked for ``DAMAGED`` or ``UNREADABLE``, which
+    only a load can tell, or on a store that lists no summaries, every task is loaded: O(tasks)."""
+    if isinstance(store, SummaryStore) and not {"DAMAGED", "UNREADABLE"} & set(statuses):
+        page = store.list_summaries(statuses=statuses, since=since, limit=limit)
+        return [ls_entry(store, summary.task_id) for summary in page]
+    return select([ls_entry(store, task_id) for task_id in store.list_tasks()], statuses=statuses, since=since, limit=limit)
+
+
 def cmd_ls(
     store: Store,
     label: str,
@@ -289,8 +302,7 @@ def cmd_ls(
 ) -> int:
     now = time.time()
     threshold = parse_since(since, now) if since is not None else None
-    tasks = store.list_tasks()
-    entries = select([ls_entry(store, task_id) for task_id in tasks], statuses=statuses, since=threshold, limit=limit)
+    entries = list_entries(store, statuses=statuses, since=threshold, limit=limit)
     for entry in entries:
         entry["next_action"] = name_store(str(entry["next_action"]), label)
     if as_json:

@@ -6,15 +6,18 @@ import asyncio
 import copy
 import dataclasses
 import inspect
+import threading
+import time
 from types import MappingProxyType
-from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar, Unpack
+from typing import Any, Callable, Generic, Iterable, Mapping, Sequence, TypeVar, Unpack
 
 from ..canonical import ensure_json
 from ..contract import RunContract, check_task_id
 from ..engine import Engine, EngineOptions
 from ..errors import InvalidInputError, UnknownTaskError
 from ..outcome import RunOutcome, Status
-from ..protocols import AnyEffectAdapter, Store
+from ..protocols import AnyEffectAdapter, RecordingStore, Store
+from ..stores.queue import TaskQueue, open_queue
 from ._plan import FunctionPlan, Recording, run_coroutine
 from ._family import cancelled_down
 from ._lineage import ChildLink, qualified_name
@@ -39,6 +42,10 @@ class DurableFunction(Generic[R]):
         self._options = engine_options
         self.__wrapped__ = fn
         self.__doc__ = fn.__doc__
+        self._queue: TaskQueue | None = None
+        """The fleet queue ``start`` and ``enqueue`` write to, kept open between calls (its connection
+        and the check of its tables cost more than recording a task)."""
+        self._queue_lock = threading.Lock()
 
     def contract_for(self, task_id: str) -> RunContract:
         return dataclasses.replace(self._contract, task_id=check_task_id(task_id))
@@ -136,6 +143,20 @@ class DurableFunction(Generic[R]):
         """``start`` from async code: the store's calls block, so they run in a worker thread."""
         return await asyncio.to_thread(self.enqueue, task_id, args, kwargs)
 
+    def start_many(self, calls: Iterable[StartCall], *, priority: int = 0) -> list[bool]:
+        """``start`` for many tasks at once: each call is ``(task_id, args)`` or ``(task_id, args,
+        kwargs)``, as ``start(task_id, *args, **kwargs)`` would take them. The new tasks' first
+        revisions are written in one store transaction (the SQL stores; the JSON-file store writes
+        each as a commit) and queued in one more. Returns, in order, True for each task this call
+        recorded, False for one recorded before with the same function and arguments. Every call
+        is checked before anything is written (``InvalidInputError``; a task id given twice too)."""
+        return self._enqueue_many(_calls(calls), priority)
+
+    async def astart_many(self, calls: Iterable[StartCall], *, priority: int = 0) -> list[bool]:
+        """``start_many`` from async code, in a worker thread."""
+        checked = _calls(calls)
+        return await asyncio.to_thread(self._enqueue_many, checked, priority)
+
     def enqueue(self, task_id: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *, priority: int = 0) -> bool:
         """Record the task (its first revision, as a first run would commit it, without calling the
         function) and put it in the store's fleet queue with ``priority`` (higher runs first).
@@ -143,17 +164,39 @@ class DurableFunction(Generic[R]):
         True if this call recorded it; False if it was recorded before with the same function and
         arguments (its priority is set, nothing else changes). Other arguments, or another function
         or plan under the same task id, are refused with ``InvalidInputError``, changing nothing."""
-        from ..stores.queue import open_queue  # only a fleet needs the queue's tables
+        return self._enqueue_many(_calls([(task_id, args, dict(kwargs or {}))]), priority)[0]
 
-        engine, plan = self._plan(task_id, tuple(args), dict(kwargs or {}))
-        queue = open_queue(engine.store)
-        try:
-            queue.ensure()  # the queue's triggers exist before the first record, so nothing is missed
-            created = self._record(engine, plan)
-            queue.enqueue(task_id, self.name, priority=priority)
-        finally:
-            queue.close()
+    def _enqueue_many(self, calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]], priority: int) -> list[bool]:
+        plans = [self._recording_plan(task_id, args, kwargs) for task_id, args, kwargs in calls]
+        if not plans:
+            return []
+        store = self._options["store"]
+        with self._queue_lock:
+            queue = self._queue
+            if queue is None or queue.store is not store:  # one per store: a clone (with_options) may have another
+                queue = self._queue = open_queue(store)
+        queue.ensure()  # the queue's triggers exist before the first record, so nothing is missed
+        clock = self._options.get("clock")
+        now = clock.now() if clock is not None else time.time()
+        if isinstance(store, RecordingStore):
+            created = store.record_new([plan.first_state(task_id, now) for (task_id, _, _), plan in zip(calls, plans)], now)
+        else:
+            created = [False] * len(calls)
+        for index, made in enumerate(created):
+            if not made:  # it exists (or a store that cannot record): read it, check its plan, or record it as a run
+                task_id, args, kwargs = calls[index]
+                engine, plan = self._plan(task_id, args, kwargs)
+                created[index] = self._record(engine, plan)
+        queue.enqueue_many([task_id for task_id, _, _ in calls], self.name, priority=priority)
         return created
+
+    def _recording_plan(self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> FunctionPlan:
+        """``_plan`` without the engine: what recording a first revision needs."""
+        contract = self.contract_for(task_id)
+        self.check_arguments(args, kwargs)
+        arguments = ensure_json({"args": list(args), "kwargs": dict(kwargs)}, what=f"arguments of {self.name}")
+        assert isinstance(arguments, dict)
+        return FunctionPlan(self, arguments, contract)
 
     def _record(self, engine: Engine, plan: FunctionPlan) -> bool:
         """Commit the task's first revision unless it has one; True if this call did. Refuses another plan."""
@@ -199,6 +242,7 @@ class DurableFunction(Generic[R]):
         Engine(self._contract, **merged)  # validates them now, not at the first run
         clone = copy.copy(self)
         clone._options = merged
+        clone._queue, clone._queue_lock = None, threading.Lock()
         return clone
 
     def run_child(
@@ -220,6 +264,33 @@ class DurableFunction(Generic[R]):
 
     def __repr__(self) -> str:
         return f"<durable function {self.name}>"
+
+StartCall = tuple[str, Sequence[Any]] | tuple[str, Sequence[Any], Mapping[str, Any]]
+"""One task for ``start_many``: ``(task_id, args)`` or ``(task_id, args, kwargs)``."""
+
+
+def _calls(calls: Iterable[StartCall]) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+    """``start_many``'s calls as ``(task_id, args, kwargs)``, each checked; a task id given twice is refused."""
+    if isinstance(calls, (str, bytes, Mapping)):
+        raise InvalidInputError("start_many takes an iterable of (task_id, args) or (task_id, args, kwargs) tuples")
+    checked = []
+    seen: set[str] = set()
+    for call in calls:
+        if not isinstance(call, tuple) or len(call) not in (2, 3):
+            raise InvalidInputError(f"a start_many call is (task_id, args) or (task_id, args, kwargs), got {call!r:.80}")
+        task_id, args = call[0], call[1]
+        kwargs = call[2] if len(call) == 3 else {}
+        check_task_id(task_id)
+        if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
+            raise InvalidInputError(f"task {task_id!r}: args must be a sequence (a tuple or list), got {type(args).__name__}")
+        if not isinstance(kwargs, Mapping) or not all(isinstance(name, str) for name in kwargs):
+            raise InvalidInputError(f"task {task_id!r}: kwargs must be a mapping of names to values")
+        if task_id in seen:
+            raise InvalidInputError(f"task {task_id!r} is given twice; nothing was recorded")
+        seen.add(task_id)
+        checked.append((task_id, tuple(args), dict(kwargs)))
+    return checked
+
 
 def durable(
     *,

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import secrets
 import time
 from typing import Any, Collection, Generator, Iterable, Mapping, Self, Sequence
 
@@ -28,7 +29,7 @@ from ..envelope import MAX_STATE_BYTES, PlanOutline, RunState, check_loadable, d
 from ..errors import (
     CorruptStateError, FencedError, ForeignStateError, LongrunError, SchemaVersionError, StateUnrecoverableError, StorageError,
 )  # fmt: skip
-from ..lease import Lease
+from ..lease import RELEASED, Lease
 from ..ledger import EffectRecord
 from ..outcome import Evidence
 from ..protocols import LoadResult
@@ -515,6 +516,46 @@ class SqlStore(BaseStore):
                 return None
             rows += [(step_id, len(effects) - 1 - offset) for offset, step_id in enumerate(newest)][::-1]
         return rows
+
+    def record_new(self, states: Sequence[RunState], now: float) -> list[bool]:
+        """``BaseStore.record_new`` in one transaction, whatever the count: for each state whose task
+        row does not exist, the task row, a released lease row at epoch 0 (so the first acquisition
+        issues epoch 1 and the database's fence has a row to check), the state's rows and its summary
+        row, written by the statements a commit uses. A task whose row exists is left as it is.
+        All or nothing: a state refused, or a failure, writes none of them."""
+        self._check_new(states)
+        created: list[bool] = []
+        written: list[str] = []
+        try:
+            with self._db.session(write=True, what=f"record {len(states)} new tasks"):
+                for state in states:
+                    task_id = state.task_id
+                    cursor = self._db.run(
+                        "INSERT INTO longrun_tasks (task_id, created_at, revision_floor) VALUES (?, ?, 0) ON CONFLICT (task_id) DO NOTHING",
+                        (task_id, now),
+                    )
+                    if cursor.rowcount != 1:
+                        created.append(False)
+                        continue
+                    written.append(task_id)
+                    self._db.run(
+                        "INSERT INTO longrun_leases (task_id, owner, epoch, acquired_at, expires_at, token) VALUES (?, ?, 0, ?, ?, ?)",
+                        (task_id, self.RECORDER, now, RELEASED, secrets.token_hex(16)),
+                    )
+                    state.revision, state.lease_epoch, state.lease_owner, state.lease_expires_at = 1, 0, self.RECORDER, RELEASED
+                    self._put_state(state, None)
+                    created.append(True)
+        except BaseException:
+            for state in states:
+                if state.task_id in written:
+                    state.revision = 0
+            raise
+        finally:
+            for task_id in written:  # this object holds none of them: a run loads them with its lease
+                self._stored_steps.pop(task_id, None)
+                self._stored_outlines.pop(task_id, None)
+                self._blobs.pop(task_id, None)
+        return created
 
     # -- control records ----------------------------------------------------------------------
 

@@ -58,7 +58,7 @@ import contextlib
 import hmac
 import logging
 import secrets
-from typing import Collection, Iterable, NamedTuple
+from typing import Collection, Iterable, NamedTuple, Sequence
 
 from .. import _crashpoints
 from ..approval import Approval
@@ -231,6 +231,55 @@ class BaseStore:
         for summary in self.list_summaries():
             counts[summary.status] = counts.get(summary.status, 0) + 1
         return counts
+
+    RECORDER = "longrun record"
+    """The lease owner named by the first revision ``record_new`` writes."""
+
+    def record_new(self, states: Sequence[RunState], now: float) -> list[bool]:
+        """Write each state as the first revision of a task that has none; True for each one written.
+
+        A task that already exists (it has a state, or its lease is held, or merely a row) is left
+        as it is, False: the caller reads it (a first run that records it is under way, or it was
+        recorded before). Every state is checked before anything is written (``InvalidInputError``,
+        nothing written); the states are changed as a commit changes them (revision 1, the
+        recorder's epoch and owner). This default takes each task's lease, commits and releases it:
+        every rule of a commit holds. A store that can do better writes them all in one transaction
+        (the SQL stores: without a lease, as no one can hold a task that does not exist yet)."""
+        self._check_new(states)
+        created = []
+        for state in states:
+            try:
+                lease = self.acquire_lease(state.task_id, self.RECORDER, 30.0, now)
+            except LeaseHeldError:
+                created.append(False)
+                continue
+            try:
+                if self.load(state.task_id, lease=lease).state is not None:
+                    created.append(False)
+                else:
+                    self.commit(lease, state, None)
+                    created.append(True)
+            finally:
+                self.release_lease(lease, now)
+        return created
+
+    @staticmethod
+    def _check_new(states: Sequence[RunState]) -> None:
+        if isinstance(states, (str, bytes)) or not isinstance(states, Sequence):
+            raise InvalidInputError("record_new takes a sequence of states")
+        seen: set[str] = set()
+        for state in states:
+            if not isinstance(state, RunState):
+                raise InvalidInputError(f"record_new takes RunState objects, got {type(state).__name__}")
+            check_task_id(state.task_id)
+            if state.task_id in seen:
+                raise InvalidInputError(f"task {state.task_id!r} is given twice; nothing was recorded")
+            seen.add(state.task_id)
+            if state.revision != 0:
+                raise InvalidInputError(f"task {state.task_id!r}: a first revision is built at revision 0, not {state.revision}")
+            state.check_header()  # what ``commit`` checks, before anything is written
+            for record in state.effects.values():
+                record.check_types()
 
     def _summary(self, task_id: str) -> TaskSummary:
         try:
