@@ -46,6 +46,7 @@ class DurableFunction(Generic[R]):
         """The fleet queue ``start`` and ``enqueue`` write to, kept open between calls (its connection
         and the check of its tables cost more than recording a task)."""
         self._queue_lock = threading.Lock()
+        self._signature_read: tuple[inspect.Signature | None] | None = None
 
     def contract_for(self, task_id: str) -> RunContract:
         return dataclasses.replace(self._contract, task_id=check_task_id(task_id))
@@ -68,9 +69,8 @@ class DurableFunction(Generic[R]):
     def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """Refuse arguments the function cannot take (``InvalidInputError`` naming the mismatch), so
         that no task is recorded, started or run that could never call it."""
-        try:
-            signature = inspect.signature(self.fn)
-        except (TypeError, ValueError):  # a callable whose signature Python cannot tell: it is called as it is
+        signature = self._signature()
+        if signature is None:  # a callable whose signature Python cannot tell: it is called as it is
             return
         try:
             signature.bind(None, *args, **kwargs)  # None stands for the Run the function gets first
@@ -80,6 +80,15 @@ class DurableFunction(Generic[R]):
                 return_annotation=inspect.Signature.empty,
             )
             raise InvalidInputError(f"{self.name}{bare} cannot take these arguments: {exc}; nothing was recorded") from None
+
+    def _signature(self) -> inspect.Signature | None:
+        """The function's signature, read once (``start_many`` checks thousands of calls with it)."""
+        if self._signature_read is None:
+            try:
+                self._signature_read = (inspect.signature(self.fn),)
+            except (TypeError, ValueError):
+                self._signature_read = (None,)
+        return self._signature_read[0]
 
     @property
     def is_async(self) -> bool:

@@ -543,7 +543,9 @@ class SqlStore(BaseStore):
                         (task_id, self.RECORDER, now, RELEASED, secrets.token_hex(16)),
                     )
                     state.revision, state.lease_epoch, state.lease_owner, state.lease_expires_at = 1, 0, self.RECORDER, RELEASED
-                    self._put_state(state, None)
+                    # Nothing is stored for the task: every record is new, no row to delete, no outline row to replace.
+                    self._stored_steps[task_id], self._stored_outlines[task_id] = {}, None
+                    self._put_state(state, state.effects.keys())
                     created.append(True)
         except BaseException:
             for state in states:

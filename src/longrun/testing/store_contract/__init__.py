@@ -10,7 +10,9 @@ The suite drives only the ``Store`` protocol: leases (exclusion, takeover, epoch
 increase, renewal, release), fencing of every mutating call that carries a lease (commit, renew,
 release, repairing load: ``FencedError`` and nothing changed), revisions, the atomicity of a
 commit, the round trip of a ``RunState`` written record by record, cancellation and approval
-records, unknown tasks and unsafe task ids, and concurrent acquirers on separate instances.
+records, unknown tasks and unsafe task ids, concurrent acquirers on separate instances, and (for a
+``SummaryStore`` and a ``RecordingStore``) task summaries that follow every commit, their filters
+and pages, and first revisions recorded together.
 
 What only the store can do is asked through hooks; a hook a store does not provide skips the tests
 that need it (so a skip here is a gap in the store's own tests, not a pass):
@@ -45,9 +47,10 @@ from ._blobs import BlobContract
 from ._control import ControlContract
 from ._leases import LeaseContract
 from ._states import StateContract
+from ._summaries import SummaryContract
 
 __all__ = ["StoreContract", "sample_state"]
 
 
-class StoreContract(LeaseContract, StateContract, ControlContract, BlobContract):
+class StoreContract(LeaseContract, StateContract, ControlContract, BlobContract, SummaryContract):
     """The contract every store passes. Mix into ``unittest.TestCase``; see the module docstring."""
