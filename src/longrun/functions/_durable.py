@@ -8,6 +8,7 @@ import dataclasses
 import inspect
 import threading
 import time
+import weakref
 from types import MappingProxyType
 from typing import Any, Callable, Generic, Iterable, Mapping, Sequence, TypeVar, Unpack
 
@@ -158,7 +159,9 @@ class DurableFunction(Generic[R]):
         revisions are written in one store transaction (the SQL stores; the JSON-file store writes
         each as a commit) and queued in one more. Returns, in order, True for each task this call
         recorded, False for one recorded before with the same function and arguments. Every call
-        is checked before anything is written (``InvalidInputError``; a task id given twice too)."""
+        is checked before anything is written (``InvalidInputError``; a task id given twice too).
+        A task that exists with other arguments or another plan is refused with ``InvalidInputError``
+        and left as it is; the others in the call are still recorded and queued."""
         return self._enqueue_many(_calls(calls), priority)
 
     async def astart_many(self, calls: Iterable[StartCall], *, priority: int = 0) -> list[bool]:
@@ -184,6 +187,8 @@ class DurableFunction(Generic[R]):
             queue = self._queue
             if queue is None or queue.store is not store:  # one per store: a clone (with_options) may have another
                 queue = self._queue = open_queue(store)
+                # Closed when this function object goes (or at exit), before its connection is collected.
+                weakref.finalize(self, queue.close)
         queue.ensure()  # the queue's triggers exist before the first record, so nothing is missed
         clock = self._options.get("clock")
         now = clock.now() if clock is not None else time.time()
@@ -191,13 +196,22 @@ class DurableFunction(Generic[R]):
             created = store.record_new([plan.first_state(task_id, now) for (task_id, _, _), plan in zip(calls, plans)], now)
         else:
             created = [False] * len(calls)
+        refused: list[InvalidInputError] = []
+        outcomes: list[bool | None] = list(created)  # None: refused
         for index, made in enumerate(created):
             if not made:  # it exists (or a store that cannot record): read it, check its plan, or record it as a run
                 task_id, args, kwargs = calls[index]
                 engine, plan = self._plan(task_id, args, kwargs)
-                created[index] = self._record(engine, plan)
-        queue.enqueue_many([task_id for task_id, _, _ in calls], self.name, priority=priority)
-        return created
+                try:
+                    outcomes[index] = self._record(engine, plan)
+                except InvalidInputError as exc:
+                    refused.append(exc)
+                    outcomes[index] = None
+        # The tasks recorded are queued even if another was refused: a recorded task is never left out of the queue.
+        queue.enqueue_many([task_id for (task_id, _, _), made in zip(calls, outcomes) if made is not None], self.name, priority=priority)
+        if refused:
+            raise refused[0]
+        return [bool(made) for made in outcomes]
 
     def _recording_plan(self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> FunctionPlan:
         """``_plan`` without the engine: what recording a first revision needs."""
