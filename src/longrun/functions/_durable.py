@@ -151,7 +151,8 @@ class DurableFunction(Generic[R]):
 
     async def astart(self, task_id: str, *args: Any, **kwargs: Any) -> bool:
         """``start`` from async code: the store's calls block, so they run in a worker thread."""
-        return await asyncio.to_thread(self.enqueue, task_id, args, kwargs)
+        checked = _calls([(task_id, args, kwargs)])
+        return (await asyncio.to_thread(self._enqueue_many, checked, 0))[0]
 
     def start_many(self, calls: Iterable[StartCall], *, priority: int = 0) -> list[bool]:
         """``start`` for many tasks at once: each call is ``(task_id, args)`` or ``(task_id, args,
@@ -162,7 +163,19 @@ class DurableFunction(Generic[R]):
         is checked before anything is written (``InvalidInputError``; a task id given twice too).
         A task that exists with other arguments or another plan is refused with ``InvalidInputError``
         and left as it is; the others in the call are still recorded and queued."""
+        self._refuse_on_a_loop("start_many", "`await fn.astart_many(...)`")
         return self._enqueue_many(_calls(calls), priority)
+
+    def _refuse_on_a_loop(self, what: str, instead: str) -> None:
+        """An async function's tasks are started from a running event loop with ``astart``: the
+        store's calls block, and would block the loop."""
+        if not self.is_async:
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        raise InvalidInputError(f"{what}: an event loop is running in this thread; use {instead}")
 
     async def astart_many(self, calls: Iterable[StartCall], *, priority: int = 0) -> list[bool]:
         """``start_many`` from async code, in a worker thread."""
@@ -176,6 +189,7 @@ class DurableFunction(Generic[R]):
         True if this call recorded it; False if it was recorded before with the same function and
         arguments (its priority is set, nothing else changes). Other arguments, or another function
         or plan under the same task id, are refused with ``InvalidInputError``, changing nothing."""
+        self._refuse_on_a_loop(f"starting task {task_id!r}", "`await fn.astart(...)`")
         return self._enqueue_many(_calls([(task_id, args, dict(kwargs or {}))]), priority)[0]
 
     def _enqueue_many(self, calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]], priority: int) -> list[bool]:

@@ -627,8 +627,9 @@ class SqlStore(BaseStore):
         """Version 6: build every task's summary row from its stored state, in the migration's transaction."""
         if version != 6:
             return
-        tasks = self._db.rows("SELECT task_id FROM longrun_tasks")
-        for (task_id,) in tasks:
+        tasks = self._db.rows("SELECT task_id, created_at FROM longrun_tasks")
+        for task_id, created_at in tasks:
+            created_at = float(created_at) if isinstance(created_at, (int, float)) else None
             try:
                 state = self._get_state(str(task_id), repair=False).state
             except LongrunError as exc:
@@ -637,11 +638,12 @@ class SqlStore(BaseStore):
                 status, revision, updated_at, next_action = row if row is not None else (NEW, 0, None, "")
                 summary = TaskSummary(
                     str(task_id), status if status in SUMMARY_STATUSES else UNREADABLE,
-                    revision if type(revision) is int else 0, updated_at=updated_at if isinstance(updated_at, float) else None,
+                    revision if type(revision) is int else 0, created_at=created_at,
+                    updated_at=updated_at if isinstance(updated_at, float) else None,
                     error=str(exc)[:MAX_ERROR_CHARS], next_action=next_action if isinstance(next_action, str) else "",
                 )  # fmt: skip
             else:
-                summary = summarize(state) if state is not None else TaskSummary(str(task_id), NEW)
+                summary = summarize(state) if state is not None else TaskSummary(str(task_id), NEW, created_at=created_at)
             self._put_summary(summary)
         log.info("%r: summary rows built for %d tasks", self, len(tasks))
 
