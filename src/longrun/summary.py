@@ -87,7 +87,14 @@ class TaskSummary:
             value = data[name]
             if value is not None and (type(value) not in (int, float) or not math.isfinite(value)):
                 raise CorruptStateError(f"task summary of {task_id!r}: {name} must be a finite number or null")
-        return cls(**{name: float(data[name]) if name.endswith("_at") and data[name] is not None else data[name] for name in _FIELDS})
+        def moment(name: str) -> float | None:
+            value = data[name]
+            return float(value) if value is not None else None
+
+        return cls(
+            task_id, status, revision, data["function"], data["parent"], moment("created_at"), moment("updated_at"),
+            moment("wake_at"), data["error"], data["next_action"],
+        )  # fmt: skip
 
 
 def summarize(state: RunState, *, created_at: float | None = None) -> TaskSummary:

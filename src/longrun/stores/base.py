@@ -50,6 +50,12 @@ Invariants every store built on ``BaseStore`` keeps (the tests are built to brea
 A subclass supplies the primitives: a per-task exclusive transaction, reading and writing the
 lease record (and moving a damaged one aside), reading (and repairing) and writing the state, and
 the control records; a store on this machine's file system also gives ``_holders``.
+
+Beside the rules, the base gives every store the listing (``list_summaries``, ``status_counts``:
+by loading every state, which a store with a summary index replaces) and the recording of new
+tasks' first revisions (``record_new``: a lease, a commit and a release per task, which a store
+that can write them in one transaction replaces). One concept, the rules a store keeps, so one
+module, and a long one: each rule is written once here so that no store can get it wrong.
 """
 
 from __future__ import annotations

@@ -36,6 +36,12 @@ class SummaryContract(ContractBase):
             self._case.skipTest("the store lists no summaries (SummaryStore)")
         return store
 
+    def recording_store(self) -> Any:
+        store = self.summary_store()
+        if not isinstance(store, RecordingStore):
+            self._case.skipTest("the store records no first revisions (RecordingStore)")
+        return store
+
     def commit_at(self, store: Any, task_id: str, updated_at: float, status: Status = Status.RUNNING, **extra: Any) -> Any:
         lease = self.leased(store, task_id)
         state = sample_state(task_id)
@@ -123,9 +129,7 @@ class SummaryContract(ContractBase):
                 store.list_summaries(**filters)
 
     def test_contract_record_new_writes_first_revisions_and_leaves_existing_tasks_alone(self) -> None:
-        case, store = self._case, self.summary_store()
-        if not isinstance(store, RecordingStore):
-            case.skipTest("the store records no first revisions (RecordingStore)")
+        case, store = self._case, self.recording_store()
         _, existing = self.committed(store, "old")
         fresh = [sample_state_at_zero(f"new-{index}") for index in range(3)]
         before = self.snapshot("old")
@@ -144,12 +148,11 @@ class SummaryContract(ContractBase):
         del existing
 
     def test_contract_record_new_refuses_bad_input_and_writes_nothing(self) -> None:
-        case, store = self._case, self.summary_store()
-        if not isinstance(store, RecordingStore):
-            case.skipTest("the store records no first revisions (RecordingStore)")
+        case, store = self._case, self.recording_store()
         twice = [sample_state_at_zero("x"), sample_state_at_zero("x")]
         bad_header = sample_state_at_zero("y")
-        bad_header.next_action = 7  # type: ignore[assignment]
+        bad_header.next_action = 7
+        states: Any
         for states in (twice, [sample_state_at_zero("z"), bad_header], [sample_state_at_zero("w", revision=3)], "state", [object()]):
             with case.assertRaises(InvalidInputError, msg=repr(states)[:80]):
                 store.record_new(states, self.now())
