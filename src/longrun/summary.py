@@ -27,7 +27,7 @@ from .errors import CorruptStateError, InvalidInputError
 from .ledger import EffectState
 from .outcome import Status
 
-__all__ = ["FUNCTION_STEP", "MAX_ERROR_CHARS", "NEW", "SUMMARY_STATUSES", "UNREADABLE", "SummaryQuery", "TaskSummary", "glob_regex", "summarize"]
+__all__ = ["FUNCTION_STEP", "MAX_ERROR_CHARS", "NEW", "SUMMARY_STATUSES", "UNREADABLE", "SummaryQuery", "TaskSummary", "glob_prefix", "glob_regex", "summarize"]
 
 FUNCTION_STEP = INTERNAL_PREFIX + "function"
 """The step id of a durable function's own record (``longrun.functions.FUNCTION_STEP``)."""
@@ -234,3 +234,12 @@ def glob_regex(pattern: str) -> str:
             out.append(char if char.isalnum() or char == "_" else "\\" + char)
     out.append("$")
     return "".join(out)
+
+
+def glob_prefix(pattern: str) -> str:
+    """The literal start of ``pattern``, before its first ``*``, ``?`` or ``[``: every task id it
+    matches begins so, which an index on the task id can seek to."""
+    for index, char in enumerate(pattern):
+        if char in "*?[":
+            return pattern[:index]
+    return pattern

@@ -33,7 +33,7 @@ from ..lease import RELEASED, Lease
 from ..ledger import EffectRecord
 from ..outcome import Evidence
 from ..protocols import LoadResult
-from ..summary import MAX_ERROR_CHARS, NEW, SUMMARY_STATUSES, UNREADABLE, SummaryQuery, TaskSummary, glob_regex, summarize
+from ..summary import MAX_ERROR_CHARS, NEW, SUMMARY_STATUSES, UNREADABLE, SummaryQuery, TaskSummary, glob_prefix, glob_regex, summarize
 from .blobs import BlobCodec, BlobFetcher, BlobRef, large_values, resolve_record_json, stored_record_json
 from ._sql_schema import SCHEMA_VERSION, column_text, quarantine_text, row_checksum, utf8_bytes
 from ._sql_connection import SqlConnection
@@ -675,8 +675,13 @@ class SqlStore(BaseStore):
             conditions.append("parent = ?")
             params.append(query.parent)
         if query.match is not None:
-            conditions.append(self._match_sql())
-            params.append(glob_regex(query.match))
+            prefix = glob_prefix(query.match)
+            if prefix:  # the task id's own index narrows the rows the pattern is tried on
+                conditions.append("task_id >= ? AND task_id < ?")
+                params += [prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)]
+            if query.match != prefix + "*":  # "PREFIX*": the range is the whole pattern
+                conditions.append(self._match_sql())
+                params.append(glob_regex(query.match))
         if query.since is not None:
             conditions.append("updated_at >= ?")
             params.append(query.since)
