@@ -185,6 +185,12 @@ class _Tables:
         with self._lock:
             self._drop()
 
+    @property
+    def ready(self) -> bool:
+        """Whether the tables were found or made on the connection held now."""
+        with self._lock:
+            return self._ready
+
     def _drop(self) -> None:
         connection, self._connection, self._cursor = self._connection, None, None
         self._ready = False
@@ -355,7 +361,10 @@ class TaskQueue:
     # -- the index ----------------------------------------------------------------------------
 
     def ensure(self) -> None:
-        """Create the tables (and triggers) if they are missing; a no-op once they exist."""
+        """Create the tables (and triggers) if they are missing; a no-op once they exist (checked
+        once per connection: a queue kept open, as ``fn.start`` keeps one, checks them once)."""
+        if self._tables.ready:
+            return
         with self._tables.session("check the fleet tables", write=False):
             pass
 
