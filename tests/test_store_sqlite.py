@@ -65,8 +65,11 @@ class SqliteCase(support.TempDirTest):
     def downgrade(self, version: int) -> None:
         """Make the database look as longrun schema ``version`` left it (its lease rows included)."""
         dropped = {3: ("token", "holder_lock"), 2: ("monotonic_clock", "monotonic_expires_at")}
-        if version < 6:
+        if version < 7:
             self.sql("DROP TABLE longrun_summaries")
+            self.sql("DELETE FROM longrun_schema WHERE version = 7")
+        if version < 6:
+            self.sql("DROP TABLE longrun_messages")
             self.sql("DELETE FROM longrun_schema WHERE version = 6")
         if version < 5:
             self.sql("DROP TABLE longrun_blobs")
@@ -579,7 +582,7 @@ if __name__ == "__main__":
 
 
 class SummaryMigrationTests(SqliteCase):
-    def test_a_version_5_database_gets_a_summary_row_per_task_built_on_open(self) -> None:
+    def test_a_version_6_database_gets_a_summary_row_per_task_built_on_open(self) -> None:
         _, running = self.committed("a")
         lease, done = self.committed("b")
         done.status, done.updated_at = Status.DONE, 1_700_000_900.0
@@ -589,10 +592,10 @@ class SummaryMigrationTests(SqliteCase):
         self.sql("UPDATE longrun_effects SET record = 'damaged' WHERE task_id = 'd' AND step_id = 'step-001'")
         expected = {summary.task_id: summary for summary in self.store.list_summaries()}
         self.store.close()
-        self.downgrade(5)
+        self.downgrade(6)
         with self.assertLogs("longrun", "INFO") as logs:
             migrated = self.open().list_summaries()
-        self.assertTrue(any("schema migrated to version 6" in line for line in logs.output), logs.output)
+        self.assertTrue(any("schema migrated to version 7" in line for line in logs.output), logs.output)
         self.assertEqual([summary.task_id for summary in migrated], ["b", "d", "a", "c"])
         for summary in migrated:
             if summary.task_id != "d":

@@ -12,6 +12,11 @@
     |   +-- ApprovalWaitingError      an approval or answer of the same request already waits, unused
     |   +-- ContractFileError         a run-contract file that cannot be used (its file and line)
     |   +-- NotAStoreError            a directory or database that is not a longrun store (its path)
+    |   +-- UnknownStepError(LookupError) the task has no step by that id
+    |   +-- TaskExistsError           a new task (a fork) was asked for under an id already in use
+    |   +-- ResolveRefusedError       an effect's outcome cannot be resolved as asked (not in flight, another key or payload)
+    |   +-- ReopenRefusedError        a task cannot be reopened (it is done, or has not ended)
+    |   +-- ForkRefusedError          a task cannot be forked from that step (an effect before it is in flight)
     +-- StorageError(OSError)         the store could not read or write; __cause__ holds the OSError
     |   +-- FencedError               a write carried an epoch other than the store's current one
     |   +-- LeaseHeldError            another live owner holds the task's lease
@@ -21,6 +26,7 @@
     |   +-- StateUnrecoverableError   neither the state nor its backup validates
     +-- PayloadError                  a step's payload factory raised; its exception is the cause
     +-- CallFailed                    a durable function's recorded call raised: replayed as recorded
+    +-- EffectFailed                  an effect with on_exhausted="raise" used all its attempts: replayed as recorded
     +-- IllegalTransitionError        a ledger move the effect lifecycle does not allow: a bug, never retried
     +-- AdapterError                  base of the two classified adapter failures
         +-- TransientError            the effect did not take place; retry within budget
@@ -43,9 +49,11 @@ __all__ = [
     "CallFailed",
     "ChildCycleError",
     "ContractFileError",
+    "EffectFailed",
     "CorruptStateError",
     "FencedError",
     "ForeignStateError",
+    "ForkRefusedError",
     "IllegalTransitionError",
     "InvalidInputError",
     "LeaseHeldError",
@@ -53,12 +61,16 @@ __all__ = [
     "NotAStoreError",
     "PayloadError",
     "PermanentError",
+    "ReopenRefusedError",
+    "ResolveRefusedError",
     "SchemaVersionError",
     "SizeLimitError",
     "StateUnrecoverableError",
     "StorageError",
+    "TaskExistsError",
     "TransientError",
     "UnknownActionError",
+    "UnknownStepError",
     "UnknownTaskError",
     "describe_exception",
     "exception_message",
@@ -148,6 +160,28 @@ class NotAStoreError(InvalidInputError):
         self.path = path
 
 
+class UnknownStepError(InvalidInputError, LookupError):
+    """The task records no step by that id; nothing was written."""
+
+
+class TaskExistsError(InvalidInputError):
+    """A new task was asked for (a fork) under an id the store already holds; nothing was written."""
+
+
+class ResolveRefusedError(InvalidInputError):
+    """An effect's outcome cannot be resolved as asked: it is not in flight, is not an effect, or its
+    key or payload digest is not the one the person checked. Nothing was written."""
+
+
+class ReopenRefusedError(InvalidInputError):
+    """A task cannot be reopened: it is ``done``, or it has not ended. Nothing was written."""
+
+
+class ForkRefusedError(InvalidInputError):
+    """A task cannot be forked as asked (an effect before the step is still in flight, or the task
+    is not a durable function's). Nothing was written."""
+
+
 class ContractFileError(InvalidInputError):
     """A run-contract file that cannot be used, with the file and line that hold the problem."""
 
@@ -217,6 +251,23 @@ class CallFailed(LongrunError):
         self.step_id = step_id
         self.type_name = type_name
         self.message = message
+
+
+class EffectFailed(LongrunError):
+    """An effect made with ``run.effect(..., on_exhausted="raise")`` used all its attempts, each of
+    which certainly did not take place (a transient failure, or observed absent): raised into the
+    durable function, which may compensate (a saga) instead of the run stopping ``limits-exhausted``.
+
+    The failure is recorded with the step, so every replay raises the same ``EffectFailed``
+    without trying the effect again. ``attempts`` is how many were made; ``last_error`` what the
+    last one reported.
+    """
+
+    def __init__(self, step_id: str, attempts: int, last_error: str):
+        super().__init__(f"effect step {step_id!r} failed after {attempts} attempt{'s' if attempts != 1 else ''}: {last_error}")
+        self.step_id = step_id
+        self.attempts = attempts
+        self.last_error = last_error
 
 
 class IllegalTransitionError(LongrunError):

@@ -49,9 +49,12 @@ __all__ = ["build_parser", "error_text", "main"]
 _SESSION_COMMANDS = ("init", "next", "exec", "checkpoint", "done", "stop")
 _STORE_COMMANDS = (
     "status", "history", "verify", "approve", "answer", "cancel", "repair", "ls", "watch", "console", "worker", "workers",
-    "mcp", *_SESSION_COMMANDS,
+    "mcp", "resolve", "fork", "send", "event", *_SESSION_COMMANDS,
 )  # fmt: skip
-_TASK_COMMANDS = ("status", "history", "verify", "approve", "answer", "cancel", "repair", "watch", "init", "next", "done", "stop")
+_TASK_COMMANDS = (
+    "status", "history", "verify", "approve", "answer", "cancel", "repair", "watch", "init", "next", "done", "stop", "resolve", "fork",
+    "send", "event",
+)  # fmt: skip
 _STEP_COMMANDS = ("exec", "checkpoint")
 """Commands with a STEP after TASK (STORE must come first, or be given with --store)."""
 
@@ -85,10 +88,23 @@ def _dispatch(args: argparse.Namespace) -> int:
         from ._resume import cmd_resume
 
         return cmd_resume(args.target, args.path, args.json, out, err, verbose=args.verbose > 0)
+    reopen_options = (args.reason, args.by, args.add_attempts, args.add_time, args.sign_key, args.control_root) if args.command == "resume" else ()
+    if args.command == "resume" and not args.reopen and any(option not in (None, 0, 0.0) for option in reopen_options):
+        raise CliError("--reason, --by, --add-attempts, --add-time, --sign-key and --control-root go with --reopen", ExitCode.USAGE)
+    if args.command == "resume" and args.reopen and args.task is None:
+        raise CliError("--reopen needs STORE TASK: it reopens a durable-function task", ExitCode.USAGE)
+    if args.command == "resume" and args.reopen and args.reason is None:
+        raise CliError("--reopen needs --reason TEXT: why the task goes on is recorded", ExitCode.USAGE)
     if args.command == "resume":
         from ._resume import cmd_resume_task
 
-        return cmd_resume_task(path(args.target), args.task, args.path, args.json, out, err, verbose=args.verbose > 0)
+        reopen = None
+        if args.reopen:
+            reopen = {
+                "reason": args.reason, "by": args.by or login_name(), "add_attempts": args.add_attempts, "add_time_s": args.add_time,
+                "sign_key": args.sign_key, "control_root": args.control_root,
+            }  # fmt: skip
+        return cmd_resume_task(path(args.target), args.task, args.path, args.json, out, err, verbose=args.verbose > 0, reopen=reopen)
     if args.command == "start":
         from ._resume import cmd_start
 
@@ -213,6 +229,31 @@ def _store_command(args: argparse.Namespace, store: Store, label: str, out: Text
             control_root=args.control_root,
             as_json=args.json,
         )
+    if args.command == "resolve":
+        from ._intervene import cmd_resolve, parse_result
+
+        return cmd_resolve(
+            store, args.task, args.step, applied=args.applied, evidence=args.evidence, by=args.by or login_name(),
+            result=parse_result(args.result), key=args.key, payload_digest=args.payload_digest, out=out,
+            sign_key=args.sign_key, control_root=args.control_root, as_json=args.json,
+        )  # fmt: skip
+    if args.command == "fork":
+        from ._intervene import cmd_fork
+        from ._resume import recorded_function
+
+        checked_task(args.new_task)
+        function, _, _ = recorded_function(store, label, args.task, args.path, err, args.verbose > 0)
+        return cmd_fork(store, function, args.task, args.new_task, args.from_step, args.json, out)
+    if args.command == "send":
+        from ._talk import cmd_send
+
+        return cmd_send(
+            store, args.task, args.topic, args.value, key=args.key, sender=args.sender or login_name(), out=out, as_json=args.json
+        )
+    if args.command == "event":
+        from ._talk import cmd_event
+
+        return cmd_event(store, args.task, args.key, wait_s=args.wait, out=out, as_json=args.json)
     if args.command == "repair":
         from ._control import cmd_repair
 

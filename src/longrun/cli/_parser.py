@@ -25,6 +25,7 @@ from ._arguments import (
     reason,
     since,
     step_id,
+    topic_name,
 )
 from ._common import STORE_HELP
 from ._help import DESCRIPTION, EPILOG, REPAIR_EPILOG, RESUME_EPILOG, SESSION_EPILOG, START_EPILOG, VERIFY_EPILOG, WORKER_EPILOG
@@ -154,6 +155,33 @@ def build_parser() -> argparse.ArgumentParser:
     add_authority_options(answer, "answer")
     add_json(answer, "{request, payload, approval, signed_with_key, written_to}")
 
+    send = add(
+        "send",
+        "send a message to a task on a topic: its run.recv(TOPIC) returns it (once)",
+        "Put one message in the task's mailbox through the store: the task's next run.recv(TOPIC) that "
+        "finds no older unreceived message of that topic returns it, and a worker running the task is woken. "
+        'VALUE is read as JSON if it parses (42, true, "text", {"a": 1}), else as a plain string; at most '
+        "64 KiB encoded. --key deduplicates: a second send with a key already in the mailbox stores nothing "
+        "(say so, exit 0). Takes no lease and touches no state.",
+    )
+    add_store(send, task=True)
+    send.add_argument("topic", metavar="TOPIC", type=topic_name, help="the topic: 1-100 of [A-Za-z0-9._:/@+=-]")
+    send.add_argument("value", metavar="VALUE", help="the value: JSON, or else plain text")
+    send.add_argument("--key", metavar="KEY", type=non_empty, help="a deduplication key (default: a new random one)")
+    send.add_argument("--sender", metavar="NAME", type=non_empty, help="who sends (default: the login name)")
+    add_json(send, "{task_id, topic, key, seq, duplicate}")
+
+    event = add(
+        "event",
+        "print the latest value a task set for an event key (run.set_event), waiting for it if asked",
+        "Read the task's committed state and print the latest value it set for KEY, as JSON. With --wait S, "
+        "wait up to S seconds for the key to be set. Exit 1 if it is not set. Read-only.",
+    )
+    add_store(event, task=True)
+    event.add_argument("key", metavar="KEY", type=topic_name, help="the event key")
+    event.add_argument("--wait", metavar="SECONDS", type=positive_seconds, default=None, help="wait up to this long for the key to be set")
+    add_json(event, "{task_id, key, set, value}")
+
     cancel = add(
         "cancel",
         "ask a task to start no new effect; its next run ends cancelled",
@@ -234,6 +262,65 @@ def build_parser() -> argparse.ArgumentParser:
         help="with STORE: resume the durable function the task records, with the arguments it records",
     )  # fmt: skip
     add_module_options(resume)
+    resume.add_argument(
+        "--reopen", action="store_true",
+        help="with STORE TASK: reopen a task that ended cancelled, blocked, limits-exhausted (or failed), then run it",
+    )  # fmt: skip
+    resume.add_argument("--reason", metavar="TEXT", type=reason, help="with --reopen: why (recorded; required)")
+    resume.add_argument("--by", metavar="NAME", type=non_empty, help="with --reopen: who reopens (default: the login name)")
+    resume.add_argument(
+        "--add-attempts", metavar="N", type=count(0, 1_000_000), default=0,
+        help="with --reopen: N more attempts for every effect not verified, and for the run's step budget",
+    )  # fmt: skip
+    resume.add_argument(
+        "--add-time", metavar="S", type=positive_seconds, default=0.0,
+        help="with --reopen: S more seconds of work under the time limits (max_elapsed_s, max_no_progress_s)",
+    )  # fmt: skip
+    add_authority_options(resume, "reopen record")
+
+    # -- the operator's interventions: resolve, fork (resume --reopen is above) ------------------------
+    resolve = add(
+        "resolve",
+        "record, after checking the target, whether an uncertain effect took place (--applied) or not (--absent)",
+        "Write a person's observation of an effect in flight (a task unsafe-to-continue, or an uncertain "
+        "ledger entry), bound to the task, plan digest, step, effect key and payload digest, as a control "
+        "record like an approval (into the store, or --control-root, signed with --sign-key). The task's "
+        "next run uses it once, before observing anything: --applied makes the effect verified (never "
+        "applied again; --result is its recorded result), --absent plans it again (the run applies it "
+        "again). Refused (exit 2, nothing written) for an unknown task or step, an effect not in flight, "
+        "or a --key or --payload-digest that is not the effect's.",
+    )
+    add_store(resolve, task=True)
+    resolve.add_argument("step", metavar="STEP", type=step_id, help="the step id of the effect")
+    outcome = resolve.add_mutually_exclusive_group(required=True)
+    outcome.add_argument("--applied", action="store_true", help="the effect took place at the target")
+    outcome.add_argument("--absent", action="store_true", help="the effect did not take place at the target")
+    resolve.add_argument("--evidence", metavar="TEXT", type=reason, required=True, help="what you checked and saw (recorded)")
+    resolve.add_argument("--result", metavar="JSON", help="with --applied: the effect's result to record (JSON)")
+    resolve.add_argument("--by", metavar="NAME", type=non_empty, help="who checked (default: the login name)")
+    resolve.add_argument("--key", metavar="KEY", help="refuse unless the effect's key is KEY")
+    resolve.add_argument("--payload-digest", metavar="DIGEST", help="refuse unless the effect's payload digest is DIGEST")
+    add_authority_options(resolve, "resolution")
+    add_json(resolve, "{record, signed_with_key, written_under}")
+
+    fork = add(
+        "fork",
+        "record a new task from a durable task: its records before STEP copied, STEP on made anew under new keys",
+        "Import the durable function TASK records and record NEW_TASK with the same arguments: the verified "
+        "effects and recorded calls of TASK before STEP are copied as recorded (never applied again), and "
+        "NEW_TASK makes STEP and every later step itself, under its own effect keys (NEW_TASK/<step id>), "
+        "which the target sees as new effects. Without --from, from TASK's first step that is not verified. "
+        "NEW_TASK records its origin; TASK lists its forks (longrun status). A worker runs NEW_TASK, or "
+        "longrun resume STORE NEW_TASK. Refused (exit 2, nothing written) for an unknown task or step, an "
+        "effect before STEP still in flight, or a NEW_TASK that exists.",
+    )
+    add_store(fork, task=True)
+    fork.add_argument("new_task", metavar="NEW_TASK", help="the new task's id")
+    fork.add_argument("--from", dest="from_step", metavar="STEP", type=step_id, help="the first step the fork makes anew")
+    fork.add_argument(
+        "--path", metavar="DIR", type=path, action="append", default=[], help="search DIR for the function's module first (repeatable)"
+    )
+    add_json(fork, "{task_id, forked_from: {task, step}, function}")
 
     start = add(
         "start",

@@ -54,7 +54,7 @@ from ._common import (
     CliError, ExitCode, TaskCodeError, checked_task, close_store, evidence_line, name_store, open_store, store_label, write_json,
 )  # fmt: skip
 
-__all__ = ["STATUS_EXIT", "cmd_resume", "cmd_resume_task", "cmd_start", "load_target"]
+__all__ = ["STATUS_EXIT", "cmd_resume", "cmd_resume_task", "cmd_start", "load_target", "recorded_function"]
 
 STATUS_EXIT: dict[Status, ExitCode] = {Status.DONE: ExitCode.OK, **dict.fromkeys(ENDED_UNFINISHED, ExitCode.ENDED)}
 """Every status not listed exits ``ExitCode.NOT_AS_ASKED`` (1): a later run continues it."""
@@ -247,18 +247,33 @@ def cmd_start(
 
 
 def cmd_resume_task(
-    spec: str, task_id: str, paths: Sequence[str], as_json: bool, out: TextIO, err: TextIO, verbose: bool = False
-) -> int:
-    """``longrun resume STORE TASK``: run the durable function the task records, with its arguments."""
-    from ..functions import FUNCTION_STEP
-    from ..session import CONTRACT_STEP
-
+    spec: str, task_id: str, paths: Sequence[str], as_json: bool, out: TextIO, err: TextIO, verbose: bool = False,
+    *, reopen: dict[str, Any] | None = None,
+) -> int:  # fmt: skip
+    """``longrun resume STORE TASK``: run the durable function the task records, with its arguments,
+    on STORE (not on the store the function was decorated with). With ``reopen`` (the keywords of
+    ``_intervene.write_reopen``), write the reopen record first: ``resume --reopen``."""
     checked_task(task_id)
     store = open_store(spec)
     try:
-        loaded = store.load(task_id)
+        function, args, kwargs = recorded_function(store, spec, task_id, paths, err, verbose)
+        if reopen is not None:
+            from ._intervene import write_reopen
+
+            write_reopen(store, task_id, err=err, as_json=as_json, **reopen)
+        return _run_durable(function.with_options(store=store), task_id, args, kwargs, as_json, out, store_label(spec))
     finally:
         close_store(store)
+
+
+def recorded_function(
+    store: Any, spec: str, task_id: str, paths: Sequence[str], err: TextIO, verbose: bool
+) -> tuple[Any, list[Any], dict[str, Any]]:
+    """The durable function ``task_id`` records (imported), and the arguments it records."""
+    from ..functions import FUNCTION_STEP
+    from ..session import CONTRACT_STEP
+
+    loaded = store.load(task_id)
     record = loaded.state.effects.get(FUNCTION_STEP) if loaded.state is not None else None
     if loaded.state is not None and record is None and CONTRACT_STEP in loaded.state.effects:
         raise CliError(
@@ -274,5 +289,4 @@ def cmd_resume_task(
     name, args, kwargs = record.payload.get("function"), record.payload.get("args"), record.payload.get("kwargs")
     if not isinstance(name, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
         raise CliError(f"task {task_id!r}: its function record is malformed", ExitCode.STORAGE)
-    function = _durable_target(name, paths, err, verbose)
-    return _run_durable(function, task_id, args, kwargs, as_json, out, store_label(spec))
+    return _durable_target(name, paths, err, verbose), args, kwargs

@@ -23,18 +23,19 @@ from ..contract import Step, is_internal
 from ..envelope import RunState
 from ..errors import PermanentError, StateUnrecoverableError, TransientError, UnknownActionError, describe_exception
 from ..lease import Lease
-from ..ledger import IN_FLIGHT, EffectRecord, EffectState, check_receipt
-from ..outcome import TERMINAL, Status
+from ..intervention import APPLIED, REOPENABLE, find_reopen, find_resolution, superseded_cancellation
+from ..ledger import IN_FLIGHT, EffectRecord, EffectState, check_receipt, raised_into_function
+from ..outcome import TERMINAL, Evidence, Status
 from ..protocols import AnyEffectAdapter, LoadResult
 from ..recovery import Reconciled, Verdict, settle
 from ._config import utc
 from ._invocation import Invocation, Stop
-from ._ops import COMMIT, RENEW_LEASE, Apply, ApplyTimedOut, Gather, Load, Observe, Steps
+from ._ops import COMMIT, READ_APPROVALS, RENEW_LEASE, Apply, ApplyTimedOut, CancellationRead, Gather, Load, Observe, ReadCancellation, Steps
 from ._steps import failed_for_good, gate, interrupted, ready, start_attempt, step_options, stop, transient
 
 log = logging.getLogger("longrun")
 
-__all__ = ["effect", "recover", "verified_prefix"]
+__all__ = ["ON_EXHAUSTED", "effect", "recover", "verified_prefix"]
 
 
 _VERIFIED_STATE = EffectState.VERIFIED
@@ -55,8 +56,17 @@ def verified_prefix(inv: Invocation, steps: Sequence[Step]) -> int:
     return len(steps)
 
 
-def effect(inv: Invocation, step: Step, *, retry: RetryPolicy | None = None, timeout_s: float | None = None) -> Steps[EffectRecord]:
-    """Make one step's effect verified, or stop; return its verified record.
+_EXHAUSTED_FAILS = frozenset({EffectState.VERIFIED, EffectState.FAILED})
+ON_EXHAUSTED = ("stop", "raise")
+"""What an effect whose attempts ran out does: stop the run ``limits-exhausted``, or settle ``failed``
+(the face raises ``EffectFailed`` into the function, now and on every replay)."""
+
+
+def effect(
+    inv: Invocation, step: Step, *, retry: RetryPolicy | None = None, timeout_s: float | None = None, on_exhausted: str = "stop"
+) -> Steps[EffectRecord]:
+    """Make one step's effect verified, or stop; return its verified record (with
+    ``on_exhausted="raise"``: or its ``failed`` record, once its attempts ran out).
 
     A verified step returns at once (that is replay). Otherwise, in order: cancellation read
     fresh, the budgets, the record planned, a backoff honoured, an observation first where the
@@ -66,8 +76,9 @@ def effect(inv: Invocation, step: Step, *, retry: RetryPolicy | None = None, tim
     """
     state = inv.state
     step_options(inv, step, retry, timeout_s)
+    raises = on_exhausted == "raise"
     while True:
-        record, settled = yield from ready(inv, step, _VERIFIED)
+        record, settled = yield from ready(inv, step, _EXHAUSTED_FAILS if raises else _VERIFIED, exhausted_fails=raises)
         if settled:
             return record
         if state.reconcile_all:
@@ -260,8 +271,10 @@ def unsafe(inv: Invocation, settled: Reconciled) -> Steps[Stop]:
         yield from stop(
             inv,
             Status.UNSAFE_TO_CONTINUE,
-            f"check the target for effect {settled.record.key!r} and resolve it by hand ({settled.reason}); then run "
-            "again (it will be observed again before anything is applied)",
+            f"check the target for effect {settled.record.key!r} ({settled.reason}) and record what you find: "
+            f"`longrun resolve {inv.store_spec} {inv.task_id} {settled.record.step_id} --applied|--absent --evidence TEXT`"
+            f"{' --sign-key <key file>' if inv.signed_approvals else ''}; then run again (without a resolution it is "
+            "observed again before anything is applied)",
         )
     )
 
@@ -307,7 +320,7 @@ def recover(inv: Invocation, lease: Lease, initial: Callable[[RunState], None], 
     )
     inv.evidence.observed("clock", describe_wall_gap(state.updated_at, now))
     accept(state)
-    if state.status in TERMINAL:
+    if state.status in TERMINAL and not (state.status in REOPENABLE and (yield from _reopened(inv, state))):
         inv.evidence.inferred(f"the run already ended {state.status.value}; nothing more will be applied")
         raise Stop(state.status, state.next_action)
     in_flight = []
@@ -321,6 +334,8 @@ def recover(inv: Invocation, lease: Lease, initial: Callable[[RunState], None], 
             interrupted(inv, record)
         else:
             in_flight.append(record)
+    if in_flight:
+        in_flight = yield from _resolved_by_hand(inv, in_flight)
     # Every effect in flight is observed (at once, bounded, under the async driver) before anything else.
     verdicts: list[Reconciled] = yield Gather(tuple(reconcile(inv, record) for record in in_flight), inv.max_parallel)
     unsafe_ones = [settled for settled in verdicts if settled.verdict is Verdict.UNSAFE]
@@ -330,3 +345,87 @@ def recover(inv: Invocation, lease: Lease, initial: Callable[[RunState], None], 
         raise (yield from unsafe(inv, unsafe_ones[0]))
     if inv.dirty:
         yield COMMIT
+
+
+def _reopened(inv: Invocation, state: RunState) -> Steps[bool]:
+    """Act on an operator's reopen of the ending ``state`` records (``longrun.intervention``), if
+    one is waiting: the status is cleared, the budgets widened as it says, a cancellation record
+    superseded, and the reopen recorded as the operator's word; True if the run goes on."""
+    records = yield READ_APPROVALS
+    found, reasons = find_reopen(records, state, inv.clock.now())
+    for reason in reasons:
+        inv.evidence.unknown("control", reason)
+    if found is None:
+        return False
+    approval, reopen = found
+    now = inv.clock.now()
+    detail = (
+        f"{approval.approver} reopened the task at {utc(approval.granted_at)} (it had ended {reopen.status} at revision "
+        f"{reopen.revision}; reopen {approval.approval_id}): {reopen.reason}"
+    )
+    if reopen.add_attempts or reopen.add_time_s:
+        detail += f"; {reopen.add_attempts} more attempts, {reopen.add_time_s:g} s more work"
+    if state.status is Status.CANCELLED:
+        found_cancel: CancellationRead = yield ReadCancellation(inv.cancelled_with)
+        if found_cancel.record is not None and found_cancel.record.digest:
+            state.consumed_approvals.append(superseded_cancellation(found_cancel.record.digest))
+            detail += f"; cancellation record {found_cancel.record.name} ({found_cancel.record.digest}) is superseded"
+    state.consumed_approvals.append(approval.approval_id)
+    state.note_control(inv.evidence.observed(f"person:{approval.approver}", detail))
+    budget = state.budget
+    budget = replace(budget, attempts_total=max(0, budget.attempts_total - reopen.add_attempts))
+    for record in list(state.effects.values()):
+        if record.state is EffectState.VERIFIED or is_internal(record.action) and record.state is EffectState.FAILED or raised_into_function(record):
+            continue  # a call's recorded exception, an EffectFailed the function handled: replayed as recorded
+        fewer = max(0, record.attempts - reopen.add_attempts)
+        if record.state is EffectState.FAILED:  # failed for good, and the operator says to try again
+            # An approval authorized one attempt that failed: trying again asks again.
+            inv.put(record.with_changes(state=EffectState.PLANNED, attempts=fewer, approval_id=None, not_before=None, backoff=None, updated_at=now))
+        elif fewer != record.attempts:
+            inv.put(record.with_changes(attempts=fewer, updated_at=now))
+    if reopen.add_time_s:
+        # Less work counted: S more under max_elapsed_s, and S more under max_no_progress_s (the work
+        # since the last progress shrinks by S, to no less than none).
+        worked = max(0.0, budget.worked_s - reopen.add_time_s)
+        budget = replace(budget, worked_s=worked, worked_at_progress_s=min(budget.worked_at_progress_s, worked))
+    state.budget = budget
+    state.status = Status.RUNNING
+    state.next_action = "run the task again: it was reopened"
+    inv.evidence.inferred(f"reopen {approval.approval_id} consumed once; the run goes on")
+    inv.dirty = True
+    return True
+
+
+def _resolved_by_hand(inv: Invocation, in_flight: list[EffectRecord]) -> Steps[list[EffectRecord]]:
+    """Settle each effect in flight that a person resolved (``longrun resolve``) as they recorded
+    it, before anything is observed: applied is verified, absent planned again. Returns the effects
+    still to observe."""
+    records = yield READ_APPROVALS
+    state = inv.state
+    remaining = []
+    for record in in_flight:
+        now = inv.clock.now()
+        found, reasons = find_resolution(records, state, record, now)
+        for reason in reasons:
+            inv.evidence.unknown("control", reason)
+        if found is None:
+            remaining.append(record)
+            continue
+        approval, resolution = found
+        detail = (
+            f"{approval.approver} checked the target at {utc(approval.granted_at)} and recorded effect {record.key!r} as "
+            f"{resolution.outcome} (resolution {approval.approval_id}): {resolution.evidence}"
+        )
+        state.consumed_approvals.append(approval.approval_id)
+        state.note_control(Evidence(f"person:{approval.approver}", detail, approval.granted_at))
+        inv.evidence.observations.append(Evidence(f"person:{approval.approver}", detail, approval.granted_at))
+        uncertain = record if record.state is EffectState.UNCERTAIN else record.move(EffectState.UNCERTAIN, now)
+        if resolution.outcome == APPLIED:
+            result = resolution.result if resolution.result is not None else record.result
+            inv.put(uncertain.move(EffectState.VERIFIED, now, result=result, evidence=detail))
+            state.budget = state.budget.progressed(now, inv.take_work())
+            inv.evidence.inferred(f"{record.key} verified by a person's observation; it will not be applied again")
+        else:
+            inv.put(uncertain.move(EffectState.PLANNED, now, evidence=detail))
+            inv.evidence.inferred(f"{record.key} was found absent by a person; it will be applied again")
+    return remaining

@@ -6,22 +6,29 @@ import asyncio
 import copy
 import dataclasses
 import inspect
+import secrets
 import threading
 import time
 import weakref
 from types import MappingProxyType
 from typing import Any, Callable, Generic, Iterable, Mapping, Sequence, TypeVar, Unpack
 
-from ..canonical import ensure_json
+from ..canonical import JSONValue, ensure_json
+from ..clock import SystemClock
 from ..contract import RunContract, check_task_id
 from ..engine import Engine, EngineOptions
-from ..errors import InvalidInputError, UnknownTaskError
+from ..envelope import RunState
+from ..errors import ForkRefusedError, InvalidInputError, UnknownTaskError
+from ..intervention import ApprovalWriter, Signer, reopen
 from ..outcome import RunOutcome, Status
-from ..protocols import AnyEffectAdapter, RecordingStore, Store
+from ..messages import Delivery, Message
+from ..protocols import AnyEffectAdapter, Clock, RecordingStore, Store
 from ..stores.queue import TaskQueue, open_queue
+from ..task_events import read_event
 from ._plan import FunctionPlan, Recording, run_coroutine
 from ._family import cancelled_down
-from ._lineage import ChildLink, qualified_name
+from ._fork import Forking, check_new_task, record_fork_in_origin, records_to_copy
+from ._lineage import FUNCTION_STEP, ChildLink, qualified_name
 
 __all__ = ["DurableFunction", "durable"]
 
@@ -282,6 +289,80 @@ class DurableFunction(Generic[R]):
         clone._queue, clone._queue_lock = None, threading.Lock()
         return clone
 
+    def fork(self, task_id: str, new_task_id: str, *, from_step: str | None = None) -> str:
+        """Record ``new_task_id``: a fork of ``task_id`` (a task of this function) that starts with the
+        origin's verified effects and recorded calls before ``from_step`` copied as recorded (never
+        applied again) and makes ``from_step`` and what follows itself, under its own effect keys
+        (default: from the origin's first step not verified). It runs with the origin's recorded
+        arguments, as a worker or ``run``/``longrun resume`` runs it; the origin records the fork.
+        Returns the step the fork starts at (``""`` if every step was copied). See ``functions._fork``
+        for what is refused (``UnknownTaskError``, ``UnknownStepError``, ``TaskExistsError``, ...)."""
+        check_task_id(task_id)
+        check_task_id(new_task_id)
+        store = self._options["store"]
+        origin = store.load(task_id).state  # UnknownTaskError for a task the store does not hold
+        if origin is None:
+            raise UnknownTaskError(f"task {task_id!r} has no committed state; nothing was written")
+        args, kwargs = self._recorded_arguments(origin, ForkRefusedError)
+        check_new_task(store, new_task_id)
+        start_at, copied = records_to_copy(origin, from_step)
+        engine, plan = self._plan(new_task_id, tuple(args), dict(kwargs))
+        record_fork_in_origin(store, task_id, new_task_id, start_at, engine.clock.now())
+        forking = Forking(plan, copied, {"task": task_id, "step": start_at})
+        queue = open_queue(engine.store)
+        try:
+            queue.ensure()
+            outcome = run_coroutine(engine.arun(forking), f"forking {task_id!r}") if engine.asynchronous else engine.run(forking)
+            if outcome.status is not Status.RUNNING:
+                raise InvalidInputError(f"task {new_task_id!r} could not be recorded: {outcome.status.value}: {outcome.next_action}")
+            queue.enqueue(new_task_id, self.name)
+        finally:
+            queue.close()
+        return start_at
+
+    def reopen(
+        self,
+        task_id: str,
+        reason: str,
+        *,
+        by: str,
+        add_attempts: int = 0,
+        add_time_s: float = 0.0,
+        write_to: ApprovalWriter | None = None,
+        sign: Signer | None = None,
+    ) -> RunOutcome:
+        """Reopen ``task_id`` (ended cancelled, blocked, limits-exhausted, or another ``REOPENABLE``
+        status) as ``by``, for ``reason``, with ``add_attempts`` more attempts per unfinished effect
+        and ``add_time_s`` more seconds of work, and run it once with its recorded arguments. The
+        reopen is a control record (``longrun.intervention.reopen``), written to the store, or to
+        ``write_to``, signed by ``sign`` if given (``functools.partial(longrun.authority.sign_approval, key=key)``): it must be where this function's approval
+        source reads. ``ReopenRefusedError`` for a task that is done or has not ended."""
+        store = self._options["store"]
+        reopen(store, task_id, reason, by=by, add_attempts=add_attempts, add_time_s=add_time_s, write_to=write_to, sign=sign)
+        return self.resume(task_id)
+
+    def resume(self, task_id: str) -> RunOutcome:
+        """Run ``task_id`` once with the arguments it records (as ``longrun resume STORE TASK`` does)."""
+        state = self._options["store"].load(task_id).state
+        if state is None:
+            raise UnknownTaskError(f"task {task_id!r} has no committed state; nothing was run")
+        args, kwargs = self._recorded_arguments(state)
+        return self.run(task_id, *args, **kwargs)
+
+    def _recorded_arguments(
+        self, state: RunState, error: type[InvalidInputError] = InvalidInputError
+    ) -> tuple[list[Any], dict[str, Any]]:
+        record = state.effects.get(FUNCTION_STEP)
+        payload = record.payload if record is not None else None
+        if payload is None or payload.get("function") != self.name:
+            named = payload.get("function") if payload is not None else None
+            what = f"a task of {named}" if isinstance(named, str) else "not a durable function's task"
+            raise error(f"task {state.task_id!r} is {what}, not of {self.name}; nothing was done")
+        args, kwargs = payload.get("args"), payload.get("kwargs")
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise error(f"task {state.task_id!r}: its function record holds no arguments; nothing was done")
+        return args, kwargs
+
     def run_child(
         self,
         task_id: str,
@@ -298,6 +379,31 @@ class DurableFunction(Generic[R]):
             return run_coroutine(self.arun_child(task_id, parent, args, kwargs, link=link), f"child {task_id!r}")
         engine, plan = self._plan(task_id, args, kwargs, link=link)
         return cancelled_down(engine, engine.run(plan))
+
+    def _store_and_clock(self) -> tuple[Store, Clock]:
+        clock = self._options.get("clock")
+        return self._options["store"], clock if clock is not None else SystemClock()
+
+    def send(self, task_id: str, topic: str, value: JSONValue, *, key: str | None = None, sender: str = "outside") -> Delivery:
+        """Send ``value`` to task ``task_id`` on ``topic`` from outside any task, through this
+        function's store; its ``run.recv(topic)`` returns it (a worker running the task is woken).
+
+        ``key`` deduplicates: a second send with a key already in the task's mailbox stores nothing
+        (``Delivery.duplicate``); give one when the send itself may be repeated. Without one every
+        call is a new message. ``UnknownTaskError`` for a task the store does not hold,
+        ``SizeLimitError`` for a value over ``messages.MAX_MESSAGE_BYTES``, ``InvalidInputError``
+        for a value that is not JSON; nothing is stored then."""
+        check_task_id(task_id)
+        store, clock = self._store_and_clock()
+        message = Message.of(task_id, topic, value, key=key if key is not None else secrets.token_hex(16), sender=sender, sent_at=clock.now())
+        return store.send_message(message)
+
+    def get_event(self, task_id: str, key: str, *, timeout_s: float | None = None) -> JSONValue:
+        """The latest value task ``task_id`` set for event ``key`` (``run.set_event``), as committed;
+        None if it has not set it. With ``timeout_s``, waits up to that long for it to be set
+        (reading the state again every ``task_events.EVENT_POLL_S`` on this function's clock)."""
+        store, clock = self._store_and_clock()
+        return read_event(store, task_id, key, timeout_s=timeout_s, clock=clock)[1]
 
     def __repr__(self) -> str:
         return f"<durable function {self.name}>"

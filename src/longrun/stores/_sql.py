@@ -31,6 +31,7 @@ from ..errors import (
 )  # fmt: skip
 from ..lease import RELEASED, Lease
 from ..ledger import EffectRecord
+from ..messages import Message, decode_message, encode_message
 from ..outcome import Evidence
 from ..protocols import LoadResult
 from ..summary import MAX_ERROR_CHARS, NEW, SUMMARY_STATUSES, UNREADABLE, SummaryQuery, TaskSummary, glob_prefix, glob_regex, summarize
@@ -603,6 +604,40 @@ class SqlStore(BaseStore):
                 (approval.task_id, approval.approval_id, body),
             )
 
+    # -- messages -----------------------------------------------------------------------------
+
+    def _message_with_key(self, task_id: str, key: str) -> Message | None:
+        row = self._db.one("SELECT seq, body FROM longrun_messages WHERE task_id = ? AND msg_key = ?", (task_id, key))
+        return None if row is None else self._message(task_id, row[0], row[1])
+
+    def _last_message_seq(self, task_id: str) -> int:
+        row = self._db.one("SELECT MAX(seq) FROM longrun_messages WHERE task_id = ?", (task_id,))
+        return 0 if row is None or row[0] is None else int(row[0])
+
+    def _put_message(self, message: Message) -> None:
+        self._db.run(
+            f"INSERT INTO longrun_messages (task_id, seq, msg_key, topic, body, written_at) VALUES (?, ?, ?, ?, ?, {self._now_sql()})",
+            (message.task_id, message.seq, message.key, message.topic, encode_message(message).decode("utf-8")),
+        )
+
+    def _get_messages(self, task_id: str, topic: str | None) -> list[Message]:
+        if topic is None:
+            rows = self._db.rows("SELECT seq, body FROM longrun_messages WHERE task_id = ? ORDER BY seq", (task_id,))
+        else:
+            rows = self._db.rows("SELECT seq, body FROM longrun_messages WHERE task_id = ? AND topic = ? ORDER BY seq", (task_id, topic))
+        return [self._message(task_id, row[0], row[1]) for row in rows]
+
+    @staticmethod
+    def _message(task_id: str, seq: object, body: object) -> Message:
+        name = f"longrun_messages/{task_id}/{seq}"
+        data = utf8_bytes(column_text(body))
+        if data is None:
+            raise CorruptStateError(f"message {name} is damaged: not UTF-8 text")
+        message = decode_message(data, name)
+        if message.seq != seq:
+            raise CorruptStateError(f"message {name} is damaged: it holds number {message.seq}")
+        return message
+
     # -- listing ------------------------------------------------------------------------------
 
     def list_tasks(self) -> list[str]:
@@ -624,8 +659,8 @@ class SqlStore(BaseStore):
         )
 
     def _migrated(self, version: int) -> None:
-        """Version 6: build every task's summary row from its stored state, in the migration's transaction."""
-        if version != 6:
+        """Version 7: build every task's summary row from its stored state, in the migration's transaction."""
+        if version != 7:
             return
         tasks = self._db.rows("SELECT task_id, created_at FROM longrun_tasks")
         for task_id, created_at in tasks:
