@@ -4,6 +4,9 @@ Pages (server-rendered HTML and one stylesheet; no JavaScript at all):
 
 - ``/``: the task list (``ls``), with status, progress, last update and next action, filtered by
   status, ``since`` and a limit as ``ls`` is.
+- ``/metrics``: the store's metrics in the Prometheus text format (``_metrics``), for a scraper:
+  the token as ``?token=`` (served as asked, no cookie traded), the cookie, or an
+  ``Authorization: Bearer`` header.
 - ``/task/<id>``: the task's status and progress; its pending approval requests and questions
   with the payload shown in full (``_payload``: pretty-printed, control characters escaped, long
   values elided with their size) and a form to approve or answer each one; a form to cancel the
@@ -16,8 +19,11 @@ Writes are exactly the CLI's: an approval is ``cmd_approve`` with the payload di
 showed as ``expected_digest`` (a request that changed since is refused, nothing written), an answer
 is ``cmd_approve(answer=...)``, a cancellation is ``cmd_cancel``; into ``--control-root`` (a strict
 control area, so the console must run as the approver account), signed with ``--sign-key`` when
-given. Without ``--control-root`` the console is read-only, as with ``--read-only``: it shows no
-form and refuses every POST. A page served over HTTP never writes into the store itself, where an
+given. A live worker acts on each record within a second (it watches the control root); where no
+live worker runs the task's function, the task's page offers "Run once", which runs the task in
+the console's process as ``longrun resume STORE TASK`` does (the function's module must be
+importable from the console's directory). Without ``--control-root`` the console is read-only, as
+with ``--read-only``: it shows no form and refuses every POST. A page served over HTTP never writes into the store itself, where an
 approval is worth no more than the agent's own writes (see the threat model in docs/security.md).
 
 Security, for a console that can approve effects on the machine it runs on:
@@ -56,7 +62,7 @@ from typing import Any, Mapping, Sequence, TextIO
 from ..contract import check_task_id
 from ..errors import InvalidInputError, LongrunError
 from ..protocols import Store
-from ._common import CliError
+from ._common import CliError, TaskCodeError
 from ._console_pages import STYLE, Console, ConsoleError, e, task_url
 
 __all__ = ["ConsoleServer", "cmd_console", "start_console"]
@@ -114,6 +120,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         given = (query.get("token") or [""])[0]
         if given and hmac.compare_digest(given.encode("utf-8", "replace"), token.encode("ascii")):
             return True, True
+        bearer = self.headers.get("Authorization", "")
+        if bearer.startswith("Bearer ") and hmac.compare_digest(bearer[len("Bearer ") :].encode("utf-8", "replace"), token.encode("ascii")):
+            return True, False
         cookies = self.headers.get("Cookie", "")
         name = self.console_server.cookie_name
         for part in cookies.split(";"):
@@ -133,7 +142,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if not allowed:
             self._error(403, "open the URL with the token that `longrun console` printed")
             return None
-        if by_url:
+        if by_url and url.path != "/metrics":  # a scraper keeps no cookie: /metrics is served as asked
             # Trade the token in the URL for a cookie, and drop it from the address bar (and history).
             rest = urllib.parse.urlencode([(k, v) for k, values in query.items() if k != "token" for v in values], doseq=True)
             cookie = f"{self.console_server.cookie_name}={self.console_server.console.token}; HttpOnly; SameSite=Strict; Path=/"
@@ -161,6 +170,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         try:
             if url.path == "/":
                 self._send(200, console.task_list(query))
+            elif url.path == "/metrics":  # for a scraper: the token as ?token=, a cookie or a bearer token
+                from ._metrics import CONTENT_TYPE, metrics_text
+
+                self._send(200, metrics_text(console.store), content_type=CONTENT_TYPE)
             elif url.path == "/static/console.css":
                 self._send(200, STYLE, content_type="text/css; charset=utf-8")
             elif url.path.startswith("/task/") and url.path.count("/") == 2:
@@ -210,6 +223,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             notice = console.act(task_id, parts[3], form)
         except ConsoleError as exc:
             self._error(exc.status, str(exc))
+            return
+        except TaskCodeError as exc:  # "run once": the task's own code raised; what was settled is committed
+            self._error(500, f"{exc}: {exc.__cause__}" if exc.__cause__ is not None else str(exc))
             return
         except (CliError, LongrunError, OSError) as exc:
             self._error(409 if isinstance(exc, CliError) else 400 if isinstance(exc, InvalidInputError) else 500, str(exc))

@@ -8,7 +8,9 @@ and errors go to stderr. The library's log records are routed to stderr only for
 the call. A traceback is printed only for an exception nobody expected (exit 70): a bug in
 longrun, or, under ``resume``, the task's own code raising inside ``run()``.
 
-``--json`` may be given before the command (``longrun --json status ...``) or after it.
+``--json`` may be given before the command (``longrun --json status ...``) or after it, and so
+may ``--log-format text|json`` and ``--log-level`` (``longrun.logging``: ISO-8601 UTC times in both
+formats; ``-v`` is ``--log-level info``, ``-vv`` debug).
 
 The store of every command that takes one is named once: as the ``STORE`` argument before
 ``TASK``, or with ``--store SPEC``. Both at once are accepted only when they agree.
@@ -24,9 +26,10 @@ import logging
 import os
 import sys
 import traceback
-from typing import Sequence, TextIO
+from typing import TYPE_CHECKING, Sequence, TextIO
 
 from ..errors import LongrunError
+from ..logging import configure
 from ..protocols import Store
 from ._common import (
     CliError,
@@ -44,17 +47,22 @@ from ._help import INTERNAL_ERROR
 from ._arguments import path
 from ._parser import build_parser
 
+if TYPE_CHECKING:
+    from ._filters import TaskFilter
+
 __all__ = ["build_parser", "error_text", "main"]
 
 _SESSION_COMMANDS = ("init", "next", "exec", "checkpoint", "done", "stop")
 _STORE_COMMANDS = (
     "status", "history", "verify", "approve", "answer", "cancel", "repair", "ls", "watch", "console", "worker", "workers",
-    "mcp", "resolve", "fork", "send", "event", *_SESSION_COMMANDS,
+    "mcp", "resolve", "fork", "send", "event", "metrics", "delete", "prune", *_SESSION_COMMANDS,
 )  # fmt: skip
 _TASK_COMMANDS = (
     "status", "history", "verify", "approve", "answer", "cancel", "repair", "watch", "init", "next", "done", "stop", "resolve", "fork",
-    "send", "event",
+    "send", "event", "delete",
 )  # fmt: skip
+_BULK_COMMANDS = ("approve", "cancel")
+"""Commands that take a filter (``_filters``) instead of TASK: ``_bulk``."""
 _STEP_COMMANDS = ("exec", "checkpoint")
 """Commands with a STEP after TASK (STORE must come first, or be given with --store)."""
 
@@ -113,7 +121,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             verbose=args.verbose > 0, run=args.run, priority=args.priority,
         )  # fmt: skip
     spec = args.store_spec
-    if args.command in _TASK_COMMANDS or args.command in _STEP_COMMANDS:
+    if (args.command in _TASK_COMMANDS or args.command in _STEP_COMMANDS) and not (args.command in _BULK_COMMANDS and args.task is None):
         checked_task(args.task)  # an unsafe id is refused before the store is opened
     if args.command == "init":
         from ..contractfile import load_contract
@@ -136,18 +144,72 @@ def _dispatch(args: argparse.Namespace) -> int:
         close_store(store)
 
 
+def _task_filter(args: argparse.Namespace) -> "TaskFilter":
+    import time
+
+    from ._filters import TaskFilter, parse_moment
+
+    now = time.time()
+    return TaskFilter(
+        statuses=tuple(status for group in args.filter_statuses for status in group),
+        functions=tuple(args.filter_functions),
+        since=parse_moment(args.filter_since, now, option="--since") if args.filter_since is not None else None,
+        until=parse_moment(args.filter_until, now, option="--until") if args.filter_until is not None else None,
+        match=args.filter_match,
+    )
+
+
+def _check_bulk(args: argparse.Namespace) -> None:
+    """TASK or a filter, not both; refused before the store is opened."""
+    command_parser: argparse.ArgumentParser = args.command_parser
+    try:
+        chosen = _task_filter(args)
+    except LongrunError as exc:
+        command_parser.error(str(exc))
+    if args.task is not None and not chosen.empty:
+        command_parser.error("give a TASK or a filter (--status, --function, --since, --until, --match), not both")
+    if args.task is None and chosen.empty:
+        command_parser.error("the task is missing: give TASK, or choose tasks with --status, --function, --since, --until or --match")
+
+
 def _store_command(args: argparse.Namespace, store: Store, label: str, out: TextIO, err: TextIO) -> int:
+    if args.command in _BULK_COMMANDS and args.task is None:
+        from ._bulk import APPROVE, CANCEL, cmd_bulk
+
+        return cmd_bulk(
+            store, APPROVE(args.step) if args.command == "approve" else CANCEL, _task_filter(args), assume_yes=args.yes,
+            who=(args.approver if args.command == "approve" else args.by) or login_name(),
+            reason=getattr(args, "reason", ""), out=out, err=err, ttl_s=getattr(args, "ttl", None),
+            sign_key=args.sign_key, control_root=args.control_root, as_json=args.json,
+        )  # fmt: skip
+    if args.command == "delete":
+        from ._bulk import cmd_delete
+
+        return cmd_delete(store, args.task, out=out, as_json=args.json)
+    if args.command == "prune":
+        from ._bulk import cmd_prune
+
+        chosen = _task_filter(args)
+        return cmd_prune(
+            store, args.before, statuses=chosen.statuses, functions=chosen.functions, match=chosen.match,
+            since=chosen.since, until=chosen.until, dry_run=args.dry_run, out=out, err=err, as_json=args.json,
+        )  # fmt: skip
     if args.command == "worker":
         from ._worker import cmd_worker
 
         return cmd_worker(
             store, args.modules, args.path, concurrency=args.concurrency, name=args.name, limits=dict(args.limit),
             claim_ttl_s=args.claim_ttl, poll_s=args.poll, as_json=args.json, out=out, err=err, verbose=args.verbose > 0,
+            metrics_port=args.metrics_port,
         )  # fmt: skip
     if args.command == "workers":
         from ._worker import cmd_workers
 
         return cmd_workers(store, args.json, out)
+    if args.command == "metrics":
+        from ._metrics import cmd_metrics
+
+        return cmd_metrics(store, args.json, out)
     if args.command == "status":
         from ._inspect import cmd_status
 
@@ -315,9 +377,15 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
         args.store, args.task = args.task, extras[0]
     elif extras:
         command_parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    if args.command in _BULK_COMMANDS and args.store is not None and args.task is None and args.store_option is not None:
+        args.store, args.task = None, args.store  # `cancel --store SPEC TASK`: the one positional is TASK
     args.json = args.json or args.json_first  # every command takes --json, before it or after it
+    args.log_format = args.log_format or args.log_format_first or "text"  # and --log-format, --log-level
+    args.log_level = args.log_level or args.log_level_first
     if args.command in _STORE_COMMANDS:
         args.store_spec = _store_spec(args)
+    if args.command in _BULK_COMMANDS:
+        _check_bulk(args)
     if args.command == "repair" and not args.lease:
         command_parser.error("say what to repair: --lease (the lease record; the state repairs itself on the next run)")
     return args
@@ -331,11 +399,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse exits 2 on usage errors and 0 after --help
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else ExitCode.USAGE)
     logger = logging.getLogger("longrun")
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("longrun: %(levelname)s: %(message)s"))
     previous_level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG))
+    level = args.log_level or {0: "warning", 1: "info"}.get(args.verbose, "debug")
+    handler = configure(sys.stderr, log_format=args.log_format, level=level)
     try:
         return int(_dispatch(args))
     except (CliError, LongrunError, OSError) as exc:

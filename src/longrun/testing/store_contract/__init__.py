@@ -11,7 +11,8 @@ increase, renewal, release), fencing of every mutating call that carries a lease
 release, repairing load: ``FencedError`` and nothing changed), revisions, the atomicity of a
 commit, the round trip of a ``RunState`` written record by record, cancellation and approval
 records, messages (numbered in send order, one per key), unknown tasks and unsafe task ids,
-concurrent acquirers on separate instances, and (for a ``SummaryStore`` and a ``RecordingStore``)
+concurrent acquirers on separate instances, the deletion of an ended task (whole, its id free
+again; refused for a task live or not ended), and (for a ``SummaryStore`` and a ``RecordingStore``)
 task summaries that follow every commit, their filters and pages, and first revisions recorded
 together.
 
@@ -47,6 +48,7 @@ exclusion across machines (the PostgreSQL store's own tests race processes with 
 from ._base import sample_state
 from ._blobs import BlobContract
 from ._control import ControlContract
+from ._deletion import DeletionContract
 from ._leases import LeaseContract
 from ._messages import MessageContract
 from ._states import StateContract
@@ -55,5 +57,5 @@ from ._summaries import SummaryContract
 __all__ = ["StoreContract", "sample_state"]
 
 
-class StoreContract(LeaseContract, StateContract, ControlContract, BlobContract, MessageContract, SummaryContract):
+class StoreContract(LeaseContract, StateContract, ControlContract, BlobContract, MessageContract, DeletionContract, SummaryContract):
     """The contract every store passes. Mix into ``unittest.TestCase``; see the module docstring."""
