@@ -608,7 +608,7 @@ class SqlStore(BaseStore):
 
     _TASK_TABLES = (
         "longrun_effects", "longrun_blobs", "longrun_plans", "longrun_states", "longrun_approvals",
-        "longrun_cancellations", "longrun_messages", "longrun_quarantine", "longrun_leases",
+        "longrun_cancellations", "longrun_messages", "longrun_quarantine", "longrun_leases", "longrun_summaries",
     )  # fmt: skip
 
     def _delete_task(self, task_id: str) -> list[str]:
