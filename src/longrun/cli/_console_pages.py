@@ -36,7 +36,7 @@ from ..stores.queue import open_queue
 from ._control import cmd_approve, cmd_cancel, parse_answer, payload_view
 from ._filters import function_of
 from ._history import timeline
-from ._inspect import LS_STATUSES, ls_entry, parse_since, progress_line, reported_line, select
+from ._inspect import LS_STATUSES, list_entries, parse_since, progress_line, reported_line
 from ._payload import payload_lines, safe_text
 from ._resume import run_recorded_once
 from ._verify import verify
@@ -187,8 +187,8 @@ class Console:
             else:
                 problems.append(f"limit {limit_text[:20]!r} is not a positive whole number")
         with self.lock:
-            entries = select(
-                [ls_entry(self.store, task_id) for task_id in self.store.list_tasks()], statuses=statuses, since=since, limit=limit,
+            entries = list_entries(
+                self.store, statuses=statuses, since=since, limit=limit,
                 functions=[function_text] if function_text else [], match=[match_text] if match_text else [],
             )  # fmt: skip
         options = "".join(
