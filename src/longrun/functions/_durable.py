@@ -1,4 +1,9 @@
-"""``@durable`` and ``DurableFunction``: a function made durable, started, resumed or recorded for a worker."""
+"""``@durable`` and ``DurableFunction``: a function made durable, started, resumed or recorded for a worker.
+
+One concept, the durable function's face (run, start and enqueue, fork, reopen, send, events),
+so one module, and a long one: each way in is a method of the one class, which the engine and the
+stores do the work for.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,6 @@ import asyncio
 import copy
 import dataclasses
 import functools
-import hashlib
 import inspect
 import secrets
 import threading
@@ -33,6 +37,7 @@ from ._plan import FunctionPlan, Recording, run_coroutine
 from ._family import cancelled_down
 from ._fork import Forking, check_new_task, record_fork_in_origin, records_to_copy
 from ._lineage import FUNCTION_STEP, ChildLink, qualified_name
+from ._version import check_version, source_version
 
 __all__ = ["DurableFunction", "durable"]
 
@@ -514,30 +519,6 @@ def _calls(calls: Iterable[StartCall]) -> list[tuple[str, tuple[Any, ...], dict[
         seen.add(task_id)
         checked.append((task_id, tuple(args), dict(kwargs)))
     return checked
-
-
-MAX_VERSION_CHARS = 64
-
-
-def check_version(version: object) -> str:
-    """``version`` if it is 1-64 printable ASCII characters without spaces, else ``InvalidInputError``."""
-    if not isinstance(version, str) or not 1 <= len(version) <= MAX_VERSION_CHARS or not version.isascii() or not version.isprintable() or " " in version:
-        raise InvalidInputError(f"a code version is 1-{MAX_VERSION_CHARS} printable ASCII characters without spaces, got {version!r}")
-    return version
-
-
-def source_version(fn: Callable[..., Any]) -> str:
-    """``source-`` and 12 hex digits of the SHA-256 of the module that defines ``fn`` (its file's
-    bytes); ``source-unknown`` when Python cannot find that file (a REPL, a zip without sources)."""
-    target = inspect.unwrap(fn)
-    try:
-        path = inspect.getsourcefile(target)
-        if path is None:
-            return "source-unknown"
-        with open(path, "rb") as handle:
-            return "source-" + hashlib.sha256(handle.read()).hexdigest()[:12]
-    except (OSError, TypeError):
-        return "source-unknown"
 
 
 def durable(
