@@ -22,6 +22,7 @@ from ..errors import ForkRefusedError, InvalidInputError, UnknownTaskError
 from ..intervention import ApprovalWriter, Signer, reopen
 from ..outcome import RunOutcome, Status
 from ..messages import Delivery, Message
+from ..names import store_spec_of
 from ..protocols import AnyEffectAdapter, Clock, RecordingStore, Store
 from ..stores.queue import TaskQueue, open_queue
 from ..task_events import read_event
@@ -214,7 +215,8 @@ class DurableFunction(Generic[R]):
         clock = self._options.get("clock")
         now = clock.now() if clock is not None else time.time()
         if isinstance(store, RecordingStore):
-            created = store.record_new([plan.first_state(task_id, now) for (task_id, _, _), plan in zip(calls, plans)], now)
+            store_spec = store_spec_of(store)
+            created = store.record_new([plan.first_state(task_id, now, store_spec) for (task_id, _, _), plan in zip(calls, plans)], now)
         else:
             created = [False] * len(calls)
         refused: list[InvalidInputError] = []
