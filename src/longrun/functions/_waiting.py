@@ -188,7 +188,7 @@ class Waiting:
 
     def _outside_of(self, task_id: str) -> list[JSONValue]:
         try:
-            approvals: list[JSONValue] = sorted(record.digest or record.name for record in self._approvals.read_approvals(task_id))
+            approvals: list[JSONValue] = [*sorted(record.digest or record.name for record in self._approvals.read_approvals(task_id))]
             cancellation = self._cancellations.read_cancellation(task_id)
             messages = len(self._store.read_messages(task_id))
         except LongrunError as exc:  # the next run meets it too and stops with it as evidence
