@@ -2,12 +2,14 @@
 
 Pages (server-rendered HTML and one stylesheet; no JavaScript at all):
 
-- ``/``: the task list (``ls``), with status, progress, last update and next action, filtered by
-  status, ``since`` and a limit as ``ls`` is.
+- ``/``: the task list (``ls``), with status (and the last error of a run that failed), function,
+  progress, last update and next action, filtered by status, function, task id glob, ``since`` and
+  a limit as ``ls`` is.
 - ``/metrics``: the store's metrics in the Prometheus text format (``_metrics``), for a scraper:
   the token as ``?token=`` (served as asked, no cookie traded), the cookie, or an
   ``Authorization: Bearer`` header.
-- ``/task/<id>``: the task's status and progress; its pending approval requests and questions
+- ``/task/<id>``: the task's status and progress; what ran (a durable function's name, recorded
+  arguments, result, parent and children, each linked) and its last error with the traceback; its pending approval requests and questions
   with the payload shown in full (``_payload``: pretty-printed, control characters escaped, long
   values elided with their size) and a form to approve or answer each one; a form to cancel the
   run; its effects; its evidence in three parts, observations (what was read: the store's load

@@ -5,6 +5,9 @@ task list and a task's page (every value read from the store HTML-escaped with `
 out an approve, answer or cancel form as the CLI's own commands, and "run once" (where no live
 worker runs the task's function) as ``longrun resume STORE TASK`` does. ``_console`` serves it over HTTP
 and holds the security around it; the module docstring there says what each page shows.
+
+One concept, the console's pages and their forms; it is long because each page is its HTML, kept
+beside the action its forms carry out, so that what a page offers and what it does read together.
 """
 
 from __future__ import annotations
@@ -33,10 +36,11 @@ from ..stores.queue import open_queue
 from ._control import cmd_approve, cmd_cancel, parse_answer, payload_view
 from ._filters import function_of
 from ._history import timeline
-from ._inspect import LS_STATUSES, ls_entry, parse_since, progress_line, reported_line, select
+from ._inspect import LS_STATUSES, list_entries, parse_since, progress_line, reported_line
 from ._payload import payload_lines, safe_text
 from ._resume import run_recorded_once
 from ._verify import verify
+from ._what_ran import failure_lines, shown_value, what_ran
 
 __all__ = ["NOTICES", "STYLE", "Console", "ConsoleError", "e", "task_url"]
 
@@ -72,7 +76,9 @@ dl.facts dd { margin: 0; }
 .status-done { background: #d7f2df; color: #17633a; }
 .status-running { background: #dbe7ff; color: #1f4fb8; }
 .status-awaiting-approval, .status-awaiting-input, .status-retry-scheduled, .status-sleeping, .status-waiting-on-child { background: #fff1c9; color: #7a5400; }
-.status-unsafe-to-continue, .status-state-unrecoverable, .status-plan-mismatch, .status-blocked, .status-DAMAGED, .status-UNREADABLE, .status-lease-lost { background: #ffd9d6; color: #8e1b12; }
+.status-unsafe-to-continue, .status-state-unrecoverable, .status-plan-mismatch, .status-blocked, .status-DAMAGED, .status-UNREADABLE, .status-lease-lost, .status-failed { background: #ffd9d6; color: #8e1b12; }
+.status-queued { background: #e8ecf2; color: #3b4a5e; }
+.error-text { color: #8e1b12; }
 .status-cancelled, .status-limits-exhausted { background: #eadff7; color: #5a2d8a; }
 progress { width: 140px; height: 12px; vertical-align: middle; }
 .pending { border-left: 4px solid #e0a800; }
@@ -162,6 +168,8 @@ class Console:
 
     def task_list(self, query: Mapping[str, list[str]]) -> str:
         statuses = [value for value in query.get("status", []) if value in LS_STATUSES]
+        function_text = (query.get("function") or [""])[0].strip()
+        match_text = (query.get("match") or [""])[0].strip()
         since_text = (query.get("since") or [""])[0].strip()
         limit_text = (query.get("limit") or [""])[0].strip()
         now = self.clock()
@@ -179,7 +187,10 @@ class Console:
             else:
                 problems.append(f"limit {limit_text[:20]!r} is not a positive whole number")
         with self.lock:
-            entries = select([ls_entry(self.store, task_id) for task_id in self.store.list_tasks()], statuses=statuses, since=since, limit=limit)
+            entries = list_entries(
+                self.store, statuses=statuses, since=since, limit=limit,
+                functions=[function_text] if function_text else [], match=[match_text] if match_text else [],
+            )  # fmt: skip
         options = "".join(
             f'<option value="{e(value)}"{" selected" if value in statuses else ""}>{e(value)}</option>' for value in LS_STATUSES
         )
@@ -188,6 +199,8 @@ class Console:
         body.append(
             '<form class="filters" method="get" action="/">'
             f'<label>status<select name="status" multiple>{options}</select></label>'
+            f'<label>function<input type="text" name="function" value="{e(function_text)}" placeholder="module:qualname, or a glob"></label>'
+            f'<label>task id<input type="text" name="match" value="{e(match_text)}" placeholder="a glob: invoice-*"></label>'
             f'<label>updated since<input type="text" name="since" value="{e(since_text)}" placeholder="2h, 3d, 2026-11-30T14:00Z"></label>'
             f'<label>limit<input type="text" name="limit" value="{e(limit_text)}" placeholder="all"></label>'
             "<button>Filter</button></form>"
@@ -209,10 +222,14 @@ class Console:
             else:
                 shown = '<span class="muted">-</span>'
             updated = entry["updated_at"]
+            function = entry["function"]
+            error = entry["last_error"]
+            error_cell = f'<div class="error-text">{e(safe_text(str(error)))}</div>' if entry["last_run_failed"] and error else ""
             rows.append(
                 "<tr>"
                 f'<td class="mono"><a href="{e(task_url(str(entry["task_id"])))}">{e(entry["task_id"])}</a></td>'
-                f"<td>{_status_badge(entry['status'])}</td>"
+                f"<td>{_status_badge(entry['status'])}{error_cell}</td>"
+                f'<td class="mono">{e(safe_text(function)) if isinstance(function, str) else "-"}</td>'
                 f"<td>{shown}</td>"
                 f'<td>{e(entry["revision"])}</td>'
                 f'<td title="{e(format_time(updated) if isinstance(updated, float) else "")}">'
@@ -221,7 +238,7 @@ class Console:
                 "</tr>"
             )
         body.append(
-            "<table><thead><tr><th>Task</th><th>Status</th><th>Progress</th><th>Rev</th><th>Updated</th><th>Next action</th></tr></thead>"
+            "<table><thead><tr><th>Task</th><th>Status</th><th>Function</th><th>Progress</th><th>Rev</th><th>Updated</th><th>Next action</th></tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>"
         )
         return self.layout("longrun tasks", "".join(body))
@@ -268,6 +285,7 @@ class Console:
                 ("current", e(f"{kind_of(current.action)} {safe_text(current.step_id)} ({safe_text(current.action)}): "
                               f"{current.state.value}, attempt {current.attempts}, for {relative(current.updated_at, now).removesuffix(' ago')}"))
             )  # fmt: skip
+        facts += self._what_ran(state, now)
         facts.append(("next action", e(safe_text(state.next_action or "(none recorded)"))))
         items = "".join(f"<dt>{name}</dt><dd>{value}</dd>" for name, value in facts)
         cancel = ""
@@ -305,6 +323,34 @@ class Console:
             f'<input type="hidden" name="csrf" value="{e(self.csrf)}">'
             '<button name="action" value="run">Run once</button></form></section>'
         )
+    def _what_ran(self, state: RunState, now: float) -> list[tuple[str, str]]:
+        """A durable task's function, arguments, result, parent, children and last error (``_what_ran``)."""
+        view = what_ran(state)
+        facts: list[tuple[str, str]] = []
+        function = view["function"]
+        if isinstance(function, str):
+            facts.append(("function", f'<span class="mono">{e(safe_text(function))}</span>'))
+            facts.append(("arguments", f'<pre class="payload">args {e(shown_value(view["args"]))}\nkwargs {e(shown_value(view["kwargs"]))}</pre>'))
+            result = f'<pre class="payload">{e(shown_value(view["result"]))}</pre>' if view["done"] else '<span class="muted">not returned yet</span>'
+            facts.append(("result", result))
+            parent = view["parent"]
+            if isinstance(parent, str):
+                facts.append(("parent", f'<a class="mono" href="{e(task_url(parent))}">{e(parent)}</a>'))
+            children = view["children"]
+            if isinstance(children, list) and children:
+                links = [
+                    f'<a class="mono" href="{e(task_url(str(child.get("task"))))}">{e(child.get("task"))}</a> ({e(child.get("state"))})'
+                    for child in children
+                    if isinstance(child, dict)
+                ]
+                facts.append(("children", ", ".join(links)))
+        failure = state.last_failure
+        if failure is not None:
+            lines = failure_lines(failure, now, indent="")
+            text = "\n".join(line.strip() for line in lines).removeprefix("last error").strip()
+            trace = f'<pre class="payload">{e(safe_text(failure.traceback))}</pre>' if failure.traceback else ""
+            facts.append(("last error", f'<div class="error-text">{e(safe_text(text))}</div>{trace}'))
+        return facts
 
     def _pending(self, task_id: str, state: RunState, now: float) -> str:
         if not state.approval_requests:
