@@ -1,4 +1,9 @@
-"""``@durable`` and ``DurableFunction``: a function made durable, started, resumed or recorded for a worker."""
+"""``@durable`` and ``DurableFunction``: a function made durable, started, resumed or recorded for a worker.
+
+One concept, the face a durable function shows its callers, so one module, longer than most: each
+way in (``run``/``arun`` with or without waiting, ``start``/``enqueue``/``start_many``, ``fork``,
+``reopen``/``resume``, ``send``/``get_event``) is a short method that hands its work to the module
+that owns it (the engine, ``_waiting``, ``_fork``, the fleet's queue, ``intervention``)."""
 
 from __future__ import annotations
 
