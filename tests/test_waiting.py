@@ -328,6 +328,21 @@ class PostgresStoreTests(WaitCases):
         return store, url
 
 
+    def test_a_message_wakes_the_waiter_by_notify(self) -> None:
+        @self.durable(clock=SystemClock())
+        def consumer(run: longrun.Run) -> Any:
+            return run.recv("orders")
+
+        self.assertEqual(consumer.run("c").status, Status.AWAITING_INPUT)
+        store = self.store
+        with _waiting.Waiting("c", store, store, store, SystemClock(), None) as waiting:
+            woken = waiting._woken  # the event the listener sets on each NOTIFY
+            self.assertTrue(woken.wait(LIVENESS_S), "the listener looks once as soon as it listens")
+            woken.clear()
+            consumer.send("c", "orders", {"n": 1})
+            self.assertTrue(woken.wait(LIVENESS_S), "the message's NOTIFY reached the waiter")
+
+
 del WaitCases  # only its subclasses run
 
 if __name__ == "__main__":
