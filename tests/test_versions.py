@@ -103,7 +103,7 @@ class VersionCases:
 
         same = Worker(self.store, [new], version_policy="same", poll_s=0.05, rescan_s=0.05)
         self.serve(same, lambda: row("new-task").status == "done" and row("old-task").status == "other-version")
-        t.assertEqual(self.store.load("old-task").state.status.value, "running")  # recorded, never run by v2
+        t.assertEqual(self.store.load("old-task").state.status.value, "queued")  # recorded, never run by v2
         t.assertEqual(self.store.load("new-task").state.status.value, "done")
         t.assertGreater(row("old-task").due_in_s, 1.0)  # left for another worker, looked at again later
         queue.wake("old-task")

@@ -461,6 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     queues = add("queues", "list the fleet's queues: depth, running, oldest wait and limits (read-only)")
     add_store(queues, task=False)
+    queues.set_defaults(task=None)  # a store command without a task
     add_json(queues, "a list of {queue, depth, running, oldest_wait_s, limits}")
 
     schedule = add(
@@ -475,7 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def schedule_action(name: str, help: str, *, named: bool = True) -> argparse.ArgumentParser:
         command = schedule_actions.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".")
-        command.set_defaults(command_parser=command)
+        command.set_defaults(command_parser=command, task=None)  # a store command without a task
         add_store(command, task=False)
         if named:
             command.add_argument("name", metavar="NAME", help="the schedule's name")
