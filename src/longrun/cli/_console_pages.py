@@ -453,7 +453,6 @@ class Console:
         )
         return (
             '<table class="tasks"><thead><tr><th>Task</th><th>Last status</th><th>Due</th><th>Claimed by</th><th>Runs</th><th>Failures in a row</th>'
-
             f"<th>Last error</th></tr></thead><tbody>{rows}</tbody></table>"
         )
 
