@@ -123,7 +123,7 @@ class LayerTests(unittest.TestCase):
                 imported = self.imports_of(module)
                 self.assertFalse(imported & {"authority", "signing", "stores.controlfiles"}, sorted(imported))
 
-    ENGINE_ORDER = ["_ops", "_evidence", "_config", "_invocation", "_steps", "_effects", "_runio", "_drivers", "_engine"]
+    ENGINE_ORDER = ["_ops", "_evidence", "_config", "_invocation", "_steps", "_effects", "_talk", "_runio", "_drivers", "_engine"]
     """The engine's modules, each importing only those before it (counting every import)."""
 
     def engine_tree(self, name: str) -> ast.Module:
@@ -154,7 +154,7 @@ class LayerTests(unittest.TestCase):
                         derived += [f"{node.name} ({name}) derives from {base} ({classes[base]})" for base in sorted(bases & set(classes))]
         self.assertEqual(derived, [])
 
-    STEP_MODULES = ("_steps", "_effects", "_invocation")
+    STEP_MODULES = ("_steps", "_effects", "_talk", "_invocation")
     """Where the rules are: they reach the store, the control sources and the lease only by yielding requests."""
     OUTSIDE = {
         "store", "load", "commit", "acquire_lease", "renew_lease", "release_lease", "read_lease",

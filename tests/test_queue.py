@@ -203,6 +203,32 @@ class TriggerCases(QueueCases):
         self.store.write_cancellation(Cancellation(task_id="g1", requested_by="op", reason="no", requested_at=time.time()))
         self.assertLessEqual(self.entry("g1").due_in_s, 0.0)  # type: ignore[attr-defined]
 
+    def test_a_message_wakes_a_parked_task(self) -> None:
+        self.gated.start("g1")
+        claim = self.claim_all()[0]
+        self.gated.run("g1")
+        self.queue.finish(claim, "awaiting-input")
+        self.assertIsNone(self.entry("g1").due_in_s)  # type: ignore[attr-defined]
+        self.gated.send("g1", "orders", {"n": 1})
+        self.assertLessEqual(self.entry("g1").due_in_s, 0.0)  # type: ignore[attr-defined]
+
+    def test_fleet_tables_of_version_1_get_the_message_trigger(self) -> None:
+        self.queue.ensure()
+        self.queue.close()
+        self.drop_message_trigger()
+        queue = open_queue(self.store)
+        self.addCleanup(queue.close)
+        queue.ensure()
+        self.gated.start("g1")
+        claim = queue.claim("w", [self.gated.name], 1, 30.0)[0]
+        queue.finish(claim, "awaiting-input")
+        self.gated.send("g1", "orders", 1)
+        self.assertLessEqual(queue.entries(["g1"])[0].due_in_s, 0.0)  # type: ignore[attr-defined]
+
+    def drop_message_trigger(self) -> None:
+        """Make the fleet tables look as version 1 left them: no trigger on the messages, version 1 recorded."""
+        raise NotImplementedError
+
     def test_a_run_outside_the_fleet_gets_a_row_due_when_its_lease_ends(self) -> None:
         self.queue.ensure()  # a worker made the tables and their triggers before this run
         self.assertEqual(self.job.run("outside", 1).status.value, "done")  # type: ignore[attr-defined]
@@ -250,6 +276,16 @@ class SqliteQueueTests(TriggerCases, support.TempDirTest):
         connection.close()
 
 
+    def drop_message_trigger(self) -> None:
+        import sqlite3
+
+        connection = sqlite3.connect(self.store.path)
+        connection.execute("DROP TRIGGER longrun_fleet_messages_insert")
+        connection.execute("DELETE FROM longrun_fleet_schema WHERE version > 1")
+        connection.commit()
+        connection.close()
+
+
 class JsonQueueTests(QueueCases, support.TempDirTest):
     triggers = False
 
@@ -273,6 +309,18 @@ class JsonQueueTests(QueueCases, support.TempDirTest):
         self.assertLessEqual(self.entry("g1").due_in_s, 0.0)
         self.assertIsNone(self.queue.rescan(10.0))  # another worker's turn comes after 10 s
 
+    def test_a_rescan_wakes_a_task_sent_a_message(self) -> None:
+        self.gated.start("g1")
+        claim = self.claim_all()[0]
+        self.gated.run("g1")
+        self.queue.finish(claim, "awaiting-input", fingerprint=self.queue.fingerprint("g1"))
+        time.sleep(0.02)
+        self.assertEqual(self.queue.rescan(0.01), 0)
+        self.gated.send("g1", "orders", 1)
+        time.sleep(0.02)
+        self.assertEqual(self.queue.rescan(0.01), 1)
+        self.assertLessEqual(self.entry("g1").due_in_s, 0.0)
+
 
 class PostgresQueueTests(TriggerCases, pg_support.SchemaPerTest, support.TempDirTest):
     def make_store(self) -> Any:
@@ -282,10 +330,15 @@ class PostgresQueueTests(TriggerCases, pg_support.SchemaPerTest, support.TempDir
         for table, trigger in (
             ("longrun_effects", "longrun_fleet_function"), ("longrun_leases", "longrun_fleet_lease"),
             ("longrun_approvals", "longrun_fleet_approval"), ("longrun_cancellations", "longrun_fleet_cancellation"),
+            ("longrun_messages", "longrun_fleet_message"),
         ):  # fmt: skip
             self.schema.execute(f"DROP TRIGGER {trigger} ON {table}")
         for table in ("longrun_queue", "longrun_workers", "longrun_slots", "longrun_fleet_meta", "longrun_fleet_schema"):
             self.schema.execute(f"DROP TABLE {table}")
+
+    def drop_message_trigger(self) -> None:
+        self.schema.execute("DROP TRIGGER longrun_fleet_message ON longrun_messages")
+        self.schema.execute("DELETE FROM longrun_fleet_schema WHERE version > 1")
 
     def test_a_damaged_function_row_does_not_fail_the_stores_commit(self) -> None:
         self.queue.ensure()

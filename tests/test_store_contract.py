@@ -102,6 +102,17 @@ class JsonFileStoreContract(StoreContract, support.TempDirTest):
         with open(path, "r+b") as handle:
             handle.truncate(os.path.getsize(path) // 2)
 
+    def damage_messages(self, store: Any, task_id: str) -> None:
+        directory = os.path.join(self._task_dir(task_id), "messages")
+        if not os.path.isdir(directory):
+            self.skipTest("the JSON-file store keeps its messages elsewhere now")
+        for name in os.listdir(directory):
+            with open(os.path.join(directory, name), "r+b") as handle:
+                handle.seek(20)
+                byte = handle.read(1)
+                handle.seek(20)
+                handle.write(bytes([byte[0] ^ 1]))
+
     def damage_blobs(self, store: Any, task_id: str) -> int:
         directory = os.path.join(self._task_dir(task_id), "blobs")
         if not os.path.isdir(directory):
@@ -183,6 +194,10 @@ class MemoryStoreContract(StoreContract, unittest.TestCase):
     def state_bytes(self, store: Any, task_id: str) -> int:
         return len(store.records(task_id).state or b"")
 
+    def damage_messages(self, store: Any, task_id: str) -> None:
+        messages = store.records(task_id).messages
+        messages[:] = [data[:20] + bytes([data[20] ^ 1]) + data[21:] for data in messages]
+
     def damage_lease(self, store: Any, task_id: str) -> None:
         records = store.records(task_id)
         records.lease = records.lease[: len(records.lease) // 2]
@@ -238,6 +253,9 @@ class _SqlHooks:
             damaged = data[:100] + bytes([data[100] ^ 1]) + data[101:]
             self.sql("UPDATE longrun_blobs SET data = ? WHERE task_id = ? AND digest = ?", (damaged, task_id, digest))
         return len(rows)
+
+    def damage_messages(self, store: Any, task_id: str) -> None:
+        self.sql("UPDATE longrun_messages SET body = REPLACE(body, 'sha256:', 'sha256:0') WHERE task_id = ?", (task_id,))
 
     def state_bytes(self, store: Any, task_id: str) -> int:
         rows = self.sql("SELECT header FROM longrun_states WHERE task_id = ?", (task_id,))

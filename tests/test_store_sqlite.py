@@ -65,6 +65,9 @@ class SqliteCase(support.TempDirTest):
     def downgrade(self, version: int) -> None:
         """Make the database look as longrun schema ``version`` left it (its lease rows included)."""
         dropped = {3: ("token", "holder_lock"), 2: ("monotonic_clock", "monotonic_expires_at")}
+        if version < 6:
+            self.sql("DROP TABLE longrun_messages")
+            self.sql("DELETE FROM longrun_schema WHERE version = 6")
         if version < 5:
             self.sql("DROP TABLE longrun_blobs")
             self.sql("DELETE FROM longrun_schema WHERE version = 5")

@@ -24,6 +24,7 @@ from .errors import (
     CallFailed,
     ChildCycleError,
     CorruptStateError,
+    EffectFailed,
     FencedError,
     ForeignStateError,
     IllegalTransitionError,
@@ -41,6 +42,7 @@ from .errors import (
     UnknownTaskError,
 )
 from .lease import Lease
+from .messages import Delivery, Message
 from .ledger import EffectRecord, EffectState
 from .outcome import Evidence, PendingRequest, RunOutcome, Status
 from .protocols import AsyncEffectAdapter, Clock, EffectAdapter, LoadResult, Store
@@ -82,7 +84,9 @@ __all__ = [
     "ChildCycleError",
     "Clock",
     "CorruptStateError",
+    "Delivery",
     "DurableFunction",
+    "EffectFailed",
     "EffectAdapter",
     "EffectRecord",
     "EffectRequest",
@@ -98,6 +102,7 @@ __all__ = [
     "Limits",
     "LoadResult",
     "LongrunError",
+    "Message",
     "Observation",
     "ObservedState",
     "PayloadError",

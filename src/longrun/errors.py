@@ -26,6 +26,7 @@
     |   +-- StateUnrecoverableError   neither the state nor its backup validates
     +-- PayloadError                  a step's payload factory raised; its exception is the cause
     +-- CallFailed                    a durable function's recorded call raised: replayed as recorded
+    +-- EffectFailed                  an effect with on_exhausted="raise" used all its attempts: replayed as recorded
     +-- IllegalTransitionError        a ledger move the effect lifecycle does not allow: a bug, never retried
     +-- AdapterError                  base of the two classified adapter failures
         +-- TransientError            the effect did not take place; retry within budget
@@ -48,6 +49,7 @@ __all__ = [
     "CallFailed",
     "ChildCycleError",
     "ContractFileError",
+    "EffectFailed",
     "CorruptStateError",
     "FencedError",
     "ForeignStateError",
@@ -249,6 +251,23 @@ class CallFailed(LongrunError):
         self.step_id = step_id
         self.type_name = type_name
         self.message = message
+
+
+class EffectFailed(LongrunError):
+    """An effect made with ``run.effect(..., on_exhausted="raise")`` used all its attempts, each of
+    which certainly did not take place (a transient failure, or observed absent): raised into the
+    durable function, which may compensate (a saga) instead of the run stopping ``limits-exhausted``.
+
+    The failure is recorded with the step, so every replay raises the same ``EffectFailed``
+    without trying the effect again. ``attempts`` is how many were made; ``last_error`` what the
+    last one reported.
+    """
+
+    def __init__(self, step_id: str, attempts: int, last_error: str):
+        super().__init__(f"effect step {step_id!r} failed after {attempts} attempt{'s' if attempts != 1 else ''}: {last_error}")
+        self.step_id = step_id
+        self.attempts = attempts
+        self.last_error = last_error
 
 
 class IllegalTransitionError(LongrunError):

@@ -50,7 +50,10 @@ log = logging.getLogger("longrun")
 LOG_FIELDS = ("task", "step", "key", "state", "attempt", "epoch", "revision")
 """The ``extra`` fields every log record of a run carries (None where they do not apply)."""
 
-_KINDS = {"call": "call", "sleep": "timer", "ask": "question", "child": "child", "function": "function"}
+_KINDS = {
+    "call": "call", "sleep": "timer", "ask": "question", "child": "child", "function": "function",
+    "send": "send", "recv": "receive", "event": "event",
+}  # fmt: skip
 
 EVENT_KINDS = ("run-start", "run", "run-end", "effect", "call", "timer", "question", "child", "function", "internal")
 """Every ``RunEvent.kind``: the three of the run itself, then what a ledger record is (``kind_of``)."""
@@ -58,7 +61,7 @@ EVENT_KINDS = ("run-start", "run", "run-end", "effect", "call", "timer", "questi
 
 def kind_of(action: str) -> str:
     """What a ledger record is, for people: ``effect``, or a durable function's ``call``,
-    ``timer``, ``question``, ``child`` or ``function`` (its own record)."""
+    ``timer``, ``question``, ``child``, ``send``, ``receive``, ``event`` or ``function`` (its own record)."""
     if not is_internal(action):
         return "effect"
     return _KINDS.get(action[len(INTERNAL_PREFIX) :], "internal")

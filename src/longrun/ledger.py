@@ -34,7 +34,7 @@ from .errors import IllegalTransitionError
 
 __all__ = [
     "CheckedReceipt", "EffectRecord", "EffectState", "IllegalTransitionError", "OMITTED", "VerifiedResults", "check_receipt",
-    "recordable_result",
+    "raised_into_function", "recordable_result",
 ]  # fmt: skip
 
 
@@ -195,6 +195,14 @@ _FAST_READ = f.fast_read(_SPEC)
 
 OMITTED = "longrun.omitted"
 """The key of the stand-in that ``recordable_result`` records for a result too large to keep."""
+
+
+def raised_into_function(record: EffectRecord) -> bool:
+    """Whether a failed record's failure was recorded to be raised into a durable function (a
+    call's exception, ``EffectFailed`` of an effect whose attempts ran out, a child that ended
+    unfinished, a send to no such task: its result names the type), which the function may have
+    handled and gone on from: settled as the function saw it, replayed so, never tried again."""
+    return record.state is EffectState.FAILED and isinstance(record.result, dict) and isinstance(record.result.get("type"), str)
 
 
 def recordable_result(result: JSONValue, *, what: str) -> tuple[JSONValue, str | None]:

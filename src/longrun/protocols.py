@@ -15,6 +15,7 @@ from .cancellation import Cancellation
 from .control import ControlRecord
 from .envelope import RunState
 from .lease import Lease, LeaseRepair, MonotonicReading
+from .messages import Delivery, Message
 from .outcome import Evidence
 
 __all__ = [
@@ -159,6 +160,18 @@ class Store(Protocol):
     def write_approval(self, approval: Approval) -> None: ...
 
     def list_tasks(self) -> list[str]: ...
+
+    def send_message(self, message: Message) -> Delivery:
+        """Put ``message`` in its receiver's mailbox with the next sequence number, in the order the
+        sends commit, unless a message with its key is there (then store nothing and answer with that
+        one's number, ``duplicate=True``). ``UnknownTaskError`` for a receiver the store does not
+        hold; ``SizeLimitError`` past ``messages.MAX_MESSAGES``. Not fenced: anyone may send."""
+        ...
+
+    def read_messages(self, task_id: str, topic: str | None = None) -> tuple[Message, ...]:
+        """The task's messages (of ``topic``, or all), oldest first by sequence number; consumed
+        ones too (the receiver's state says which are). ``CorruptStateError`` for a damaged one."""
+        ...
 
 
 # -- what a store may also offer: each declared, so callers ask for it by name ------------------

@@ -289,3 +289,35 @@ def interventions(store: Store) -> None:
     assert_type(order.reopen("order-2", "released", by="ann", add_time_s=60.0), RunOutcome)
     assert_type(order.fork("order-1", "order-1b", from_step="charge"), str)
     assert_type(order.resume("order-1b"), RunOutcome)
+
+
+# -- docs/agents.md, "Tasks that talk: messages, events and compensation" --------------------------
+
+
+def tasks_that_talk(store: Store) -> None:
+    @longrun.durable(store=store)
+    def kitchen(run: longrun.Run, dishes: int) -> list[JSONValue]:
+        orders = [run.recv("orders") for _ in range(dishes)]
+        assert_type(run.recv("orders", timeout_s=0.5, step_id="late"), JSONValue)
+        run.set_event("progress", {"cooked": len(orders)})
+        assert_type(run.send("waiter-7", "served", orders, key="served-1"), int)
+        try:
+            run.effect("charge", "card.charge", {"amount": 1}, on_exhausted="raise")
+        except longrun.EffectFailed as failed:
+            assert_type(failed.step_id, str)
+            assert_type(failed.attempts, int)
+            assert_type(failed.last_error, str)
+        return orders
+
+    @longrun.durable(store=store)
+    async def waiter(run: longrun.AsyncRun) -> JSONValue:
+        assert_type(await run.send("kitchen-1", "orders", {"dish": "soup"}), int)
+        await run.set_event("phase", "sent")
+        return await run.recv("served", timeout_s=60)
+
+    delivery = kitchen.send("kitchen-1", "orders", {"dish": "tea"}, key="tea-1")
+    assert_type(delivery, longrun.Delivery)
+    assert_type(delivery.seq, int)
+    assert_type(delivery.duplicate, bool)
+    assert_type(waiter.get_event("waiter-7", "phase", timeout_s=5.0), JSONValue)
+    assert_type(store.read_messages("kitchen-1", "orders"), tuple[longrun.Message, ...])

@@ -17,6 +17,7 @@ import re
 
 from ..contract import check_step_id
 from ..errors import InvalidInputError
+from ..messages import check_topic
 
 __all__ = [
     "MAX_NAME_CHARS",
@@ -40,6 +41,7 @@ __all__ = [
     "since",
     "step_id",
     "text_argument",
+    "topic_name",
 ]
 
 
@@ -173,6 +175,14 @@ def port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a port number (0-65535)")
     return value
+
+
+def topic_name(text: str) -> str:
+    """A message topic or an event key (``messages.check_topic``)."""
+    try:
+        return check_topic(text)
+    except InvalidInputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def step_id(text: str) -> str:

@@ -32,6 +32,7 @@ from ..outcome import TERMINAL
 from ..progress import progress_of
 from ..protocols import LoadResult, Store
 from ..stores.queue import QueueEntry, WorkerRecord
+from ..task_events import events_of
 from ._common import format_time, lease_summary, relative, short_digest
 from ._console_listing import PAGE_SIZE, Fleet, Listing, Summary, TaskRow, read_fleet, read_rows, short_action
 from ._control import cmd_approve, cmd_cancel, parse_answer, payload_view
@@ -475,6 +476,7 @@ class Console:
         body.append(self._pending(task_id, state, now))
         body.append(self._resolve(state))
         body.append(self._effects(state))
+        body.append(self._events(state))
         body.append(self._evidence(loaded, state, report))
         body.append(self._timeline(entries))
         return self.layout(f"{task_id}: {state.status.value}", "".join(body))
@@ -608,6 +610,18 @@ class Console:
             "<h2>Effects</h2><table><thead><tr><th>Step</th><th>Kind</th><th>State</th><th>Attempts</th><th>Payload</th>"
             f"<th>Updated</th><th>Receipt, evidence or error</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
         )
+
+    @staticmethod
+    def _events(state: RunState) -> str:
+        """The task's events (``run.set_event``): each key's latest value; nothing if it set none."""
+        events = events_of(state)
+        if not events:
+            return ""
+        rows = "".join(
+            f'<tr><td class="mono">{e(key)}</td><td class="mono">{e(safe_text(json.dumps(value, ensure_ascii=False, sort_keys=True)[:2000]))}</td></tr>'
+            for key, value in events.items()
+        )
+        return f"<h2>Events</h2><table><thead><tr><th>Key</th><th>Latest value</th></tr></thead><tbody>{rows}</tbody></table>"
 
     def _evidence(self, loaded: LoadResult, state: RunState, report: Mapping[str, Any]) -> str:
         observations = [f"[store] {item.detail}" for item in loaded.observations]

@@ -18,6 +18,7 @@ state is still current when printed (a runner may commit right after).
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import re
 import time
@@ -29,9 +30,11 @@ from ..intervention import forks_of, origin_of
 from ..errors import CorruptStateError, InvalidInputError, LongrunError
 from ..lease import Lease
 from ..ledger import EffectState
+from ..messages import consumed_messages
 from ..outcome import Status
 from ..progress import Progress, progress_of
 from ..protocols import LoadResult, Store
+from ..task_events import events_of
 from ._common import (
     STORE_PLACEHOLDER,
     checked_task,
@@ -80,6 +83,7 @@ def status_json(task_id: str, loaded: LoadResult, lease: Lease | None, now: floa
     }
     body["checked_at"] = now
     body["progress"] = progress_of(state).to_json() if state is not None else None
+    body["events"] = events_of(state)
     body["forked_from"] = origin_of(state)
     body["forks"] = forks_of(state)
     return body
@@ -97,7 +101,7 @@ def step_kind(action: str) -> str:
         return "effect"
     return {
         "call": "call", "sleep": "timer", "ask": "question", "child": "child", "function": "function",
-        "checkpoint": "checkpoint", "contract": "contract",
+        "checkpoint": "checkpoint", "contract": "contract", "send": "send", "recv": "receive", "event": "event",
     }.get(  # fmt: skip
         action[len(INTERNAL_PREFIX) :], "internal"
     )
@@ -165,6 +169,42 @@ def progress_line(progress: Progress) -> str:
     return ", ".join(parts)
 
 
+def _event_lines(state: RunState) -> list[str]:
+    """The task's events (``run.set_event``): each key with its latest value, long values cut."""
+    events = events_of(state)
+    if not events:
+        return []
+    lines = [f"  events       {len(events)} key{'s' if len(events) != 1 else ''} set (the latest value of each)"]
+    for key, value in events.items():
+        text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+        lines.append(f"    {key} = {safe_text(text if len(text) <= 200 else text[:197] + '...')}")
+    return lines
+
+
+def mailbox_summary(store: Store, state: RunState | None, task_id: str) -> dict[str, object]:
+    """The task's mailbox: how many messages it holds, and how many of each topic it has not received
+    (``error`` instead, naming the damage, if a message cannot be read: the state is still shown)."""
+    try:
+        messages = store.read_messages(task_id)
+    except CorruptStateError as exc:
+        return {"messages": None, "received": None, "waiting": {}, "error": str(exc)}
+    consumed = consumed_messages(task_id, [(record.action, record.result) for record in state.effects.values()]) if state is not None else set()
+    waiting: dict[str, int] = {}
+    for message in messages:
+        if message.seq not in consumed:
+            waiting[message.topic] = waiting.get(message.topic, 0) + 1
+    return {"messages": len(messages), "received": len(messages) - sum(waiting.values()), "waiting": waiting}
+
+
+def _mailbox_line(mailbox: dict[str, object]) -> str:
+    if mailbox.get("error"):
+        return f"  messages     the mailbox cannot be read: {mailbox['error']}"
+    waiting = mailbox["waiting"]
+    assert isinstance(waiting, dict)
+    topics = ", ".join(f"{topic} {count}" for topic, count in sorted(waiting.items()))
+    return f"  messages     {mailbox['messages']} in the mailbox, {mailbox['received']} received" + (f"; waiting: {topics}" if topics else "")
+
+
 def render_status(task_id: str, loaded: LoadResult, lease: Lease | None, now: float, label: str = STORE_PLACEHOLDER) -> list[str]:
     state = loaded.state
     lines = [f"task {task_id}"]
@@ -191,6 +231,7 @@ def render_status(task_id: str, loaded: LoadResult, lease: Lease | None, now: fl
         listed = ", ".join(f"{fork.get('task')} (from step {fork.get('step') or '-'})" for fork in forks)
         lines.append(f"  forks        {listed}")
     lines += _effect_lines(state)
+    lines += _event_lines(state)
     lines += _request_lines(state, now)
     if state.unknowns:
         lines.append(f"  unknowns     {len(state.unknowns)} recorded at the last stop")
@@ -209,12 +250,18 @@ def cmd_status(store: Store, label: str, task_id: str, as_json: bool, out: TextI
     loaded = store.load(task_id)  # no lease: read-only, never quarantines
     lease = store.read_lease(task_id)
     now = time.time()
+    mailbox = mailbox_summary(store, loaded.state, task_id)
     if as_json:
         body = status_json(task_id, loaded, lease, now)
         body["next_action"] = name_store(str(body["next_action"]), label)
+        body["mailbox"] = mailbox
         write_json(out, body)
     else:
-        out.write("\n".join(render_status(task_id, loaded, lease, now, label)) + "\n")
+        lines = render_status(task_id, loaded, lease, now, label)
+        if mailbox["messages"] or mailbox.get("error"):
+            at = next((index for index, line in enumerate(lines) if line.startswith("  next action")), len(lines))
+            lines.insert(at, _mailbox_line(mailbox))
+        out.write("\n".join(lines) + "\n")
     return 0
 
 

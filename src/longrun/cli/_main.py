@@ -49,10 +49,11 @@ __all__ = ["build_parser", "error_text", "main"]
 _SESSION_COMMANDS = ("init", "next", "exec", "checkpoint", "done", "stop")
 _STORE_COMMANDS = (
     "status", "history", "verify", "approve", "answer", "cancel", "repair", "ls", "watch", "console", "worker", "workers",
-    "mcp", "resolve", "fork", *_SESSION_COMMANDS,
+    "mcp", "resolve", "fork", "send", "event", *_SESSION_COMMANDS,
 )  # fmt: skip
 _TASK_COMMANDS = (
     "status", "history", "verify", "approve", "answer", "cancel", "repair", "watch", "init", "next", "done", "stop", "resolve", "fork",
+    "send", "event",
 )  # fmt: skip
 _STEP_COMMANDS = ("exec", "checkpoint")
 """Commands with a STEP after TASK (STORE must come first, or be given with --store)."""
@@ -243,6 +244,16 @@ def _store_command(args: argparse.Namespace, store: Store, label: str, out: Text
         checked_task(args.new_task)
         function, _, _ = recorded_function(store, label, args.task, args.path, err, args.verbose > 0)
         return cmd_fork(store, function, args.task, args.new_task, args.from_step, args.json, out)
+    if args.command == "send":
+        from ._talk import cmd_send
+
+        return cmd_send(
+            store, args.task, args.topic, args.value, key=args.key, sender=args.sender or login_name(), out=out, as_json=args.json
+        )
+    if args.command == "event":
+        from ._talk import cmd_event
+
+        return cmd_event(store, args.task, args.key, wait_s=args.wait, out=out, as_json=args.json)
     if args.command == "repair":
         from ._control import cmd_repair
 

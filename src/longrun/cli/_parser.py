@@ -25,6 +25,7 @@ from ._arguments import (
     reason,
     since,
     step_id,
+    topic_name,
 )
 from ._common import STORE_HELP
 from ._help import DESCRIPTION, EPILOG, REPAIR_EPILOG, RESUME_EPILOG, SESSION_EPILOG, START_EPILOG, VERIFY_EPILOG, WORKER_EPILOG
@@ -153,6 +154,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_authority_options(answer, "answer")
     add_json(answer, "{request, payload, approval, signed_with_key, written_to}")
+
+    send = add(
+        "send",
+        "send a message to a task on a topic: its run.recv(TOPIC) returns it (once)",
+        "Put one message in the task's mailbox through the store: the task's next run.recv(TOPIC) that "
+        "finds no older unreceived message of that topic returns it, and a worker running the task is woken. "
+        'VALUE is read as JSON if it parses (42, true, "text", {"a": 1}), else as a plain string; at most '
+        "64 KiB encoded. --key deduplicates: a second send with a key already in the mailbox stores nothing "
+        "(say so, exit 0). Takes no lease and touches no state.",
+    )
+    add_store(send, task=True)
+    send.add_argument("topic", metavar="TOPIC", type=topic_name, help="the topic: 1-100 of [A-Za-z0-9._:/@+=-]")
+    send.add_argument("value", metavar="VALUE", help="the value: JSON, or else plain text")
+    send.add_argument("--key", metavar="KEY", type=non_empty, help="a deduplication key (default: a new random one)")
+    send.add_argument("--sender", metavar="NAME", type=non_empty, help="who sends (default: the login name)")
+    add_json(send, "{task_id, topic, key, seq, duplicate}")
+
+    event = add(
+        "event",
+        "print the latest value a task set for an event key (run.set_event), waiting for it if asked",
+        "Read the task's committed state and print the latest value it set for KEY, as JSON. With --wait S, "
+        "wait up to S seconds for the key to be set. Exit 1 if it is not set. Read-only.",
+    )
+    add_store(event, task=True)
+    event.add_argument("key", metavar="KEY", type=topic_name, help="the event key")
+    event.add_argument("--wait", metavar="SECONDS", type=positive_seconds, default=None, help="wait up to this long for the key to be set")
+    add_json(event, "{task_id, key, set, value}")
 
     cancel = add(
         "cancel",

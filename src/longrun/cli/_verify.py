@@ -47,7 +47,7 @@ from ..cancellation import judge_cancellation
 from ..contract import is_internal
 from ..envelope import RunState
 from ..errors import CorruptStateError, LongrunError
-from ..ledger import EffectState
+from ..ledger import EffectState, raised_into_function
 from ..outcome import ENDED_UNFINISHED, Status
 from ..protocols import LoadResult, Store
 from ._common import ExitCode, checked_task, format_time, lease_summary, name_store, relative, short_digest, write_json
@@ -128,7 +128,7 @@ def _check_ledger(checks: _Checks, state: RunState) -> list[str]:
                 )
             else:
                 problems.append(f"{record.key} is verified with no attempt and no observation behind it")
-        if record.state is EffectState.FAILED and state.status is not Status.BLOCKED:
+        if record.state is EffectState.FAILED and state.status is not Status.BLOCKED and not raised_into_function(record):
             problems.append(f"{record.key} failed permanently but the run is {state.status.value}, not blocked")
         if record.epoch > state.lease_epoch:
             problems.append(f"{record.key} started at epoch {record.epoch}, after the last commit's epoch {state.lease_epoch}")
@@ -155,12 +155,14 @@ def _check_ledger(checks: _Checks, state: RunState) -> list[str]:
 
 def _check_status(checks: _Checks, store: Store, state: RunState, task_id: str, now: float) -> None:
     status = state.status
-    unfinished = [record.key for record in state.effects.values() if record.state is not EffectState.VERIFIED]
+    unfinished = [record.key for record in state.effects.values() if record.state is not EffectState.VERIFIED and not raised_into_function(record)]
     if status is Status.DONE:
         if unfinished or state.approval_requests:
             checks.add("status", "damaged", f"the run is recorded done but these effects are not verified: {unfinished}")
         else:
-            checks.add("status", "ok", f"finished cleanly: all {len(state.effects)} effects verified; a resume changes nothing")
+            handled = sum(raised_into_function(record) for record in state.effects.values())
+            settled = f"{len(state.effects) - handled} effects verified, {handled} failed into the function, which handled it" if handled else f"all {len(state.effects)} effects verified"
+            checks.add("status", "ok", f"finished cleanly: {settled}; a resume changes nothing")
         return
     if status in ENDED_UNFINISHED:
         checks.add("status", "ended", f"the run ended {status.value} and will not continue: {state.next_action}")

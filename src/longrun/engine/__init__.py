@@ -36,6 +36,7 @@ The engine is composed of plain parts, none derived from another:
 - ``_ops``: every request a step yields (adapter calls, sleeps, loads, commits, control reads, the lease);
 - ``_steps``: the rules every step keeps, cancellation and the approval gate, calls, timers, questions, stops;
 - ``_effects``: one effect from planned to verified, settling by observation, the recovery procedure;
+- ``_talk``: the steps by which tasks talk: a message sent, a message received, an event set;
 - ``_drivers``: ``RunIO`` (the store, the sources, the lease keeper) and the two drivers that
   perform the requests, ``SyncDriver`` and ``AsyncDriver``;
 - ``_engine``: ``Engine``, the facade the faces drive, and ``Plan``, what a face hands it;
@@ -48,6 +49,7 @@ from ._config import EngineConfig, EngineOptions, check_parallel, check_timeout,
 from ._engine import AsyncPlan, Engine, Plan
 from ._invocation import Invocation, Stop
 from ._ops import is_async_callable
+from ._talk import RECEIVE_POLL_S, receive, send, set_event
 
 
 __all__ = [
@@ -58,11 +60,15 @@ __all__ = [
     "EngineOptions",
     "Invocation",
     "Plan",
+    "RECEIVE_POLL_S",
     "Stop",
     "check_parallel",
     "check_timeout",
     "default_owner",
     "is_async_callable",
     "is_internal",
+    "receive",
+    "send",
+    "set_event",
     "utc",
 ]

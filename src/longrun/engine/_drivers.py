@@ -45,7 +45,9 @@ from ._ops import (
     Op,
     ReadApprovals,
     ReadCancellation,
+    ReadMessages,
     RenewLease,
+    SendMessage,
     Sleep,
     Steps,
     is_async_callable,
@@ -135,6 +137,10 @@ class SyncDriver:
             return None
         if isinstance(op, Load):
             return io.load(inv, op)
+        if isinstance(op, SendMessage):
+            return io.send_message(inv, op)
+        if isinstance(op, ReadMessages):
+            return io.read_messages(inv, op)
         assert isinstance(op, Gather)
         if len(op.steps) > 1:
             # Several effects left in flight (by parallel steps): observed at once, in worker threads.
@@ -303,6 +309,10 @@ class AsyncDriver:
             return None
         if isinstance(op, Load):
             return await self.call_io(io.load, inv, op)
+        if isinstance(op, SendMessage):
+            return await self.call_io(io.send_message, inv, op)
+        if isinstance(op, ReadMessages):
+            return await self.call_io(io.read_messages, inv, op)
         assert isinstance(op, Gather)
         limit = asyncio.Semaphore(max(1, op.limit))
 

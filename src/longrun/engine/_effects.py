@@ -24,7 +24,7 @@ from ..envelope import RunState
 from ..errors import PermanentError, StateUnrecoverableError, TransientError, UnknownActionError, describe_exception
 from ..lease import Lease
 from ..intervention import APPLIED, REOPENABLE, find_reopen, find_resolution, superseded_cancellation
-from ..ledger import IN_FLIGHT, EffectRecord, EffectState, check_receipt
+from ..ledger import IN_FLIGHT, EffectRecord, EffectState, check_receipt, raised_into_function
 from ..outcome import TERMINAL, Evidence, Status
 from ..protocols import AnyEffectAdapter, LoadResult
 from ..recovery import Reconciled, Verdict, settle
@@ -35,7 +35,7 @@ from ._steps import failed_for_good, gate, interrupted, ready, start_attempt, st
 
 log = logging.getLogger("longrun")
 
-__all__ = ["effect", "recover", "verified_prefix"]
+__all__ = ["ON_EXHAUSTED", "effect", "recover", "verified_prefix"]
 
 
 _VERIFIED_STATE = EffectState.VERIFIED
@@ -56,8 +56,17 @@ def verified_prefix(inv: Invocation, steps: Sequence[Step]) -> int:
     return len(steps)
 
 
-def effect(inv: Invocation, step: Step, *, retry: RetryPolicy | None = None, timeout_s: float | None = None) -> Steps[EffectRecord]:
-    """Make one step's effect verified, or stop; return its verified record.
+_EXHAUSTED_FAILS = frozenset({EffectState.VERIFIED, EffectState.FAILED})
+ON_EXHAUSTED = ("stop", "raise")
+"""What an effect whose attempts ran out does: stop the run ``limits-exhausted``, or settle ``failed``
+(the face raises ``EffectFailed`` into the function, now and on every replay)."""
+
+
+def effect(
+    inv: Invocation, step: Step, *, retry: RetryPolicy | None = None, timeout_s: float | None = None, on_exhausted: str = "stop"
+) -> Steps[EffectRecord]:
+    """Make one step's effect verified, or stop; return its verified record (with
+    ``on_exhausted="raise"``: or its ``failed`` record, once its attempts ran out).
 
     A verified step returns at once (that is replay). Otherwise, in order: cancellation read
     fresh, the budgets, the record planned, a backoff honoured, an observation first where the
@@ -67,8 +76,9 @@ def effect(inv: Invocation, step: Step, *, retry: RetryPolicy | None = None, tim
     """
     state = inv.state
     step_options(inv, step, retry, timeout_s)
+    raises = on_exhausted == "raise"
     while True:
-        record, settled = yield from ready(inv, step, _VERIFIED)
+        record, settled = yield from ready(inv, step, _EXHAUSTED_FAILS if raises else _VERIFIED, exhausted_fails=raises)
         if settled:
             return record
         if state.reconcile_all:
@@ -365,8 +375,8 @@ def _reopened(inv: Invocation, state: RunState) -> Steps[bool]:
     budget = state.budget
     budget = replace(budget, attempts_total=max(0, budget.attempts_total - reopen.add_attempts))
     for record in list(state.effects.values()):
-        if record.state is EffectState.VERIFIED or is_internal(record.action) and record.state is EffectState.FAILED:
-            continue  # a call's recorded exception replays as recorded
+        if record.state is EffectState.VERIFIED or is_internal(record.action) and record.state is EffectState.FAILED or raised_into_function(record):
+            continue  # a call's recorded exception, an EffectFailed the function handled: replayed as recorded
         fewer = max(0, record.attempts - reopen.add_attempts)
         if record.state is EffectState.FAILED:  # failed for good, and the operator says to try again
             # An approval authorized one attempt that failed: trying again asks again.

@@ -171,19 +171,29 @@ class Engine:
 
     # -- the steps, from synchronous code ----------------------------------------------------------------
 
-    def effect(self, step: Step, *, retry: RetryPolicy | None = None, timeout_s: float | None = None) -> EffectRecord:
-        """Make one step's effect verified, or stop; return its verified record (``_effects.effect``)."""
+    def effect(
+        self, step: Step, *, retry: RetryPolicy | None = None, timeout_s: float | None = None, on_exhausted: str = "stop"
+    ) -> EffectRecord:
+        """Make one step's effect verified, or stop; return its verified record (``_effects.effect``;
+        with ``on_exhausted="raise"``, its failed record once its attempts ran out)."""
         inv, sync = self._inv, self._sync
         assert inv is not None and sync is not None, "no invocation is under way"
         recorded = inv.state.effects.get(step.step_id)
         if recorded is not None and recorded.state is _VERIFIED:
             return recorded  # replay: nothing to wait for
         with self._io.commit_lock:  # not while the async driver's I/O thread commits this state
-            return drive(_effects.effect(inv, step, retry=retry, timeout_s=timeout_s), sync.perform)
+            return drive(_effects.effect(inv, step, retry=retry, timeout_s=timeout_s, on_exhausted=on_exhausted), sync.perform)
 
-    def effect_steps(self, step: Step, *, retry: RetryPolicy | None = None, timeout_s: float | None = None) -> Steps[EffectRecord]:
+    def effect_steps(
+        self, step: Step, *, retry: RetryPolicy | None = None, timeout_s: float | None = None, on_exhausted: str = "stop"
+    ) -> Steps[EffectRecord]:
         """``effect`` as a step procedure, for a driver to run."""
-        return _effects.effect(self.invocation, step, retry=retry, timeout_s=timeout_s)
+        return _effects.effect(self.invocation, step, retry=retry, timeout_s=timeout_s, on_exhausted=on_exhausted)
+
+    def drive(self, steps: Steps[T]) -> T:
+        """Drive a step procedure of the engine (``engine.send``, ``engine.receive``, ...) over
+        ``invocation`` to its end from synchronous code; an async face awaits ``driver.step`` instead."""
+        return self._drive(steps)
 
     def verified_prefix(self, steps: Sequence[Step]) -> int:
         return _effects.verified_prefix(self.invocation, steps)

@@ -2,8 +2,8 @@
 
 The step procedures (``engine._steps``, ``engine._effects``) are generators. Every adapter call,
 user call and sleep they need, and every read or write of the store and the control sources
-(loading the state, committing it, reading the cancellation record and the approvals, the lease
-to write under), is *yielded* as one of the records below, and the value (or the exception) comes
+(loading the state, committing it, reading the cancellation record and the approvals, sending
+and reading messages, the lease to write under), is *yielded* as one of the records below, and the value (or the exception) comes
 back at the ``yield``. The two drivers (``engine._drivers``) perform them: the synchronous one at
 once in the calling thread, the async one without blocking the event loop (store and control I/O
 in the invocation's own I/O thread, adapters awaited or in worker threads), with the commits that
@@ -22,6 +22,7 @@ from ..adapters import EffectRequest
 from ..errors import LongrunError
 from ..control import ControlRecord
 from ..lease import Lease
+from ..messages import Message
 
 __all__ = [
     "COMMIT",
@@ -41,6 +42,8 @@ __all__ = [
     "ReadApprovals",
     "ReadCancellation",
     "RenewLease",
+    "ReadMessages",
+    "SendMessage",
     "Steps",
     "is_async_callable",
 ]
@@ -162,11 +165,26 @@ class RenewLease:
     (``lease-lost``) thrown in if that renewal failed."""
 
 
+@dataclass(frozen=True, slots=True)
+class SendMessage:
+    """Put ``message`` in its receiver's mailbox through the run's store (``Store.send_message``):
+    a ``messages.Delivery`` back, or the store's error (``UnknownTaskError`` for no such task)."""
+
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class ReadMessages:
+    """The run's own messages of ``topic``, oldest first, read fresh (``Store.read_messages``)."""
+
+    topic: str
+
+
 READ_APPROVALS = ReadApprovals()
 RENEW_LEASE = RenewLease()
 
 
-Op = Apply | Observe | Invoke | Sleep | Commit | Gather | Load | ReadCancellation | ReadApprovals | RenewLease
+Op = Apply | Observe | Invoke | Sleep | Commit | Gather | Load | ReadCancellation | ReadApprovals | RenewLease | SendMessage | ReadMessages
 Steps = Generator[Op, Any, T]
 """A step procedure: yields what it waits for, returns its value."""
 

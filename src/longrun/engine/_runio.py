@@ -1,6 +1,6 @@
 """``RunIO``: what a run does outside itself besides its adapters, written once for both drivers.
 
-The store (the lease, loads, fenced commits), the cancellation and approval sources, and the
+The store (the lease, loads, fenced commits, messages), the cancellation and approval sources, and the
 ``LeaseKeeper`` that renews the lease in the background. Each method is one blocking piece of I/O
 over an ``Invocation``: the synchronous driver calls it in the caller's thread, the async driver
 in the invocation's I/O thread (``engine._drivers``). A commit holds ``commit_lock``, so the two
@@ -23,7 +23,8 @@ from ..outcome import RunOutcome, Status
 from ..protocols import LoadResult, SigningSource
 from ._config import EngineConfig, utc
 from ._invocation import Invocation, Stop
-from ._ops import CancellationRead, Load, ReadCancellation
+from ..messages import Delivery, Message
+from ._ops import CancellationRead, Load, ReadCancellation, ReadMessages, SendMessage
 
 log = logging.getLogger("longrun")
 
@@ -184,6 +185,12 @@ class RunIO:
 
     def read_approvals(self, inv: Invocation) -> list[ControlRecord]:
         return list(self.config.approvals.read_approvals(inv.task_id))
+
+    def send_message(self, inv: Invocation, op: SendMessage) -> Delivery:
+        return self.store.send_message(op.message)
+
+    def read_messages(self, inv: Invocation, op: ReadMessages) -> tuple[Message, ...]:
+        return self.store.read_messages(inv.task_id, op.topic)
 
     def flush(self, inv: Invocation) -> None:
         """Commit what the steps changed, if anything."""

@@ -6,17 +6,21 @@ import asyncio
 import copy
 import dataclasses
 import inspect
+import secrets
 from types import MappingProxyType
 from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar, Unpack
 
-from ..canonical import ensure_json
+from ..canonical import JSONValue, ensure_json
+from ..clock import SystemClock
 from ..contract import RunContract, check_task_id
 from ..engine import Engine, EngineOptions
 from ..envelope import RunState
 from ..errors import ForkRefusedError, InvalidInputError, UnknownTaskError
 from ..intervention import ApprovalWriter, Signer, reopen
 from ..outcome import RunOutcome, Status
-from ..protocols import AnyEffectAdapter, Store
+from ..messages import Delivery, Message
+from ..protocols import AnyEffectAdapter, Clock, Store
+from ..task_events import read_event
 from ._plan import FunctionPlan, Recording, run_coroutine
 from ._family import cancelled_down
 from ._fork import Forking, check_new_task, record_fork_in_origin, records_to_copy
@@ -296,6 +300,31 @@ class DurableFunction(Generic[R]):
             return run_coroutine(self.arun_child(task_id, parent, args, kwargs, link=link), f"child {task_id!r}")
         engine, plan = self._plan(task_id, args, kwargs, link=link)
         return cancelled_down(engine, engine.run(plan))
+
+    def _store_and_clock(self) -> tuple[Store, Clock]:
+        clock = self._options.get("clock")
+        return self._options["store"], clock if clock is not None else SystemClock()
+
+    def send(self, task_id: str, topic: str, value: JSONValue, *, key: str | None = None, sender: str = "outside") -> Delivery:
+        """Send ``value`` to task ``task_id`` on ``topic`` from outside any task, through this
+        function's store; its ``run.recv(topic)`` returns it (a worker running the task is woken).
+
+        ``key`` deduplicates: a second send with a key already in the task's mailbox stores nothing
+        (``Delivery.duplicate``); give one when the send itself may be repeated. Without one every
+        call is a new message. ``UnknownTaskError`` for a task the store does not hold,
+        ``SizeLimitError`` for a value over ``messages.MAX_MESSAGE_BYTES``, ``InvalidInputError``
+        for a value that is not JSON; nothing is stored then."""
+        check_task_id(task_id)
+        store, clock = self._store_and_clock()
+        message = Message.of(task_id, topic, value, key=key if key is not None else secrets.token_hex(16), sender=sender, sent_at=clock.now())
+        return store.send_message(message)
+
+    def get_event(self, task_id: str, key: str, *, timeout_s: float | None = None) -> JSONValue:
+        """The latest value task ``task_id`` set for event ``key`` (``run.set_event``), as committed;
+        None if it has not set it. With ``timeout_s``, waits up to that long for it to be set
+        (reading the state again every ``task_events.EVENT_POLL_S`` on this function's clock)."""
+        store, clock = self._store_and_clock()
+        return read_event(store, task_id, key, timeout_s=timeout_s, clock=clock)[1]
 
     def __repr__(self) -> str:
         return f"<durable function {self.name}>"

@@ -5,13 +5,13 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Mapping, Sequence
 
-from ..engine import is_async_callable
+from ..engine import is_async_callable, receive as receive_steps, send as send_steps, set_event as set_event_steps
 from ..budget import RetryPolicy
 from ..canonical import JSONValue
 from ..errors import InvalidInputError
 from ..ledger import EffectState
 from ._lineage import ChildFunction, qualified_name
-from ._steps import RunSteps
+from ._steps import RunSteps, check_on_exhausted
 
 
 __all__ = ["AsyncRun", "Run"]
@@ -22,8 +22,10 @@ class Run(RunSteps):
 
     ``effect`` makes a side effect through the ledger; ``map`` makes several at once; ``call``
     records a read, a computation or a model's answer; ``sleep`` waits durably; ``ask`` waits for a
-    person's answer; ``child`` runs another durable task to completion.
-    Each takes a step id first: unique within one run of the function, stable across runs.
+    person's answer; ``child`` runs another durable task to completion; ``send`` and ``recv``
+    pass messages between tasks; ``set_event`` publishes a value others read.
+    Each takes a step id first (``send``, ``recv`` and ``set_event`` derive one unless given
+    ``step_id=``): unique within one run of the function, stable across runs.
     """
 
     def effect(
@@ -36,6 +38,7 @@ class Run(RunSteps):
         observe_first: bool = False,
         retry: RetryPolicy | None = None,
         timeout_s: float | None = None,
+        on_exhausted: str = "stop",
     ) -> JSONValue:
         """Make a side effect through the ledger, exactly as a declared step; return its result.
 
@@ -44,9 +47,14 @@ class Run(RunSteps):
         observes before the first apply (for effects an earlier system or task may have made).
         ``retry`` and ``timeout_s`` override the run's for this effect: past ``timeout_s`` the
         effect is uncertain and observed (``apply`` then runs in a worker thread).
+        ``on_exhausted="raise"``: once the effect has used all its attempts (``Limits.max_attempts``),
+        each certainly not applied, ``EffectFailed`` is raised into the function (recorded, and
+        raised again on every replay) so that it can compensate, instead of the run stopping
+        ``limits-exhausted``.
         """
+        check_on_exhausted(on_exhausted)
         step = self._effect_step(step_id, action, payload, approval, observe_first)
-        return self._engine.effect(step, retry=retry, timeout_s=timeout_s).result
+        return self._effect_result(self._engine.effect(step, retry=retry, timeout_s=timeout_s, on_exhausted=on_exhausted))
 
     def map(
         self,
@@ -131,6 +139,40 @@ class Run(RunSteps):
             record = self._child_settled(step_id, task_id, outcome)
         return self._child_result(step_id, record)
 
+    def send(self, to_task: str, topic: str, value: JSONValue, *, key: str | None = None, step_id: str | None = None) -> int:
+        """Send ``value`` (JSON, at most ``messages.MAX_MESSAGE_BYTES``) to task ``to_task`` on
+        ``topic``, once; return its number in the receiver's mailbox.
+
+        Recorded once: replay sends nothing. ``key`` deduplicates at the receiver (a second message
+        with a key already there is not stored); without one, the key is this task and the step id,
+        so a send repeated after a crash is one message. The step id is ``step_id``, else derived:
+        ``longrun.send:<to_task>/<topic>@<n>`` for the n-th such send of this run. A receiver the
+        store does not hold raises ``UnknownTaskError`` (recorded: raised again on replay)."""
+        engine = self._engine
+        return self._sent(engine.drive(send_steps(engine.invocation, self._send_step(to_task, topic, value, key, step_id))))
+
+    def recv(self, topic: str, *, timeout_s: float | None = None, step_id: str | None = None) -> JSONValue:
+        """The value of the oldest message on ``topic`` that this task has not received yet
+        (messages sent before the receive are kept), recorded once: consumed exactly once.
+
+        Without one the run stops ``awaiting-input`` until a message is sent (``longrun send``,
+        ``fn.send``, or ``run.send`` from another task; a worker is woken by it). With
+        ``timeout_s`` it returns ``None`` once that time has passed since the step was first
+        reached (the end is recorded: replay returns ``None`` again); a timeout within
+        ``Limits.max_block_s`` is waited for in the process. Step id: ``step_id``, else
+        ``longrun.recv:<topic>@<n>`` for the n-th receive on that topic of this run."""
+        engine = self._engine
+        step = self._recv_step(topic, timeout_s, step_id)
+        return self._received(engine.drive(receive_steps(engine.invocation, step, timeout_s)))
+
+    def set_event(self, key: str, value: JSONValue, *, step_id: str | None = None) -> None:
+        """Publish ``value`` (JSON, at most ``messages.MAX_MESSAGE_BYTES``) as this task's event
+        ``key``: the latest set wins. Committed at once, recorded once (replay sets nothing).
+        Read it with ``fn.get_event``, ``longrun event`` or ``longrun status``. Step id:
+        ``step_id``, else ``longrun.event:<key>@<n>`` for the n-th set of that key in this run."""
+        engine = self._engine
+        engine.drive(set_event_steps(engine.invocation, self._event_step(key, value, step_id)))
+
 class AsyncRun(RunSteps):
     """What an ``async`` durable function receives: ``Run``'s steps, awaited.
 
@@ -151,13 +193,15 @@ class AsyncRun(RunSteps):
         observe_first: bool = False,
         retry: RetryPolicy | None = None,
         timeout_s: float | None = None,
+        on_exhausted: str = "stop",
     ) -> JSONValue:
         """``Run.effect``, awaited. Past ``timeout_s`` (else the run's, else the retry policy's
         ``deadline_s``) the apply is cancelled, and the effect is uncertain and observed."""
+        check_on_exhausted(on_exhausted)
         step = self._effect_step(step_id, action, payload, approval, observe_first)
         engine = self._engine
-        record = await engine.driver.step(engine.effect_steps(step, retry=retry, timeout_s=timeout_s))
-        return record.result
+        record = await engine.driver.step(engine.effect_steps(step, retry=retry, timeout_s=timeout_s, on_exhausted=on_exhausted))
+        return self._effect_result(record)
 
     async def call(
         self,
@@ -197,3 +241,21 @@ class AsyncRun(RunSteps):
             outcome = await function.arun_child(task_id, self.task_id, args, kwargs, link=self._link(detached))
             record = self._child_settled(step_id, task_id, outcome)
         return self._child_result(step_id, record)
+
+    async def send(self, to_task: str, topic: str, value: JSONValue, *, key: str | None = None, step_id: str | None = None) -> int:
+        """``Run.send``, awaited."""
+        engine = self._engine
+        step = self._send_step(to_task, topic, value, key, step_id)
+        return self._sent(await engine.driver.step(send_steps(engine.invocation, step)))
+
+    async def recv(self, topic: str, *, timeout_s: float | None = None, step_id: str | None = None) -> JSONValue:
+        """``Run.recv``, awaited (a wait within ``Limits.max_block_s`` does not block the event loop)."""
+        engine = self._engine
+        step = self._recv_step(topic, timeout_s, step_id)
+        return self._received(await engine.driver.step(receive_steps(engine.invocation, step, timeout_s)))
+
+    async def set_event(self, key: str, value: JSONValue, *, step_id: str | None = None) -> None:
+        """``Run.set_event``, awaited."""
+        engine = self._engine
+        step = self._event_step(key, value, step_id)
+        await engine.driver.step(set_event_steps(engine.invocation, step))

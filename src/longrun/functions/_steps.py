@@ -1,6 +1,7 @@
 """What both faces of a durable function share: the step ids claimed once per run, divergence
 from the record, and how each kind of step is built and its record replayed (a child's lineage
-and the cycle it refuses: ``functions._lineage``)."""
+and the cycle it refuses: ``functions._lineage``; a send, a receive and an event, whose step ids
+may be derived: ``<action>:<target>@<n>``, the n-th of its kind and target in this run)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import math
 from typing import Any, Callable, Mapping, Sequence
 
 from .. import _crashpoints
-from ..canonical import JSONValue, digest_of, ensure_json
+from ..canonical import JSONValue, canonical_bytes, digest_of, ensure_json
 from ..contract import ASK_ACTION, INTERNAL_PREFIX, Step, check_step_id, check_task_id
 from ..engine import Engine
-from ..errors import CallFailed, ChildCycleError, InvalidInputError
+from ..errors import CallFailed, ChildCycleError, EffectFailed, InvalidInputError, SizeLimitError, UnknownTaskError
 from ..ledger import EffectRecord, EffectState
+from ..messages import MAX_KEY_CHARS, MAX_MESSAGE_BYTES, RECV_ACTION, SEND_ACTION, check_topic, sent_key
 from ..outcome import ENDED_UNFINISHED, RunOutcome, Status
+from ..task_events import EVENT_ACTION
 
 from ._family import waiting_path
 from ._lineage import (
@@ -29,7 +32,7 @@ from ._lineage import (
     qualified_name,
 )
 
-__all__ = ["RunSteps"]
+__all__ = ["RunSteps", "check_on_exhausted"]
 
 
 class RunSteps:
@@ -39,6 +42,8 @@ class RunSteps:
         self._engine = engine
         self._function = function
         self._used: set[str] = set()
+        self._ordinals: dict[str, int] = {}
+        """How many steps of each derived prefix (``longrun.send:<task>/<topic>``, ...) this run asked for."""
 
     @property
     def task_id(self) -> str:
@@ -199,3 +204,90 @@ class RunSteps:
             failure_record = record.result if isinstance(record.result, dict) else {}
             raise CallFailed(step_id, str(failure_record.get("type", "ChildEnded")), str(failure_record.get("message", "")))
         return record.result
+
+    # -- talking: messages and events (``engine.send``, ``engine.receive``, ``engine.set_event``) ----------
+
+    def _talk_id(self, prefix: str, step_id: str | None) -> str:
+        """The step id of a send, a receive or an event: the one given (claimed like any), else
+        ``<prefix>@<n>`` for the n-th of that prefix in this run (deterministic as the code is)."""
+        if step_id is not None:
+            return self._claim(step_id)
+        n = self._ordinals.get(prefix, 0) + 1
+        self._ordinals[prefix] = n
+        derived = check_step_id(f"{prefix}@{n}")
+        self._used.add(derived)
+        return derived
+
+    def _checked_talk(self, step_id: str, action: str, payload: dict[str, JSONValue], what: str) -> Step:
+        recorded = self._engine.state.effects.get(step_id)
+        if recorded is not None:
+            if recorded.action != action:
+                raise self._diverged(step_id, "action", repr(recorded.action), what)
+            if recorded.payload_digest != digest_of(payload):
+                raise self._diverged(step_id, f"{what} digest", recorded.payload_digest, digest_of(payload))
+        return Step(step_id, action, payload)
+
+    def _send_step(self, to_task: str, topic: str, value: object, key: str | None, step_id: str | None) -> Step:
+        check_task_id(to_task)
+        check_topic(topic)
+        plain = _bounded(value, f"the value of a message on topic {topic!r}")
+        if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_KEY_CHARS):
+            raise InvalidInputError(f"a message key must be a string of 1-{MAX_KEY_CHARS} characters, got {key!r:.80}")
+        sid = self._talk_id(f"{SEND_ACTION}:{to_task}/{topic}", step_id)
+        payload: dict[str, JSONValue] = {"to": to_task, "topic": topic, "key": key if key is not None else sent_key(self.task_id, sid), "value": plain}
+        return self._checked_talk(sid, SEND_ACTION, payload, "a send")
+
+    @staticmethod
+    def _sent(record: EffectRecord) -> int:
+        if record.state is EffectState.FAILED:
+            failure = record.result if isinstance(record.result, dict) else {}
+            raise UnknownTaskError(f"step {record.step_id!r}: {failure.get('message', record.last_error)} (recorded: the send is not made again)")
+        result = record.result if isinstance(record.result, dict) else {}
+        seq = result.get("seq")
+        return seq if isinstance(seq, int) else 0
+
+    def _recv_step(self, topic: str, timeout_s: float | None, step_id: str | None) -> Step:
+        check_topic(topic)
+        if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s) or timeout_s < 0):
+            raise InvalidInputError(f"receive on topic {topic!r}: timeout_s must be a finite number >= 0 or None, got {timeout_s!r}")
+        sid = self._talk_id(f"{RECV_ACTION}:{topic}", step_id)
+        return self._checked_talk(sid, RECV_ACTION, {"topic": topic}, "a receive")
+
+    @staticmethod
+    def _received(record: EffectRecord) -> JSONValue:
+        result = record.result if isinstance(record.result, dict) else {}
+        return None if result.get("timed_out") else result.get("value")
+
+    def _event_step(self, key: str, value: object, step_id: str | None) -> Step:
+        check_topic(key, what="event key")
+        plain = _bounded(value, f"the value of event {key!r}")
+        sid = self._talk_id(f"{EVENT_ACTION}:{key}", step_id)
+        return self._checked_talk(sid, EVENT_ACTION, {"key": key, "value": plain}, "an event")
+
+    @staticmethod
+    def _effect_result(record: EffectRecord) -> JSONValue:
+        """An effect's result; ``EffectFailed`` (as recorded) for one whose attempts ran out."""
+        if record.state is EffectState.FAILED:
+            failure = record.result if isinstance(record.result, dict) else {}
+            attempts = failure.get("attempts", record.attempts)
+            raise EffectFailed(record.step_id, attempts if isinstance(attempts, int) else record.attempts, str(failure.get("last_error", record.last_error)))
+        return record.result
+
+
+def _bounded(value: object, what: str) -> JSONValue:
+    """``value`` as plain JSON of at most ``MAX_MESSAGE_BYTES`` encoded (``SizeLimitError`` past it)."""
+    plain = ensure_json(value, what=what)
+    size = len(canonical_bytes(plain))
+    if size > MAX_MESSAGE_BYTES:
+        raise SizeLimitError(
+            f"{what} is {size} bytes encoded, over MAX_MESSAGE_BYTES ({MAX_MESSAGE_BYTES}): pass a reference (a path, a digest) instead",
+            size=size, limit=MAX_MESSAGE_BYTES, limit_name="MAX_MESSAGE_BYTES",
+        )  # fmt: skip
+    return plain
+
+
+def check_on_exhausted(on_exhausted: str) -> str:
+    """``on_exhausted`` if it is ``"stop"`` or ``"raise"``, else ``InvalidInputError``."""
+    if on_exhausted not in ("stop", "raise"):
+        raise InvalidInputError(f"on_exhausted must be 'stop' or 'raise', got {on_exhausted!r}")
+    return on_exhausted

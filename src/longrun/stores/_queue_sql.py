@@ -170,6 +170,7 @@ class PostgresDialect(Dialect):
             ("longrun_fleet_lease", "longrun_leases", "INSERT OR UPDATE", "lease", ""),
             ("longrun_fleet_approval", "longrun_approvals", "INSERT OR UPDATE", "control", ""),
             ("longrun_fleet_cancellation", "longrun_cancellations", "INSERT OR UPDATE OR DELETE", "control", ""),
+            ("longrun_fleet_message", "longrun_messages", "INSERT", "control", ""),
         ):
             statements.append(f"DROP TRIGGER IF EXISTS {trigger} ON {table}")
             statements.append(
@@ -253,7 +254,7 @@ class SqliteDialect(Dialect):
                         WHERE task_id = NEW.task_id AND claim_token IS NULL;
                     END"""
             )
-        for table, events in (("approvals", ("INSERT", "UPDATE")), ("cancellations", ("INSERT", "UPDATE", "DELETE"))):
+        for table, events in (("approvals", ("INSERT", "UPDATE")), ("cancellations", ("INSERT", "UPDATE", "DELETE")), ("messages", ("INSERT",))):
             for event in events:
                 row = "OLD" if event == "DELETE" else "NEW"
                 statements.append(

@@ -28,6 +28,7 @@ from ..envelope import MAX_STATE_BYTES, PlanOutline, RunState, check_loadable, d
 from ..errors import CorruptStateError, FencedError, ForeignStateError, SchemaVersionError, StateUnrecoverableError, StorageError
 from ..lease import Lease
 from ..ledger import EffectRecord
+from ..messages import Message, decode_message, encode_message
 from ..outcome import Evidence
 from ..protocols import LoadResult
 from .blobs import BlobCodec, BlobFetcher, BlobRef, large_values, resolve_record_json, stored_record_json
@@ -550,6 +551,40 @@ class SqlStore(BaseStore):
                 "ON CONFLICT (task_id, approval_id) DO UPDATE SET body = excluded.body, written_at = excluded.written_at",
                 (approval.task_id, approval.approval_id, body),
             )
+
+    # -- messages -----------------------------------------------------------------------------
+
+    def _message_with_key(self, task_id: str, key: str) -> Message | None:
+        row = self._db.one("SELECT seq, body FROM longrun_messages WHERE task_id = ? AND msg_key = ?", (task_id, key))
+        return None if row is None else self._message(task_id, row[0], row[1])
+
+    def _last_message_seq(self, task_id: str) -> int:
+        row = self._db.one("SELECT MAX(seq) FROM longrun_messages WHERE task_id = ?", (task_id,))
+        return 0 if row is None or row[0] is None else int(row[0])
+
+    def _put_message(self, message: Message) -> None:
+        self._db.run(
+            f"INSERT INTO longrun_messages (task_id, seq, msg_key, topic, body, written_at) VALUES (?, ?, ?, ?, ?, {self._now_sql()})",
+            (message.task_id, message.seq, message.key, message.topic, encode_message(message).decode("utf-8")),
+        )
+
+    def _get_messages(self, task_id: str, topic: str | None) -> list[Message]:
+        if topic is None:
+            rows = self._db.rows("SELECT seq, body FROM longrun_messages WHERE task_id = ? ORDER BY seq", (task_id,))
+        else:
+            rows = self._db.rows("SELECT seq, body FROM longrun_messages WHERE task_id = ? AND topic = ? ORDER BY seq", (task_id, topic))
+        return [self._message(task_id, row[0], row[1]) for row in rows]
+
+    @staticmethod
+    def _message(task_id: str, seq: object, body: object) -> Message:
+        name = f"longrun_messages/{task_id}/{seq}"
+        data = utf8_bytes(column_text(body))
+        if data is None:
+            raise CorruptStateError(f"message {name} is damaged: not UTF-8 text")
+        message = decode_message(data, name)
+        if message.seq != seq:
+            raise CorruptStateError(f"message {name} is damaged: it holds number {message.seq}")
+        return message
 
     # -- listing ------------------------------------------------------------------------------
 

@@ -33,6 +33,8 @@ database whose version is newer than this code knows is refused with ``SchemaVer
                            bytes, by their SHA-256; see ``stores.blobs``)
     longrun_cancellations  task_id, body (raw JSON text), written_at
     longrun_approvals      task_id, approval_id, body (raw JSON text), written_at
+    longrun_messages       task_id, seq, msg_key, topic, body (the stored message, with its checksum),
+                           written_at (version 6: a task's mailbox; see ``longrun.messages``)
     longrun_quarantine     id, task_id, kind, name, reason, quarantined_at, data
 
 A commit writes the header row and only the effect rows the runner says changed (plus any row the
@@ -68,7 +70,7 @@ from ..canonical import sha256_hex
 
 __all__ = ["SCHEMA_VERSION", "column_text", "migrations", "quarantine_text", "row_checksum", "utf8_bytes"]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 def migrations(types: dict[str, str]) -> list[tuple[int, str, list[str]]]:
@@ -166,6 +168,22 @@ def migrations(types: dict[str, str]) -> list[tuple[int, str, list[str]]]:
                     digest TEXT NOT NULL,
                     data {t['bytes']} NOT NULL,
                     PRIMARY KEY (task_id, digest))""",
+            ],
+        ),
+        (
+            6,
+            "messages between tasks: each task's mailbox, numbered in the order the sends commit",
+            [
+                f"""CREATE TABLE IF NOT EXISTS longrun_messages (
+                    task_id TEXT NOT NULL REFERENCES longrun_tasks (task_id),
+                    seq {t['int']} NOT NULL,
+                    msg_key TEXT NOT NULL,
+                    topic TEXT NOT NULL,
+                    body TEXT NOT NULL,
+                    written_at {t['float']} NOT NULL,
+                    PRIMARY KEY (task_id, seq),
+                    UNIQUE (task_id, msg_key))""",
+                "CREATE INDEX IF NOT EXISTS longrun_messages_topic ON longrun_messages (task_id, topic, seq)",
             ],
         ),
     ]

@@ -47,9 +47,17 @@ Invariants every store built on ``BaseStore`` keeps (the tests are built to brea
    (``_epoch_floor``), so the next acquisition's epoch is above every epoch the state records. It
    refuses a record that is not damaged, and one whose holder is alive on this machine.
 
+9. A message's number is taken, and its key looked up, inside the receiver's exclusive
+   transaction (``send_message``): numbers follow the order the sends commit, with no gap and no
+   repeat, and a key is stored once. Messages are never fenced (anyone may send) and never marked
+   consumed here: the receiver records which it took in its own state (``longrun.messages``).
+
 A subclass supplies the primitives: a per-task exclusive transaction, reading and writing the
 lease record (and moving a damaged one aside), reading (and repairing) and writing the state, and
-the control records; a store on this machine's file system also gives ``_holders``.
+the control records, the mailbox; a store on this machine's file system also gives ``_holders``.
+
+One concept, the rules every store keeps, so one module, and a long one: each rule above is
+written here once, over primitives, so that no backend restates (and could weaken) one.
 """
 
 from __future__ import annotations
@@ -73,10 +81,12 @@ from ..errors import (
     InvalidInputError,
     LeaseHeldError,
     SchemaVersionError,
+    SizeLimitError,
     StateUnrecoverableError,
     StorageError,
 )
 from ..lease import RELEASED, Lease, LeaseRepair, MonotonicReading
+from ..messages import MAX_MESSAGES, Delivery, Message, check_topic
 from ..protocols import LoadResult
 from ._holders import HolderLocks
 
@@ -197,6 +207,54 @@ class BaseStore:
 
     def list_tasks(self) -> list[str]:
         raise NotImplementedError
+
+    def _message_with_key(self, task_id: str, key: str) -> Message | None:
+        """The task's message with ``key``, if any; called inside the task's exclusive transaction."""
+        raise NotImplementedError
+
+    def _last_message_seq(self, task_id: str) -> int:
+        """The highest sequence number of the task's messages (0: none); inside its exclusive transaction."""
+        raise NotImplementedError
+
+    def _put_message(self, message: Message) -> None:
+        """Store ``message`` (its ``seq`` assigned) durably; inside the task's exclusive transaction."""
+        raise NotImplementedError
+
+    def _get_messages(self, task_id: str, topic: str | None) -> list[Message]:
+        """The task's messages (of ``topic``, or all), in any order; inside a task transaction."""
+        raise NotImplementedError
+
+    # -- messages: the mailbox rules, once -------------------------------------------------------
+
+    def send_message(self, message: Message) -> Delivery:
+        """See ``Store.send_message``: the key is looked up and the number assigned inside the
+        receiver's exclusive transaction, so two senders cannot take one number or both store a key."""
+        if not isinstance(message, Message):
+            raise InvalidInputError(f"send_message needs a Message, got {type(message).__name__}")
+        check_task_id(message.task_id)
+        with self._transaction(message.task_id, create=False):
+            existing = self._message_with_key(message.task_id, message.key)
+            if existing is not None:
+                return Delivery(existing.seq, duplicate=True)
+            seq = self._last_message_seq(message.task_id) + 1
+            if seq > MAX_MESSAGES:
+                raise SizeLimitError(
+                    f"task {message.task_id!r} already holds {MAX_MESSAGES} messages (MAX_MESSAGES); nothing was sent",
+                    size=seq, limit=MAX_MESSAGES, limit_name="MAX_MESSAGES",
+                )  # fmt: skip
+            self._put_message(Message(message.task_id, message.topic, message.value, message.key, message.sender, message.sent_at, seq))
+        return Delivery(seq)
+
+    def read_messages(self, task_id: str, topic: str | None = None) -> tuple[Message, ...]:
+        check_task_id(task_id)
+        if topic is not None:
+            check_topic(topic)
+        with self._transaction(task_id, create=False, write=False):
+            found = self._get_messages(task_id, topic)
+        for message in found:
+            if message.task_id != task_id:
+                raise ForeignStateError(f"a message in the mailbox of {task_id!r} names task {message.task_id!r}")
+        return tuple(sorted(found, key=lambda message: message.seq))
 
     # -- the rules, once ----------------------------------------------------------------------
 

@@ -13,13 +13,13 @@ Where the tables live:
   created with its first record (``fn.start``, ``fn.run``, a child started by its parent), due when
   the lease of the run that records it ends; a lease
   taken by a runner outside the fleet makes the row due when that lease ends (released or expired);
-  an approval, an answer or a cancellation makes the row due at once. A row that becomes due at
+  an approval, an answer, a cancellation or a message sent to the task makes the row due at once. A row that becomes due at
   once sends ``NOTIFY longrun_fleet``, which wakes idle workers (polling is the fallback).
 - ``SqliteStore``: in the store's file, with the same triggers; claims take SQLite's write lock.
 - ``JsonFileStore``: in ``ROOT/.fleet.sqlite`` beside the task directories (not a task id, so
   ``list_tasks`` never shows it). No trigger can see a file, so ``rescan`` does their work by
   polling: it adopts tasks that have no row, and makes a parked row due when the task's lease
-  epoch or release, or its control records' digests, changed since the row was written.
+  epoch or release, its control records' digests, or its mailbox, changed since the row was written.
 
 Tables (version ``SCHEMA_VERSION`` in ``longrun_fleet_schema``, apart from the store's own)::
 
@@ -142,7 +142,11 @@ class SlotHold:
     token: str
 
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""1: the index, the workers and the action slots; 2: a message sent to a task wakes it (a trigger on
+``longrun_messages``). Every statement of ``_create`` may run again, so a version-1 database is
+brought up to date by running them all."""
+_SCHEMA_DESCRIPTIONS = {1: "the due-time index, workers and action slots", 2: "a message sent to a task wakes it"}
 _TERMINAL_VALUES = tuple(sorted(status.value for status in TERMINAL))
 MAX_ROW_BYTES = 64 * 1024 * 1024
 
@@ -301,10 +305,12 @@ class _Tables:
                 if found is None:
                     continue
                 adopted += self.adopt(str(task_id), found[0], found[1], str(status) if status is not None else "new")
-        self.run(
-            "INSERT INTO longrun_fleet_schema (version, applied_at, description) VALUES (?, {now}, ?)",
-            (SCHEMA_VERSION, "the due-time index, workers and action slots"),
-        )
+        applied = int(self.one("SELECT COALESCE(MAX(version), 0) FROM longrun_fleet_schema")[0])
+        for version in range(applied + 1, SCHEMA_VERSION + 1):
+            self.run(
+                "INSERT INTO longrun_fleet_schema (version, applied_at, description) VALUES (?, {now}, ?)",
+                (version, _SCHEMA_DESCRIPTIONS[version]),
+            )
         log.info("%r: fleet tables created (version %d); %d stored tasks adopted", self, SCHEMA_VERSION, adopted)
 
     def adopt(self, task_id: str, function: str, parent: str | None, status: str, fingerprint: str | None = None) -> int:
@@ -532,6 +538,9 @@ class TaskQueue:
             cancellation.digest if cancellation is not None else None,
             [str(digest) for digest in sorted(record.digest or record.name for record in self.store.read_approvals(task_id))],
         ]
+        messages = len(self.store.read_messages(task_id))
+        if messages:  # only then: the fingerprint of a task without messages is what it was before they existed
+            parts.append(messages)
         return "sha256:" + sha256_hex(canonical_bytes(parts))
 
     def rescan(self, every_s: float) -> int | None:

@@ -45,6 +45,7 @@ from ..errors import (
     UnknownTaskError,
 )
 from ..lease import Lease
+from ..messages import Message, decode_message, encode_message
 from ..protocols import LoadResult
 from ..stores.blobs import BlobCodec, BlobFetcher, BlobRef, large_values, resolve_record_json, stored_record_json
 from ..stores.base import BaseStore
@@ -53,7 +54,7 @@ __all__ = ["MemoryStore", "TaskRecords"]
 
 log = logging.getLogger("longrun")
 
-OPERATIONS = ("read-lease", "write-lease", "read-state", "write-state", "read-control", "write-control")
+OPERATIONS = ("read-lease", "write-lease", "read-state", "write-state", "read-control", "write-control", "read-messages", "write-messages")
 """The operation names ``fault`` is called with."""
 
 
@@ -80,6 +81,9 @@ class TaskRecords:
     blobs: dict[str, bytes] = dataclasses.field(default_factory=dict)
     """Large payloads and results, by the SHA-256 (hex) of their canonical bytes (``stores.blobs``):
     the state references them, written in the same commit, never rewritten."""
+    messages: list[bytes] = dataclasses.field(default_factory=list)
+    """The task's mailbox (``messages.encode_message``), in the order the sends committed: message
+    ``seq`` is item ``seq - 1``."""
 
 
 class _Tasks:
@@ -232,6 +236,27 @@ class MemoryStore(BaseStore):
         data = canonical_bytes(approval.to_json())
         with self._transaction(approval.task_id, create=False):
             self._touch("write-control", approval.task_id).approvals[approval.approval_id] = data
+
+    # -- messages (``BaseStore`` holds the task's transaction) ---------------------------------------
+
+    def _stored_messages(self, task_id: str) -> list[Message]:
+        data = list(self._touch("read-messages", task_id).messages)
+        return [decode_message(item, f"{seq} of {task_id}") for seq, item in enumerate(data, start=1)]
+
+    def _message_with_key(self, task_id: str, key: str) -> Message | None:
+        return next((message for message in self._stored_messages(task_id) if message.key == key), None)
+
+    def _last_message_seq(self, task_id: str) -> int:
+        return len(self._touch("read-messages", task_id).messages)
+
+    def _put_message(self, message: Message) -> None:
+        messages = self._touch("write-messages", message.task_id).messages
+        assert message.seq == len(messages) + 1, "numbers follow the order the sends commit"
+        messages.append(encode_message(message))
+
+    def _get_messages(self, task_id: str, topic: str | None) -> list[Message]:
+        messages = self._stored_messages(task_id)
+        return messages if topic is None else [message for message in messages if message.topic == topic]
 
     def list_tasks(self) -> list[str]:
         with self._tasks.lock:

@@ -223,9 +223,10 @@ class ClaimRunner:
             self.drained += 1
         if status in TERMINAL:
             return Disposition(status.value, wake_parent=True)
-        if status in PARKED:
+        if status in PARKED and not (status is Status.AWAITING_INPUT and outcome.wake_at is not None):
             return Disposition(status.value)
-        if status in (Status.RETRY_SCHEDULED, Status.SLEEPING, Status.WAITING_ON_CHILD):
+        if status in (Status.RETRY_SCHEDULED, Status.SLEEPING, Status.WAITING_ON_CHILD, Status.AWAITING_INPUT):
+            # awaiting-input with a wake time: a receive whose timeout ends then (a message wakes it sooner)
             if outcome.wake_at is None:
                 return Disposition(status.value, wake_in_s=None if status is Status.WAITING_ON_CHILD else 0.0)
             return Disposition(status.value, wake_in_s=max(0.0, outcome.wake_at - clock.now()))

@@ -17,6 +17,7 @@ Layout under ``root`` (directories 0700, files 0600)::
         lock                flock(2) target: every read-modify-write of the task runs under it
         control/cancel.json
         control/approvals/<approval id>.json
+        messages/<seq>.<key digest>.json    the task's mailbox, one file per message (``_mailbox``)
         quarantine/         damaged files, moved aside with a timestamp, never deleted
 
 A commit writes one line naming only what changed (the header fields that differ, the effect

@@ -19,6 +19,7 @@ from ...control import ControlRecord
 from ...envelope import RunState
 from ...errors import CorruptStateError, ForeignStateError, LongrunError, SchemaVersionError, StorageError
 from ...lease import Lease
+from ...messages import Message
 from ...protocols import LoadResult
 from .. import _journal as journal
 from .._fileio import FileIO, read_small, read_small_fd, write_atomic
@@ -26,6 +27,7 @@ from .._holders import HolderLocks
 from ..base import BaseStore
 from ..controlfiles import ControlFiles
 from ._handles import Handles, Held, Transaction, lease_key
+from ._mailbox import Mailbox
 from ._layout import HOLDER_LOCK, LEASE, MAX_RECORD_BYTES, NONBLOCK, Gate, Gates, TaskFiles
 from ._reading import epoch_floor, history
 from ._recovery import Load
@@ -92,6 +94,7 @@ class JsonFileStore(BaseStore):
         self._writing = Writers(self._files, self._gates)
         self._handles = Handles(self.io, self._gates)
         self._control = ControlFiles(self.root, io=self.io, hold_directories=True)
+        self._mailbox = Mailbox(self.root, self.io)
         self._leases: dict[str, tuple[bytes, Lease]] = {}
         self._holders = HolderLocks(lambda task_id: os.path.join(self.task_dir(task_id), HOLDER_LOCK))
 
@@ -275,6 +278,20 @@ class JsonFileStore(BaseStore):
     def write_approval(self, approval: Approval) -> None:
         self._known(approval.task_id)
         self._control.write_approval(approval)
+
+    # -- messages (``_mailbox``; the task's flock is held by ``BaseStore``) ----------------------
+
+    def _message_with_key(self, task_id: str, key: str) -> Message | None:
+        return self._mailbox.with_key(task_id, key)
+
+    def _last_message_seq(self, task_id: str) -> int:
+        return self._mailbox.last_seq(task_id)
+
+    def _put_message(self, message: Message) -> None:
+        self._mailbox.put(message)
+
+    def _get_messages(self, task_id: str, topic: str | None) -> list[Message]:
+        return self._mailbox.read(task_id, topic)
 
     # -- listing ------------------------------------------------------------------------------
 

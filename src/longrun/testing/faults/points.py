@@ -40,6 +40,11 @@ call.returned               the call returned; its value is in memory, committed
                             step's start or the stop (durable face only)
 ==========================  ========================================================================
 
+``TALK_POINTS``, reached only by a task that sends, receives or publishes (not in ``POINTS``):
+``message.sent`` (the receiver's store holds the message, the send's record is in memory),
+``message.received`` (the message a receive took is recorded in memory, not yet committed) and
+``event.set`` (an event's record is in memory, just before its commit).
+
 ``BLOB_POINTS``, reached only by a task with a payload or result of 64 KiB or more (a blob, see
 ``longrun.stores.blobs``; not in ``POINTS``, which every task reaches): ``blob.temp-opened``,
 ``blob.temp-half-written``, ``blob.temp-written``, ``blob.temp-fsynced`` (its ``fdatasync``),
@@ -54,7 +59,7 @@ import os
 from ... import _crashpoints
 from ...stores import TEMP_MARK, FileIO
 
-__all__ = ["BLOB_POINTS", "CALL_POINTS", "POINTS", "WRITE_STAGES", "CrashPointIO", "file_kind", "points_for", "read_trace"]
+__all__ = ["BLOB_POINTS", "CALL_POINTS", "POINTS", "TALK_POINTS", "WRITE_STAGES", "CrashPointIO", "file_kind", "points_for", "read_trace"]
 
 WRITE_STAGES = ("temp-opened", "temp-half-written", "temp-written", "temp-fsynced", "replaced", "dir-fsynced")
 POINTS: tuple[str, ...] = (
@@ -78,6 +83,7 @@ POINTS: tuple[str, ...] = (
     "call.returned",
 )
 BLOB_POINTS = tuple(f"blob.{stage}" for stage in WRITE_STAGES)
+TALK_POINTS = ("message.sent", "message.received", "event.set")
 """The moments of a blob's write (``stores.blobs``): only a task with a large value reaches them."""
 CALL_POINTS = frozenset(("call.started", "call.returned"))
 """Points only a durable function reaches (a declared plan has no calls)."""

@@ -10,7 +10,7 @@ The suite drives only the ``Store`` protocol: leases (exclusion, takeover, epoch
 increase, renewal, release), fencing of every mutating call that carries a lease (commit, renew,
 release, repairing load: ``FencedError`` and nothing changed), revisions, the atomicity of a
 commit, the round trip of a ``RunState`` written record by record, cancellation and approval
-records, unknown tasks and unsafe task ids, and concurrent acquirers on separate instances.
+records, messages (numbered in send order, one per key), unknown tasks and unsafe task ids, and concurrent acquirers on separate instances.
 
 What only the store can do is asked through hooks; a hook a store does not provide skips the tests
 that need it (so a skip here is a gap in the store's own tests, not a pass):
@@ -31,6 +31,7 @@ that need it (so a skip here is a gap in the store's own tests, not a pass):
   I/O operation (a system call, an SQL statement) raises ``OSError`` or the driver's error.
 - ``damage_lease(store, task_id)``: damage the task's stored lease record so that it no longer
   validates (for ``repair_lease``, which the stores built on ``BaseStore`` offer).
+- ``damage_messages(store, task_id)``: damage every stored message of the task (see ``_messages``).
 - ``damage_blobs(store, task_id) -> int`` and ``state_bytes(store, task_id) -> int``: for large
   payloads and results (see ``_blobs``): damage every blob the task has, and measure the state
   without its blobs.
@@ -44,10 +45,11 @@ from ._base import sample_state
 from ._blobs import BlobContract
 from ._control import ControlContract
 from ._leases import LeaseContract
+from ._messages import MessageContract
 from ._states import StateContract
 
 __all__ = ["StoreContract", "sample_state"]
 
 
-class StoreContract(LeaseContract, StateContract, ControlContract, BlobContract):
+class StoreContract(LeaseContract, StateContract, ControlContract, BlobContract, MessageContract):
     """The contract every store passes. Mix into ``unittest.TestCase``; see the module docstring."""
