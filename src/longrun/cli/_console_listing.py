@@ -1,8 +1,9 @@
 """What the console's task list and summary band are made of: one row per task, the search, the
 filters, the pages, and the counts an operator glances at.
 
-``read_rows`` loads every task once (without a lease: it moves nothing) and keeps what the list,
-its filters and the summary band need (``TaskRow``); ``Listing`` applies a search (a task id or a
+``read_rows`` reads every task once (without a lease: it moves nothing; from the store's task
+summaries where it keeps them, else by loading each) and keeps what the list, its filters and the
+summary band need (``TaskRow``); ``complete`` loads the tasks of the page shown; ``Listing`` applies a search (a task id or a
 function, case-insensitive, a part of it is enough), the filters (status, function, updated since)
 and cuts the page (``PAGE_SIZE`` rows, most recently updated first); ``Summary`` counts tasks by
 status, the pending approvals and questions with the oldest's request time, the tasks that
@@ -31,7 +32,9 @@ from ..stores.queue import QueueEntry, WorkerRecord, open_queue
 from ._common import name_store, short_digest
 from ._inspect import LS_STATUSES, NO_STATE_ACTION, parse_since
 
-__all__ = ["FAILURE_WINDOW_S", "PAGE_SIZE", "Fleet", "Listing", "Summary", "TaskRow", "read_fleet", "read_rows", "short_action"]
+__all__ = [
+    "FAILURE_WINDOW_S", "PAGE_SIZE", "Fleet", "Listing", "Summary", "TaskRow", "complete", "read_fleet", "read_rows", "short_action",
+]  # fmt: skip
 
 PAGE_SIZE = 50
 FAILURE_WINDOW_S = 3600.0
@@ -99,8 +102,36 @@ def read_row(store: Store, task_id: str) -> TaskRow:
     )  # fmt: skip
 
 
+_WAITING_ON_PEOPLE = frozenset({Status.AWAITING_APPROVAL.value, Status.AWAITING_INPUT.value})
+
+
 def read_rows(store: Store) -> list[TaskRow]:
-    return [read_row(store, task_id) for task_id in store.list_tasks()]
+    """Every task's row. A store that lists summaries (``list_summaries``: a row per task kept by
+    each commit, indexed in the SQL stores) is read from them, and only the tasks that wait on a
+    person are loaded (for their requests); otherwise every task is loaded. ``complete`` loads
+    the rows a page shows, so they show what a load finds (damage, progress)."""
+    summaries = getattr(store, "list_summaries", None)
+    if summaries is None:
+        return [read_row(store, task_id) for task_id in store.list_tasks()]
+    rows = []
+    for summary in summaries():
+        if summary.status in _WAITING_ON_PEOPLE:
+            rows.append(read_row(store, summary.task_id))
+            continue
+        status = "UNREADABLE" if summary.status == "unreadable" else str(summary.status)
+        failed = summary.updated_at if summary.error or status in FAILED_STATUSES else None
+        rows.append(
+            TaskRow(
+                summary.task_id, status, summary.updated_at, summary.revision, summary.next_action, function=summary.function,
+                failed_at=failed, last_error=summary.error,
+            )  # fmt: skip
+        )
+    return rows
+
+
+def complete(store: Store, rows: Sequence[TaskRow]) -> list[TaskRow]:
+    """``rows`` as a load of each task finds them (what a summary lacks: progress, damage)."""
+    return [row if row.progress is not None or row.status in ("DAMAGED", "UNREADABLE") else read_row(store, row.task_id) for row in rows]
 
 
 def short_action(text: str, label: str, *, limit: int | None = SHORT_ACTION) -> str:

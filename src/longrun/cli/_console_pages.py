@@ -34,7 +34,7 @@ from ..protocols import LoadResult, Store
 from ..stores.queue import QueueEntry, WorkerRecord
 from ..task_events import events_of
 from ._common import format_time, lease_summary, relative, short_digest
-from ._console_listing import PAGE_SIZE, Fleet, Listing, Summary, TaskRow, read_fleet, read_rows, short_action
+from ._console_listing import PAGE_SIZE, Fleet, Listing, Summary, TaskRow, complete, read_fleet, read_rows, short_action
 from ._control import cmd_approve, cmd_cancel, parse_answer, payload_view
 from ._intervene import cmd_resolve, write_reopen
 from ._history import timeline
@@ -268,6 +268,8 @@ class Console:
         rows = self._rows()
         summary = Summary.of(rows, self._fleet(), now)
         page, matched = listing.select(rows)
+        with self.lock:
+            page = complete(self.store, page)
         body = ["<h1>Tasks</h1>", self._band(summary, now)]
         body += [f'<p class="error">{e(problem)}</p>' for problem in listing.problems]
         options = "".join(
