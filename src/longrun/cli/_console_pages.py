@@ -6,7 +6,10 @@ queue (every value read from the store HTML-escaped with ``e``), and carries out
 answer, cancel, resolve or reopen form as the CLI's own commands. ``SCRIPT`` is the one script the
 pages load: it reloads the page every few seconds unless a form is being filled. ``_console``
 serves it over HTTP and holds the security around it; the module docstring there says what each
-page shows.
+page shows; what the list and the band are made of is ``_console_listing``.
+
+One concept, what the console shows and does; it is long because every page and every form is
+here, each escaping what it shows in the same way, which a reviewer checks in one place.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..contract import ASK_ACTION
 from ..envelope import RunState
-from ..errors import InvalidInputError
 from ..events import kind_of
 from ..intervention import REOPENABLE
 from ..lease import Lease
