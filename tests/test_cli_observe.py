@@ -288,9 +288,9 @@ class VerboseLogTests(OpsCase):
         self.assertEqual(result.returncode, 0, result.stderr)
         for step in ("one", "two", "three"):
             for state in ("planned", "attempt 1 started", "acknowledged", "verified"):
-                self.assertIn(f"longrun: INFO: task nightly: effect {step} {state}", result.stderr)
+                self.assertRegex(result.stderr, rf"\dZ INFO longrun: task nightly: effect {step} {state}")
         self.assertIn("task nightly: run stopped done", result.stderr)
         self.assertNotIn("DEBUG", result.stderr)
         debug = cli("-vv", "resume", "--path", support.HELPERS, "cli_tasks:gated")  # a new task: it commits
-        self.assertIn("longrun: DEBUG: lease on gated acquired", debug.stderr)
-        self.assertIn("longrun: DEBUG: task gated: revision 1 committed", debug.stderr)
+        self.assertIn("DEBUG longrun: lease on gated acquired", debug.stderr)
+        self.assertIn("DEBUG longrun: task gated: revision 1 committed", debug.stderr)

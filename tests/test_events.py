@@ -227,7 +227,7 @@ class LoggingTests(EventCase):
             self.runner([Step("a", "send", {"n": 1})], adapter, limits=Limits(max_block_s=0.0)).run()
         retry = [record.getMessage() for record in logs.records if record.step == "a" and record.state == "retry-scheduled"]  # type: ignore[attr-defined]
         self.assertEqual(len(retry), 1)
-        self.assertIn("retry scheduled (attempt 1 observed: outbox briefly unreadable for t/a)", retry[0])
+        self.assertIn("retry scheduled (attempt 1 observed: outbox briefly unreadable for t/a; next attempt at 2023-11-14T22:13:20Z)", retry[0])
         self.assertNotIn("None", retry[0])
 
     def test_a_retry_and_an_unsafe_stop(self) -> None:

@@ -21,6 +21,8 @@ still reads them. Atomic replacement and backups are the stores' job, not this m
 again when the plan grows), so that a reader knows how many steps remain before they are planned.
 It is optional: states written before it, and durable functions' states, have none. The key
 ``plan_outline`` is written only when there is one, so such states encode exactly as before.
+The same holds for ``progress`` and ``effect_latency`` (``longrun.telemetry``): what a run records
+about itself for people and scrapers, state but not steps.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from .contract import Step, is_internal
 from .errors import CorruptStateError, ForeignStateError, InvalidInputError, SchemaVersionError, SizeLimitError
 from .ledger import EffectRecord, EffectState
 from .outcome import Evidence, Status
+from .telemetry import EffectLatency, ProgressReport
 
 __all__ = ["FORMAT", "MAX_STATE_BYTES", "SCHEMA_VERSION", "PlanOutline", "RunState", "check_loadable", "decode", "encode"]
 
@@ -47,7 +50,7 @@ MAX_CONTROL_OBSERVATIONS = 50
 _STATE_FIELDS = frozenset(
     ("task_id", "plan_digest", "revision", "created_at", "updated_at", "status", "current_step", "next_action",
      "completed_steps", "effects", "budget", "approval_requests", "consumed_approvals", "control_observations",
-     "unknowns", "lease", "reconcile_all", "plan_outline")
+     "unknowns", "lease", "reconcile_all", "plan_outline", "progress", "effect_latency")
 )  # fmt: skip
 _OUTLINE_SPEC = (
     f.Field("steps", f.Kind.TUPLE, item=f.Kind.STEP),
@@ -120,6 +123,8 @@ _HEADER_SPEC = (
     f.Field("consumed_approvals", f.Kind.TEXTS),
     f.Field("reconcile_all", f.Kind.BOOL),
     f.Field("plan_outline", f.Kind.RECORD, optional=True, record=PlanOutline),
+    f.Field("progress", f.Kind.RECORD, optional=True, record=ProgressReport),
+    f.Field("effect_latency", f.Kind.RECORD, optional=True, record=EffectLatency),
 )
 """The state's own fields, as read (``from_json``) and as checked (``check_header``, ``validate``)."""
 _SCALAR_SPEC = tuple(field for field in _HEADER_SPEC if field.kind is not f.Kind.TEXTS)
@@ -168,6 +173,10 @@ class RunState:
     """Set when the state was recovered from a backup: every unverified step is observed before it is applied."""
     plan_outline: PlanOutline | None = None
     """The declared plan's step ids and actions (None for a durable function, or a state written before it)."""
+    progress: ProgressReport | None = None
+    """What a durable function last reported with ``run.progress`` (None if it never did)."""
+    effect_latency: EffectLatency | None = None
+    """How long this task's verified effects took from an attempt's start, per action (None before the first)."""
 
     def check_header(self) -> None:
         """Refuse (``InvalidInputError``) a state whose own fields the loader would refuse: what a
@@ -240,6 +249,10 @@ class RunState:
         }
         if self.plan_outline is not None:
             body["plan_outline"] = self.plan_outline.to_json()
+        if self.progress is not None:
+            body["progress"] = self.progress.to_json()
+        if self.effect_latency is not None:
+            body["effect_latency"] = self.effect_latency.to_json()
         return body
 
     @classmethod

@@ -8,10 +8,13 @@ Two channels, both fed by the engine, for every face (``Runner`` and ``@durable`
   that went wrong around the run rather than legal outcomes of it (an adapter that raised, damage
   found in the store, a hook that raised). Every stop is a legal outcome, logged at INFO with its
   status in ``state``: filter on it to alert on ``unsafe-to-continue`` and the like.
-  Every record on that logger carries the same ``extra`` fields, ``task``, ``step``, ``key``,
-  ``state``, ``attempt``, ``epoch`` and ``revision`` (None where they do not apply: a filter on
-  the logger fills in what a record lacks), so a JSON log formatter can emit them as fields.
-  Library code never prints.
+  Every record on that logger carries the same ``extra`` fields (``LOG_FIELDS``): ``task``,
+  ``step``, ``key``, ``action``, ``state``, ``attempt``, ``epoch``, ``revision``, ``function`` and
+  ``worker``. A filter on the logger fills in what a record lacks from the run under way in the
+  logging thread or task (its task, its durable function once the state is loaded, its lease
+  epoch), so a record logged by a store or an adapter's caller during a run names the run too;
+  None only where a field does not apply. ``longrun.logging.JsonFormatter`` writes them as JSON
+  fields. Library code never prints.
 - **Events**: ``on_event(event: RunEvent)``, called on the thread that runs the engine, after the
   commit that made a transition durable, with one frozen ``RunEvent`` per effect record that the
   commit changed (in the order the run changed them) and one per change of the run's status (and
@@ -32,9 +35,12 @@ that dies or raises (its ``run-start`` stays unmatched, as the process's spans w
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import datetime
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Generator
 
 from .canonical import JSONValue
 from .contract import INTERNAL_PREFIX, is_internal
@@ -43,20 +49,34 @@ from .errors import InvalidInputError
 from .ledger import EffectRecord, EffectState
 from .outcome import Status
 
-__all__ = ["EVENT_KINDS", "EventHook", "LOG_FIELDS", "RunEvent", "Reporter", "kind_of"]
+__all__ = ["EVENT_KINDS", "EventHook", "LOG_FIELDS", "RunEvent", "Reporter", "kind_of", "record_fields"]
 
 log = logging.getLogger("longrun")
 
-LOG_FIELDS = ("task", "step", "key", "state", "attempt", "epoch", "revision")
-"""The ``extra`` fields every log record of a run carries (None where they do not apply)."""
+LOG_FIELDS = ("task", "step", "key", "action", "state", "attempt", "epoch", "revision", "function", "worker")
+"""The ``extra`` fields every log record on the ``longrun`` logger carries (None where they do not apply)."""
+
+_RUN_FIELDS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("longrun_run_fields", default=None)
+"""The fields of the run under way in this thread or task (``Reporter.fields``), for ``_WithFields``."""
+_FUNCTION_STEP = INTERNAL_PREFIX + "function"
 
 _KINDS = {
     "call": "call", "sleep": "timer", "ask": "question", "child": "child", "function": "function",
     "send": "send", "recv": "receive", "event": "event",
 }  # fmt: skip
 
-EVENT_KINDS = ("run-start", "run", "run-end", "effect", "call", "timer", "question", "child", "function", "internal")
+EVENT_KINDS = (
+    "run-start", "run", "run-end", "effect", "call", "timer", "question", "child", "send", "receive", "event", "function", "internal",
+)  # fmt: skip
 """Every ``RunEvent.kind``: the three of the run itself, then what a ledger record is (``kind_of``)."""
+
+
+def _utc(at: float) -> str:
+    """A time as log messages write it: ISO 8601, UTC, to the second."""
+    try:
+        return datetime.datetime.fromtimestamp(at, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (OverflowError, OSError, ValueError):
+        return f"{at:.0f} (seconds since the epoch)"
 
 
 def kind_of(action: str) -> str:
@@ -118,23 +138,37 @@ def _extra(
     *,
     step: str | None = None,
     key: str | None = None,
+    action: str | None = None,
     state: str | None = None,
     attempt: int | None = None,
     epoch: int | None = None,
     revision: int | None = None,
 ) -> dict[str, object]:
-    return {"task": task, "step": step, "key": key, "state": state, "attempt": attempt, "epoch": epoch, "revision": revision}
+    return {
+        "task": task, "step": step, "key": key, "action": action, "state": state, "attempt": attempt, "epoch": epoch,
+        "revision": revision,
+    }  # fmt: skip
+
+
+def record_fields(record: EffectRecord) -> dict[str, object]:
+    """The ``extra`` fields of a log record about one effect record (its task is the run's)."""
+    return {
+        "step": record.step_id, "key": record.key, "action": record.action, "state": record.state.value,
+        "attempt": record.attempts, "epoch": record.epoch or None,
+    }  # fmt: skip
 
 
 class _WithFields(logging.Filter):
-    """Gives every record on the ``longrun`` logger the ``LOG_FIELDS`` (None unless set), so a
+    """Gives every record on the ``longrun`` logger the ``LOG_FIELDS``: as the caller set them, else
+    from the run under way in the logging thread or task (``Reporter.logging``), else None; so a
     formatter may name them whichever module logged the record."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         fields = record.__dict__
+        run = _RUN_FIELDS.get()
         for name in LOG_FIELDS:
-            if name not in fields:
-                fields[name] = None
+            if fields.get(name) is None:
+                fields[name] = run.get(name) if run is not None else None
         return True
 
 
@@ -151,6 +185,9 @@ class Reporter:
             raise InvalidInputError(f"on_event must be callable (it receives a RunEvent), got {hook!r}")
         self.task_id = task_id
         self.hook = hook
+        self.fields: dict[str, Any] = {"task": task_id}
+        """What every log record made during this task's run names (``LOG_FIELDS``): the task, and
+        once known the function and the lease epoch."""
         self._pending: dict[str, None] = {}
         """Step ids whose records changed since the last commit, in the order they changed."""
         self._status: Status | None = None
@@ -160,13 +197,36 @@ class Reporter:
 
     # -- the run ------------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def logging(self) -> Generator[None, None, None]:
+        """While the run is under way: records logged in this thread or task name it (``_WithFields``)."""
+        token = _RUN_FIELDS.set(self.fields)
+        try:
+            yield
+        finally:
+            _RUN_FIELDS.reset(token)
+
     def begin(self, owner: str) -> None:
         """A new invocation: nothing pending, its first commit reports the status."""
         self._pending.clear()
         self._status = None
         self._owner = owner
         self._started = False
+        self.fields.pop("epoch", None)
         log.info("task %s: run started by %s", self.task_id, owner, extra=_extra(self.task_id))
+
+    def loaded(self, state: RunState, epoch: int) -> None:
+        """The run's state is loaded (or made) under the lease of ``epoch``: later records name the
+        durable function it runs, if it is one, and the epoch."""
+        self.fields["epoch"] = epoch
+        record = state.effects.get(_FUNCTION_STEP)
+        if record is not None:
+            self._name_function(record)
+
+    def _name_function(self, record: EffectRecord) -> None:
+        name = record.payload.get("function")
+        if isinstance(name, str):
+            self.fields["function"] = name
 
     def stopped(self, status: Status, next_action: str, *, revision: int, epoch: int, time: float) -> None:
         """The invocation returns ``status``: log it, and hand the hook its ``run-end`` (if it committed)."""
@@ -186,24 +246,33 @@ class Reporter:
     def moved(self, previous: EffectRecord | None, record: EffectRecord) -> None:
         """A record replaced in the working state (durable with the next commit)."""
         self._pending[record.step_id] = None
+        if previous is None and record.step_id == _FUNCTION_STEP:  # a new task's own record names its function
+            self._name_function(record)
         if previous is not None and previous.state is record.state and previous.not_before == record.not_before:
             return
         if not log.isEnabledFor(logging.INFO):
             return
-        what = f"{kind_of(record.action)} {record.step_id}"
+        kind = kind_of(record.action)
+        what = f"{kind} {record.step_id}"
         state = record.state.value
-        if record.state is EffectState.PLANNED and previous is not None:
+        if record.state is EffectState.PLANNED and record.not_before is not None and record.attempts == 0:
+            # Not a retry: a timer's wake time, or a first attempt held back (a recovered backoff).
+            state = "sleeping" if kind == "timer" else "waiting"
+            text = f"{'sleeps' if kind == 'timer' else 'waits'} until {_utc(record.not_before)}"
+        elif record.state is EffectState.PLANNED and previous is not None:
             # No error is recorded when the attempt was observed not to have taken place (a process
             # that died mid-apply) or a deduplicating target could not say: name what is known.
             if record.last_error:
-                why = f"failed: {record.last_error}"
+                why = f"attempt {record.attempts} failed: {record.last_error}"
+            elif record.evidence:
+                why = f"attempt {record.attempts} observed: {record.evidence}"
             else:
-                why = f"observed: {record.evidence}" if record.evidence else "no error recorded"
+                why = f"attempt {record.attempts}, no error recorded"
             if record.not_before is not None:
                 state = "retry-scheduled"
-                text = f"retry scheduled (attempt {record.attempts} {why})"
+                text = f"retry scheduled ({why}; next attempt at {_utc(record.not_before)})"
             else:
-                text = f"may be applied again (attempt {record.attempts}: {record.last_error or why})"
+                text = f"may be applied again ({why})"
         elif record.state is EffectState.PLANNED:
             text = f"planned (action {record.action})"
         elif record.state is EffectState.STARTED:
@@ -213,14 +282,14 @@ class Reporter:
         elif record.state is EffectState.UNCERTAIN:
             text = f"uncertain: {record.last_error or 'its outcome is not known'}"
         elif record.state is EffectState.FAILED:
-            text = f"failed: {record.last_error}"
+            text = f"failed: {record.last_error or 'no error recorded'}"
         else:
             text = "verified" + (f" ({record.evidence})" if record.evidence else "")
         log.info(
             "task %s: %s %s",
             self.task_id, what, text,
-            extra=_extra(self.task_id, step=record.step_id, key=record.key, state=state, attempt=record.attempts,
-                         epoch=record.epoch or None),
+            extra=_extra(self.task_id, step=record.step_id, key=record.key, action=record.action, state=state,
+                         attempt=record.attempts, epoch=record.epoch or None),
         )  # fmt: skip
 
     def committed(self, state: RunState) -> None:
@@ -276,5 +345,5 @@ class Reporter:
                     "task %s: the on_event hook raised on %s %s %s; the run goes on",
                     self.task_id, event.kind, event.step or "", event.state, exc_info=True,
                     extra=_extra(self.task_id, step=event.step, key=event.key, state=event.state, attempt=event.attempt,
-                                 epoch=event.epoch, revision=event.revision),
+                                 epoch=event.epoch or None, revision=event.revision),
                 )  # fmt: skip

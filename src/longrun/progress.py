@@ -6,6 +6,9 @@ failed; and for a declared plan, whose outline the state records (``RunState.pla
 total and the steps not planned yet. The rate is verified records per second over the most recent
 ones (by the time each was verified), and the time left is the rest of the plan at that rate.
 
+A durable function's own report (``run.progress``, kept as ``RunState.progress``) is carried as
+``reported``, with its rate and time left measured between its two recorded points.
+
 ``pending_of(state)`` lists the requests the run waits for a person to answer (approvals and
 questions), as ``RunOutcome.pending`` carries them.
 
@@ -26,6 +29,7 @@ from .envelope import RunState
 from .events import kind_of
 from .ledger import IN_FLIGHT, EffectRecord, EffectState
 from .outcome import PendingRequest
+from .telemetry import ProgressReport
 
 __all__ = ["Progress", "pending_of", "progress_of"]
 
@@ -84,6 +88,8 @@ class Progress:
     """Verified records per second, recently; None until two have been verified some time apart."""
     eta_s: float | None = None
     """Seconds until every declared step is verified at ``rate``; None without both."""
+    reported: ProgressReport | None = None
+    """What a durable function last reported with ``run.progress`` (its own units, rate and time left)."""
 
     @property
     def recorded(self) -> int:
@@ -115,6 +121,7 @@ class Progress:
             "current": self.current.step_id if self.current is not None else None,
             "rate": self.rate,
             "eta_s": self.eta_s,
+            "reported": self.reported.summary_json() if self.reported is not None else None,
         }
 
 
@@ -164,4 +171,5 @@ def progress_of(state: RunState) -> Progress:
         current=current,
         rate=rate,
         eta_s=eta,
+        reported=state.progress,
     )

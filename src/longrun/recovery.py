@@ -57,6 +57,14 @@ class Reconciled:
     reason: str
 
 
+def _request_fields(request: EffectRequest) -> dict[str, object]:
+    """The log fields of a record about an adapter call (``events.LOG_FIELDS``)."""
+    return {
+        "task": request.task_id, "step": request.step_id, "key": request.key, "action": request.action,
+        "attempt": request.attempt, "epoch": request.epoch or None,
+    }  # fmt: skip
+
+
 def observe_safely(adapter: EffectAdapter, request: EffectRequest) -> Observation:
     """``adapter.observe``, with any exception turned into an ``unknown`` observation that names it."""
     try:
@@ -68,7 +76,10 @@ def observe_safely(adapter: EffectAdapter, request: EffectRequest) -> Observatio
 
 def timed_out_observation(request: EffectRequest, timeout_s: float) -> Observation:
     """What an ``observe`` that did not answer within ``timeout_s`` tells: nothing, so unknown."""
-    log.warning("observe of %s did not answer within %g s", request.key, timeout_s)
+    log.warning(
+        "task %s: step %s: observe of %s did not answer within %g s; its outcome stays unknown",
+        request.task_id, request.step_id, request.key, timeout_s, extra=_request_fields(request),
+    )  # fmt: skip
     return Observation.unknown(f"observe did not answer within {timeout_s:g} s")
 
 
@@ -78,7 +89,10 @@ def as_observation(request: EffectRequest, returned: object) -> Observation:
         # An Observation the adapter built wrongly (a dict as evidence, a result that is not JSON)
         # raises InvalidInputError inside observe: an adapter bug, so the outcome is unknown.
         described = describe_exception(returned)  # the adapter's exception may not even print itself
-        log.warning("observe of %s failed: %s", request.key, described)
+        log.warning(
+            "task %s: step %s: observe of %s failed: %s; its outcome stays unknown",
+            request.task_id, request.step_id, request.key, described, extra=_request_fields(request),
+        )  # fmt: skip
         return Observation.unknown(f"observe raised {described}")
     if not isinstance(returned, Observation):
         return Observation.unknown(f"observe returned {type(returned).__name__}, not an Observation")
@@ -103,7 +117,7 @@ def settle(record: EffectRecord, observation: Observation, deduplicates: bool, n
         result, omitted = recordable_result(result, what=f"the result of step {record.step_id!r}")
         evidence = observation.evidence
         if omitted is not None:  # the effect took place and is recorded; its result is too large to keep
-            log.warning("%s: %s", record.key, omitted)
+            log.warning("step %s: %s: %s", record.step_id, record.key, omitted, extra={"step": record.step_id, "key": record.key, "action": record.action})
             evidence = f"{evidence}; {omitted}"
         verified = record.move(EffectState.VERIFIED, now, result=result, evidence=evidence)
         return Reconciled(verified, Verdict.VERIFIED, observation, f"observed applied: {observation.evidence}")

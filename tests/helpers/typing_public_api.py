@@ -267,6 +267,37 @@ def events_and_logs(contract: longrun.RunContract, steps: list[longrun.Step], st
     print(runner.run().status, durable, [event.to_json() for event in seen])
 
 
+# -- docs/observability.md, "Metrics" and "Logs"; docs/agents.md, "Reporting progress" --------------------
+
+
+def metrics_logs_and_progress(store: Store) -> str:
+    import logging
+
+    from longrun.logging import JsonFormatter
+    from longrun.metrics import MetricsSnapshot, collect, render
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter(static={"service": "newsletter"}))
+    logging.getLogger("longrun").addHandler(handler)
+
+    @longrun.durable(store=store, adapters={"note": Renderer()}, allowed_actions=("note",))
+    def sync_rows(run: longrun.Run, n: int) -> int:
+        run.progress(0, n, "starting")
+        return n
+
+    @longrun.durable(store=store, adapters={"note": Renderer()}, allowed_actions=("note",))
+    async def async_rows(run: longrun.AsyncRun, n: int) -> int:
+        await run.progress(n, n)
+        return n
+
+    assert_type(sync_rows.run("rows-1", 3), RunOutcome)
+    print(async_rows)
+    snapshot = collect(store)
+    assert_type(snapshot, MetricsSnapshot)
+    assert_type(snapshot.value("longrun_tasks", status="done", function=""), float | None)
+    return render(snapshot)
+
+
 # -- docs/cli.md, "Resolve, reopen, fork" -------------------------------------------------------------
 
 

@@ -20,6 +20,8 @@ from ..errors import InvalidInputError
 from ..messages import check_topic
 
 __all__ = [
+    "LOG_FORMATS",
+    "LOG_LEVELS",
     "MAX_NAME_CHARS",
     "MAX_PATH_BYTES",
     "MAX_REASON_CHARS",
@@ -27,6 +29,7 @@ __all__ = [
     "action_limit",
     "add_authority_options",
     "add_json",
+    "add_log_options",
     "add_module_options",
     "add_store",
     "count",
@@ -230,3 +233,21 @@ def add_store(command: argparse.ArgumentParser, *, task: bool) -> None:
 
 def add_json(command: argparse.ArgumentParser, what: str) -> None:
     command.add_argument("--json", action="store_true", help=f"print JSON on stdout: {what}")
+
+
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def add_log_options(command: argparse.ArgumentParser, *, first: bool) -> None:
+    """``--log-format`` and ``--log-level``, before the command or after it (``first``: before,
+    under a dest of its own, so that a subcommand's default does not overwrite what was given)."""
+    suffix = "_first" if first else ""
+    command.add_argument(
+        "--log-format", dest="log_format" + suffix, choices=LOG_FORMATS, default=None,
+        help="the library's log on stderr: text (default) or json, one object a line; both with ISO-8601 UTC times",
+    )  # fmt: skip
+    command.add_argument(
+        "--log-level", dest="log_level" + suffix, choices=LOG_LEVELS, default=None,
+        help="the least severe log records shown (default warning; -v is info, -vv debug)",
+    )  # fmt: skip

@@ -12,6 +12,9 @@ Pages (server-rendered HTML, one stylesheet and one small script, all served by 
 - ``/fleet``: the workers and the queues (one per function); ``/worker/<name>``: a worker's
   heartbeat, what it runs and what it claims; ``/queue/<function>``: the queue's tasks, when each
   is due, and the workers that run it.
+- ``/metrics``: the store's metrics in the Prometheus text format (``_metrics``), for a scraper:
+  the token as ``?token=`` (served as asked, no cookie traded), the cookie, or an
+  ``Authorization: Bearer`` header.
 - ``/task/<id>``: the task's status and progress; its pending approval requests and questions
   with the payload shown in full (``_payload``: pretty-printed, control characters escaped, long
   values elided with their size) and a form to approve or answer each one; a form to cancel the
@@ -124,6 +127,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         given = (query.get("token") or [""])[0]
         if given and hmac.compare_digest(given.encode("utf-8", "replace"), token.encode("ascii")):
             return True, True
+        bearer = self.headers.get("Authorization", "")
+        if bearer.startswith("Bearer ") and hmac.compare_digest(bearer[len("Bearer ") :].encode("utf-8", "replace"), token.encode("ascii")):
+            return True, False
         cookies = self.headers.get("Cookie", "")
         name = self.console_server.cookie_name
         for part in cookies.split(";"):
@@ -143,7 +149,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if not allowed:
             self._error(403, "open the URL with the token that `longrun console` printed")
             return None
-        if by_url:
+        if by_url and url.path != "/metrics":  # a scraper keeps no cookie: /metrics is served as asked
             # Trade the token in the URL for a cookie, and drop it from the address bar (and history).
             rest = urllib.parse.urlencode([(k, v) for k, values in query.items() if k != "token" for v in values], doseq=True)
             cookie = f"{self.console_server.cookie_name}={self.console_server.console.token}; HttpOnly; SameSite=Strict; Path=/"
@@ -177,6 +183,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         try:
             if url.path == "/":
                 self._send(200, console.task_list(query))
+            elif url.path == "/metrics":  # for a scraper: the token as ?token=, a cookie or a bearer token
+                from ._metrics import CONTENT_TYPE, metrics_text
+
+                self._send(200, metrics_text(console.store), content_type=CONTENT_TYPE)
             elif url.path == "/static/console.css":
                 self._send(200, STYLE, content_type="text/css; charset=utf-8")
             elif url.path == "/static/console.js":

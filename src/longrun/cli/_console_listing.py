@@ -30,7 +30,7 @@ from ..progress import progress_of
 from ..protocols import Store
 from ..stores.queue import QueueEntry, WorkerRecord, open_queue
 from ._common import name_store, short_digest
-from ._inspect import LS_STATUSES, NO_STATE_ACTION, parse_since
+from ._inspect import LS_STATUSES, NO_STATE_ACTION, parse_since, reported_line
 
 __all__ = [
     "FAILURE_WINDOW_S", "PAGE_SIZE", "Fleet", "Listing", "Summary", "TaskRow", "complete", "read_fleet", "read_rows", "short_action",
@@ -96,7 +96,9 @@ def read_row(store: Store, task_id: str) -> TaskRow:
     requested = [request.requested_at for request in state.approval_requests.values()]
     return TaskRow(
         task_id, state.status.value, state.updated_at, state.revision, state.next_action,
-        function=name if isinstance(name, str) else None, progress=progress.label(), verified=progress.verified,
+        function=name if isinstance(name, str) else None,
+        # A function's own report, where it made one, says more than a count of its steps.
+        progress=reported_line(state.progress, note=False) if state.progress is not None else progress.label(), verified=progress.verified,
         total=progress.total, pending=len(requested), oldest_request=min(requested) if requested else None,
         failed_at=failed_at, last_error=last_error,
     )  # fmt: skip

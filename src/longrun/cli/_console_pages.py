@@ -40,7 +40,7 @@ from ._console_listing import PAGE_SIZE, Fleet, Listing, Summary, TaskRow, compl
 from ._control import cmd_approve, cmd_cancel, parse_answer, payload_view
 from ._intervene import cmd_resolve, write_reopen
 from ._history import timeline
-from ._inspect import LS_STATUSES, progress_line
+from ._inspect import LS_STATUSES, progress_line, reported_line
 from ._payload import payload_lines, safe_text
 from ._verify import verify
 
@@ -492,6 +492,7 @@ class Console:
         facts = [
             ("status", _status_badge(state.status.value)),
             ("progress", bar + e(progress_line(progress))),
+            *([("reported", e(reported_line(state.progress)))] if state.progress is not None else []),
             ("revision", e(state.revision)),
             ("updated", e(f"{format_time(state.updated_at)} ({relative(state.updated_at, now)})")),
             ("plan digest", f'<span class="mono">{e(state.plan_digest)}</span>'),

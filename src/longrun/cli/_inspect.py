@@ -33,12 +33,14 @@ from ..ledger import EffectState
 from ..messages import consumed_messages
 from ..outcome import Status
 from ..progress import Progress, progress_of
+from ..telemetry import ProgressReport
 from ..protocols import LoadResult, Store
 from ..task_events import events_of
 from ._common import (
     STORE_PLACEHOLDER,
     checked_task,
     evidence_line,
+    format_duration,
     format_time,
     lease_summary,
     name_store,
@@ -49,7 +51,7 @@ from ._common import (
 from ._control import payload_view
 from ._payload import payload_lines, safe_text
 
-__all__ = ["LS_STATUSES", "NO_STATE_ACTION", "cmd_ls", "cmd_status", "ls_entry", "parse_since", "progress_line", "select", "status_json"]
+__all__ = ["LS_STATUSES", "NO_STATE_ACTION", "cmd_ls", "cmd_status", "ls_entry", "parse_since", "progress_line", "reported_line", "select", "status_json"]
 
 NO_STATE_ACTION = "run the task: no revision has been committed yet"
 
@@ -152,6 +154,18 @@ def _request_lines(state: RunState, now: float) -> list[str]:
     return lines
 
 
+def reported_line(report: ProgressReport, *, note: bool = True) -> str:
+    """``45/100 (45%), 1.5/s, about 37s left: importing rows``: what a durable function reported."""
+    parts = [report.label() + (f" ({100 * report.fraction:.0f}%)" if report.fraction is not None else "")]
+    rate = report.rate
+    if rate is not None:
+        parts.append(f"{rate:.2f}/s" if abs(rate) < 10 else f"{rate:.0f}/s")
+    if report.eta_s is not None and report.total is not None and report.done < report.total:
+        parts.append(f"about {format_duration(report.eta_s)} left")
+    line = ", ".join(parts)
+    return line + (f": {safe_text(report.note)}" if report.note and note else "")
+
+
 def progress_line(progress: Progress) -> str:
     """``4/6 verified (67%), 1 in flight, 1 waiting, 0 planned, 0 not yet planned`` and the like."""
     parts = []
@@ -230,6 +244,8 @@ def render_status(task_id: str, loaded: LoadResult, lease: Lease | None, now: fl
     if forks:
         listed = ", ".join(f"{fork.get('task')} (from step {fork.get('step') or '-'})" for fork in forks)
         lines.append(f"  forks        {listed}")
+    if state.progress is not None:
+        lines.append(f"  reported     {reported_line(state.progress)} (at {format_time(state.progress.at)})")
     lines += _effect_lines(state)
     lines += _event_lines(state)
     lines += _request_lines(state, now)
@@ -289,7 +305,8 @@ def ls_entry(store: Store, task_id: str) -> dict[str, object]:
         "next_action": state.next_action,
         "source": loaded.source,
         "updated_at": state.updated_at,
-        "progress": {**progress.to_json(), "label": progress.label()},
+        # A function's own report, where it made one, says more than a count of its steps.
+        "progress": {**progress.to_json(), "label": reported_line(state.progress, note=False) if state.progress is not None else progress.label()},
     }
 
 

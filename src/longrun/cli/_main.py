@@ -8,7 +8,9 @@ and errors go to stderr. The library's log records are routed to stderr only for
 the call. A traceback is printed only for an exception nobody expected (exit 70): a bug in
 longrun, or, under ``resume``, the task's own code raising inside ``run()``.
 
-``--json`` may be given before the command (``longrun --json status ...``) or after it.
+``--json`` may be given before the command (``longrun --json status ...``) or after it, and so
+may ``--log-format text|json`` and ``--log-level`` (``longrun.logging``: ISO-8601 UTC times in both
+formats; ``-v`` is ``--log-level info``, ``-vv`` debug).
 
 The store of every command that takes one is named once: as the ``STORE`` argument before
 ``TASK``, or with ``--store SPEC``. Both at once are accepted only when they agree.
@@ -27,6 +29,7 @@ import traceback
 from typing import Sequence, TextIO
 
 from ..errors import LongrunError
+from ..logging import configure
 from ..protocols import Store
 from ._common import (
     CliError,
@@ -49,7 +52,7 @@ __all__ = ["build_parser", "error_text", "main"]
 _SESSION_COMMANDS = ("init", "next", "exec", "checkpoint", "done", "stop")
 _STORE_COMMANDS = (
     "status", "history", "verify", "approve", "answer", "cancel", "repair", "ls", "watch", "console", "worker", "workers",
-    "mcp", "resolve", "fork", "send", "event", *_SESSION_COMMANDS,
+    "mcp", "resolve", "fork", "send", "event", "metrics", *_SESSION_COMMANDS,
 )  # fmt: skip
 _TASK_COMMANDS = (
     "status", "history", "verify", "approve", "answer", "cancel", "repair", "watch", "init", "next", "done", "stop", "resolve", "fork",
@@ -143,11 +146,16 @@ def _store_command(args: argparse.Namespace, store: Store, label: str, out: Text
         return cmd_worker(
             store, args.modules, args.path, concurrency=args.concurrency, name=args.name, limits=dict(args.limit),
             claim_ttl_s=args.claim_ttl, poll_s=args.poll, as_json=args.json, out=out, err=err, verbose=args.verbose > 0,
+            metrics_port=args.metrics_port,
         )  # fmt: skip
     if args.command == "workers":
         from ._worker import cmd_workers
 
         return cmd_workers(store, args.json, out)
+    if args.command == "metrics":
+        from ._metrics import cmd_metrics
+
+        return cmd_metrics(store, args.json, out)
     if args.command == "status":
         from ._inspect import cmd_status
 
@@ -316,6 +324,8 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
     elif extras:
         command_parser.error(f"unrecognized arguments: {' '.join(extras)}")
     args.json = args.json or args.json_first  # every command takes --json, before it or after it
+    args.log_format = args.log_format or args.log_format_first or "text"  # and --log-format, --log-level
+    args.log_level = args.log_level or args.log_level_first
     if args.command in _STORE_COMMANDS:
         args.store_spec = _store_spec(args)
     if args.command == "repair" and not args.lease:
@@ -331,11 +341,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse exits 2 on usage errors and 0 after --help
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else ExitCode.USAGE)
     logger = logging.getLogger("longrun")
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("longrun: %(levelname)s: %(message)s"))
     previous_level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG))
+    level = args.log_level or {0: "warning", 1: "info"}.get(args.verbose, "debug")
+    handler = configure(sys.stderr, log_format=args.log_format, level=level)
     try:
         return int(_dispatch(args))
     except (CliError, LongrunError, OSError) as exc:

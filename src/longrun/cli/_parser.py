@@ -1,5 +1,7 @@
 """The argument parser: every command, its arguments and its help (``longrun --help``, ``longrun COMMAND --help``).
 
+One concept: the command line's grammar. It is long because it declares every command in one
+place, which is what a reader looking for a flag wants; the commands' work is in their own modules.
 The types that check each argument, and the options several commands share, are in ``_arguments``.
 """
 
@@ -12,6 +14,7 @@ from ._arguments import (
     action_limit,
     add_authority_options,
     add_json,
+    add_log_options,
     add_module_options,
     add_store,
     count,
@@ -53,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--json", dest="json_first", action="store_true", help="print JSON on stdout (the same as --json after the command)"
     )
+    add_log_options(parser, first=True)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def add(name: str, help: str, description: str | None = None, epilog: str = EPILOG) -> argparse.ArgumentParser:
@@ -64,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         command.set_defaults(command_parser=command)
+        add_log_options(command, first=False)
         return command
 
     listing = add(
@@ -378,7 +383,24 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--path", metavar="DIR", type=path, action="append", default=[], help="search DIR for MODULE first (repeatable)"
     )
+    worker.add_argument(
+        "--metrics-port", metavar="PORT", type=port,
+        help="serve the store's metrics (Prometheus text format) at http://127.0.0.1:PORT/metrics while the worker runs",
+    )  # fmt: skip
     add_json(worker, "at exit, {name, runs, statuses, drained}")
+
+    metrics = add(
+        "metrics",
+        "print a store's metrics once in the Prometheus text format: tasks, effects, approvals, queue, workers (read-only)",
+        "Print the store's metrics in the Prometheus text exposition format: tasks by status and function, "
+        "failures by function and error type, effects applied, verified, uncertain and retried by action "
+        "(counted from the recorded ledgers, so every process agrees), pending approvals and questions with "
+        "the oldest's age, the fleet's queue depth and lag and its workers, reported progress with its rate "
+        "and time left, and run duration and effect latency histograms. `longrun console` serves the same at "
+        "/metrics; `longrun worker --metrics-port` serves it to a scraper. See docs/observability.md.",
+    )
+    add_store(metrics, task=False)
+    add_json(metrics, "{collected_at, families: [{name, type, help, samples: [{name, labels, value}]}]}")
 
     workers = add("workers", "list the workers of a store's fleet: name, host, tasks held, last heartbeat (read-only)")
     add_store(workers, task=False)

@@ -6,14 +6,18 @@ shows what the state says. On a terminal the view is redrawn in place::
     task newsletter-48   running   revision 14   updated 0.4s ago
     [##################----------------------]  4/9 verified (44%)  0.8/s  about 6s left
       1 in flight, 0 waiting, 0 ready, 4 not yet planned
+    reported [########------]  450/1000 (45%), 12/s, about 46s left: importing rows
     current  effect mail-4 (send), started, attempt 1, for 1.2s
     lease    held: owner host:123:ab, epoch 3, expires ...
     last events
       12:00:04.120  mail-3   verified  (attempt 1)
       ...
 
-Elsewhere (a pipe, a file, ``--json``) it prints one line per event as it sees it, which is
-what a log or a CI job wants. An event here is a record the poll found changed (its state or
+The ``reported`` line is what a durable function last said with ``run.progress`` (its own units,
+with the rate between its two recorded points and the time left at that rate).
+
+Elsewhere (a pipe, a file, ``--json``) it prints one line per event as it sees it (and one per new
+progress report, kind ``progress``), which is what a log or a CI job wants. An event here is a record the poll found changed (its state or
 attempt): between two polls a record may have moved more than once, and only its latest state is
 seen. The command exits when the run stops (any status but ``running``): 0 for ``done``, 4 for a
 run that ended without finishing (cancelled, limits-exhausted, blocked), 1 for any other stop
@@ -41,7 +45,7 @@ from ..outcome import ENDED_UNFINISHED, Status
 from ..progress import Progress, progress_of
 from ..protocols import Store
 from ._common import STORE_PLACEHOLDER, ExitCode, checked_task, format_duration, format_time, lease_summary, name_store, relative
-from ._inspect import progress_line
+from ._inspect import progress_line, reported_line
 from ._payload import safe_text
 
 __all__ = ["cmd_watch", "render_frame"]
@@ -86,6 +90,10 @@ def render_frame(task_id: str, state: RunState | None, lease: Lease | None, now:
     else:
         lines.append(f"{progress.verified} verified{speed}")
     lines.append("  " + progress_line(progress))
+    if progress.reported is not None:
+        report = progress.reported
+        bar = f"[{'#' * int(round(report.fraction * BAR_WIDTH))}{'-' * (BAR_WIDTH - int(round(report.fraction * BAR_WIDTH)))}]  " if report.fraction is not None else ""
+        lines.append(f"reported {bar}{reported_line(report)}")
     current = progress.current
     if current is not None:
         lines.append(
@@ -121,6 +129,7 @@ class _Plain:
         self.as_json = as_json
         self.seen: dict[str, tuple[str, int]] = {}
         self.started = False
+        self.reported_at: float | None = None
 
     def write(self, kind: str, at: float | None, text: str, body: dict[str, object]) -> None:
         if self.as_json:
@@ -152,6 +161,10 @@ class _Plain:
             backlog = True
         else:
             backlog = False
+        report = progress.reported
+        if report is not None and report.at != self.reported_at:
+            self.reported_at = report.at
+            self.write("progress", report.at, f"reported {reported_line(report)}", {"progress": report.summary_json()})
         changed.sort(key=lambda record: record.updated_at)
         for record in changed:
             tag = "" if backlog else f"  [{progress.label()}]"  # the progress now, not when it happened

@@ -2,7 +2,8 @@
 
 ``worker`` imports each ``--import`` module (``--path`` directories, then the current directory,
 searched first), runs every ``@longrun.durable`` function found at its top level through a
-``longrun.worker.Worker`` on STORE, and exits 0 once it has drained. ``workers`` lists the rows
+``longrun.worker.Worker`` on STORE, and exits 0 once it has drained. With ``--metrics-port`` it
+serves the store's metrics at ``http://127.0.0.1:PORT/metrics`` meanwhile (``_metrics``). ``workers`` lists the rows
 workers keep in the store (exit 0 if at least one is alive, 1 if none is).
 """
 
@@ -48,6 +49,7 @@ def _clock_offset() -> float:
 def cmd_worker(
     store: Store, modules: Sequence[str], paths: Sequence[str], *, concurrency: int, name: str | None,
     limits: Mapping[str, int], claim_ttl_s: float, poll_s: float, as_json: bool, out: TextIO, err: TextIO, verbose: bool,
+    metrics_port: int | None = None,
 ) -> int:  # fmt: skip
     from ..worker import Worker
 
@@ -63,7 +65,21 @@ def cmd_worker(
         )  # fmt: skip
     except InvalidInputError as exc:
         raise CliError(str(exc), ExitCode.USAGE) from None
-    report = worker.run()
+    endpoint = None
+    if metrics_port is not None:
+        from ._metrics import start_metrics_endpoint
+
+        try:
+            endpoint = start_metrics_endpoint(store, metrics_port)
+        except OSError as exc:
+            raise CliError(f"--metrics-port {metrics_port}: cannot listen on 127.0.0.1:{metrics_port}: {exc}", ExitCode.USAGE) from None
+        err.write(f"longrun worker: metrics at {endpoint.url}\n")
+        err.flush()
+    try:
+        report = worker.run()
+    finally:
+        if endpoint is not None:
+            endpoint.stop()
     if as_json:
         write_json(out, {"name": report.name, "runs": report.runs, "statuses": dict(report.statuses), "drained": report.drained})
     else:

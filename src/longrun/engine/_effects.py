@@ -25,6 +25,8 @@ from ..errors import PermanentError, StateUnrecoverableError, TransientError, Un
 from ..lease import Lease
 from ..intervention import APPLIED, REOPENABLE, find_reopen, find_resolution, superseded_cancellation
 from ..ledger import IN_FLIGHT, EffectRecord, EffectState, check_receipt, raised_into_function
+from ..ledger import IN_FLIGHT, EffectRecord, EffectState, check_receipt
+from ..events import record_fields
 from ..outcome import TERMINAL, Evidence, Status
 from ..protocols import AnyEffectAdapter, LoadResult
 from ..recovery import Reconciled, Verdict, settle
@@ -172,7 +174,10 @@ def _execute(inv: Invocation, step: Step, record: EffectRecord) -> Steps[None]:
         return
     except Exception as exc:  # outcome unknown: recorded as uncertain and observed, never retried blind
         described = describe_exception(exc)  # never trusting the adapter's exception to print itself
-        log.warning("apply of %s raised %s; observing", record.key, described)
+        log.warning(
+            "task %s: step %s, attempt %d: apply of %s raised %s; observing the target to learn whether it took place",
+            inv.task_id, step.step_id, attempt, record.key, described, extra={"task": inv.task_id, **record_fields(record)},
+        )  # fmt: skip
         yield RENEW_LEASE
         inv.evidence.observed(f"adapter:{step.action}", f"{record.key} attempt {attempt} raised {described}")
         record = record.move(EffectState.UNCERTAIN, inv.clock.now(), last_error=described)
@@ -184,7 +189,7 @@ def _execute(inv: Invocation, step: Step, record: EffectRecord) -> Steps[None]:
     yield RENEW_LEASE
     checked = check_receipt(receipt, key=record.key, step_id=step.step_id, already_spent=record.cost + state.budget.cost_spent)
     for problem in checked.problems:  # an adapter bug, or a result too large to keep: evidence, never dropped
-        log.warning("%s: %s", record.key, problem)
+        log.warning("task %s: step %s: %s: %s", inv.task_id, step.step_id, record.key, problem, extra={"task": inv.task_id, **record_fields(record)})
         inv.evidence.unknown(f"adapter:{step.action}", problem)
     inv.evidence.observed(f"adapter:{step.action}", f"receipt for {record.key} attempt {attempt}: {checked.evidence}")
     cost = checked.cost
@@ -308,6 +313,7 @@ def recover(inv: Invocation, lease: Lease, initial: Callable[[RunState], None], 
             created_at=now,
             next_action="start the first step",
         )
+        inv.reporter.loaded(inv.current, lease.epoch)
         initial(inv.current)
         inv.dirty = True
         yield COMMIT
@@ -315,6 +321,7 @@ def recover(inv: Invocation, lease: Lease, initial: Callable[[RunState], None], 
         return
     state = loaded.state
     inv.current = state
+    inv.reporter.loaded(state, lease.epoch)
     inv.evidence.observed(
         "store", f"state from {loaded.source}, revision {state.revision}, bytes {loaded.digest}, status {state.status.value}"
     )

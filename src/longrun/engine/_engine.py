@@ -23,6 +23,7 @@ from ..events import Reporter
 from ..ledger import EffectRecord, EffectState
 from ..outcome import RunOutcome, Status
 from ..protocols import AnyEffectAdapter, CancellationSource, Clock, Store
+from ..telemetry import ProgressReport
 from . import _effects, _steps
 from ._config import EngineConfig, EngineOptions, check_parallel
 from ._drivers import AsyncDriver, SyncDriver, drive
@@ -221,6 +222,13 @@ class Engine:
     def ask_steps(self, step: Step, choices: Sequence[JSONValue] | None) -> Steps[EffectRecord]:
         return _steps.ask(self.invocation, step, choices)
 
+    def report_progress(self, done: float, total: float | None, note: str | None) -> ProgressReport:
+        """Record how far the run has come (``_steps.report_progress``): state, not a step."""
+        return self._drive(_steps.report_progress(self.invocation, done, total, note))
+
+    def report_progress_steps(self, done: float, total: float | None, note: str | None) -> Steps[ProgressReport]:
+        return _steps.report_progress(self.invocation, done, total, note)
+
     def check_cancellation(self) -> None:
         """Read the task's cancellation record fresh and stop if it says so (or cannot be trusted)."""
         self._drive(_steps.check_cancellation(self.invocation))
@@ -314,6 +322,10 @@ class Engine:
 
     def run(self, plan: Plan) -> RunOutcome:
         """Recover and let ``plan`` advance the run as far as it may go now; return why it stopped."""
+        with self._reporter.logging():  # what is logged meanwhile in this thread names the run
+            return self._run(plan)
+
+    def _run(self, plan: Plan) -> RunOutcome:
         if self.asynchronous:
             raise InvalidInputError("this engine has async adapters: use `await engine.arun(plan)`")
         inv = self._begin(plan.digest)
@@ -356,6 +368,10 @@ class Engine:
         """``run`` under the async driver: the plan's steps are awaited, parallel ones side by side
         (at most ``max_parallel`` at once), the starts that become ready together share a commit,
         and the store and control I/O of the steps it awaits runs off the event loop."""
+        with self._reporter.logging():  # what is logged meanwhile in this task names the run
+            return await self._arun(plan)
+
+    async def _arun(self, plan: AsyncPlan) -> RunOutcome:
         inv = self._begin(plan.digest)
         self._reporter.begin(self.owner)
         async with AsyncDriver(self._io, inv, self.max_parallel) as driver:

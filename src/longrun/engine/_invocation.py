@@ -24,10 +24,12 @@ from ..canonical import JSONValue, printable
 from ..envelope import RunState
 from ..events import Reporter
 from ..lease import MonotonicReading
-from ..ledger import EffectRecord, VerifiedResults
+from ..contract import is_internal
+from ..ledger import EffectRecord, EffectState, VerifiedResults
 from ..outcome import TERMINAL, WAITING, RunOutcome, Status
 from ..progress import pending_of
 from ..protocols import AnyEffectAdapter, Clock, MonotonicClock, TimelineClock
+from ..telemetry import EffectLatency
 from ._evidence import EvidenceLog
 
 __all__ = ["Invocation", "Stop"]
@@ -131,6 +133,8 @@ class Invocation:
         (no other step is in flight beside the one asking while ``in_flight <= 1``)."""
         self.wake_at: float | None = None
         self.result: JSONValue = None
+        self.attempt_started: dict[str, float] = {}
+        """When each effect's latest attempt started in this invocation (for ``state.effect_latency``)."""
 
     @property
     def state(self) -> RunState:
@@ -143,10 +147,28 @@ class Invocation:
     def put(self, record: EffectRecord) -> None:
         """Replace a step's effect record in the working state; it goes out with the next commit."""
         state = self.state
-        self.reporter.moved(state.effects.get(record.step_id), record)
+        previous = state.effects.get(record.step_id)
+        self.reporter.moved(previous, record)
+        lifecycle = record.state
+        if lifecycle is EffectState.STARTED:
+            self.attempt_started[record.step_id] = record.updated_at
+        elif lifecycle is EffectState.VERIFIED and previous is not None and previous.state is not EffectState.VERIFIED:
+            self._note_latency(previous, record)
         state.effects[record.step_id] = record
         self.changed.add(record.step_id)
         self.dirty = True
+
+    def _note_latency(self, previous: EffectRecord, record: EffectRecord) -> None:
+        """Add a verified effect's time from its attempt's start to the state's latency histogram:
+        the start seen in this invocation, else a started record as loaded (its last move was the
+        start). An effect verified without a start known (observed first, found applied) adds nothing."""
+        started = self.attempt_started.pop(record.step_id, None)
+        if started is None and previous.state is EffectState.STARTED:
+            started = previous.updated_at
+        if started is None or is_internal(record.action):
+            return
+        state = self.state
+        state.effect_latency = (state.effect_latency or EffectLatency()).observed(record.action, record.updated_at - started)
 
     def monotonic(self) -> float:
         """The clock's ``monotonic()`` if it has one (``FakeClock`` does), else its ``now()``."""

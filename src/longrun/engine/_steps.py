@@ -42,6 +42,7 @@ from ..intervention import superseded_cancellation
 from ..ledger import IN_FLIGHT, EffectRecord, EffectState, recordable_result
 from ..messages import SEND_ACTION
 from ..outcome import Status
+from ..telemetry import ProgressReport
 from ._config import check_timeout, utc
 from ._invocation import Invocation, Stop
 from ._ops import COMMIT, READ_APPROVALS, RENEW_LEASE, ApplyTimedOut, CancellationRead, Invoke, ReadCancellation, Sleep, Steps
@@ -60,6 +61,7 @@ __all__ = [
     "ready",
     "record_plan_growth",
     "refused_action",
+    "report_progress",
     "start_attempt",
     "step_options",
     "stop",
@@ -601,6 +603,31 @@ def complete(inv: Invocation, step_id: str, result: JSONValue, *, failed: bool =
         state.budget = state.budget.progressed(now, inv.take_work())
     inv.put(record)
     return record
+
+
+PROGRESS_COMMIT_S = 1.0
+"""A progress report commits by itself when the state's last commit is at least this old; a
+report made sooner rides on the next commit (a step's start or end, the stop)."""
+
+
+def report_progress(inv: Invocation, done: float, total: float | None, note: str | None) -> Steps[ProgressReport]:
+    """Record a durable function's progress in the state (``RunState.progress``): not a step, so
+    nothing a replay compares. It goes out with the next commit, or commits now if the last one
+    is ``PROGRESS_COMMIT_S`` old (never while a stop is being settled)."""
+    for name, value in (("done", done), ("total", total)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise InvalidInputError(f"run.progress: {name} must be a number, got {type(value).__name__}")
+    if note is not None and not isinstance(note, str):
+        raise InvalidInputError(f"run.progress: note must be a string, got {type(note).__name__}")
+    state = inv.state
+    now = inv.clock.now()
+    previous = state.progress
+    report = ProgressReport.first(done, total, note, now) if previous is None else previous.then(done, total, note, now)
+    state.progress = report
+    inv.dirty = True
+    if inv.stopping is None and now - state.updated_at >= PROGRESS_COMMIT_S:
+        yield COMMIT
+    return report
 
 
 def record_plan_growth(inv: Invocation, state: RunState, recorded_steps: int, steps: int) -> None:

@@ -172,6 +172,15 @@ class Run(RunSteps):
         ``step_id``, else ``longrun.event:<key>@<n>`` for the n-th set of that key in this run."""
         engine = self._engine
         engine.drive(set_event_steps(engine.invocation, self._event_step(key, value, step_id)))
+    def progress(self, done: float, total: float | None = None, note: str | None = None) -> None:
+        """Record how far the function has come: ``done`` units of ``total`` (if known), with a note.
+
+        Kept in the task's state, not as a step: it changes no replay, and a function may report as
+        often as it likes. It goes out with the next commit, or commits by itself at most once a
+        second. ``watch``, ``ls``, ``status``, the console and ``longrun metrics`` show it, with the
+        rate between two reported points and the time left at that rate."""
+        self._engine.report_progress(done, total, note)
+
 
 class AsyncRun(RunSteps):
     """What an ``async`` durable function receives: ``Run``'s steps, awaited.
@@ -259,3 +268,7 @@ class AsyncRun(RunSteps):
         engine = self._engine
         step = self._event_step(key, value, step_id)
         await engine.driver.step(set_event_steps(engine.invocation, step))
+    async def progress(self, done: float, total: float | None = None, note: str | None = None) -> None:
+        """``Run.progress``, awaited (a commit it makes runs off the event loop)."""
+        engine = self._engine
+        await engine.driver.run(engine.report_progress_steps(done, total, note))

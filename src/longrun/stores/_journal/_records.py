@@ -27,6 +27,7 @@ from ._rows import (
     HEADER_KEYS,
     LIST_KEYS,
     ROW_WIDTHS,
+    RECORD_KEYS,
     SCALAR_KEYS,
     BlobFetch,
     build_state,
@@ -269,7 +270,7 @@ class Shadow:
             "consumed_approvals": list(state.consumed_approvals),
             "control_observations": list(state.control_observations),
             "unknowns": list(state.unknowns),
-            "plan_outline": state.plan_outline,
+            **{key: getattr(state, key) for key in RECORD_KEYS},
         }
 
     def tracks(self, state: RunState) -> bool:
@@ -350,12 +351,13 @@ class Shadow:
                 if value is not old and (type(value) is not type(old) or value != old):
                     assignments[flat] = header[flat] = value
             objects["budget"] = state.budget
-        if state.plan_outline is not objects["plan_outline"]:
-            # Compared by identity: the outline is written once (and when the plan grows), never
-            # compared element by element on a commit.
-            outline = state.plan_outline
-            assignments["plan_outline"] = header["plan_outline"] = outline.to_json() if outline is not None else None
-            objects["plan_outline"] = outline
+        for key in RECORD_KEYS:
+            # Compared by identity: each is a frozen record, replaced when it changes (the outline
+            # once, and when the plan grows), never compared element by element on a commit.
+            record = getattr(state, key)
+            if record is not objects[key]:
+                assignments[key] = header[key] = record.to_json() if record is not None else None
+                objects[key] = record
         requests = tuple(state.approval_requests.items())
         if requests != objects["approval_requests"]:
             assignments["approval_requests"] = header["approval_requests"] = [r.to_json() for _, r in requests]

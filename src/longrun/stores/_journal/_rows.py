@@ -33,6 +33,7 @@ __all__ = [
     "FIRST_EFFECT_FIELDS",
     "HEADER_KEYS",
     "LIST_KEYS",
+    "RECORD_KEYS",
     "ROW_WIDTHS",
     "SCALAR_KEYS",
     "build_state",
@@ -72,10 +73,12 @@ scalar_values = operator.attrgetter(*SCALAR_KEYS)
 _EVIDENCE_LISTS = ("control_observations", "unknowns")
 LIST_KEYS = frozenset(("consumed_approvals", *_EVIDENCE_LISTS))
 _BUDGET_KEYS = tuple("budget." + field.name for field in dataclasses.fields(BudgetCounters))
-HEADER_KEYS = frozenset((*SCALAR_KEYS, *_BUDGET_KEYS, "approval_requests", *LIST_KEYS, "plan_outline"))
-_LATER_HEADER_KEYS = frozenset(("budget.worked_s", "budget.worked_at_progress_s", "plan_outline"))
+RECORD_KEYS = ("plan_outline", "progress", "effect_latency")
+"""The header's optional records (each written only when the state has one, as its ``to_json``)."""
+HEADER_KEYS = frozenset((*SCALAR_KEYS, *_BUDGET_KEYS, "approval_requests", *LIST_KEYS, *RECORD_KEYS))
+_LATER_HEADER_KEYS = frozenset(("budget.worked_s", "budget.worked_at_progress_s", *RECORD_KEYS))
 """Header fields that states written before them lack (``BudgetCounters.from_json`` fills them in;
-``plan_outline`` is written only when the state has one)."""
+the ``RECORD_KEYS`` are written only when the state has one)."""
 _FIRST_HEADER_KEYS = HEADER_KEYS - _LATER_HEADER_KEYS
 
 # The codecs below name every field of RunState and EffectRecord; fail at import, not on a
@@ -83,7 +86,7 @@ _FIRST_HEADER_KEYS = HEADER_KEYS - _LATER_HEADER_KEYS
 if {field.name for field in dataclasses.fields(EffectRecord)} != set(EFFECT_FIELDS):
     raise ImportError("EffectRecord's fields changed: update EFFECT_FIELDS and row_of in stores/_journal/_rows.py")
 if {field.name for field in dataclasses.fields(RunState)} != {
-    *SCALAR_KEYS, "budget", "approval_requests", *LIST_KEYS, "effects", "revision", "plan_outline"
+    *SCALAR_KEYS, "budget", "approval_requests", *LIST_KEYS, "effects", "revision", *RECORD_KEYS
 }:
     raise ImportError("RunState's fields changed: update the header codec in stores/_journal/_rows.py")
 
@@ -264,8 +267,10 @@ def header_of(state: RunState) -> dict[str, Any]:
     header["consumed_approvals"] = list(state.consumed_approvals)
     for key in _EVIDENCE_LISTS:
         header[key] = [item.to_json() for item in getattr(state, key)]
-    if state.plan_outline is not None:  # absent otherwise: such a header is what older code wrote
-        header["plan_outline"] = state.plan_outline.to_json()
+    for key in RECORD_KEYS:
+        record = getattr(state, key)
+        if record is not None:  # absent otherwise: such a header is what older code wrote
+            header[key] = record.to_json()
     return header
 
 
@@ -291,8 +296,9 @@ def build_state(
         effects=[],
         completed_steps=[],
     )
-    if header.get("plan_outline") is not None:
-        document["plan_outline"] = header["plan_outline"]
+    for key in RECORD_KEYS:
+        if header.get(key) is not None:
+            document[key] = header[key]
     state = RunState.from_json(document)
     effects = {step_id: record_from_row(row, fetch) for step_id, row in rows.items()}
     if not are_step_ids(list(effects)):  # check_step_id's rule, in one match for all of them
