@@ -1,9 +1,10 @@
 """What the console's task list and summary band are made of: one row per task, the search, the
 filters, the pages, and the counts an operator glances at.
 
-``read_rows`` reads every task once (without a lease: it moves nothing; from the store's task
-summaries where it keeps them, else by loading each) and keeps what the list, its filters and the
-summary band need (``TaskRow``); ``complete`` loads the tasks of the page shown; ``Listing`` applies a search (a task id or a
+``read_rows`` reads every task once (without a lease: it moves nothing; from the store's index of
+task summaries where it keeps one, else by loading each task, but for those at rest that a
+``RowCache`` kept since the last render) and keeps what the list, its filters and the summary band
+need (``TaskRow``); ``complete`` loads the tasks of the page shown; ``Listing`` applies a search (a task id or a
 function, case-insensitive, a part of it is enough), the filters (status, function, updated since)
 and cuts the page (``PAGE_SIZE`` rows, most recently updated first); ``Summary`` counts tasks by
 status, the pending approvals and questions with the oldest's request time, the tasks that
@@ -27,13 +28,15 @@ from ..errors import CorruptStateError, InvalidInputError, LongrunError
 from ..ledger import EffectState
 from ..outcome import Status
 from ..progress import progress_of
+from ..lease import Lease
 from ..protocols import Store
 from ..stores.queue import QueueEntry, WorkerRecord, open_queue
 from ._common import name_store, short_digest
 from ._inspect import LS_STATUSES, NO_STATE_ACTION, parse_since, reported_line
 
 __all__ = [
-    "FAILURE_WINDOW_S", "PAGE_SIZE", "Fleet", "Listing", "Summary", "TaskRow", "complete", "read_fleet", "read_rows", "short_action",
+    "FAILURE_WINDOW_S", "PAGE_SIZE", "Fleet", "Listing", "RowCache", "Summary", "TaskRow", "complete", "read_fleet", "read_rows",
+    "short_action",
 ]  # fmt: skip
 
 PAGE_SIZE = 50
@@ -107,16 +110,57 @@ def read_row(store: Store, task_id: str) -> TaskRow:
 _WAITING_ON_PEOPLE = frozenset({Status.AWAITING_APPROVAL.value, Status.AWAITING_INPUT.value})
 
 
-def read_rows(store: Store) -> list[TaskRow]:
-    """Every task's row. A store that lists summaries (``list_summaries``: a row per task kept by
-    each commit, indexed in the SQL stores) is read from them, and only the tasks that wait on a
-    person are loaded (for their requests); otherwise every task is loaded. ``complete`` loads
-    the rows a page shows, so they show what a load finds (damage, progress)."""
-    summaries = getattr(store, "list_summaries", None)
-    if summaries is None:
-        return [read_row(store, task_id) for task_id in store.list_tasks()]
+def _indexed(store: Store) -> bool:
+    """Whether the store answers ``list_summaries`` from an index of its own (the SQL stores), not
+    by loading every state (the base class's way)."""
+    from ..stores.base import BaseStore
+
+    own = getattr(type(store), "list_summaries", None)
+    return own is not None and own is not getattr(BaseStore, "list_summaries", None)
+
+
+class RowCache:
+    """The rows of tasks at rest, kept between two renders: a row is read again unless the task's
+    lease record is the very one it was read under and that lease is released. A commit needs the
+    current lease, and taking it writes a new record (a higher epoch), so a released lease that has
+    not changed means no revision was committed since. A task with no lease record, or one held
+    (or expired without a release, whose holder may still commit), is always read again."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, tuple[Lease, TaskRow]] = {}
+
+    def row(self, store: Store, task_id: str) -> TaskRow:
+        lease = store.read_lease(task_id)
+        kept = self._rows.get(task_id)
+        if lease is not None and lease.released and kept is not None and kept[0] == lease:
+            return kept[1]
+        row = read_row(store, task_id)
+        if lease is not None and lease.released:
+            self._rows[task_id] = (lease, row)
+        else:
+            self._rows.pop(task_id, None)
+        return row
+
+    def rows(self, store: Store) -> list[TaskRow]:
+        task_ids = store.list_tasks()
+        for gone in set(self._rows) - set(task_ids):
+            del self._rows[gone]
+        return [self.row(store, task_id) for task_id in task_ids]
+
+
+_WAITING_ON_PEOPLE = frozenset({Status.AWAITING_APPROVAL.value, Status.AWAITING_INPUT.value})
+
+
+def read_rows(store: Store, cache: RowCache | None = None) -> list[TaskRow]:
+    """Every task's row. A store that keeps an index of task summaries (``list_summaries``: a row
+    per task written by each commit, in the SQL stores) is read from it, and only the tasks that
+    wait on a person are loaded (for their requests); otherwise every task is loaded, but for the
+    tasks at rest ``cache`` kept. ``complete`` loads the rows a page shows, so they show what a
+    load finds (damage, progress)."""
+    if not _indexed(store):
+        return (cache or RowCache()).rows(store)
     rows = []
-    for summary in summaries():
+    for summary in store.list_summaries():  # type: ignore[attr-defined]
         if summary.status in _WAITING_ON_PEOPLE:
             rows.append(read_row(store, summary.task_id))
             continue
@@ -132,8 +176,9 @@ def read_rows(store: Store) -> list[TaskRow]:
 
 
 def complete(store: Store, rows: Sequence[TaskRow]) -> list[TaskRow]:
-    """``rows`` as a load of each task finds them (what a summary lacks: progress, damage)."""
-    return [row if row.progress is not None or row.status in ("DAMAGED", "UNREADABLE") else read_row(store, row.task_id) for row in rows]
+    """``rows`` as a load of each task finds them now (what a summary or a kept row may lack:
+    progress, damage found since)."""
+    return [read_row(store, row.task_id) for row in rows]
 
 
 def short_action(text: str, label: str, *, limit: int | None = SHORT_ACTION) -> str:

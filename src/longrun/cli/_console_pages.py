@@ -36,7 +36,7 @@ from ..protocols import LoadResult, Store
 from ..stores.queue import QueueEntry, WorkerRecord
 from ..task_events import events_of
 from ._common import format_time, lease_summary, relative, short_digest
-from ._console_listing import PAGE_SIZE, Fleet, Listing, Summary, TaskRow, complete, read_fleet, read_rows, short_action
+from ._console_listing import PAGE_SIZE, Fleet, Listing, RowCache, Summary, TaskRow, complete, read_fleet, read_rows, short_action
 from ._control import cmd_approve, cmd_cancel, parse_answer, payload_view
 from ._intervene import cmd_resolve, write_reopen
 from ._history import timeline
@@ -228,6 +228,8 @@ class Console:
         self.token = secrets.token_urlsafe(32)
         self.csrf = hmac.new(self.token.encode("ascii"), b"longrun console csrf", "sha256").hexdigest()
         self.lock = threading.Lock()
+        self.row_cache = RowCache()
+        """The rows of tasks at rest, between two renders (``_console_listing.RowCache``)."""
         """Serializes store access: one store object serves every request thread."""
 
     # -- pages --------------------------------------------------------------------------------
@@ -258,7 +260,7 @@ class Console:
 
     def _rows(self) -> list[TaskRow]:
         with self.lock:
-            return read_rows(self.store)
+            return read_rows(self.store, self.row_cache)
 
     def _fleet(self) -> Fleet:
         with self.lock:
