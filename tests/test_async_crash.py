@@ -62,7 +62,6 @@ POINTS = (
 
 class AsyncKillCase(support.TempDirTest):
     kind = "json"
-    in_memory = True  # a SIGKILL keeps the page cache: no flush to wait for (power loss is modelled below)
 
     def setUp(self) -> None:
         super().setUp()
@@ -263,7 +262,6 @@ def fan_out_function(store: Store, target: WorldTarget, *, later: float = 0.0) -
 
 
 class GroupCommitFaultTests(support.TempDirTest):
-    in_memory = True
 
     def test_power_loss_during_group_commits_leaves_each_batch_whole_or_absent(self) -> None:
         """Every crash state of every prefix of a recorded run of 16 effects in parallel (with

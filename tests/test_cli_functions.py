@@ -12,6 +12,8 @@ import textwrap
 import unittest
 
 import helpers  # noqa: F401  (puts src on sys.path)
+from helpers.cli_process import run_longrun
+from helpers.support import MEMORY_TMP
 from longrun import JsonFileStore
 from longrun.testing import read_outbox
 
@@ -49,7 +51,7 @@ MODULE = textwrap.dedent(
 
 class StartAndResumeTests(unittest.TestCase):
     def setUp(self) -> None:
-        self.dir = tempfile.TemporaryDirectory()
+        self.dir = tempfile.TemporaryDirectory(dir=MEMORY_TMP)
         self.addCleanup(self.dir.cleanup)
         self.code = os.path.join(self.dir.name, "code")
         self.tasks = os.path.join(self.dir.name, "tasks")
@@ -60,9 +62,7 @@ class StartAndResumeTests(unittest.TestCase):
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "PYTHONPATH": SRC, "TASKS_DIR": self.tasks}
-        return subprocess.run(
-            [sys.executable, "-m", "longrun", *args], capture_output=True, text=True, env=env, timeout=60, check=False
-        )
+        return run_longrun(args, env=env, cwd=None)
 
     def test_start_records_the_task_without_running_it_and_resume_runs_it(self) -> None:
         started = self.cli("start", "agents:greet", "g1", "--args", '[["ann"]]', "--path", self.code, "--json")

@@ -11,6 +11,7 @@ import time
 import unittest
 
 from helpers import support
+from helpers.cli_process import run_longrun
 from helpers.fleet_support import TASKS_DIR, fleet_env, helper, tasks_module
 
 DEADLINE_S = 120.0
@@ -23,10 +24,7 @@ class WorkerCommandTests(support.TempDirTest):
         self.spec = "sqlite:" + self.path("tasks.db")
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "longrun", *args], env=fleet_env(self.spec, self.tmp), cwd=TASKS_DIR, capture_output=True,
-            text=True, timeout=DEADLINE_S,
-        )  # fmt: skip
+        return run_longrun(args, env=fleet_env(self.spec, self.tmp), cwd=TASKS_DIR, timeout=DEADLINE_S)
 
     def wait_for(self, condition: object, what: str) -> None:
         deadline = time.monotonic() + DEADLINE_S

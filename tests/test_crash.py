@@ -19,7 +19,6 @@ from longrun.testing.faults import BLOB_POINTS
 
 
 class ChildRunnerCase(support.TempDirTest):
-    in_memory = True
 
     task = "crash-task"
     sqlite = False
@@ -145,9 +144,11 @@ class InterruptionTests(ChildRunnerCase):
 class LeaseProcessTests(ChildRunnerCase):
     def test_two_live_runners_only_one_performs_effects(self) -> None:
         signal_path = self.path("in-apply")
-        first = self.spawn("--slow", "step-001:1.5", "--signal", signal_path, "--owner", "first", later=0)
+        release = self.path("release")  # the first holds its lease inside the apply until the second has tried
+        first = self.spawn("--slow", "step-001:60", "--signal", signal_path, "--release", release, "--owner", "first", later=0)
         self.wait_for(signal_path)
         code, second = self.run_child("--owner", "second", later=0)
+        open(release, "w").close()
         self.assertEqual(code, 0)
         self.assertEqual(second["status"], "already-running")
         out, _ = first.communicate(timeout=60)
@@ -178,9 +179,11 @@ class LeaseProcessTests(ChildRunnerCase):
     def test_two_overlapping_runs_with_the_same_owner_string_apply_each_effect_once(self) -> None:
         # A stable owner such as the host name is a natural choice; it is a label, not a key.
         signal_path = self.path("in-apply")
-        first = self.spawn("--slow", "step-001:1.5", "--signal", signal_path, "--owner", "build-host", later=0)
+        release = self.path("release")  # the first holds its lease inside the apply until the second has tried
+        first = self.spawn("--slow", "step-001:60", "--signal", signal_path, "--release", release, "--owner", "build-host", later=0)
         self.wait_for(signal_path)
         code, second = self.run_child("--owner", "build-host", later=0)
+        open(release, "w").close()
         self.assertEqual(code, 0)
         self.assertEqual(second["status"], "already-running", second["next_action"])
         out, err = first.communicate(timeout=60)

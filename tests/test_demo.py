@@ -5,6 +5,7 @@ import os
 import re
 import unittest
 
+from helpers.cli_process import run_longrun
 from helpers.support import TempDirTest, run_python
 
 from longrun.testing import read_outbox
@@ -36,11 +37,11 @@ class DemoTest(TempDirTest):
 
     def test_demo_keep_leaves_a_store_the_cli_can_inspect(self) -> None:
         root = self.path("demo")
-        result = run_python(["-m", "longrun", "demo", "--keep", root])
+        result = run_longrun(["demo", "--keep", root])
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         lines = read_outbox(os.path.join(root, "outbox.jsonl"))
         self.assertEqual(sorted(line["key"] for line in lines), sorted(KEYS))
-        status = run_python(["-m", "longrun", "status", os.path.join(root, "store"), TASK, "--json"])
+        status = run_longrun(["status", os.path.join(root, "store"), TASK, "--json"])
         self.assertEqual(status.returncode, 0, status.stderr)
         data = json.loads(status.stdout)
         self.assertEqual(data["status"], "done")
@@ -52,7 +53,7 @@ class DemoTest(TempDirTest):
     def test_demo_keep_refuses_a_non_empty_directory(self) -> None:
         with open(self.path("something"), "w") as handle:
             handle.write("x")
-        result = run_python(["-m", "longrun", "demo", "--keep", self.tmp])
+        result = run_longrun(["demo", "--keep", self.tmp])
         self.assertEqual(result.returncode, 2)
         self.assertIn("new or empty directory", result.stderr)
         self.assertEqual(os.listdir(self.tmp), ["something"])

@@ -96,7 +96,9 @@ def run_block(block: Block) -> subprocess.CompletedProcess[str]:
     """Run one block as a program of its own in a fresh temporary directory."""
     environment = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(ROOT, "src"), environment.get("PYTHONPATH")]))
-    with tempfile.TemporaryDirectory(prefix="longrun-docs-block-") as directory:
+    if support.MEMORY_TMP is not None:  # the blocks' own tempfile.mkdtemp() too: no disk flushes to wait for
+        environment["TMPDIR"] = support.MEMORY_TMP
+    with tempfile.TemporaryDirectory(prefix="longrun-docs-block-", dir=support.MEMORY_TMP) as directory:
         # A name a module could be imported by (docs_fleet_md.py): a durable function in the block
         # is defined in a script, whose module name must be one Python can import again.
         program = os.path.join(directory, re.sub(r"\W", "_", block.document) + ".py")

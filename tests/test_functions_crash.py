@@ -55,7 +55,6 @@ RANDOM_POINTS = (*POINTS, "lease.acquired")
 
 class DurableCrashCase(support.TempDirTest):
     kind = "json"
-    in_memory = True  # a SIGKILL keeps the page cache: no flush to wait for (power loss is tested elsewhere)
 
     def setUp(self) -> None:
         super().setUp()

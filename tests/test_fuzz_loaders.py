@@ -110,7 +110,6 @@ def lenient_checksum(text: str, rng: random.Random) -> str:
 
 
 class FuzzCase(support.TempDirTest):
-    in_memory = True
 
     def setUp(self) -> None:
         super().setUp()

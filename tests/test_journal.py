@@ -107,7 +107,6 @@ def offsets(data: bytes, end: int) -> list[int]:
 
 
 class JournalCase(support.TempDirTest):
-    in_memory = True
 
     def setUp(self) -> None:
         super().setUp()

@@ -1,5 +1,5 @@
-"""``longrun mcp`` under SIGKILL: the server and the command it runs are killed at random points, 20 times,
-and restarted with nothing but the store; every command runs once and the task ends ``done``.
+"""``longrun mcp`` under SIGKILL: the server and the command it runs are killed at random points, 10 times
+(20 under ``LONGRUN_TEST_SCALE=full``), and restarted with nothing but the store; every command runs once and the task ends ``done``.
 
 A scripted agent in this process speaks MCP to the server in JSON lines and only follows
 ``longrun_next``. Each life, the server is killed one of three ways (fixed seed): at a named crash
@@ -21,10 +21,11 @@ import time
 import unittest
 from typing import Any
 
+from helpers import scale
 from helpers.mcp_support import McpCase, RawClient, ServerGone, run_work
 
 SEED = 20261201
-KILLS = 20
+KILLS = scale.scaled(10, 20)
 STEPS = 6
 MARK = "LONGRUN_TEST_MCP_LIFE"
 POINTS = {
@@ -152,7 +153,7 @@ class ServerKillTests(McpCase):
         if steps == 100:
             raise AssertionError("the agent never stopped")
 
-    def test_the_server_killed_20_times_with_its_commands_every_command_runs_once_and_the_task_ends_done(self) -> None:
+    def test_the_server_killed_again_and_again_with_its_commands_every_command_runs_once_and_the_task_ends_done(self) -> None:
         self.init()
         rng = random.Random(SEED)
         self.applied_at: set[str] = set()

@@ -19,6 +19,7 @@ import unittest
 from typing import IO
 
 from helpers import scale, support
+from helpers.cli_process import run_longrun
 from helpers.session_support import SessionCase
 
 
@@ -44,15 +45,12 @@ def _kill(agent: subprocess.Popen[bytes]) -> None:
 
 
 class CrashPointTests(SessionCase):
-    in_memory = True
 
     def longrun(self, *args: str, crash_at: str | None = None) -> subprocess.CompletedProcess[str]:
         env = self.env()
         if crash_at is not None:
             env["LONGRUN_CRASH_AT"] = crash_at
-        return subprocess.run(
-            [sys.executable, "-m", "longrun", *args], env=env, capture_output=True, text=True, timeout=60, check=False
-        )
+        return run_longrun(args, env=env, cwd=None)  # a process of its own, forked: the crash point SIGKILLs it
 
     def ready_for_append_a(self) -> None:
         self.init()
@@ -100,7 +98,6 @@ class CrashPointTests(SessionCase):
 
 
 class OrphanTests(SessionCase):
-    in_memory = True
 
     contract_text = SessionCase.contract_text.replace(
         'command = "echo a >> target.txt"', 'command = "touch started; while [ ! -f go ]; do sleep 0.02; done; echo a >> target.txt"'
@@ -136,7 +133,6 @@ class OrphanTests(SessionCase):
 
 
 class ScriptedAgentTests(SessionCase):
-    in_memory = True
 
     # A killed command's lease runs out after this; the next command waits for it (a shorter wait, a quicker test).
     contract_text = SessionCase.contract_text.replace("lease_ttl_s = 1\n", "lease_ttl_s = 0.5\n")

@@ -23,20 +23,27 @@ from helpers.clocks import LaterClock  # noqa: E402
 
 
 class SlowAdapter:
-    """Wraps an adapter: before applying ``step``, touches ``signal_path`` and sleeps ``seconds``."""
+    """Wraps an adapter: before applying ``step``, touches ``signal_path`` and sleeps ``seconds``, or
+    less if ``release_path`` is given: until that file exists (the test says when to go on, however
+    slowly the machine runs), ``seconds`` being then a liveness guard."""
 
-    def __init__(self, inner: OutboxAdapter, step: str, seconds: float, signal_path: str):
+    def __init__(self, inner: OutboxAdapter, step: str, seconds: float, signal_path: str, release_path: str = ""):
         self.inner = inner
         self.step = step
         self.seconds = seconds
         self.signal_path = signal_path
+        self.release_path = release_path
         self.deduplicates = inner.deduplicates
 
     def apply(self, request: EffectRequest) -> Receipt:
         if request.step_id == self.step:
             with open(self.signal_path, "w") as handle:
                 handle.write(str(os.getpid()))
-            time.sleep(self.seconds)
+            if not self.release_path:
+                time.sleep(self.seconds)
+            deadline = time.monotonic() + self.seconds
+            while self.release_path and not os.path.exists(self.release_path) and time.monotonic() < deadline:
+                time.sleep(0.01)
         return self.inner.apply(request)
 
     def observe(self, request: EffectRequest) -> Observation:
@@ -55,7 +62,7 @@ def build(args: argparse.Namespace) -> Runner:
     )
     if args.slow:
         step, seconds = args.slow.split(":")
-        adapter = SlowAdapter(adapter, step, float(seconds), args.signal)  # type: ignore[arg-type]
+        adapter = SlowAdapter(adapter, step, float(seconds), args.signal, args.release)  # type: ignore[arg-type]
     return Runner(
         contract,
         steps,
@@ -82,6 +89,7 @@ def main() -> None:
     parser.add_argument("--unobservable", action="append", default=[])
     parser.add_argument("--slow", default="")
     parser.add_argument("--signal", default="")
+    parser.add_argument("--release", default="", help="with --slow: go on once this file exists")
     parser.add_argument("--owner", default=None)
     parser.add_argument("--ttl", type=float, default=30.0)
     parser.add_argument("--max-attempts", type=int, default=3)

@@ -1,5 +1,6 @@
 """The test cases of the CLI tests: a store directory, an outbox and a fake clock, runners over
-them, and ``cli``, which runs ``python -m longrun`` in a child process as a user would."""
+them, and ``cli``, which runs ``python -m longrun`` in a child process as a user would (forked from
+a server that imported longrun once: ``cli_process``)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from unittest import mock
 from longrun import JsonFileStore, RunContract, Runner, Status, Step
 from longrun.testing import FakeClock, OutboxAdapter
 
-from .support import TempDirTest, run_python
+from .cli_process import run_longrun
+from .support import TempDirTest
 
 
 def cli(*args: str, input: str | None = None):
     """``python -m longrun ARGS`` in a child process, its output captured as text."""
-    return run_python(["-m", "longrun", *args], input=input)
+    return run_longrun(args, input=input)
 
 
 class CliCase(TempDirTest):
