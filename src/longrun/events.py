@@ -65,7 +65,7 @@ _KINDS = {
     "send": "send", "recv": "receive", "event": "event",
 }  # fmt: skip
 
-EVENT_KINDS = (
+EVENT_KINDS: tuple[str, ...] = (
     "run-start", "run", "run-end", "effect", "call", "timer", "question", "child", "send", "receive", "event", "function", "internal",
 )  # fmt: skip
 """Every ``RunEvent.kind``: the three of the run itself, then what a ledger record is (``kind_of``)."""
