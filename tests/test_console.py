@@ -309,6 +309,68 @@ def support_fingerprint(root: str) -> dict[str, bytes]:
     return out
 
 
+class RunOnceTests(ConsoleCase):
+    """Where no live worker runs a durable task's function, its page offers to run it once here."""
+
+    def durable_task(self) -> Any:
+        module_dir = self.path("modules")
+        os.mkdir(module_dir)
+        name = "console_run_once_" + os.path.basename(self.tmp).replace("-", "_")
+        with open(os.path.join(module_dir, name + ".py"), "w", encoding="utf-8") as handle:
+            handle.write(
+                "import longrun\n"
+                "from longrun.testing import OutboxAdapter\n"
+                f"@longrun.durable(store=longrun.JsonFileStore({self.store_dir!r}, create=True), "
+                f"adapters={{'send': OutboxAdapter({self.outbox!r})}}, allowed_actions=('send',))\n"
+                "def job(run, to):\n"
+                "    run.effect('mail', 'send', {'to': to})\n"
+                "    return to\n"
+            )
+        sys.path.insert(0, module_dir)
+        self.addCleanup(sys.path.remove, module_dir)
+        self.addCleanup(sys.modules.pop, name, None)
+        module = __import__(name)
+        module.job.start("queued", "ann")
+        return module.job
+
+    def test_run_once_runs_a_task_no_worker_serves_and_only_with_the_csrf_token(self) -> None:
+        self.durable_task()
+        server = self.serve()
+        token = server.console.token
+        page = self.request(server, "GET", "/task/queued", cookie=token)
+        self.assertIn("No live worker runs", page.body)
+        self.assertIn("Run once", page.body)
+        refused = self.request(server, "POST", "/task/queued/run", cookie=token, form={"csrf": "0" * 64})
+        self.assertEqual(refused.status, 403)
+        self.assertEqual(JsonFileStore(self.store_dir).load("queued").state.status, Status.RUNNING)
+        ran = self.request(server, "POST", "/task/queued/run", cookie=token, form={"csrf": server.console.csrf})
+        self.assertEqual(ran.status, 303, ran.body)
+        self.assertEqual(JsonFileStore(self.store_dir).load("queued").state.status, Status.DONE)
+        self.assertEqual(OutboxAdapter(self.outbox).counts()["queued/mail"], 1)
+        page = self.request(server, "GET", ran.headers["location"], cookie=token)
+        self.assertIn("Ran the task once here", page.body)
+        self.assertNotIn("Run once</button>", page.body, "an ended task offers nothing to run")
+
+    def test_a_live_worker_of_the_function_hides_run_once_and_a_read_only_console_never_shows_it(self) -> None:
+        from longrun.stores.queue import open_queue
+
+        job = self.durable_task()
+        queue = open_queue(JsonFileStore(self.store_dir))
+        self.addCleanup(queue.close)
+        queue.heartbeat("w1", host="here", pid=os.getpid(), state="running", concurrency=1, running=0, functions=[job.name], heartbeat_s=60.0)
+        server = self.serve()
+        page = self.request(server, "GET", "/task/queued", cookie=server.console.token)
+        self.assertEqual(page.status, 200)
+        self.assertNotIn("Run once", page.body)
+        queue.heartbeat("w1", host="here", pid=os.getpid(), state="stopped", concurrency=1, running=0, functions=[job.name], heartbeat_s=60.0)
+        self.assertIn("Run once", self.request(server, "GET", "/task/queued", cookie=server.console.token).body)
+        read_only = self.serve(read_only=True)
+        page = self.request(read_only, "GET", "/task/queued", cookie=read_only.console.token)
+        self.assertNotIn("Run once", page.body)
+        refused = self.request(read_only, "POST", "/task/queued/run", cookie=read_only.console.token, form={"csrf": read_only.console.csrf})
+        self.assertEqual(refused.status, 403)
+
+
 class BrowserCase(ConsoleCase):
     """One headless Chromium for the class; helpers to open a console page and find what it shows."""
 

@@ -12,6 +12,7 @@
     |   +-- ApprovalWaitingError      an approval or answer of the same request already waits, unused
     |   +-- ContractFileError         a run-contract file that cannot be used (its file and line)
     |   +-- NotAStoreError            a directory or database that is not a longrun store (its path)
+    |   +-- TaskNotFinishedError      a task asked to be deleted has not ended (its status)
     |   +-- UnknownStepError(LookupError) the task has no step by that id
     |   +-- TaskExistsError           a new task (a fork) was asked for under an id already in use
     |   +-- ResolveRefusedError       an effect's outcome cannot be resolved as asked (not in flight, another key or payload)
@@ -67,6 +68,7 @@ __all__ = [
     "SizeLimitError",
     "StateUnrecoverableError",
     "StorageError",
+    "TaskNotFinishedError",
     "TaskExistsError",
     "TransientError",
     "UnknownActionError",
@@ -160,6 +162,15 @@ class NotAStoreError(InvalidInputError):
         self.path = path
 
 
+class TaskNotFinishedError(InvalidInputError):
+    """A task was asked to be deleted (``Store.delete_task``, ``longrun delete``, ``longrun prune``)
+    but its run has not ended: it is not ``done``, ``cancelled``, ``limits-exhausted`` or
+    ``blocked``, or it has no committed state yet. ``status`` is what the store holds (``new`` for
+    no state). Nothing was deleted."""
+
+    def __init__(self, message: str, *, status: str):
+        super().__init__(message)
+        self.status = status
 class UnknownStepError(InvalidInputError, LookupError):
     """The task records no step by that id; nothing was written."""
 

@@ -21,7 +21,7 @@ from .outcome import Evidence
 __all__ = [
     "AnyEffectAdapter", "ApprovalSource", "AsyncEffectAdapter", "CancellationSource", "Clock", "ClosableStore",
     "EffectAdapter", "HistoryStore", "LoadResult", "MonotonicClock", "PausingSource", "RepairableStore", "SigningSource",
-    "Store", "TimelineClock",
+    "Store", "TaskDeletion", "TimelineClock", "WatchedSource",
 ]  # fmt: skip
 
 
@@ -110,6 +110,22 @@ class LoadResult:
         return self.source == "backup"
 
 
+@dataclass(frozen=True, slots=True)
+class TaskDeletion:
+    """What ``Store.delete_task`` removed."""
+
+    task_id: str
+    status: str
+    """The status the task had ended with."""
+    revision: int
+    """Its last committed revision."""
+    removed: tuple[str, ...]
+    """What went, as the store names it (files, rows), for the operator's record."""
+
+    def to_json(self) -> dict[str, object]:
+        return {"task_id": self.task_id, "status": self.status, "revision": self.revision, "removed": list(self.removed)}
+
+
 class Store(Protocol):
     """Durable state of record for tasks: lease, state, control records.
 
@@ -160,6 +176,14 @@ class Store(Protocol):
     def write_approval(self, approval: Approval) -> None: ...
 
     def list_tasks(self) -> list[str]: ...
+
+    def delete_task(self, task_id: str, now: float) -> TaskDeletion:
+        """Delete a task whose run has ended (``outcome.TERMINAL``) and whose lease is not live:
+        its state, journal, blobs, control records, quarantine and fleet queue row. Refused with
+        ``TaskNotFinishedError`` (nothing deleted) for any other task, ``LeaseHeldError`` while
+        its lease is live, ``UnknownTaskError`` for a task the store does not hold. A crash in the
+        middle leaves either the whole task or nothing that loads as a task (each store says how)."""
+        ...
 
     def send_message(self, message: Message) -> Delivery:
         """Put ``message`` in its receiver's mailbox with the next sequence number, in the order the
@@ -240,3 +264,14 @@ class SigningSource(Protocol):
     actions then say to write them with a key (``longrun approve --sign-key``)."""
 
     requires_signature: bool
+
+
+@runtime_checkable
+class WatchedSource(Protocol):
+    """A control source whose records are files under directories a worker can watch: a worker of
+    the fleet polls these roots' directory times (``longrun.worker``), at most every 250 ms, and
+    wakes the task whose control directory changed, so that an approval, an answer or a
+    cancellation written there is acted on at once. ``FileControlSource``, the JSON-file store and
+    the signature-checking wrappers around them are each one."""
+
+    def watch_roots(self) -> tuple[str, ...]: ...

@@ -33,7 +33,7 @@ from .cancellation import Cancellation
 from .canonical import JSONValue, canonical_bytes, ensure_json
 from .control import ControlRecord, RefusedRecord
 from .errors import CorruptStateError, InvalidInputError
-from .protocols import ApprovalSource, CancellationSource
+from .protocols import ApprovalSource, CancellationSource, WatchedSource
 
 __all__ = [
     "KEY_MIN_BYTES",
@@ -227,6 +227,10 @@ class SignedApprovals:
     def __repr__(self) -> str:
         return f"SignedApprovals({self.inner!r}, key {self.key_id})"
 
+    def watch_roots(self) -> tuple[str, ...]:
+        """The roots of the source it wraps, if it has any (``protocols.WatchedSource``)."""
+        return self.inner.watch_roots() if isinstance(self.inner, WatchedSource) else ()
+
     def read_approvals(self, task_id: str) -> tuple[ControlRecord, ...]:
         return tuple(self._judge(raw) for raw in self.inner.read_approvals(task_id))
 
@@ -262,6 +266,10 @@ class SignedCancellations:
 
     def __repr__(self) -> str:
         return f"SignedCancellations({self.inner!r}, key {self.key_id})"
+
+    def watch_roots(self) -> tuple[str, ...]:
+        """The roots of the source it wraps, if it has any (``protocols.WatchedSource``)."""
+        return self.inner.watch_roots() if isinstance(self.inner, WatchedSource) else ()
 
     def read_cancellation(self, task_id: str) -> ControlRecord | None:
         raw = self.inner.read_cancellation(task_id)

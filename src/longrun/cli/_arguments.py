@@ -32,6 +32,9 @@ __all__ = [
     "add_log_options",
     "add_module_options",
     "add_store",
+    "add_task_filters",
+    "moment",
+    "statuses",
     "count",
     "interval",
     "non_empty",
@@ -163,6 +166,50 @@ def since(text: str) -> str:
     return text
 
 
+def moment(option: str):  # type: ignore[no-untyped-def]
+    """An argparse type for ``--since``, ``--until``, ``--before``: a duration back from now or a time."""
+
+    def check(text: str) -> str:
+        from ._filters import parse_moment
+
+        try:
+            parse_moment(text, 0.0, option=option)
+        except InvalidInputError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
+
+    return check
+
+
+def statuses(choices: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    """An argparse type for ``--status``: one status or several separated by commas, each one of ``choices``."""
+
+    def check(text: str) -> tuple[str, ...]:
+        from ._filters import parse_statuses
+
+        try:
+            return parse_statuses([text], choices)
+        except InvalidInputError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return check
+
+
+def add_task_filters(command: argparse.ArgumentParser, choices: tuple[str, ...], what: str) -> None:
+    """The options that choose tasks instead of naming one (``_filters.TaskFilter``)."""
+    command.add_argument(
+        "--status", dest="filter_statuses", metavar="S[,S...]", type=statuses(choices), action="append", default=[],
+        help=f"{what} the tasks with this status (repeatable, or comma-separated)",
+    )  # fmt: skip
+    command.add_argument(
+        "--function", dest="filter_functions", metavar="MODULE:QUALNAME", action="append", default=[], type=non_empty,
+        help="only the tasks of this durable function (a glob is allowed; repeatable)",
+    )  # fmt: skip
+    command.add_argument("--since", dest="filter_since", metavar="DURATION|TIME", type=moment("--since"), help="only tasks updated since (30m, 2d, 2026-11-30T14:00Z)")
+    command.add_argument("--until", dest="filter_until", metavar="DURATION|TIME", type=moment("--until"), help="only tasks updated until (a duration back from now, or a time)")
+    command.add_argument("--match", dest="filter_match", metavar="GLOB", type=non_empty, help="only tasks whose id matches GLOB (nightly-*)")
+
+
 def interval(text: str) -> float:
     value = positive_seconds(text)
     if value < 0.05 or value > 3600:
@@ -220,11 +267,13 @@ def add_authority_options(command: argparse.ArgumentParser, record: str) -> None
     )
 
 
-def add_store(command: argparse.ArgumentParser, *, task: bool) -> None:
+def add_store(command: argparse.ArgumentParser, *, task: bool, task_optional: bool = False) -> None:
     command.add_argument(
         "store", metavar="STORE", nargs="?", type=path, help="the store: a directory, sqlite:PATH or postgresql://... (or use --store)"
     )
-    if task:
+    if task and task_optional:
+        command.add_argument("task", metavar="TASK", nargs="?", help="the task id (or choose tasks with the filter options)")
+    elif task:
         command.add_argument("task", metavar="TASK", help="the task id")
     command.add_argument(
         "--store", dest="store_option", metavar="SPEC", type=path, help="the store, instead of the STORE argument"

@@ -29,8 +29,11 @@ showed as ``expected_digest`` (a request that changed since is refused, nothing 
 is ``cmd_approve(answer=...)``, a cancellation is ``cmd_cancel``, a resolution ``cmd_resolve``
 and a reopen ``write_reopen`` (what ``longrun resolve`` and ``resume --reopen`` write); into ``--control-root`` (a strict
 control area, so the console must run as the approver account), signed with ``--sign-key`` when
-given. Without ``--control-root`` the console is read-only, as with ``--read-only``: it shows no
-form and refuses every POST. A page served over HTTP never writes into the store itself, where an
+given. A live worker acts on each record within a second (it watches the control root); where no
+live worker runs the task's function, the task's page offers "Run once", which runs the task in
+the console's process as ``longrun resume STORE TASK`` does (the function's module must be
+importable from the console's directory). Without ``--control-root`` the console is read-only, as
+with ``--read-only``: it shows no form and refuses every POST. A page served over HTTP never writes into the store itself, where an
 approval is worth no more than the agent's own writes (see the threat model in docs/security.md).
 
 Security, for a console that can approve effects on the machine it runs on:
@@ -69,7 +72,7 @@ from typing import Any, Mapping, Sequence, TextIO
 from ..contract import check_task_id
 from ..errors import InvalidInputError, LongrunError
 from ..protocols import Store
-from ._common import CliError
+from ._common import CliError, TaskCodeError
 from ._console_pages import SCRIPT, STYLE, Console, ConsoleError, e, task_url
 
 __all__ = ["ConsoleServer", "cmd_console", "start_console"]
@@ -244,6 +247,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             notice = console.act(task_id, parts[3], form)
         except ConsoleError as exc:
             self._error(exc.status, str(exc))
+            return
+        except TaskCodeError as exc:  # "run once": the task's own code raised; what was settled is committed
+            self._error(500, f"{exc}: {exc.__cause__}" if exc.__cause__ is not None else str(exc))
             return
         except (CliError, LongrunError, OSError) as exc:
             self._error(409 if isinstance(exc, CliError) else 400 if isinstance(exc, InvalidInputError) else 500, str(exc))

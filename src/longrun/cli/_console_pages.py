@@ -3,10 +3,11 @@
 ``Console`` holds one store, one approver and the session's token and CSRF token; it renders the
 task list with its summary band, a task's page, the fleet's page and a page per worker and per
 queue (every value read from the store HTML-escaped with ``e``), and carries out an approve,
-answer, cancel, resolve or reopen form as the CLI's own commands. ``SCRIPT`` is the one script the
-pages load: it reloads the page every few seconds unless a form is being filled. ``_console``
-serves it over HTTP and holds the security around it; the module docstring there says what each
-page shows; what the list and the band are made of is ``_console_listing``.
+answer, cancel, resolve or reopen form as the CLI's own commands, and "run once" (where no live
+worker runs the task's function) as ``longrun resume STORE TASK`` does. ``SCRIPT`` is the one
+script the pages load: it reloads the page every few seconds unless a form is being filled.
+``_console`` serves it over HTTP and holds the security around it; the module docstring there
+says what each page shows; what the list and the band are made of is ``_console_listing``.
 
 One concept, what the console shows and does; it is long because every page and every form is
 here, each escaping what it shows in the same way, which a reviewer checks in one place.
@@ -26,6 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..contract import ASK_ACTION
 from ..envelope import RunState
+from ..errors import LongrunError
 from ..events import kind_of
 from ..intervention import REOPENABLE
 from ..lease import Lease
@@ -33,25 +35,28 @@ from ..ledger import EffectState
 from ..outcome import TERMINAL
 from ..progress import progress_of
 from ..protocols import LoadResult, Store
-from ..stores.queue import QueueEntry, WorkerRecord
+from ..stores.queue import QueueEntry, WorkerRecord, open_queue
 from ..task_events import events_of
 from ._common import format_time, lease_summary, relative, short_digest
 from ._console_listing import PAGE_SIZE, Fleet, Listing, RowCache, Summary, TaskRow, complete, read_fleet, read_rows, short_action
 from ._control import cmd_approve, cmd_cancel, parse_answer, payload_view
+from ._filters import function_of
 from ._intervene import cmd_resolve, write_reopen
 from ._history import timeline
 from ._inspect import LS_STATUSES, progress_line, reported_line
 from ._payload import payload_lines, safe_text
+from ._resume import run_recorded_once
 from ._verify import verify
 
 __all__ = ["NOTICES", "SCRIPT", "STYLE", "Console", "ConsoleError", "e", "queue_url", "task_url", "worker_url"]
 
 NOTICES = {
-    "approved": "Approved: the approval is written. Run the task again; it authorizes this one effect, once.",
-    "answered": "Answered: the answer is written. Run the task again; it is used once, for this question.",
-    "cancelled": "Cancellation written: the run starts no new effect; its next run ends cancelled.",
-    "resolved": "Resolution written: the task's next run takes the effect as you said, once.",
-    "reopened": "Reopen written: the task's next run takes it out of the status it ended in and goes on.",
+    "approved": "Approved: the approval is written; it authorizes this one effect, once. A live worker runs the task within a second.",
+    "answered": "Answered: the answer is written; it is used once, for this question. A live worker runs the task within a second.",
+    "cancelled": "Cancellation written: the run starts no new effect; a live worker ends it cancelled within a second.",
+    "resolved": "Resolution written: the task's next run takes the effect as you said, once. A live worker runs it within a second.",
+    "reopened": "Reopen written: the task's next run takes it out of the status it ended in and goes on. A live worker runs it within a second.",
+    "ran": "Ran the task once here; it stopped as shown below.",
 }
 """The only messages a redirect may ask a page to show (by key: nothing from the URL is echoed)."""
 
@@ -479,6 +484,7 @@ class Console:
             body.append('<p class="muted">No revision committed yet.</p>')
             return self.layout(task_id, "".join(body))
         body.append(self._summary(state, lease, now))
+        body.append(self._run_once(task_id, state))
         body.append(self._pending(task_id, state, now))
         body.append(self._resolve(state))
         body.append(self._effects(state))
@@ -551,6 +557,32 @@ class Console:
                 '<button class="danger" name="outcome" value="absent">It did not</button></form></section>'
             )
         return "".join(cards)
+
+    def _run_once(self, task_id: str, state: RunState) -> str:
+        """Where no live worker runs the task's function, a form to run it once here (a worker, when
+        there is one, runs it within a second of an approval, an answer or a cancellation)."""
+        function = function_of(state)
+        if self.read_only or function is None or state.status in TERMINAL:
+            return ""
+        with self.lock:
+            queue = None
+            try:
+                queue = open_queue(self.store)
+                if queue.live_workers(function):
+                    return ""
+                note = f"No live worker runs {function}."
+            except LongrunError as exc:
+                note = f"Whether a worker runs {function} cannot be told ({exc})."
+            finally:
+                if queue is not None:
+                    queue.close()
+        return (
+            f'<section class="card"><p class="muted">{e(note)} Run the task once here, as `longrun resume` would: '
+            "its module is imported into this console's process.</p>"
+            f'<form class="inline" method="post" action="{e(task_url(task_id))}/run">'
+            f'<input type="hidden" name="csrf" value="{e(self.csrf)}">'
+            '<button name="action" value="run">Run once</button></form></section>'
+        )
 
     def _pending(self, task_id: str, state: RunState, now: float) -> str:
         if not state.approval_requests:
@@ -730,6 +762,9 @@ class Console:
                     add_time_s=0.0, err=err, sign_key=self.sign_key, control_root=self.control_root, as_json=True,
                 )  # fmt: skip
                 return "reopened"
+            if action == "run":
+                run_recorded_once(self.store, self.label, task_id, [], err)
+                return "ran"
             if action == "cancel":
                 reason = field("reason").strip() or "cancelled by an operator from the console"
                 cmd_cancel(

@@ -8,6 +8,8 @@ touches the state. ``repair --lease`` replaces a damaged lease record through th
 ``detached=True``), and theirs, each by a record naming its parent, written the same way; it says
 how many.
 
+Given a filter instead of a task, ``approve`` and ``cancel`` act on many tasks (``_bulk``).
+
 ``approve`` first shows the pending request in full: the task, step and action, the payload the
 step will apply (pretty-printed from the state's record, long values elided with their size, every
 control character escaped: see ``_payload``), its digest and the expiry. It then copies the
@@ -27,7 +29,8 @@ With ``--json`` each prints one JSON object (the request and the approval; the c
 stdout instead of the text; ``approve`` then shows the request on stderr when it asks for
 confirmation.
 
-Not guaranteed: that the runner acts on the record (it reads it on its next run), or who the
+Not guaranteed: that the runner acts on the record (it reads it on its next run: a live worker
+runs the task within a second of the record's arrival, see ``worker._watch``), or who the
 operator is (the approver name is what the caller says, by default the login name; a signature
 shows only that the signer held the key).
 """
@@ -53,7 +56,10 @@ from ..protocols import ApprovalSource, RepairableStore, Store
 from ._common import CliError, ExitCode, checked_task, format_time, relative, write_json
 from ._payload import payload_lines, safe_text
 
-__all__ = ["cmd_approve", "cmd_cancel", "cmd_repair", "open_control_root", "parse_answer", "payload_view", "request_lines", "unconsumed_matches"]
+__all__ = [
+    "cmd_approve", "cmd_cancel", "cmd_repair", "open_control_root", "parse_answer", "payload_view", "request_lines", "unconsumed_matches",
+    "write_approval", "write_cancellation",
+]  # fmt: skip
 
 def parse_answer(text: str) -> JSONValue:
     """An answer as the operator typed it: JSON if it parses as JSON, else the plain string."""
@@ -186,6 +192,30 @@ def _request_text(task_id: str, state: RunState, request: ApprovalRequest, now: 
     return "".join(line + "\n" for line in request_lines(task_id, state, request, now))
 
 
+def write_approval(
+    store: Store,
+    request: ApprovalRequest,
+    *,
+    approver: str,
+    ttl_s: float | None,
+    now: float,
+    key: bytes | None,
+    control: FileControlSource | None,
+    answer: JSONValue = None,
+) -> tuple[Approval, str | None]:
+    """Write an approval of exactly ``request``'s scope with a fresh id, signed with ``key`` if given,
+    into ``control`` if given, else the store; return it and the file written (None: the store)."""
+    approval = Approval.for_request(
+        request, approval_id=secrets.token_hex(16), approver=approver, granted_at=now, expires_at=_approval_expiry(request, ttl_s, now), answer=answer
+    )
+    if key is not None:
+        approval = sign_approval(approval, key)
+    if control is not None:
+        return approval, control.write_approval(approval)
+    store.write_approval(approval)
+    return approval, None
+
+
 def cmd_approve(
     store: Store,
     task_id: str,
@@ -241,16 +271,7 @@ def cmd_approve(
         err.write(shown)
     if not assume_yes and not _confirm(stdin if stdin is not None else sys.stdin, err):
         raise CliError("not approved; nothing was written", ExitCode.NOT_AS_ASKED)
-    approval = Approval.for_request(
-        request, approval_id=secrets.token_hex(16), approver=approver, granted_at=now, expires_at=_approval_expiry(request, ttl_s, now), answer=answer
-    )
-    if key is not None:
-        approval = sign_approval(approval, key)
-    written = None
-    if control is not None:
-        written = control.write_approval(approval)
-    else:
-        store.write_approval(approval)
+    approval, written = write_approval(store, request, approver=approver, ttl_s=ttl_s, now=now, key=key, control=control, answer=answer)
     if as_json:
         write_json(
             out,
@@ -273,12 +294,50 @@ def cmd_approve(
         + (f"  signed       hmac-sha256 with key {key_id(key)}\n" if key is not None else "")
         + (f"  written to   {written}\n" if written is not None else "")
         + (
-            "next: run the task again; the approval authorizes this one effect, once\n"
+            "next: a live worker runs the task within a second (it watches for this record); without one, run it "
+            "again (`longrun resume STORE TASK`); the approval authorizes this one effect, once\n"
             if answer is None
-            else "next: run the task again; the answer is used once, for this question\n"
+            else "next: a live worker runs the task within a second (it watches for this record); without one, run it "
+            "again (`longrun resume STORE TASK`); the answer is used once, for this question\n"
         )
     )
     return 0
+
+
+def write_cancellation(
+    store: Store,
+    task_id: str,
+    state: RunState | None,
+    *,
+    reason: str,
+    requested_by: str,
+    now: float,
+    key: bytes | None,
+    control: FileControlSource | None,
+) -> tuple[Cancellation, str | None, list[str]]:
+    """Write the task's cancellation (signed with ``key`` if given, into ``control`` if given, else
+    the store), and one for each unfinished child it started (``state``: its state, None if it
+    cannot be read); return the record as written, the file (None: the store) and the children."""
+
+    def write(record: Cancellation) -> str | None:
+        """Sign ``record`` if asked to, and write it where this command writes: the control root or the store."""
+        if key is not None:
+            record = sign_cancellation(record, key)
+        if control is not None:
+            return control.write_cancellation(record)
+        store.write_cancellation(record)
+        return None
+
+    record = Cancellation(task_id=task_id, requested_at=now, requested_by=requested_by, reason=reason)
+    written = write(record)
+    children: list[str] = []
+    if state is not None:
+        from ..functions import cancel_children  # the durable face: only a task that may have children
+
+        children = cancel_children(store, task_id, record, write=write, source=control or store, state=state)
+    if key is not None:
+        record = sign_cancellation(record, key)  # as written, for the JSON report
+    return record, written, children
 
 
 def cmd_cancel(
@@ -309,25 +368,9 @@ def cmd_cancel(
         err.write(f"longrun: note: the earlier cancellation record could not be read ({exc}); it is replaced\n")
         earlier = None
     now = time.time()
-
-    def write(record: Cancellation) -> str | None:
-        """Sign ``record`` if asked to, and write it where this command writes: the control root or the store."""
-        if key is not None:
-            record = sign_cancellation(record, key)
-        if control is not None:
-            return control.write_cancellation(record)
-        store.write_cancellation(record)
-        return None
-
-    record = Cancellation(task_id=task_id, requested_at=now, requested_by=requested_by, reason=reason)
-    written = write(record)
-    children: list[str] = []
-    if state is not None:
-        from ..functions import cancel_children  # the durable face: only a task that may have children
-
-        children = cancel_children(store, task_id, record, write=write, source=control or store, state=state)
-    if key is not None:
-        record = sign_cancellation(record, key)  # as written, for the JSON report
+    record, written, children = write_cancellation(
+        store, task_id, state, reason=reason, requested_by=requested_by, now=now, key=key, control=control
+    )
     if as_json:
         write_json(
             out,

@@ -17,17 +17,15 @@ state is still current when printed (a runner may commit right after).
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
-import re
 import time
 from typing import Sequence, TextIO
 
 from ..contract import INTERNAL_PREFIX, is_internal
 from ..envelope import RunState
 from ..intervention import forks_of, origin_of
-from ..errors import CorruptStateError, InvalidInputError, LongrunError
+from ..errors import CorruptStateError, LongrunError
 from ..lease import Lease
 from ..ledger import EffectState
 from ..messages import consumed_messages
@@ -49,6 +47,7 @@ from ._common import (
     write_json,
 )
 from ._control import payload_view
+from ._filters import parse_moment
 from ._payload import payload_lines, safe_text
 
 __all__ = ["LS_STATUSES", "NO_STATE_ACTION", "cmd_ls", "cmd_status", "ls_entry", "parse_since", "progress_line", "reported_line", "select", "status_json"]
@@ -312,27 +311,11 @@ def ls_entry(store: Store, task_id: str) -> dict[str, object]:
 
 LS_STATUSES = (*(status.value for status in Status), "new", "DAMAGED", "UNREADABLE")
 """What ``ls --status`` accepts: a run status, ``new`` (no revision yet), ``DAMAGED`` or ``UNREADABLE``."""
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 
 
 def parse_since(text: str, now: float) -> float:
-    """``--since``: a duration back from now (``90s``, ``15m``, ``2h``, ``3d``, ``1w``, or several:
-    ``1h30m``) or a time (ISO 8601, ``2026-11-30`` or ``2026-11-30T14:00``; UTC unless it says).
-    Returns seconds since the epoch; ``InvalidInputError`` otherwise."""
-    text = text.strip()
-    parts = _DURATION.findall(text)
-    if parts and "".join(number + unit for number, unit in parts) == text.replace(" ", ""):
-        return now - sum(float(number) * _UNITS[unit] for number, unit in parts)
-    try:
-        moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise InvalidInputError(
-            f"--since {text[:40]!r} is neither a duration (90s, 15m, 2h, 3d, 1w) nor a time (2026-11-30T14:00Z)"
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.timezone.utc)
-    return moment.timestamp()
+    """``--since``: see ``_filters.parse_moment``. Returns seconds since the epoch; ``InvalidInputError`` otherwise."""
+    return parse_moment(text, now, option="--since")
 
 
 def select(

@@ -26,7 +26,7 @@ import logging
 import os
 import sys
 import traceback
-from typing import Sequence, TextIO
+from typing import TYPE_CHECKING, Sequence, TextIO
 
 from ..errors import LongrunError
 from ..logging import configure
@@ -47,17 +47,22 @@ from ._help import INTERNAL_ERROR
 from ._arguments import path
 from ._parser import build_parser
 
+if TYPE_CHECKING:
+    from ._filters import TaskFilter
+
 __all__ = ["build_parser", "error_text", "main"]
 
 _SESSION_COMMANDS = ("init", "next", "exec", "checkpoint", "done", "stop")
 _STORE_COMMANDS = (
     "status", "history", "verify", "approve", "answer", "cancel", "repair", "ls", "watch", "console", "worker", "workers",
-    "mcp", "resolve", "fork", "send", "event", "metrics", *_SESSION_COMMANDS,
+    "mcp", "resolve", "fork", "send", "event", "metrics", "delete", "prune", *_SESSION_COMMANDS,
 )  # fmt: skip
 _TASK_COMMANDS = (
     "status", "history", "verify", "approve", "answer", "cancel", "repair", "watch", "init", "next", "done", "stop", "resolve", "fork",
-    "send", "event",
+    "send", "event", "delete",
 )  # fmt: skip
+_BULK_COMMANDS = ("approve", "cancel")
+"""Commands that take a filter (``_filters``) instead of TASK: ``_bulk``."""
 _STEP_COMMANDS = ("exec", "checkpoint")
 """Commands with a STEP after TASK (STORE must come first, or be given with --store)."""
 
@@ -116,7 +121,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             verbose=args.verbose > 0, run=args.run, priority=args.priority,
         )  # fmt: skip
     spec = args.store_spec
-    if args.command in _TASK_COMMANDS or args.command in _STEP_COMMANDS:
+    if (args.command in _TASK_COMMANDS or args.command in _STEP_COMMANDS) and not (args.command in _BULK_COMMANDS and args.task is None):
         checked_task(args.task)  # an unsafe id is refused before the store is opened
     if args.command == "init":
         from ..contractfile import load_contract
@@ -139,7 +144,56 @@ def _dispatch(args: argparse.Namespace) -> int:
         close_store(store)
 
 
+def _task_filter(args: argparse.Namespace) -> "TaskFilter":
+    import time
+
+    from ._filters import TaskFilter, parse_moment
+
+    now = time.time()
+    return TaskFilter(
+        statuses=tuple(status for group in args.filter_statuses for status in group),
+        functions=tuple(args.filter_functions),
+        since=parse_moment(args.filter_since, now, option="--since") if args.filter_since is not None else None,
+        until=parse_moment(args.filter_until, now, option="--until") if args.filter_until is not None else None,
+        match=args.filter_match,
+    )
+
+
+def _check_bulk(args: argparse.Namespace) -> None:
+    """TASK or a filter, not both; refused before the store is opened."""
+    command_parser: argparse.ArgumentParser = args.command_parser
+    try:
+        chosen = _task_filter(args)
+    except LongrunError as exc:
+        command_parser.error(str(exc))
+    if args.task is not None and not chosen.empty:
+        command_parser.error("give a TASK or a filter (--status, --function, --since, --until, --match), not both")
+    if args.task is None and chosen.empty:
+        command_parser.error("the task is missing: give TASK, or choose tasks with --status, --function, --since, --until or --match")
+
+
 def _store_command(args: argparse.Namespace, store: Store, label: str, out: TextIO, err: TextIO) -> int:
+    if args.command in _BULK_COMMANDS and args.task is None:
+        from ._bulk import APPROVE, CANCEL, cmd_bulk
+
+        return cmd_bulk(
+            store, APPROVE(args.step) if args.command == "approve" else CANCEL, _task_filter(args), assume_yes=args.yes,
+            who=(args.approver if args.command == "approve" else args.by) or login_name(),
+            reason=getattr(args, "reason", ""), out=out, err=err, ttl_s=getattr(args, "ttl", None),
+            sign_key=args.sign_key, control_root=args.control_root, as_json=args.json,
+        )  # fmt: skip
+    if args.command == "delete":
+        from ._bulk import cmd_delete
+
+        return cmd_delete(store, args.task, out=out, as_json=args.json)
+    if args.command == "prune":
+        from ._bulk import cmd_prune
+
+        chosen = _task_filter(args)
+        return cmd_prune(
+            store, args.before, statuses=chosen.statuses, functions=chosen.functions, match=chosen.match,
+            since=chosen.since, until=chosen.until, dry_run=args.dry_run, out=out, err=err, as_json=args.json,
+        )  # fmt: skip
     if args.command == "worker":
         from ._worker import cmd_worker
 
@@ -323,11 +377,15 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
         args.store, args.task = args.task, extras[0]
     elif extras:
         command_parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    if args.command in _BULK_COMMANDS and args.store is not None and args.task is None and args.store_option is not None:
+        args.store, args.task = None, args.store  # `cancel --store SPEC TASK`: the one positional is TASK
     args.json = args.json or args.json_first  # every command takes --json, before it or after it
     args.log_format = args.log_format or args.log_format_first or "text"  # and --log-format, --log-level
     args.log_level = args.log_level or args.log_level_first
     if args.command in _STORE_COMMANDS:
         args.store_spec = _store_spec(args)
+    if args.command in _BULK_COMMANDS:
+        _check_bulk(args)
     if args.command == "repair" and not args.lease:
         command_parser.error("say what to repair: --lease (the lease record; the state repairs itself on the next run)")
     return args

@@ -3,6 +3,9 @@
 One concept: the command line's grammar. It is long because it declares every command in one
 place, which is what a reader looking for a flag wants; the commands' work is in their own modules.
 The types that check each argument, and the options several commands share, are in ``_arguments``.
+
+One concept, so one module, and a long one: one block per command, each its arguments and help
+text, so that the whole command line is read (and reviewed) in one place.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from ._arguments import (
     add_log_options,
     add_module_options,
     add_store,
+    add_task_filters,
+    moment,
     count,
     interval,
     non_empty,
@@ -33,8 +38,12 @@ from ._arguments import (
 from ._common import STORE_HELP
 from ._help import DESCRIPTION, EPILOG, REPAIR_EPILOG, RESUME_EPILOG, SESSION_EPILOG, START_EPILOG, VERIFY_EPILOG, WORKER_EPILOG
 from ._inspect import LS_STATUSES
+from ..outcome import TERMINAL, Status
 
 __all__ = ["build_parser"]
+
+_RUN_STATUSES = (*(status.value for status in Status), "new")
+_ENDED_STATUSES = tuple(sorted(status.value for status in TERMINAL))
 
 
 _MCP_EPILOG = """\
@@ -129,8 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
         "task, plan digest, step, payload digest and action. It authorizes that one effect, once. "
         "Refused (exit 2, nothing written) if an approval of the request is already waiting, unused.",
     )
-    add_store(approve, task=True)
+    add_store(approve, task=True, task_optional=True)
     approve.add_argument("--step", metavar="STEP", type=step_id, help="which pending request, when there are several")
+    add_task_filters(approve, _RUN_STATUSES, "instead of TASK: approve every pending request of")
     approve.add_argument("--approver", metavar="NAME", type=non_empty, help="who approves (default: the login name)")
     approve.add_argument(
         "--ttl", metavar="SECONDS", type=positive_seconds, default=None,
@@ -194,11 +204,41 @@ def build_parser() -> argparse.ArgumentParser:
         "effect; an effect already in flight is still reconciled, then the run ends cancelled. The "
         "unfinished children a durable task started (not detached ones) are cancelled too, the same way.",
     )
-    add_store(cancel, task=True)
+    add_store(cancel, task=True, task_optional=True)
     cancel.add_argument("--reason", metavar="TEXT", type=reason, default="cancelled by an operator from the command line")
+    add_task_filters(cancel, _RUN_STATUSES, "instead of TASK: cancel")
+    cancel.add_argument("--yes", "-y", action="store_true", help="with a filter: do it (without, the tasks are only listed)")
     cancel.add_argument("--by", metavar="NAME", type=non_empty, help="who cancels (default: the login name)")
     add_authority_options(cancel, "cancellation")
     add_json(cancel, "{cancellation, children_cancelled, replaced_earlier_record, signed_with_key, written_to, run_already_ended}")
+
+    # -- retention: delete and prune -----------------------------------------------------------
+    delete = add(
+        "delete",
+        "delete one task whose run ended (its state, journal, blobs, control records, fleet row); prints what went",
+        "Delete TASK from the store: its state and journal, its large values, its control records, its "
+        "quarantine and its row in the fleet's queue, through the store's own delete_task. Refused (exit 1, "
+        "nothing deleted) for a task whose run has not ended (done, cancelled, limits-exhausted, blocked), "
+        "whose lease is live, or whose parent has not ended.",
+    )
+    add_store(delete, task=True)
+    add_json(delete, "{task_id, status, revision, removed}")
+
+    prune = add(
+        "prune",
+        "delete the tasks whose run ended before a moment (--before 30d); prints what went",
+        "Delete every task whose run ended (done, cancelled, limits-exhausted, blocked; or the --status given) "
+        "and whose last update is before --before, as `longrun delete` does each. Never a task that has not "
+        "ended, one whose lease is live, or a child whose parent has not ended. --dry-run lists only.",
+    )
+    add_store(prune, task=False)
+    prune.add_argument(
+        "--before", metavar="DURATION|TIME", type=moment("--before"), required=True,
+        help="only tasks last updated before this: a duration back from now (30d, 12h) or a time (2026-11-01)",
+    )  # fmt: skip
+    add_task_filters(prune, _ENDED_STATUSES, "only")
+    prune.add_argument("--dry-run", action="store_true", help="list what would be deleted; delete nothing")
+    add_json(prune, "{before, filter, dry_run, would_delete, deleted [{task_id, status, revision, removed}], skipped}")
 
     repair = add(
         "repair",

@@ -54,7 +54,7 @@ from ._common import (
     CliError, ExitCode, TaskCodeError, checked_task, close_store, evidence_line, name_store, open_store, store_label, write_json,
 )  # fmt: skip
 
-__all__ = ["STATUS_EXIT", "cmd_resume", "cmd_resume_task", "cmd_start", "load_target", "recorded_function"]
+__all__ = ["STATUS_EXIT", "cmd_resume", "cmd_resume_task", "cmd_start", "load_target", "recorded_function", "run_recorded_once"]
 
 STATUS_EXIT: dict[Status, ExitCode] = {Status.DONE: ExitCode.OK, **dict.fromkeys(ENDED_UNFINISHED, ExitCode.ENDED)}
 """Every status not listed exits ``ExitCode.NOT_AS_ASKED`` (1): a later run continues it."""
@@ -244,6 +244,20 @@ def cmd_start(
             "(`longrun worker STORE --import MODULE`), or `longrun resume STORE TASK`\n"
         )
     return ExitCode.OK
+
+
+def run_recorded_once(store: Any, label: str, task_id: str, paths: Sequence[str], err: TextIO) -> RunOutcome:
+    """Run a durable function's task once against ``store`` (not the store the function was decorated
+    with), with the arguments it records: the console's "run once". The function's module is imported
+    from ``paths`` and the current directory; its own exception is a ``TaskCodeError``."""
+    function, args, kwargs = recorded_function(store, label, task_id, paths, err, False)
+    try:
+        outcome: RunOutcome = function.with_options(store=store).run(task_id, *args, **kwargs)
+    except (LongrunError, OSError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        raise TaskCodeError(f"{function.name}: the function raised {_explain(exc)}") from exc
+    return outcome
 
 
 def cmd_resume_task(

@@ -31,7 +31,7 @@ import stat
 from typing import Sequence
 
 __all__ = [
-    "FileIO", "ensure_dir", "ensure_dirs", "lexists", "read_file", "read_prefix", "read_small", "read_small_fd", "read_upto", "write_all",
+    "FileIO", "ensure_dir", "ensure_dirs", "lexists", "read_file", "remove_tree", "read_prefix", "read_small", "read_small_fd", "read_upto", "write_all",
     "write_all_at", "write_atomic", "write_new_files",
 ]  # fmt: skip
 
@@ -89,6 +89,13 @@ class FileIO:
     def mkdir(self, path: str, mode: int = 0o700) -> None:
         os.mkdir(path, mode)
 
+    def rmdir(self, path: str) -> None:
+        os.rmdir(path)
+
+    def utime(self, path: str) -> None:
+        """Set the access and modification times of ``path`` to now (following a link)."""
+        os.utime(path)
+
     def listdir(self, path: str) -> list[str]:
         return os.listdir(path)
 
@@ -141,6 +148,31 @@ def ensure_dir(io: FileIO, path: str, mode: int = 0o700) -> None:
         return
     io.chmod(path, mode)  # mkdir's mode is filtered by the umask
     io.fsync_dir(os.path.dirname(path) or ".")
+
+
+def remove_tree(io: FileIO, path: str) -> list[str]:
+    """Delete the directory ``path`` and everything in it, depth first, never following a symbolic
+    link (a link is unlinked, not entered); return the files removed. A name already gone is skipped."""
+    removed: list[str] = []
+    try:
+        names = io.listdir(path)
+    except FileNotFoundError:
+        return removed
+    for name in sorted(names):
+        child = os.path.join(path, name)
+        try:
+            info = io.lstat(child)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(info.st_mode):
+            removed += remove_tree(io, child)
+        else:
+            with contextlib.suppress(FileNotFoundError):  # gone already: what was asked
+                io.unlink(child)
+                removed.append(child)
+    with contextlib.suppress(FileNotFoundError):
+        io.rmdir(path)
+    return removed
 
 
 def ensure_dirs(io: FileIO, path: str) -> None:

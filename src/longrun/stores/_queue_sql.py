@@ -19,7 +19,10 @@ from typing import Any, Callable
 from ..contract import INTERNAL_PREFIX
 from ..errors import InvalidInputError
 
-__all__ = ["FUNCTION_STEP", "NOTIFY_CHANNEL", "Dialect", "PostgresDialect", "SqliteDialect", "tables"]
+__all__ = ["FUNCTION_STEP", "NOTIFY_CHANNEL", "SIDE_FILE", "Dialect", "PostgresDialect", "SqliteDialect", "delete_side_row", "tables"]
+
+SIDE_FILE = ".fleet.sqlite"
+"""The JSON-file store's fleet tables, in its root: a dot name is never a task id."""
 
 NOTIFY_CHANNEL = "longrun_fleet"
 FUNCTION_STEP = INTERNAL_PREFIX + "function"
@@ -269,6 +272,34 @@ class SqliteDialect(Dialect):
 
     def describe(self) -> str:
         return self._label
+
+
+def delete_side_row(root: str, task_id: str) -> bool:
+    """Delete a task's row from the fleet tables beside a JSON-file store's tasks (``SIDE_FILE`` in
+    ``root``), if that file and its queue table exist; True if a row went. For ``delete_task``:
+    the store cannot hold a ``TaskQueue`` (the queue module knows the stores, not the reverse)."""
+    from ..errors import StorageError
+
+    path = os.path.join(root, SIDE_FILE)
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise StorageError(f"cannot look at the fleet tables {path}: {exc}") from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise InvalidInputError(f"{path!r} is not a regular file (symlinks are refused)")
+    try:
+        connection = sqlite3.connect(path, timeout=30.0, isolation_level=None)
+        try:
+            connection.execute("PRAGMA busy_timeout=30000")
+            if connection.execute("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'longrun_queue'").fetchone()[0] == 0:
+                return False
+            return bool(connection.execute("DELETE FROM longrun_queue WHERE task_id = ?", (task_id,)).rowcount == 1)
+        finally:
+            connection.close()
+    except (sqlite3.Error, OSError) as exc:
+        raise StorageError(f"cannot delete the fleet row of task {task_id!r} in {path}: {exc}") from exc
 
 
 def tables(dialect: Dialect) -> list[str]:

@@ -552,6 +552,35 @@ class SqlStore(BaseStore):
                 (approval.task_id, approval.approval_id, body),
             )
 
+    # -- deletion -----------------------------------------------------------------------------
+
+    _TASK_TABLES = (
+        "longrun_effects", "longrun_blobs", "longrun_plans", "longrun_states", "longrun_approvals",
+        "longrun_cancellations", "longrun_messages", "longrun_quarantine", "longrun_leases",
+    )  # fmt: skip
+
+    def _delete_task(self, task_id: str) -> list[str]:
+        """Every row of the task, and its fleet queue row where the fleet's tables are in this
+        database, deleted in the task's one transaction: it commits whole or not at all. A blob
+        row belongs to one task (its key holds the task id), so no other task loses one."""
+        removed = []
+        for table in self._TASK_TABLES:
+            count = int(self._db.run(f"DELETE FROM {table} WHERE task_id = ?", (task_id,)).rowcount)
+            if count > 0:
+                removed.append(f"{table}: {count} row{'s' if count != 1 else ''}")
+        if self._db.one(self._queue_table_sql()) is not None:
+            if int(self._db.run("DELETE FROM longrun_queue WHERE task_id = ?", (task_id,)).rowcount) > 0:
+                removed.append("longrun_queue: its row")
+        self._db.run("DELETE FROM longrun_tasks WHERE task_id = ?", (task_id,))
+        removed.append("longrun_tasks: its row")
+        self._stored_steps.pop(task_id, None)
+        self._stored_outlines.pop(task_id, None)
+        self._blobs.pop(task_id, None)
+        return removed
+
+    def _queue_table_sql(self) -> str:
+        """A row if the fleet's queue table exists in this database (``stores.queue``)."""
+        raise NotImplementedError
     # -- messages -----------------------------------------------------------------------------
 
     def _message_with_key(self, task_id: str, key: str) -> Message | None:

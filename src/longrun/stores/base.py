@@ -51,10 +51,16 @@ Invariants every store built on ``BaseStore`` keeps (the tests are built to brea
    transaction (``send_message``): numbers follow the order the sends commit, with no gap and no
    repeat, and a key is stored once. Messages are never fenced (anyone may send) and never marked
    consumed here: the receiver records which it took in its own state (``longrun.messages``).
+10. A task is deleted (``delete_task``) only inside its exclusive transaction, only if its state
+   loads with an ended status (``outcome.TERMINAL``) and its lease is neither live by the store's
+   clock nor held by a live process on this machine; its id then starts afresh. Each store's
+   ``_delete_task`` says what a crash in the middle leaves: the whole task, or nothing that loads
+   as one.
 
 A subclass supplies the primitives: a per-task exclusive transaction, reading and writing the
 lease record (and moving a damaged one aside), reading (and repairing) and writing the state, and
-the control records, the mailbox; a store on this machine's file system also gives ``_holders``.
+the control records, the mailbox, the deletion; a store on this machine's file system also gives
+``_holders``.
 
 One concept, the rules every store keeps, so one module, and a long one: each rule above is
 written here once, over primitives, so that no backend restates (and could weaken) one.
@@ -84,10 +90,12 @@ from ..errors import (
     SizeLimitError,
     StateUnrecoverableError,
     StorageError,
+    TaskNotFinishedError,
 )
 from ..lease import RELEASED, Lease, LeaseRepair, MonotonicReading
 from ..messages import MAX_MESSAGES, Delivery, Message, check_topic
-from ..protocols import LoadResult
+from ..outcome import TERMINAL
+from ..protocols import LoadResult, TaskDeletion
 from ._holders import HolderLocks
 
 __all__ = ["BaseStore", "Witness", "lost_records_message"]
@@ -207,6 +215,14 @@ class BaseStore:
 
     def list_tasks(self) -> list[str]:
         raise NotImplementedError
+
+    def _delete_task(self, task_id: str) -> list[str]:
+        """Remove the task, inside its exclusive transaction, so that a crash leaves the whole task
+        or nothing that loads as one; return what was removed. ``_after_delete`` runs after."""
+        raise NotImplementedError
+
+    def _after_delete(self, task_id: str) -> None:
+        """Clean-up once the task's transaction has ended (files set aside by ``_delete_task``)."""
 
     def _message_with_key(self, task_id: str, key: str) -> Message | None:
         """The task's message with ``key``, if any; called inside the task's exclusive transaction."""
@@ -454,6 +470,41 @@ class BaseStore:
             "task %s: damaged lease record moved to %s; a released lease at epoch %d written (%s)", task_id, quarantined, floor, damage
         )
         return LeaseRepair(lease=lease.without_token(), quarantined=quarantined, damage=damage)
+
+    def delete_task(self, task_id: str, now: float) -> TaskDeletion:
+        """Delete a task whose run has ended and whose lease is not live (see ``Store.delete_task``).
+
+        Checked and done inside the task's exclusive transaction, so no run can take the lease in
+        between: the lease must be released or expired by the store's clock (``_clock(now)``) and
+        not held by a live process on this machine (``LeaseHeldError``), and the state must load
+        with a terminal status (``TaskNotFinishedError``; a damaged state raises as a load does).
+        What a crash in the middle leaves is each store's ``_delete_task``'s to say."""
+        check_task_id(task_id)
+        with self._transaction(task_id, create=False):
+            now = self._clock(now)
+            lease = self._get_lease(task_id)
+            if lease is not None and not lease.expired(now, None):
+                raise LeaseHeldError(
+                    f"task {task_id!r} is leased to {lease.owner!r} (epoch {lease.epoch}) for "
+                    f"{lease.remaining(now, None):.1f}s more; nothing was deleted",
+                    holder=lease.without_token(),
+                )
+            if self._holders is not None and self._holders.someone_holds(task_id):
+                raise LeaseHeldError(f"task {task_id!r}: a process on this machine holds its lease's lock; nothing was deleted")
+            state = self._get_state(task_id, repair=False).state
+            status = state.status.value if state is not None else "new"
+            if state is None or state.status not in TERMINAL:
+                raise TaskNotFinishedError(
+                    f"task {task_id!r} is {status}, not ended (done, cancelled, limits-exhausted or blocked): "
+                    "only a task whose run has ended can be deleted; nothing was deleted",
+                    status=status,
+                )
+            removed = self._delete_task(task_id)
+        for cache in (self._revisions, self._committed, self._poisoned):
+            cache.pop(task_id, None)
+        self._after_delete(task_id)
+        log.info("task %s deleted (%s at revision %d)", task_id, status, state.revision, extra={"task": task_id})
+        return TaskDeletion(task_id, status, state.revision, tuple(removed))
 
     def load(self, task_id: str, *, lease: Lease | None = None) -> LoadResult:
         """Read the task's state. With a lease (checked), damaged files are also quarantined."""

@@ -31,7 +31,8 @@ it: one record for the approvals directory, and for a cancellation a record that
 
 Writing makes the missing directories (``dir_mode``) and replaces the record with ``write_atomic``
 (``file_mode``): owner-only in a store; readable by others in a control area that another account
-writes and the runner reads. A write needs the root to exist.
+writes and the runner reads. A write needs the root to exist. It then touches the root's times, so
+that a worker watching the root (``longrun.worker``) sees at once that a record arrived.
 
 Not checked: the directories above the root, and ACL entries beyond the mode bits. The checks on
 directories while writing are ``lstat`` calls before use: someone who can swap a directory in
@@ -43,6 +44,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import logging
 import os
 import stat
 import threading
@@ -62,6 +64,8 @@ __all__ = ["APPROVALS", "CANCEL", "CONTROL", "MAX_APPROVAL_FILES", "MAX_RECORD_B
 CONTROL = "control"
 APPROVALS = "approvals"
 CANCEL = "cancel.json"
+log = logging.getLogger("longrun")
+
 MAX_APPROVAL_FILES = 1000
 MAX_HELD_DIRECTORIES = 64
 """The task ``control`` directories a ``ControlFiles`` made with ``hold_directories`` keeps open."""
@@ -124,6 +128,14 @@ class ControlFiles:
     def holds(self, task_id: str) -> bool:
         """Whether the task's ``control`` directory is held open (see ``hold_directories``)."""
         return task_id in self._held
+
+    def forget(self, task_id: str) -> None:
+        """Close the task's held ``control`` directory, if held (the task was deleted: a task made
+        again under its id has a directory of its own)."""
+        with self._held_lock:
+            fd = self._held.pop(task_id, None)
+        if fd is not None:
+            self.io.close(fd)
 
     def close(self) -> None:
         """Close the directories held open; the object stays usable."""
@@ -323,7 +335,17 @@ class ControlFiles:
             raise
         except OSError as exc:
             raise StorageError(f"cannot write {path}: {exc}") from exc
+        self._signal()
         return path
+
+    def _signal(self) -> None:
+        """Touch the root's times, so that a worker watching only the root (one ``stat`` per look)
+        sees that a record arrived. A root this account may not touch is only noted: the record is
+        written, and the worker's slower sweep of the task directories finds it."""
+        try:
+            self.io.utime(self.root)
+        except OSError as exc:
+            log.debug("control root %s: its times could not be touched (%s); workers find the record on their next sweep", self.root, exc)
 
 
 class FileControlSource:
@@ -382,6 +404,10 @@ class FileControlSource:
 
     def read_cancellation(self, task_id: str) -> ControlRecord | None:
         return self._files.read_cancellation(task_id)
+
+    def watch_roots(self) -> tuple[str, ...]:
+        """The control root, which a worker watches for new records (``protocols.WatchedSource``)."""
+        return (self.control_root,)
 
     def write_approval(self, approval: Approval) -> str:
         """Write ``approval`` as the calling account; return the file's path. The root must exist."""

@@ -130,6 +130,9 @@ class PostgresStore(SqlStore):
     def _schema_table_sql(self) -> str:
         return "SELECT to_regclass('longrun_schema') IS NOT NULL"
 
+    def _queue_table_sql(self) -> str:
+        return "SELECT 1 WHERE to_regclass('longrun_queue') IS NOT NULL"
+
     def _now_sql(self) -> str:
         return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
 

@@ -61,14 +61,12 @@ from ..errors import CorruptStateError, InvalidInputError, LongrunError, SchemaV
 from ..outcome import TERMINAL
 from ..protocols import Store
 from ._fileio import FileIO, ensure_dirs
-from ._queue_sql import FUNCTION_STEP, NOTIFY_CHANNEL, Dialect, PostgresDialect, SqliteDialect, tables
+from ._queue_sql import FUNCTION_STEP, NOTIFY_CHANNEL, SIDE_FILE, Dialect, PostgresDialect, SqliteDialect, tables
 
 __all__ = ["SCHEMA_VERSION", "Claim", "QueueEntry", "SlotHold", "TaskQueue", "WorkerRecord", "open_queue"]
 
 log = logging.getLogger("longrun")
 
-SIDE_FILE = ".fleet.sqlite"
-"""The JSON-file store's fleet tables, in its root: a dot name is never a task id."""
 _WAITING_ON_CHILD = "waiting-on-child"
 
 
@@ -322,6 +320,33 @@ class _Tables:
         )
         return 1 if cursor.rowcount == 1 else 0
 
+    def exists(self) -> bool:
+        """Whether the tables were made (a read that creates nothing; a JSON-file store's side file
+        that does not exist is not created)."""
+        if not self.dialect.in_store and isinstance(self.dialect, SqliteDialect) and not os.path.exists(self.dialect.path):
+            return False
+        with self._lock:
+            if self._ready:
+                return True
+            errors = self.dialect.errors()
+            if self.dialect.in_store:
+                self.store.list_tasks()  # the store's own check of its database first
+            try:
+                connection = self.dialect.connect()
+            except LongrunError:
+                raise
+            except Exception as exc:
+                raise StorageError(f"{self!r}: cannot connect: {exc}") from exc
+            try:
+                cursor = connection.cursor()
+                cursor.execute(self.dialect.schema_exists_sql())
+                return bool(cursor.fetchone()[0])
+            except errors as exc:
+                raise StorageError(f"{self!r}: cannot look for the fleet tables: {exc}") from exc
+            finally:
+                with contextlib.suppress(Exception):
+                    connection.close()
+
     def notify(self) -> None:
         if self.dialect.notify:
             self.run(f"SELECT pg_notify('{NOTIFY_CHANNEL}', '')")
@@ -524,6 +549,31 @@ class TaskQueue:
             for r in rows
         ]
 
+    def change_count(self) -> int | None:
+        """A number that changes whenever another connection commits to the tables' database (SQLite's
+        ``PRAGMA data_version``: one read of the file's header, no table read), for a watcher that
+        polls; None where notifications do that job (PostgreSQL)."""
+        if self._tables.dialect.notify:
+            return None
+        with self._tables.session("read the change counter", write=False):
+            row = self._tables.one("PRAGMA data_version")
+        return int(row[0])
+
+    def watched(self, functions: Iterable[str]) -> list[tuple[str, bool]]:
+        """(task id, parked) for every row of ``functions`` whose last outcome was not terminal:
+        the tasks a control record may wake. Parked: no due time (it waits for something)."""
+        names = sorted(set(functions))
+        if not names:
+            return []
+        marks = ", ".join("?" for _ in names)
+        ended = ", ".join("?" for _ in _TERMINAL_VALUES)
+        with self._tables.session("list the watched tasks", write=False):
+            rows = self._tables.rows(
+                f"SELECT task_id, wake_at IS NULL FROM longrun_queue WHERE function IN ({marks}) AND status NOT IN ({ended})",
+                (*names, *_TERMINAL_VALUES),
+            )
+        return [(str(row[0]), bool(row[1])) for row in rows]
+
     # -- polling for a store without triggers (the JSON-file store) -----------------------------
 
     def fingerprint(self, task_id: str) -> str | None:
@@ -618,6 +668,13 @@ class TaskQueue:
                 "THEN longrun_workers.started_at ELSE excluded.started_at END",
                 (name, host, pid, heartbeat_s, state, concurrency, running, listed),
             )
+
+    def live_workers(self, function: str) -> list[WorkerRecord]:
+        """The workers alive now that run ``function``; none where the fleet's tables were never made
+        (made by nothing here: a read-only look)."""
+        if not self._tables.exists():
+            return []
+        return [record for record in self.workers() if record.alive and function in record.functions]
 
     def workers(self) -> list[WorkerRecord]:
         """Every worker that has recorded a heartbeat, alive or not, ordered by name."""

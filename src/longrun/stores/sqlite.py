@@ -260,3 +260,20 @@ class SqliteStore(SqlStore):
     def _now_sql(self) -> str:
         return "((julianday('now') - 2440587.5) * 86400.0)"
 
+    def _queue_table_sql(self) -> str:
+        return "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'longrun_queue'"
+
+    def _delete_task(self, task_id: str) -> list[str]:
+        """The rows (see ``SqlStore._delete_task``), and first the witness file: removed inside the
+        transaction, before its COMMIT, so a crash between the two leaves the task whole without a
+        witness (a floor it no longer needs), never a witness naming revisions of a task that is gone."""
+        path = os.path.join(self.witness_dir, task_id + ".json")
+        removed = []
+        try:
+            self._io.unlink(path)
+            self._io.fsync_dir(self.witness_dir)
+            removed.append(path)
+        except FileNotFoundError:
+            pass
+        return removed + super()._delete_task(task_id)
+

@@ -237,6 +237,13 @@ class MemoryStore(BaseStore):
         with self._transaction(approval.task_id, create=False):
             self._touch("write-control", approval.task_id).approvals[approval.approval_id] = data
 
+    def _delete_task(self, task_id: str) -> list[str]:
+        """The task's records go with one dictionary deletion, under the lock every access takes."""
+        self._touch("delete", task_id)
+        with self._tasks.lock:
+            del self._tasks.records[task_id]
+        self._codecs.pop(task_id, None)
+        return [f"the records of task {task_id}"]
     # -- messages (``BaseStore`` holds the task's transaction) ---------------------------------------
 
     def _stored_messages(self, task_id: str) -> list[Message]:

@@ -21,6 +21,12 @@ Not guaranteed: that a function's code between two steps is cut short (it runs t
 ``run.*`` call), or that a child task driven by its parent's run drains by itself (the parent stops
 at its next step after the child's run returns).
 
+Waking: a row made due at once (an approval, an answer or a cancellation written to the store, a
+child that ended) wakes idle workers through PostgreSQL's ``NOTIFY``; elsewhere, and for control
+records written as files under a control root or the JSON-file store, a ``_watch.ControlWatch``
+thread looks at most every 250 ms (the queue's change counter, the roots' directory times) and
+wakes the task whose record arrived, so it runs within a second rather than at the next poll.
+
 How one claimed task is run, and when it is due next, is ``_runs.ClaimRunner``, which a ``Worker`` holds.
 """
 
@@ -43,6 +49,7 @@ from ..protocols import Store
 from ..stores.queue import Claim, TaskQueue, open_queue
 from ._limits import SlotKeeper
 from ._runs import ClaimRunner, Disposition
+from ._watch import ControlWatch, watch_roots
 
 __all__ = ["Worker", "WorkerReport"]
 
@@ -163,6 +170,8 @@ class Worker:
         listening = threading.Event()
         listener: threading.Thread | None = None
         listen_queue: TaskQueue | None = None
+        watcher: threading.Thread | None = None
+        watch_queue: TaskQueue | None = None
         heartbeat: asyncio.Task[None] | None = None
 
         async def in_queue(call: Callable[..., T], *args: Any) -> T:
@@ -181,6 +190,12 @@ class Worker:
                     target=listen_queue.listen, args=(woken, listening), name="longrun-listen", daemon=True
                 )
                 listener.start()
+            watch = self._control_watch()
+            if watch is not None:
+                watch_queue = watch.queue
+                woken_by_watch = lambda: loop.call_soon_threadsafe(self._nudge)  # noqa: E731
+                watcher = threading.Thread(target=watch.run, args=(woken_by_watch, listening), name="longrun-watch", daemon=True)
+                watcher.start()
             await in_queue(self._heartbeat, "running")
             log.info(
                 "worker %s: serving %s, up to %d at once", self.name, ", ".join(sorted(self.functions)), self.concurrency,
@@ -201,7 +216,9 @@ class Worker:
                 await in_queue(self._heartbeat, "stopped")
             except LongrunError as exc:
                 log.warning("worker %s: could not record that it stopped: %s", self.name, exc)
-            await asyncio.to_thread(self._close, [pool, queue_thread], listener, [self._queue, self._slot_queue, listen_queue])
+            await asyncio.to_thread(
+                self._close, [pool, queue_thread], [listener, watcher], [self._queue, self._slot_queue, listen_queue, watch_queue]
+            )
             if handle_signals:
                 for signum in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(signum)
@@ -209,16 +226,30 @@ class Worker:
         return WorkerReport(self.name, self._runs, dict(self._statuses), self._runner.drained)
 
     def _close(
-        self, pools: list[concurrent.futures.ThreadPoolExecutor], listener: threading.Thread | None, queues: list[TaskQueue | None]
+        self, pools: list[concurrent.futures.ThreadPoolExecutor], threads: list[threading.Thread | None], queues: list[TaskQueue | None]
     ) -> None:
         for pool in pools:
             pool.shutdown(wait=True)
-        if listener is not None:
-            listener.join(timeout=5.0)
+        for thread in threads:
+            if thread is not None:
+                thread.join(timeout=5.0)
         for queue in queues:
             if queue is not None:
                 queue.close()
         self._runner.close_stores()
+
+    def _control_watch(self) -> ControlWatch | None:
+        """The watch of the queue's change counter and of the functions' control roots (``_watch``),
+        or None where notifications are enough (PostgreSQL, no control files to watch)."""
+        sources: list[object] = []
+        for function in self.functions.values():
+            options = function.engine_options
+            sources += [options.get("approvals") or self.store, options.get("cancellations") or self.store]
+        roots = watch_roots(sources)
+        if self._queue.notifies and not roots:
+            return None
+        store_roots = watch_roots([self.store])
+        return ControlWatch(open_queue(self.store), sorted(self.functions), roots, store_roots=store_roots, sweep_s=self.rescan_s)
 
     def _nudge(self) -> None:
         if self._wake is not None:

@@ -19,6 +19,9 @@ Layout under ``root`` (directories 0700, files 0600)::
         control/approvals/<approval id>.json
         messages/<seq>.<key digest>.json    the task's mailbox, one file per message (``_mailbox``)
         quarantine/         damaged files, moved aside with a timestamp, never deleted
+    .deleted.<task id>.<random>/
+                            a task being deleted (``delete_task``): renamed here in one step, then
+                            removed; never listed or loaded (a dot name is never a task id)
 
 A commit writes one line naming only what changed (the header fields that differ, the effect
 records the caller names in ``changed``) into the journal, then calls ``fdatasync``: O(1) bytes and

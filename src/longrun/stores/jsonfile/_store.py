@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import os
+import secrets
 from typing import Collection
 
 from ...approval import Approval
@@ -22,8 +23,9 @@ from ...lease import Lease
 from ...messages import Message
 from ...protocols import LoadResult
 from .. import _journal as journal
-from .._fileio import FileIO, read_small, read_small_fd, write_atomic
+from .._fileio import FileIO, read_small, read_small_fd, remove_tree, write_atomic
 from .._holders import HolderLocks
+from .._queue_sql import delete_side_row
 from ..base import BaseStore
 from ..controlfiles import ControlFiles
 from ._handles import Handles, Held, Transaction, lease_key
@@ -96,6 +98,8 @@ class JsonFileStore(BaseStore):
         self._control = ControlFiles(self.root, io=self.io, hold_directories=True)
         self._mailbox = Mailbox(self.root, self.io)
         self._leases: dict[str, tuple[bytes, Lease]] = {}
+        self._deleting: dict[str, str] = {}
+        """Task id -> the directory its deletion set aside, between ``_delete_task`` and ``_after_delete``."""
         self._holders = HolderLocks(lambda task_id: os.path.join(self.task_dir(task_id), HOLDER_LOCK))
 
     def __repr__(self) -> str:
@@ -279,6 +283,47 @@ class JsonFileStore(BaseStore):
         self._known(approval.task_id)
         self._control.write_approval(approval)
 
+    def watch_roots(self) -> tuple[str, ...]:
+        """The store root: its tasks' control records are files under it (``protocols.WatchedSource``)."""
+        return (self.root,)
+
+    # -- deletion -----------------------------------------------------------------------------
+
+    DELETED_PREFIX = ".deleted."
+    """A task directory being deleted is first renamed to ``.deleted.<task id>.<random>`` in the root."""
+
+    def _delete_task(self, task_id: str) -> list[str]:
+        """One rename takes the whole task directory out of the store (to a dot name, which is never
+        a task id: no listing or load reads it), made durable by an fsync of the root; its files are
+        removed after the transaction (``_after_delete``). A crash before the rename's fsync leaves
+        the task whole; after it, at most a ``.deleted.*`` directory that nothing reads, removed by
+        hand or left."""
+        directory = self.task_dir(task_id)
+        trash = os.path.join(self.root, f"{self.DELETED_PREFIX}{task_id}.{secrets.token_hex(4)}")
+        try:
+            self.io.replace(directory, trash)
+            self.io.fsync_dir(self.root)
+        except OSError as exc:
+            raise StorageError(f"cannot delete task {task_id!r} in {self.root}: {exc}") from exc
+        self._deleting[task_id] = trash
+        return [directory + os.sep]
+
+    def _after_delete(self, task_id: str) -> None:
+        trash = self._deleting.pop(task_id, None)
+        gate = self._enter_gate(task_id)
+        try:
+            self._writing.drop(task_id)
+            self._handles.drop(task_id)
+        finally:
+            self._leave_gate(task_id, gate)
+        self._control.forget(task_id)
+        self._leases.pop(task_id, None)
+        if trash is not None:
+            try:
+                remove_tree(self.io, trash)
+            except OSError as exc:
+                raise StorageError(f"task {task_id!r} is deleted, but its files in {trash} could not all be removed: {exc}") from exc
+        delete_side_row(self.root, task_id)
     # -- messages (``_mailbox``; the task's flock is held by ``BaseStore``) ----------------------
 
     def _message_with_key(self, task_id: str, key: str) -> Message | None:

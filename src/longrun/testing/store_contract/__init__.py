@@ -10,7 +10,9 @@ The suite drives only the ``Store`` protocol: leases (exclusion, takeover, epoch
 increase, renewal, release), fencing of every mutating call that carries a lease (commit, renew,
 release, repairing load: ``FencedError`` and nothing changed), revisions, the atomicity of a
 commit, the round trip of a ``RunState`` written record by record, cancellation and approval
-records, messages (numbered in send order, one per key), unknown tasks and unsafe task ids, and concurrent acquirers on separate instances.
+records, messages (numbered in send order, one per key), unknown tasks and unsafe task ids,
+concurrent acquirers on separate instances, and the deletion of an ended task (whole, its id free
+again; refused for a task live or not ended).
 
 What only the store can do is asked through hooks; a hook a store does not provide skips the tests
 that need it (so a skip here is a gap in the store's own tests, not a pass):
@@ -44,6 +46,7 @@ exclusion across machines (the PostgreSQL store's own tests race processes with 
 from ._base import sample_state
 from ._blobs import BlobContract
 from ._control import ControlContract
+from ._deletion import DeletionContract
 from ._leases import LeaseContract
 from ._messages import MessageContract
 from ._states import StateContract
@@ -51,5 +54,5 @@ from ._states import StateContract
 __all__ = ["StoreContract", "sample_state"]
 
 
-class StoreContract(LeaseContract, StateContract, ControlContract, BlobContract, MessageContract):
+class StoreContract(LeaseContract, StateContract, ControlContract, BlobContract, MessageContract, DeletionContract):
     """The contract every store passes. Mix into ``unittest.TestCase``; see the module docstring."""
