@@ -772,6 +772,33 @@ class OperatorBrowserTests(BrowserCase):
     def store_approvals(self, task_id: str = "gated") -> list[Approval]:
         return [Approval.from_json(record.body) for record in self.store().read_approvals(task_id)]
 
+    def test_run_once_in_the_browser(self) -> None:
+        module_dir = self.path("modules")
+        os.mkdir(module_dir)
+        name = "console_browser_once_" + os.path.basename(self.tmp).replace("-", "_")
+        store = (f"longrun.SqliteStore({self.path('store.sqlite')!r}, create=True)" if self.store_kind == "sqlite"
+                 else f"longrun.JsonFileStore({self.store_dir!r}, create=True)")  # fmt: skip
+        with open(os.path.join(module_dir, name + ".py"), "w", encoding="utf-8") as handle:
+            handle.write(
+                "import longrun\n"
+                "from longrun.testing import OutboxAdapter\n"
+                f"@longrun.durable(store={store}, adapters={{'send': OutboxAdapter({self.outbox!r})}}, allowed_actions=('send',))\n"
+                "def job(run, to):\n"
+                "    run.effect('mail', 'send', {'to': to})\n"
+                "    return to\n"
+            )
+        sys.path.insert(0, module_dir)
+        self.addCleanup(sys.path.remove, module_dir)
+        self.addCleanup(sys.modules.pop, name, None)
+        __import__(name).job.start("queued", "ann")
+        server = self.serve(refresh_s=0)
+        self.open(server, "/task/queued")
+        self.assertIn("No live worker runs", self.by("main").text)
+        self.click_and_wait(self.by('button[value="run"]'))
+        self.assertIn("Ran the task once here", self.by(".notice").text)
+        self.assertIn("done", self.by(".status").text)
+        self.assertEqual(OutboxAdapter(self.outbox).counts()["queued/mail"], 1)
+
 
 class SqliteOperatorBrowserTests(OperatorBrowserTests):
     store_kind = "sqlite"
