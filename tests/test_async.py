@@ -218,6 +218,24 @@ class StoreCases(AsyncCase):
         self.assertEqual(target.total(), 24)
         self.assertTrue(all(record.state is EffectState.VERIFIED for record in self.state("fan").effects.values()))
 
+    def test_an_action_the_contract_does_not_allow_stops_unsafe_committed_and_applies_nothing(self) -> None:
+        # The refusal is recorded where the face checks it (on the loop, no I/O) and committed by the
+        # async driver as the stop unwinds.
+        target = AsyncTarget()
+
+        @self.durable({"t": target, "mail.send": target}, allowed_actions=("t",))
+        async def agent(run: longrun.AsyncRun) -> None:
+            await run.effect("note", "t", {"n": 1})
+            await run.effect("mail", "mail.send", {"n": 2})
+
+        outcome = agent.run("refused")
+        self.assertEqual(outcome.status, Status.UNSAFE_TO_CONTINUE, outcome.next_action)
+        self.assertIn("'mail'", outcome.next_action)
+        self.assertEqual(target.calls, Counter({"refused/note": 1}))
+        state = self.state("refused")
+        self.assertEqual((state.status, state.next_action), (Status.UNSAFE_TO_CONTINUE, outcome.next_action))
+        self.assertNotIn("mail", state.effects)
+
     def test_gather_of_async_effects_applies_each_once_and_replays_without_applying(self) -> None:
         self.check_gather(AsyncTarget(delay=0.01))
 

@@ -118,6 +118,50 @@ class FleetCommandCases(support.TempDirTest):
         self.assertIsNone(self.store.read_cancellation("q"))
         self.assertEqual(sum(self.outbox.counts().values()), 0)
 
+    def test_bulk_reopen_lists_without_yes_then_reopens_ended_tasks_which_finish(self) -> None:
+        pay, quick, _ = self.functions()
+        for i in range(3):
+            pay.run(f"pay-{i}", i)
+        quick.run("q")
+        code, _, err = run_cli("cancel", self.spec, "--status", "awaiting-approval", "--yes")
+        self.assertEqual((code, err), (0, ""))
+        for i in range(3):
+            self.assertEqual(pay.run(f"pay-{i}", i).status.value, "cancelled")
+        queue = open_queue(self.store)
+        self.addCleanup(queue.close)
+        for i in range(3):
+            queue.enqueue(f"pay-{i}", pay.name)
+        for claim in queue.claim("a-worker", [pay.name], 3, 60.0):  # as a worker leaves a cancelled task: parked
+            queue.finish(claim, "cancelled")
+        self.assertEqual([entry.due_in_s for entry in queue.entries([f"pay-{i}" for i in range(3)])], [None] * 3)
+        code, out, err = run_cli("resume", self.spec, "--reopen", "--status", "cancelled,done", "--reason", "card service fixed")
+        self.assertEqual((code, err), (0, ""))
+        self.assertIn("3 tasks match", out)
+        self.assertIn("left alone: q: done: only a task that ended unfinished is reopened", out)
+        self.assertEqual([self.status(f"pay-{i}") for i in range(3)], ["cancelled"] * 3, "nothing is written without --yes")
+        self.assertEqual(pay.run("pay-0", 0).status.value, "cancelled")
+        code, out, err = run_cli(
+            "resume", self.spec, "--reopen", "--match", "pay-*", "--reason", "card service fixed", "--by", "oncall", "--yes", "--json"
+        )
+        self.assertEqual((code, err), (0, ""))
+        report = json.loads(out)
+        self.assertEqual(sorted(item["task_id"] for item in report["done"]), ["pay-0", "pay-1", "pay-2"])
+        self.assertTrue(all(item["queued"] for item in report["done"]), "each is made due for a worker")
+        due = {entry.task_id: entry for entry in queue.entries([f"pay-{i}" for i in range(3)])}
+        self.assertEqual(len(due), 3)
+        for i in range(3):
+            due_in_s = due[f"pay-{i}"].due_in_s
+            self.assertTrue(due_in_s is not None and due_in_s <= 0, "due now")
+            outcome = pay.run(f"pay-{i}", i)
+            self.assertEqual(outcome.status.value, "awaiting-approval", "reopened: the run goes on to its approval")
+        self.assertEqual(sum(self.outbox.counts().values()), 0)
+        code, _, err = run_cli("resume", self.spec, "--match", "pay-*", "--yes")
+        self.assertEqual(code, 2)
+        self.assertIn("go with --reopen", err)
+        code, _, err = run_cli("resume", self.spec, "pay-0", "--reopen", "--match", "pay-*", "--reason", "x")
+        self.assertEqual(code, 2)
+        self.assertIn("not both", err)
+
     def test_bad_filters_are_usage_errors_and_nothing_is_written(self) -> None:
         pay, _, _ = self.functions()
         pay.run("pay-0", 0)

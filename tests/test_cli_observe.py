@@ -224,13 +224,13 @@ class WatchTests(CliCase):
     def test_the_view_shows_the_rate_and_time_left_of_a_plan_and_counts_for_a_durable_function(self) -> None:
         steps = [Step(f"s{i}", "send", {"n": i}) for i in range(4)] + [Step("gate", "send", {}, approval=True), Step("last", "send", {})]
         runner = self.runner("plan", steps)
-        original = runner.engine.adapters["send"].apply
+        original = runner.engine.config.adapters["send"].apply
 
         def slow_apply(request: EffectRequest) -> Receipt:
             self.clock.advance(2.0)
             return original(request)
 
-        runner.engine.adapters["send"].apply = slow_apply  # type: ignore[method-assign]
+        runner.engine.config.adapters["send"].apply = slow_apply  # type: ignore[method-assign]
         self.assertIs(runner.run().status, Status.AWAITING_APPROVAL)
         store = JsonFileStore(self.store_dir)
         state = store.load("plan").state
@@ -260,14 +260,14 @@ class ProgressTests(CliCase):
     def test_counts_for_a_declared_plan_and_a_rate_once_two_are_verified(self) -> None:
         steps = [Step(f"s{i}", "send", {"n": i}) for i in range(4)] + [Step("gate", "send", {}, approval=True), Step("last", "send", {})]
         runner = self.runner("p", steps)
-        original = runner.engine.adapters["send"].apply
+        original = runner.engine.config.adapters["send"].apply
         clock = self.clock
 
         def slow_apply(request: EffectRequest) -> Receipt:
             clock.advance(2.0)
             return original(request)
 
-        runner.engine.adapters["send"].apply = slow_apply  # type: ignore[method-assign]
+        runner.engine.config.adapters["send"].apply = slow_apply  # type: ignore[method-assign]
         self.assertIs(runner.run().status, Status.AWAITING_APPROVAL)
         state = JsonFileStore(self.store_dir).load("p").state
         assert state is not None

@@ -11,7 +11,7 @@ from collections import Counter
 from typing import Any
 
 from helpers import support  # noqa: F401  (puts src on the path)
-from longrun import EffectRequest, Observation, Receipt, RunContract, Runner, Status, Step
+from longrun import AsyncRun, EffectRequest, Observation, Receipt, RunContract, Runner, Status, Step, durable
 from longrun.control import ControlRecord
 from longrun.testing import MemoryStore
 
@@ -26,6 +26,8 @@ class SlowStore:
     def __init__(self) -> None:
         self._inner = MemoryStore()
         self.calls: Counter[str] = Counter()
+        self.threads: set[int] = set()
+        """The threads the calls were made in (never an event loop's)."""
         self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
@@ -36,6 +38,7 @@ class SlowStore:
         def slow(*args: Any, **kwargs: Any) -> Any:
             with self._lock:
                 self.calls[name] += 1
+                self.threads.add(threading.get_ident())
             time.sleep(STORE_CALL_S)
             return attribute(*args, **kwargs)
 
@@ -47,11 +50,13 @@ class SlowCancellations:
 
     def __init__(self) -> None:
         self.reads = 0
+        self.threads: set[int] = set()
         self._lock = threading.Lock()
 
     def read_cancellation(self, task_id: str) -> ControlRecord | None:
         with self._lock:
             self.reads += 1
+            self.threads.add(threading.get_ident())
         time.sleep(CANCELLATION_READ_S)
         return None
 
@@ -107,6 +112,48 @@ class AsyncDriverIOTests(unittest.TestCase):
         self.assertEqual(len(adapter.applied), TASKS)
         # Serialized on the loop this would take about TASKS times as long as one task.
         self.assertLess(together, 6 * alone, f"{TASKS} tasks took {together:.2f} s, one alone {alone:.2f} s")
+
+    def run_parents(self, count: int) -> tuple[float, SlowStore, SlowCancellations, int]:
+        """``count`` async durable functions on one loop, each starting an async child with one
+        effect; the elapsed time, the store, the cancellation source and the loop's thread."""
+        store, cancellations, adapter = SlowStore(), SlowCancellations(), QuickAdapter()
+        options: dict[str, Any] = {"store": store, "cancellations": cancellations, "adapters": {"send": adapter}}
+
+        @durable(**options)
+        async def child(run: AsyncRun, name: str) -> str:
+            await run.effect("send", "send", {"to": name})
+            return name
+
+        @durable(**options)
+        async def parent(run: AsyncRun, name: str) -> str:
+            return str(await run.child(f"{name}-child", child, name))
+
+        loop_thread = 0
+
+        async def together() -> list[Status]:
+            nonlocal loop_thread
+            loop_thread = threading.get_ident()
+            outcomes = await asyncio.gather(*(parent.arun(f"parent-{n}", f"p{n}") for n in range(count)))
+            return [outcome.status for outcome in outcomes]
+
+        started = time.monotonic()
+        statuses = asyncio.run(together())
+        elapsed = time.monotonic() - started
+        self.assertEqual(statuses, [Status.DONE] * count)
+        self.assertEqual(len(adapter.applied), count)
+        self.assertEqual(set(adapter.applied.values()), {1})
+        return elapsed, store, cancellations, loop_thread
+
+    def test_a_child_start_and_its_cancellation_read_are_performed_off_the_loop(self) -> None:
+        # The parent's start of a child reads the store (does the child wait on the parent?), reads
+        # its cancellation and commits; none of that may block the loop the other tasks share.
+        alone, store, cancellations, loop_thread = self.run_parents(1)
+        self.assertGreaterEqual(store.calls["load"], 3, store.calls)  # parent, child, the child's family read
+        self.assertGreaterEqual(cancellations.reads, 3, "the parent reads its cancellation before it starts the child")
+        self.assertNotIn(loop_thread, store.threads | cancellations.threads, "no store or control call on the loop's thread")
+        together, store, cancellations, loop_thread = self.run_parents(TASKS)
+        self.assertNotIn(loop_thread, store.threads | cancellations.threads, "no store or control call on the loop's thread")
+        self.assertLess(together, 6 * alone, f"{TASKS} parents took {together:.2f} s, one alone {alone:.2f} s")
 
 
 if __name__ == "__main__":

@@ -515,7 +515,7 @@ class LinearLoadTests(JournalCase):
             store.commit(lease, state, {step_id})
         store.close()
         counts = {"applied": 0, "records_built": 0, "bytes_read": 0}
-        real_apply, real_row = _journal.Replay.apply_record, _journal._rows.record_from_row
+        real_apply, real_row = _journal.Replay.apply_record, _journal.record_from_row
 
         def apply(replay: _journal.Replay, record: Any) -> None:
             counts["applied"] += 1
@@ -532,12 +532,12 @@ class LinearLoadTests(JournalCase):
                 return data
 
         _journal.Replay.apply_record = apply  # type: ignore[method-assign]
-        _journal._rows.record_from_row = record_from_row  # type: ignore[assignment]  # where build_state looks it up
+        _journal.record_from_row = record_from_row  # type: ignore[assignment]  # where build_state looks it up
         try:
             JsonFileStore(root, io=ReadCounter()).load(TASK)
         finally:
             _journal.Replay.apply_record = real_apply  # type: ignore[method-assign]
-            _journal._rows.record_from_row = real_row  # type: ignore[assignment]
+            _journal.record_from_row = real_row  # type: ignore[assignment]
         directory = os.path.join(root, TASK)
         counts["files"] = sum(os.path.getsize(os.path.join(directory, name)) for name in ("state.json", self.journals(root)[-1]))
         return counts
@@ -570,7 +570,7 @@ class FakeCollector:
 class CollectorPauseTests(unittest.TestCase):
     def test_overlapping_pauses_keep_the_collector_off_until_the_last_one_ends(self) -> None:
         collector = FakeCollector()
-        with unittest.mock.patch.object(_journal._lines, "gc", collector):
+        with unittest.mock.patch.object(_journal, "gc", collector):
             first, second = _journal.no_gc(), _journal.no_gc()
             first.__enter__()
             second.__enter__()  # another thread's load starts while the first is decoding
@@ -633,9 +633,9 @@ def first_format(data: bytes, *, snapshot: bool) -> bytes:
     if snapshot:
         del meta["checksum"]
         meta["fields"] = meta["fields"][:-1]
-        lines[0] = _journal._lines.meta_line(meta).rstrip(b"\n")
+        lines[0] = _journal.meta_line(meta).rstrip(b"\n")
     for index in range(1, len(lines) - 1):
-        value = json.loads(_journal._lines.line_body(lines[index]))
+        value = json.loads(_journal.line_body(lines[index]))
         if snapshot and index == 1:
             value = {key: item for key, item in value.items() if key not in later}
         elif snapshot:

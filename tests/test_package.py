@@ -123,7 +123,7 @@ class LayerTests(unittest.TestCase):
                 imported = self.imports_of(module)
                 self.assertFalse(imported & {"authority", "signing", "stores.controlfiles"}, sorted(imported))
 
-    ENGINE_ORDER = ["_ops", "_evidence", "_config", "_invocation", "_steps", "_effects", "_talk", "_runio", "_drivers", "_engine"]
+    ENGINE_ORDER = ["_ops", "_config", "_invocation", "_steps", "_effects", "_talk", "_drivers", "_engine"]
     """The engine's modules, each importing only those before it (counting every import)."""
 
     def engine_tree(self, name: str) -> ast.Module:
@@ -179,6 +179,41 @@ class LayerTests(unittest.TestCase):
         # The check above must be able to fail: a store reached directly is what it looks for.
         tree = ast.parse("def step(inv, store):\n    store.commit(inv.lease, inv.state, frozenset())\n")
         self.assertIn("commit", {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)} & self.OUTSIDE)
+
+    ENGINE_API = {"arun", "concurrently", "config", "drive", "driver", "invocation", "record", "refuse", "run", "run_parallel", "steps"}
+    """What the faces may read off an engine: the steps API (a procedure of ``engine.procedures`` bound,
+    driven or recorded), the options, the working state and the invocation's entry points. A new
+    kind of step is a new procedure, not a new member; the set stays at most 15 names."""
+
+    @staticmethod
+    def engine_members_read(tree: ast.AST) -> set[str]:
+        """The attribute names read off an engine object (``engine``, ``self._engine``, ``runner.engine``, ...)."""
+        names = {"engine", "_engine"}
+        return {
+            node.attr
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute)
+            and ((isinstance(node.value, ast.Name) and node.value.id in names) or (isinstance(node.value, ast.Attribute) and node.value.attr in names))
+        }
+
+    def test_the_faces_use_the_engine_only_through_its_narrow_steps_api(self) -> None:
+        used: dict[str, set[str]] = {}
+        root = os.path.join(support.SRC, "longrun")
+        for folder, _, files in os.walk(root):
+            if os.path.relpath(folder, root).split(os.sep)[0] == "engine":
+                continue
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    with open(path) as handle:
+                        for member in self.engine_members_read(ast.parse(handle.read())):
+                            used.setdefault(member, set()).add(os.path.relpath(path, root))
+        self.assertLessEqual(len(self.ENGINE_API), 15)
+        self.assertEqual({member: sorted(where) for member, where in used.items() if member not in self.ENGINE_API}, {})
+
+    def test_the_engine_api_rule_sees_a_member_read_off_an_engine(self) -> None:
+        tree = ast.parse("def f(self, runner, engine):\n    engine.effect(s)\n    self._engine.state\n    runner.engine.clock.now()\n")
+        self.assertEqual(self.engine_members_read(tree), {"effect", "state", "clock"})
 
     @staticmethod
     def relative_imports(*, at_load_only: bool = False) -> Iterator[tuple[str, str, str, str]]:

@@ -29,6 +29,7 @@ from longrun import (
     TransientError,
     UnknownActionError,
 )
+from longrun.engine import procedures
 from longrun.canonical import digest_of
 from longrun.adapters import EffectRequest
 from longrun.ledger import EffectState
@@ -106,13 +107,14 @@ class LifecycleTests(RunnerCase):
         adapter = RecordingAdapter()
         runner = self.runner(steps, adapter=adapter)
         made: list[str] = []
-        effect = runner.engine.effect
+        drive = runner.engine.drive
 
-        def counted(step: Step, **options: Any) -> Any:
-            made.append(step.step_id)
-            return effect(step, **options)
+        def counted(procedure: Any, *args: Any, **options: Any) -> Any:
+            if procedure is procedures.effect:
+                made.append(args[0].step_id)
+            return drive(procedure, *args, **options)
 
-        runner.engine.effect = counted  # type: ignore[method-assign]
+        runner.engine.drive = counted  # type: ignore[method-assign]
         outcome = runner.run()
         self.assertEqual(outcome.status, Status.DONE)
         self.assertEqual(adapter.applied, ["task-1/s3"])

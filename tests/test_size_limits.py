@@ -45,8 +45,7 @@ def state_limit(limit: int) -> Iterator[None]:
             "longrun.envelope.MAX_STATE_BYTES",
             "longrun.stores.jsonfile.MAX_STATE_BYTES",
             "longrun.stores.jsonfile.MAX_JOURNAL_BYTES",
-            "longrun.stores._journal._lines.MAX_STATE_BYTES",
-            "longrun.stores._journal._snapshot.MAX_STATE_BYTES",
+            "longrun.stores._journal.MAX_STATE_BYTES",
             "longrun.stores._sql.MAX_STATE_BYTES",
         ):
             stack.enter_context(mock.patch(target, limit))

@@ -35,7 +35,7 @@ class CallCounting(FileIO):
 def _counted(name: str) -> Callable[..., Any]:
     def method(self: CallCounting, *args: Any, **kwargs: Any) -> Any:
         self.calls[name] += 1
-        return getattr(FileIO, name)(self, *args, **kwargs)
+        return getattr(super(CallCounting, self), name)(*args, **kwargs)
 
     return method
 

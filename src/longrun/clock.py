@@ -16,11 +16,11 @@ __all__ = ["SystemClock"]
 class SystemClock:
     """The real wall clock, and the system's monotonic clock for measuring durations."""
 
-    def now(self) -> float:
-        return time.time()
-
-    def monotonic(self) -> float:
-        return time.monotonic()
+    # The C functions themselves, not methods that call them: read several times on every step.
+    now = staticmethod(time.time)
+    """The wall clock: seconds since the epoch (``time.time``)."""
+    monotonic = staticmethod(time.monotonic)
+    """The system's monotonic clock (``time.monotonic``): durations, never dates."""
 
     def monotonic_id(self) -> str | None:
         """The timeline ``monotonic()`` is on: this boot of this machine (see ``longrun.lease``)."""

@@ -27,7 +27,7 @@ from .budget import Limits
 from .canonical import JSONValue
 from .clock import SystemClock
 from .contract import RunContract, Step, plan_digest, plan_prefix_digests, validate_plan
-from .engine import Engine, EngineOptions, Stop, default_owner, is_async_callable, utc
+from .engine import Engine, EngineOptions, Stop, default_owner, is_async_callable, procedures, utc
 from .envelope import PlanOutline, RunState
 from .errors import InvalidInputError, UnknownActionError
 from .ledger import EffectRecord, EffectState
@@ -67,10 +67,10 @@ class Runner:
         self.engine = Engine(contract, store=store, adapters=adapters, asynchronous=self.asynchronous, **options)
         actions = dict.fromkeys(map(_action_of, self.steps))
         for action in actions:
-            if action not in self.engine.adapters:
+            if action not in self.engine.config.adapters:
                 step = next(step for step in self.steps if step.action == action)
                 raise UnknownActionError(
-                    f"step {step.step_id!r} uses action {action!r}, which has no adapter (have: {sorted(self.engine.adapters)})"
+                    f"step {step.step_id!r} uses action {action!r}, which has no adapter (have: {sorted(self.engine.config.adapters)})"
                 )
         self.contract = contract
         self.plan_digest = plan_digest(contract, self.steps)
@@ -82,19 +82,19 @@ class Runner:
 
     @property
     def store(self) -> Store:
-        return self.engine.store
+        return self.engine.config.store
 
     @property
     def owner(self) -> str:
-        return self.engine.owner
+        return self.engine.config.owner
 
     @property
     def clock(self) -> Clock:
-        return self.engine.clock
+        return self.engine.config.clock
 
     @property
     def limits(self) -> Limits:
-        return self.engine.limits
+        return self.engine.config.limits
 
     def run(self) -> RunOutcome:
         """Recover and advance the run as far as it may go now; return why it stopped."""
@@ -167,30 +167,31 @@ class _DeclaredPlan:
         runner = self._runner
         grown_from = None if state.status in TERMINAL else plan_prefix_digests(runner.contract, runner.steps).get(state.plan_digest)
         if grown_from is None or grown_from == len(runner.steps):
-            raise engine.mismatch(
+            raise engine.record(
+                procedures.mismatch,
                 f"{'; '.join(plan_differences(runner.steps, state))}; recorded plan digest {state.plan_digest}, this plan's {self.digest}",
                 f"run the task with the plan it was started with (digest {state.plan_digest}), or with that plan followed "
                 "by new steps; or, to move to a new task id, mark every step observe_first=True and keep its effect key "
-                f"(Step(..., key='{engine.task_id}/<step id>') unless it has one) so effects already made are observed, not repeated",
+                f"(Step(..., key='{engine.config.task_id}/<step id>') unless it has one) so effects already made are observed, not repeated",
             )
-        engine.record_plan_growth(state, grown_from, len(runner.steps))
+        engine.record(procedures.record_plan_growth, state, grown_from, len(runner.steps))
         state.plan_outline = PlanOutline.of(runner.steps)
 
     def drive(self, engine: Engine) -> None:
         if self._runner.parallel:
-            engine.concurrently(lambda driver: self._graph(engine), engine.max_parallel)
+            engine.concurrently(lambda driver: self._graph(engine), engine.config.max_parallel)
         else:
             steps = self._runner.steps
-            for step in itertools.islice(steps, engine.verified_prefix(steps), None):  # verified ones would return at once
-                engine.effect(step, retry=step.retry, timeout_s=step.timeout_s)
+            for step in itertools.islice(steps, engine.record(procedures.verified_prefix, steps), None):  # verified ones would return at once
+                engine.drive(procedures.effect, step, retry=step.retry, timeout_s=step.timeout_s)
         raise self._finish(engine)
 
     async def adrive(self, engine: Engine) -> None:
         await self._graph(engine)
-        raise await engine.driver.run(engine.finish_steps(self._required()))
+        raise await engine.driver.run(engine.steps(procedures.finish, self._required()))
 
     def _finish(self, engine: Engine) -> Stop:
-        return engine.finish(self._required())
+        return engine.drive(procedures.finish, self._required())
 
     def _required(self) -> list[str]:
         return list(self._runner.contract.completion_evidence or [step.step_id for step in self._runner.steps])
@@ -215,9 +216,9 @@ class _DeclaredPlan:
         running: dict[asyncio.Task[EffectRecord], str] = {}
         failure: BaseException | None = None
         while ready or running:
-            while ready and (failure is None or (isinstance(failure, Stop) and failure.waits)) and len(running) < engine.max_parallel:
+            while ready and (failure is None or (isinstance(failure, Stop) and failure.waits)) and len(running) < engine.config.max_parallel:
                 step = by_id[ready.pop(0)]
-                task = asyncio.ensure_future(driver.step(engine.effect_steps(step, retry=step.retry, timeout_s=step.timeout_s)))
+                task = asyncio.ensure_future(driver.step(engine.steps(procedures.effect, step, retry=step.retry, timeout_s=step.timeout_s)))
                 running[task] = step.step_id
             if not running:
                 break

@@ -190,13 +190,27 @@ class EffectLatency:
         seconds = max(0.0, float(seconds)) if math.isfinite(seconds) else 0.0
         if action not in self.counts and len(self.counts) >= MAX_ACTIONS:
             return self
+        if not isinstance(action, str) or not action:
+            raise InvalidInputError("effect latency: an action must be a non-empty string")
         counts = dict(self.counts)
         row = list(counts.get(action, (0,) * (len(self.bounds) + 1)))
-        row[bisect.bisect_left(self.bounds, seconds)] += 1
+        bucket = bisect.bisect_left(self.bounds, seconds)
+        if row[bucket] >= f.MAX_INT:
+            raise InvalidInputError(f"effect latency: action {action!r:.60}: counts must be integers >= 0")
+        row[bucket] += 1
         counts[action] = tuple(row)
         sums = dict(self.sums)
-        sums[action] = sums.get(action, 0.0) + seconds
-        return EffectLatency(self.bounds, counts, sums)
+        sums[action] = total = sums.get(action, 0.0) + seconds
+        if not math.isfinite(total):
+            raise InvalidInputError(f"effect latency: action {action!r:.60}: sum must be a finite number >= 0")
+        # This record was checked when it was made; the one step above keeps every rule
+        # ``_latency_problem`` checks (a count one more, a finite sum larger by a finite seconds >= 0),
+        # so the copy is not checked again over every bucket of every action on every effect.
+        made = object.__new__(EffectLatency)
+        object.__setattr__(made, "bounds", self.bounds)
+        object.__setattr__(made, "counts", counts)
+        object.__setattr__(made, "sums", sums)
+        return made
 
     def count(self, action: str) -> int:
         return sum(self.counts.get(action, ()))

@@ -1,12 +1,13 @@
-"""Acting on many tasks at once, and retention: bulk ``cancel`` and ``approve``, ``prune`` and ``delete``.
+"""Acting on many tasks at once, and retention: bulk ``cancel``, ``approve`` and ``resume --reopen``, ``prune`` and ``delete``.
 
-``cancel`` and ``approve`` given a filter instead of a task (``_filters.TaskFilter``: ``--status``,
+``cancel``, ``approve`` and ``resume --reopen`` given a filter instead of a task (``_filters.TaskFilter``: ``--status``,
 ``--function``, ``--since``, ``--until``, ``--match``) first list what they would do, one line per
 task or per request, and write nothing; with ``--yes`` they do it and print what they did.
 ``approve`` lists every pending request it would approve with its full payload digest, plan
 digest and action, so the approver sees exactly what each approval binds. Each kind of bulk act is
-a ``BulkAction``: which tasks it concerns, what it would do to one, and doing it; another act
-(reopening ended tasks) is one more ``BulkAction``.
+a ``BulkAction``: which tasks it concerns, what it would do to one, and doing it. A bulk reopen
+writes each task's reopen record and makes the task due in the fleet's queue, so a live worker
+runs it; without a worker, ``longrun resume STORE TASK`` runs each.
 
 ``prune STORE --before MOMENT`` deletes the tasks whose run ended (``outcome.TERMINAL``, or the
 ``--status`` given, each of which must be an ended status) and whose last update is before
@@ -16,7 +17,8 @@ whose lease is live) and print what each deletion removed. Neither deletes a chi
 has not ended (the parent may still read the child's result). ``prune --dry-run`` lists only.
 
 Guarantees: a bulk act writes only the records its single-task form writes, through the same
-functions (``_control.write_approval``, ``write_cancellation``), and nothing without ``--yes``; a
+functions (``_control.write_approval``, ``write_cancellation``, ``intervention.reopen``), and
+nothing without ``--yes``; a
 task that fails is reported and the others go on (exit 1 if any failed). Not guaranteed: a
 consistent view across tasks (each is read, then acted on, one after another).
 """
@@ -31,14 +33,17 @@ from ..approval import refuse_second
 from ..authority import FileControlSource, load_key, verify_approval
 from ..canonical import JSONValue
 from ..contract import ASK_ACTION
-from ..errors import LeaseHeldError, LongrunError, TaskNotFinishedError, UnknownTaskError
+from ..errors import InvalidInputError, LeaseHeldError, LongrunError, TaskNotFinishedError, UnknownTaskError
+from ..intervention import REOPENABLE, reopen
 from ..outcome import TERMINAL
 from ..protocols import Store, TaskDeletion
+from ..stores.queue import open_queue
 from ._common import CliError, ExitCode, checked_task, error_text, write_json
 from ._control import open_control_root, write_approval, write_cancellation
 from ._filters import Candidate, TaskFilter, candidates, function_of, parent_of, parse_moment
+from ._intervene import signer
 
-__all__ = ["APPROVE", "CANCEL", "BulkAction", "Planned", "cmd_bulk", "cmd_delete", "cmd_prune"]
+__all__ = ["APPROVE", "CANCEL", "REOPEN", "BulkAction", "Planned", "cmd_bulk", "cmd_delete", "cmd_prune"]
 
 ENDED = tuple(sorted(status.value for status in TERMINAL))
 
@@ -142,7 +147,54 @@ class _Approve:
         return {"approval": approval.to_json(), "written_to": written}
 
 
+class _Reopen:
+    name = "reopen"
+    done = "reopened"
+
+    def __init__(self, add_attempts: int, add_time_s: float):
+        self.add_attempts = add_attempts
+        self.add_time_s = add_time_s
+
+    def plan(self, candidate: Candidate, writer: Writer, now: float) -> list[Planned] | str:
+        state = candidate.state
+        if state is None:
+            return "no run recorded"
+        if state.status not in REOPENABLE:
+            return f"{state.status.value}: only a task that ended unfinished is reopened"
+        function = function_of(state)
+        more = (f", {self.add_attempts} more attempts" if self.add_attempts else "") + (
+            f", {self.add_time_s:g} s more work" if self.add_time_s else ""
+        )
+        line = f"reopen {candidate.task_id}  ({state.status.value}{', ' + function if function else ''}{more})"
+        data: dict[str, JSONValue] = {"task_id": candidate.task_id, "status": state.status.value, "function": function}
+        return [Planned(candidate.task_id, line, data)]
+
+    def act(self, planned: Planned, candidate: Candidate, writer: Writer, now: float) -> dict[str, JSONValue]:
+        approval = reopen(
+            writer.store, candidate.task_id, writer.reason, by=writer.who, add_attempts=self.add_attempts,
+            add_time_s=self.add_time_s, write_to=writer.control, sign=signer(writer.key),
+        )  # fmt: skip
+        return {"record": approval.to_json(), "queued": _make_due(writer.store, candidate.task_id)}
+
+
+def _make_due(store: Store, task_id: str) -> bool:
+    """Make a reopened task due in the fleet's queue, where the store has one; whether it was."""
+    try:
+        queue = open_queue(store)
+    except InvalidInputError:
+        return False  # a store the fleet does not serve: `longrun resume STORE TASK` runs it
+    try:
+        return queue.wake(task_id)
+    finally:
+        queue.close()
+
+
 CANCEL: BulkAction = _Cancel()
+
+
+def REOPEN(add_attempts: int, add_time_s: float) -> BulkAction:
+    """The bulk reopen of tasks that ended unfinished, each with these budgets added."""
+    return _Reopen(add_attempts, add_time_s)
 
 
 def APPROVE(step: str | None) -> BulkAction:

@@ -28,7 +28,7 @@ from ..protocols import Store
 from ._common import CliError, ExitCode, checked_task, format_time, write_json
 from ._control import open_control_root
 
-__all__ = ["cmd_fork", "cmd_resolve", "parse_result", "write_reopen"]
+__all__ = ["cmd_fork", "cmd_resolve", "parse_result", "signer", "write_reopen"]
 
 
 def parse_result(text: str | None) -> JSONValue:
@@ -68,7 +68,7 @@ def cmd_resolve(
     writer = _writer(control_root)
     approval = resolve(
         store, task_id, step_id, applied=applied, evidence=evidence, by=by, result=result, key=key,
-        payload_digest=payload_digest, write_to=writer, sign=_signer(secret),
+        payload_digest=payload_digest, write_to=writer, sign=signer(secret),
     )  # fmt: skip
     resolution = Resolution.from_json(approval.answer)
     if as_json:
@@ -107,7 +107,7 @@ def write_reopen(
     goes to stdout)."""
     secret = load_key(sign_key) if sign_key is not None else None
     approval = reopen(
-        store, task_id, reason, by=by, add_attempts=add_attempts, add_time_s=add_time_s, write_to=_writer(control_root), sign=_signer(secret)
+        store, task_id, reason, by=by, add_attempts=add_attempts, add_time_s=add_time_s, write_to=_writer(control_root), sign=signer(secret)
     )
     record = Reopen.from_json(approval.answer)
     if not as_json:
@@ -119,7 +119,8 @@ def write_reopen(
         )
 
 
-def _signer(secret: bytes | None) -> Signer | None:
+def signer(secret: bytes | None) -> Signer | None:
+    """The signing a ``--sign-key`` asks for, as the interventions take it (none without a key)."""
     if secret is None:
         return None
     return lambda approval: sign_approval(approval, secret)

@@ -92,17 +92,36 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.worker is not None:
             return run_worker(args.worker, out)
         return run_demo(args.keep, out, as_json=args.json, err=err)
-    if args.command == "resume" and args.task is None:
-        from ._resume import cmd_resume
-
-        return cmd_resume(args.target, args.path, args.json, out, err, verbose=args.verbose > 0)
     reopen_options = (args.reason, args.by, args.add_attempts, args.add_time, args.sign_key, args.control_root) if args.command == "resume" else ()
     if args.command == "resume" and not args.reopen and any(option not in (None, 0, 0.0) for option in reopen_options):
         raise CliError("--reason, --by, --add-attempts, --add-time, --sign-key and --control-root go with --reopen", ExitCode.USAGE)
-    if args.command == "resume" and args.reopen and args.task is None:
-        raise CliError("--reopen needs STORE TASK: it reopens a durable-function task", ExitCode.USAGE)
+    filtered = args.command == "resume" and not _task_filter(args).empty
+    if args.command == "resume" and (filtered or args.yes) and not args.reopen:
+        raise CliError("a filter (--status, --function, --since, --until, --match) and --yes go with --reopen", ExitCode.USAGE)
+    if args.command == "resume" and args.reopen and args.task is None and not filtered:
+        raise CliError(
+            "--reopen needs STORE TASK, or STORE and a filter (--status, --function, --since, --until, --match)", ExitCode.USAGE
+        )
+    if args.command == "resume" and args.reopen and args.task is not None and filtered:
+        raise CliError("give a TASK or a filter (--status, --function, --since, --until, --match), not both", ExitCode.USAGE)
     if args.command == "resume" and args.reopen and args.reason is None:
         raise CliError("--reopen needs --reason TEXT: why the task goes on is recorded", ExitCode.USAGE)
+    if args.command == "resume" and args.task is None and not filtered:
+        from ._resume import cmd_resume
+
+        return cmd_resume(args.target, args.path, args.json, out, err, verbose=args.verbose > 0)
+    if filtered:
+        from ._bulk import REOPEN, cmd_bulk
+
+        store = open_store(args.target)
+        try:
+            return cmd_bulk(
+                store, REOPEN(args.add_attempts, args.add_time), _task_filter(args), assume_yes=args.yes,
+                who=args.by or login_name(), reason=args.reason, out=out, err=err, sign_key=args.sign_key,
+                control_root=args.control_root, as_json=args.json,
+            )  # fmt: skip
+        finally:
+            close_store(store)
     if args.command == "resume":
         from ._resume import cmd_resume_task
 

@@ -323,6 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--add-time", metavar="S", type=positive_seconds, default=0.0,
         help="with --reopen: S more seconds of work under the time limits (max_elapsed_s, max_no_progress_s)",
     )  # fmt: skip
+    add_task_filters(resume, _ENDED_STATUSES, "with --reopen, instead of TASK: reopen")
+    resume.add_argument("--yes", "-y", action="store_true", help="with --reopen and a filter: do it (without, the tasks are only listed)")
     add_authority_options(resume, "reopen record")
 
     # -- the operator's interventions: resolve, fork (resume --reopen is above) ------------------------

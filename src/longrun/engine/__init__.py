@@ -3,7 +3,7 @@
 A face (``Runner`` for a plan declared up front, ``durable`` for a function whose steps are decided
 as it runs) hands ``Engine.run`` a ``Plan``: the digest that pins it, how a recorded state is
 checked against it, and how to drive it. The engine takes the task's lease, recovers, lets the plan
-drive one step at a time through ``Engine.effect`` / ``Engine.call`` / ``Engine.timer``, and returns
+drive one step at a time through ``Engine.drive(procedures.effect, ...)`` (and ``call``, ``timer``, ...), and returns
 the legal stop as a ``RunOutcome`` with one safe next action. Call it again (after a crash, an
 approval, a backoff) and it continues where the durable state says, never repeating a verified
 effect.
@@ -32,15 +32,16 @@ thread ends, and the call can check ``EffectRequest.cancelled()``; targets shoul
 The engine is composed of plain parts, none derived from another:
 
 - ``_config``: ``EngineConfig``, the options checked once (and ``EngineOptions``, their keywords);
-- ``_invocation``: ``Invocation``, the working state of one run (no store handle), and ``Stop``;
+- ``_invocation``: ``Invocation``, the working state of one run (no store handle), its evidence in
+  bounded trails, and ``Stop``;
 - ``_ops``: every request a step yields (adapter calls, sleeps, loads, commits, control reads, the lease);
 - ``_steps``: the rules every step keeps, cancellation and the approval gate, calls, timers, questions, stops;
 - ``_effects``: one effect from planned to verified, settling by observation, the recovery procedure;
 - ``_talk``: the steps by which tasks talk: a message sent, a message received, an event set;
+- ``procedures``: the step procedures a face names (``Engine.steps``, ``Engine.drive``, ``Engine.record``);
 - ``_drivers``: ``RunIO`` (the store, the sources, the lease keeper) and the two drivers that
   perform the requests, ``SyncDriver`` and ``AsyncDriver``;
-- ``_engine``: ``Engine``, the facade the faces drive, and ``Plan``, what a face hands it;
-- ``_evidence``: the bounded trails of evidence an outcome carries.
+- ``_engine``: ``Engine``, the facade the faces drive, and ``Plan``, what a face hands it.
 """
 
 from ..contract import INTERNAL_PREFIX, is_internal
@@ -48,8 +49,9 @@ from ..contract import INTERNAL_PREFIX, is_internal
 from ._config import EngineConfig, EngineOptions, check_parallel, check_timeout, default_owner, utc
 from ._engine import AsyncPlan, Engine, Plan
 from ._invocation import Invocation, Stop
-from ._ops import is_async_callable
+from ._ops import Steps, is_async_callable
 from ._talk import RECEIVE_POLL_S, receive, send, set_event
+from . import procedures
 
 
 __all__ = [
@@ -62,11 +64,13 @@ __all__ = [
     "Plan",
     "RECEIVE_POLL_S",
     "Stop",
+    "Steps",
     "check_parallel",
     "check_timeout",
     "default_owner",
     "is_async_callable",
     "is_internal",
+    "procedures",
     "receive",
     "send",
     "set_event",

@@ -12,6 +12,7 @@ import datetime
 import math
 import os
 import secrets
+import shlex
 import socket
 import types
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Mapping, TypedDict
 
 from ..budget import Limits, RetryPolicy
 from ..contract import RunContract
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, UnknownActionError
 from ..events import EventHook
 from ..protocols import (
     AnyEffectAdapter,
@@ -112,6 +113,21 @@ class EngineConfig:
     @property
     def task_id(self) -> str:
         return self.contract.task_id
+
+    @property
+    def store_spec(self) -> str:
+        """How a command names this engine's store in a next action (``<store>`` if it cannot be named)."""
+        spec = getattr(self.store, "spec", None)
+        return shlex.quote(spec) if isinstance(spec, str) and spec else "<store>"
+
+    def adapter_for(self, action: str, *, step_id: str) -> AnyEffectAdapter:
+        """The adapter of ``action``; ``UnknownActionError`` naming the step if it has none."""
+        adapter = self.adapters.get(action)
+        if adapter is None:
+            raise UnknownActionError(
+                f"step {step_id!r} uses action {action!r}, which has no adapter (have: {sorted(self.adapters)})"
+            )
+        return adapter
 
     @classmethod
     def of(

@@ -77,7 +77,8 @@ def effect(
     run's) bounds each ``apply``: a synchronous adapter then runs in a worker thread.
     """
     state = inv.state
-    step_options(inv, step, retry, timeout_s)
+    if retry is not None or timeout_s is not None:
+        step_options(inv, step, retry, timeout_s)
     raises = on_exhausted == "raise"
     while True:
         record, settled = yield from ready(inv, step, _EXHAUSTED_FAILS if raises else _VERIFIED, exhausted_fails=raises)
@@ -303,7 +304,7 @@ def recover(inv: Invocation, lease: Lease, initial: Callable[[RunState], None], 
     if _crashpoints.ARMED:
         _crashpoints.hit("recovery.loaded", loaded.state.revision if loaded.state is not None else 0)
     for item in loaded.observations:
-        inv.evidence.observations.append(item)
+        inv.evidence.observations.append((item.source, item.detail, item.at))
     now = inv.clock.now()
     if loaded.state is None:
         inv.current = RunState(
@@ -313,8 +314,8 @@ def recover(inv: Invocation, lease: Lease, initial: Callable[[RunState], None], 
             created_at=now,
             next_action="start the first step",
         )
-        inv.reporter.loaded(inv.current, lease.epoch)
-        initial(inv.current)
+        inv.reporter.loaded(inv.state, lease.epoch)
+        initial(inv.state)
         inv.dirty = True
         yield COMMIT
         inv.evidence.inferred("no state existed: this is the task's first run")
@@ -378,7 +379,7 @@ def _reopened(inv: Invocation, state: RunState) -> Steps[bool]:
             state.consumed_approvals.append(superseded_cancellation(found_cancel.record.digest))
             detail += f"; cancellation record {found_cancel.record.name} ({found_cancel.record.digest}) is superseded"
     state.consumed_approvals.append(approval.approval_id)
-    state.note_control(inv.evidence.observed(f"person:{approval.approver}", detail))
+    state.note_control(inv.evidence.noted(f"person:{approval.approver}", detail))
     budget = state.budget
     budget = replace(budget, attempts_total=max(0, budget.attempts_total - reopen.add_attempts))
     for record in list(state.effects.values()):
@@ -425,7 +426,7 @@ def _resolved_by_hand(inv: Invocation, in_flight: list[EffectRecord]) -> Steps[l
         )
         state.consumed_approvals.append(approval.approval_id)
         state.note_control(Evidence(f"person:{approval.approver}", detail, approval.granted_at))
-        inv.evidence.observations.append(Evidence(f"person:{approval.approver}", detail, approval.granted_at))
+        inv.evidence.observations.append((f"person:{approval.approver}", detail, approval.granted_at))
         uncertain = record if record.state is EffectState.UNCERTAIN else record.move(EffectState.UNCERTAIN, now)
         if resolution.outcome == APPLIED:
             result = resolution.result if resolution.result is not None else record.result

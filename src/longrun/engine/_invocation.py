@@ -14,6 +14,7 @@ loop's); the async driver's I/O thread reads the state only while those steps ar
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import threading
 from typing import Any, Mapping
@@ -26,13 +27,88 @@ from ..events import Reporter
 from ..lease import MonotonicReading
 from ..contract import is_internal
 from ..ledger import EffectRecord, EffectState, VerifiedResults
-from ..outcome import TERMINAL, WAITING, RunOutcome, Status
+from ..outcome import TERMINAL, WAITING, Evidence, RunOutcome, Status
 from ..progress import pending_of
 from ..protocols import AnyEffectAdapter, Clock, MonotonicClock, TimelineClock
 from ..telemetry import EffectLatency
-from ._evidence import EvidenceLog
 
-__all__ = ["Invocation", "Stop"]
+__all__ = ["EvidenceLog", "Invocation", "Stop", "Trail"]
+
+Item = tuple[str, str, float]
+"""An item of a trail as it is noted: source, detail, time (an ``Evidence`` only when it is read)."""
+
+
+class Trail:
+    """One kind of evidence of a run: every item, up to ``HEAD + TAIL`` of them; past that the
+    first ``HEAD`` and the last ``TAIL``, with a note of how many between were left out. A run of
+    100,000 effects keeps a bounded trail in memory and in its outcome, never the first items'
+    context nor the latest. Items are kept as noted and made ``Evidence`` records (checked,
+    made printable) when the outcome reads them: most are never read one by one."""
+
+    HEAD = 200
+    TAIL = 800
+
+    __slots__ = ("head", "_tail", "_omitted")
+
+    def __init__(self) -> None:
+        self.head: list[Item] = []
+        """The first items (``EvidenceLog`` appends here while it has room, without a call)."""
+        self._tail: collections.deque[Item] = collections.deque(maxlen=self.TAIL)
+        self._omitted = 0
+
+    def append(self, item: Item) -> None:
+        if len(self.head) < self.HEAD:
+            self.head.append(item)
+            return
+        if len(self._tail) == self.TAIL:
+            self._omitted += 1
+        self._tail.append(item)
+
+    def items(self) -> tuple[Evidence, ...]:
+        head = [Evidence(*item) for item in self.head]
+        tail = [Evidence(*item) for item in self._tail]
+        if not self._omitted:
+            return (*head, *tail)
+        gap = Evidence("runner", f"{self._omitted} more items of this kind are left out here", tail[0].at)
+        return (*head, gap, *tail)
+
+
+class EvidenceLog:
+    """Collects one run's observations, inferences and unknowns, stamped by the clock. The first
+    two are bounded trails (``Trail``); unknowns are kept whole, since each may need a person."""
+
+    __slots__ = ("_clock", "observations", "inferences", "unknowns")
+
+    def __init__(self, clock: Clock):
+        self._clock = clock
+        self.observations = Trail()
+        self.inferences = Trail()
+        self.unknowns: list[Evidence] = []
+
+    def observed(self, source: str, detail: str) -> None:
+        head = self.observations.head
+        if len(head) < Trail.HEAD:  # the common case, without a call
+            head.append((source, detail, self._clock.now()))
+        else:
+            self.observations.append((source, detail, self._clock.now()))
+
+    def noted(self, source: str, detail: str) -> Evidence:
+        """``observed``, returning the record (for a state that keeps it too)."""
+        item = Evidence(source, detail, self._clock.now())
+        self.observations.append((item.source, item.detail, item.at))
+        return item
+
+    def inferred(self, detail: str) -> None:
+        head = self.inferences.head
+        if len(head) < Trail.HEAD:
+            head.append(("runner", detail, self._clock.now()))
+        else:
+            self.inferences.append(("runner", detail, self._clock.now()))
+
+    def unknown(self, source: str, detail: str) -> Evidence:
+        item = Evidence(source, detail, self._clock.now())
+        self.unknowns.append(item)
+        return item
 
 
 class Stop(BaseException):
@@ -101,8 +177,9 @@ class Invocation:
         self.signed_cancellations = signed_cancellations
         self.store_spec = store_spec
         """How a command names the store in a next action (``<store>`` if it cannot be named)."""
-        self.current: RunState | None = None
-        """The state being advanced; None until it is loaded (or on an early outcome)."""
+        self._current: RunState | None = None
+        self.state: RunState
+        """The state being advanced (``current``, once it is loaded): a plain attribute, read at every step."""
         self.epoch = 0
         """The epoch of the lease this run holds (0 before it holds one)."""
         self.changed: set[str] = set()
@@ -137,10 +214,15 @@ class Invocation:
         """When each effect's latest attempt started in this invocation (for ``state.effect_latency``)."""
 
     @property
-    def state(self) -> RunState:
-        """The working state of the invocation under way."""
-        assert self.current is not None, "no state is loaded"
-        return self.current
+    def current(self) -> RunState | None:
+        """The state being advanced; None until it is loaded (or on an early outcome)."""
+        return self._current
+
+    @current.setter
+    def current(self, state: RunState | None) -> None:
+        self._current = state
+        if state is not None:
+            self.state = state
 
     # -- bookkeeping -----------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from ..errors import LongrunError
 from ..control import ControlRecord
 from ..lease import Lease
 from ..messages import Message
+from ..protocols import Store
 
 __all__ = [
     "COMMIT",
@@ -41,6 +42,7 @@ __all__ = [
     "Load",
     "ReadApprovals",
     "ReadCancellation",
+    "ReadStore",
     "RenewLease",
     "ReadMessages",
     "SendMessage",
@@ -166,6 +168,14 @@ class RenewLease:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadStore:
+    """A read of the store beyond the task's own state (another task's records, the family of a
+    child about to start): ``read(store)``'s value back, or its exception."""
+
+    read: Callable[[Store], Any]
+
+
+@dataclass(frozen=True, slots=True)
 class SendMessage:
     """Put ``message`` in its receiver's mailbox through the run's store (``Store.send_message``):
     a ``messages.Delivery`` back, or the store's error (``UnknownTaskError`` for no such task)."""
@@ -184,7 +194,10 @@ READ_APPROVALS = ReadApprovals()
 RENEW_LEASE = RenewLease()
 
 
-Op = Apply | Observe | Invoke | Sleep | Commit | Gather | Load | ReadCancellation | ReadApprovals | RenewLease | SendMessage | ReadMessages
+Op = (
+    Apply | Observe | Invoke | Sleep | Commit | Gather | Load | ReadCancellation | ReadApprovals | ReadStore | RenewLease | SendMessage
+    | ReadMessages
+)
 Steps = Generator[Op, Any, T]
 """A step procedure: yields what it waits for, returns its value."""
 

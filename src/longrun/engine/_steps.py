@@ -18,7 +18,7 @@ question); apart, each half would call into the other at every step.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from .. import _crashpoints
 from ..approval import Approval, ApprovalRequest, GateVerdict, evaluate_gate
@@ -45,7 +45,7 @@ from ..outcome import Status
 from ..telemetry import ProgressReport
 from ._config import check_timeout, utc
 from ._invocation import Invocation, Stop
-from ._ops import COMMIT, READ_APPROVALS, RENEW_LEASE, ApplyTimedOut, CancellationRead, Invoke, ReadCancellation, Sleep, Steps
+from ._ops import COMMIT, READ_APPROVALS, RENEW_LEASE, ApplyTimedOut, CancellationRead, Invoke, ReadCancellation, ReadStore, Sleep, Steps
 
 __all__ = [
     "ask",
@@ -58,6 +58,7 @@ __all__ = [
     "interrupted",
     "mismatch",
     "plan",
+    "read_store",
     "ready",
     "record_plan_growth",
     "refused_action",
@@ -69,6 +70,8 @@ __all__ = [
     "transient",
 ]
 
+
+T = TypeVar("T")
 
 _NAMED_STEPS = 20
 """The most required steps the inference of a ``done`` run names one by one."""
@@ -109,16 +112,19 @@ def mismatch(inv: Invocation, detail: str, next_action: str) -> Stop:
     return Stop(Status.PLAN_MISMATCH, f"{next_action} (what differs: {detail})")
 
 
-def refused_action(inv: Invocation, step_id: str, reason: str) -> Steps[Stop]:
-    """Stop ``unsafe-to-continue`` before a step whose action the contract does not allow."""
+def refused_action(inv: Invocation, step_id: str, reason: str) -> Stop:
+    """Stop ``unsafe-to-continue`` before a step whose action the contract does not allow.
+
+    A rule with no I/O, so that a face may raise it from wherever it checks (an async face from
+    its event loop): the stop is recorded in the state and committed as it unwinds to the facade,
+    by the driver of the invocation (``RunIO.settle_stop``)."""
     inv.evidence.unknown("contract", f"step {step_id!r}: {reason}")
-    return (
-        yield from stop(
-            inv,
-            Status.UNSAFE_TO_CONTINUE,
-            f"change the code or the contract: step {step_id!r} asks for an action it may not take ({reason}); nothing was applied",
-        )
+    raised, _ = inv.record_stop(
+        Status.UNSAFE_TO_CONTINUE,
+        f"change the code or the contract: step {step_id!r} asks for an action it may not take ({reason}); nothing was applied",
+        None,
     )
+    return raised
 
 
 def finish(inv: Invocation, required: Sequence[str]) -> Steps[Stop]:
@@ -155,6 +161,13 @@ def _describe(kind: str, raw: ControlRecord) -> str:
     return text
 
 
+def read_store(inv: Invocation, read: Callable[[Any], T]) -> Steps[T]:
+    """``read(store)``, performed by the driver (off the event loop under the async one): a face's
+    read of records beyond the task's own state, such as the family of a child about to start."""
+    value: T = yield ReadStore(read)
+    return value
+
+
 def check_cancellation(inv: Invocation) -> Steps[None]:
     """Read the task's cancellation record fresh (and its ancestors') and stop if it says so, or
     cannot be trusted; stop ``retry-scheduled`` between two steps when the source asks for a pause."""
@@ -177,7 +190,7 @@ def check_cancellation(inv: Invocation) -> Steps[None]:
             inv.cancellation_checked = True
         return
     named = "cancellation record" if whose == inv.task_id else f"cancellation record of ancestor task {whose!r}"
-    item = inv.evidence.observed("control", _describe(named, raw))
+    item = inv.evidence.noted("control", _describe(named, raw))
     state.note_control(item)
     judgement = judge_cancellation(raw, whose)
     if judgement.verdict == "refused":
@@ -262,7 +275,7 @@ def gate(inv: Invocation, step: Step, record: EffectRecord, waiting: Status) -> 
     refused = 0
     for raw in records:
         refused += isinstance(raw, RefusedRecord)
-        state.note_control(inv.evidence.observed("control", _describe("approval record", raw)))
+        state.note_control(inv.evidence.noted("control", _describe("approval record", raw)))
     decision = evaluate_gate(request, records, frozenset(state.consumed_approvals), now)
     if decision.verdict is GateVerdict.GRANTED:
         assert decision.approval is not None

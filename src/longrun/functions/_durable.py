@@ -153,7 +153,7 @@ class DurableFunction(Generic[R]):
         from ..stores.queue import open_queue  # only a fleet needs the queue's tables
 
         engine, plan = self._plan(task_id, tuple(args), dict(kwargs or {}))
-        queue = open_queue(engine.store)
+        queue = open_queue(engine.config.store)
         try:
             queue.ensure()  # the queue's triggers exist before the first record, so nothing is missed
             created = self._record(engine, plan)
@@ -164,11 +164,12 @@ class DurableFunction(Generic[R]):
 
     def _record(self, engine: Engine, plan: FunctionPlan) -> bool:
         """Commit the task's first revision unless it has one; True if this call did. Refuses another plan."""
-        task_id = engine.task_id
+        config = engine.config
+        task_id = config.task_id
         created = False
         for _ in range(100):
             try:
-                state = engine.store.load(task_id).state
+                state = config.store.load(task_id).state
             except UnknownTaskError:
                 state = None
             if state is not None:
@@ -179,7 +180,7 @@ class DurableFunction(Generic[R]):
                 break
             if outcome.status is not Status.ALREADY_RUNNING:
                 raise InvalidInputError(f"task {task_id!r} could not be recorded: {outcome.status.value}: {outcome.next_action}")
-            engine.clock.sleep(0.05)  # another process is recording it: read what it records
+            config.clock.sleep(0.05)  # another process is recording it: read what it records
         else:
             raise InvalidInputError(f"task {task_id!r} is held by another process that records nothing; try again")
         if state is not None and state.plan_digest != plan.digest:
@@ -228,12 +229,12 @@ class DurableFunction(Generic[R]):
         check_new_task(store, new_task_id)
         start_at, copied = records_to_copy(origin, from_step)
         engine, plan = self._plan(new_task_id, tuple(args), dict(kwargs))
-        record_fork_in_origin(store, task_id, new_task_id, start_at, engine.clock.now())
+        record_fork_in_origin(store, task_id, new_task_id, start_at, engine.config.clock.now())
         forking = Forking(plan, copied, {"task": task_id, "step": start_at})
-        queue = open_queue(engine.store)
+        queue = open_queue(engine.config.store)
         try:
             queue.ensure()
-            outcome = run_coroutine(engine.arun(forking), f"forking {task_id!r}") if engine.asynchronous else engine.run(forking)
+            outcome = run_coroutine(engine.arun(forking), f"forking {task_id!r}") if engine.config.asynchronous else engine.run(forking)
             if outcome.status is not Status.RUNNING:
                 raise InvalidInputError(f"task {new_task_id!r} could not be recorded: {outcome.status.value}: {outcome.next_action}")
             queue.enqueue(new_task_id, self.name)

@@ -7,7 +7,7 @@ theirs in turn; each record names the parent whose cancellation caused it.
 signed), and a durable task that ends ``cancelled`` calls it through its store. Besides these
 records, a child reads the cancellation of each task its record names in ``cancelled_with`` (its
 parent, and theirs up to a detached link) through its own source before every new effect
-(``Engine.cancelled_with``), so a parent cancelled in a control area or by a signed record stops
+(``Invocation.cancelled_with``), so a parent cancelled in a control area or by a signed record stops
 its children there too, even where the records written to the store are not read.
 """
 
@@ -136,17 +136,18 @@ def cancelled_down(engine: Engine, outcome: RunOutcome) -> RunOutcome:
     cancelled and stays so, and running it again (it returns ``cancelled`` at once) tries again."""
     if outcome.status is not Status.CANCELLED:
         return outcome
-    task_id = engine.task_id
-    cause = Cancellation(task_id, engine.clock.now(), "longrun", "the run ended cancelled")
-    for whose in (task_id, *engine.cancelled_with):  # the record that cancelled it: its own, or an ancestor's
-        raw = engine.cancellations.read_cancellation(whose)
+    config = engine.config
+    task_id = config.task_id
+    cause = Cancellation(task_id, config.clock.now(), "longrun", "the run ended cancelled")
+    for whose in (task_id, *engine.invocation.cancelled_with):  # the record that cancelled it: its own, or an ancestor's
+        raw = config.cancellations.read_cancellation(whose)
         judged = judge_cancellation(raw, whose).record if raw is not None else None
         if judged is not None:
             cause = judged
             break
-    cancelled = cancel_children(engine.store, task_id, cause)
+    cancelled = cancel_children(config.store, task_id, cause)
     if not cancelled:
         return outcome
     log.info("task %s ended cancelled: its children %s are cancelled too", task_id, cancelled, extra={"task": task_id})
-    note = Evidence("children", f"the run ended cancelled, so its unfinished children are cancelled too: {cancelled}", engine.clock.now())
+    note = Evidence("children", f"the run ended cancelled, so its unfinished children are cancelled too: {cancelled}", config.clock.now())
     return dataclasses.replace(outcome, inferences=(*outcome.inferences, note))

@@ -129,13 +129,13 @@ class Forking:
             engine.invocation.put(record)
 
     def accept(self, engine: Engine, state: RunState) -> None:
-        raise TaskExistsError(f"task {engine.task_id!r} was created meanwhile by another process; nothing was written")
+        raise TaskExistsError(f"task {engine.config.task_id!r} was created meanwhile by another process; nothing was written")
 
     def drive(self, engine: Engine) -> None:
         raise Stop(
             Status.RUNNING,
-            f"nothing yet: a worker runs it (`longrun worker {engine.store_spec} --import MODULE`), "
-            f"or `longrun resume {engine.store_spec} {engine.task_id}`",
+            f"nothing yet: a worker runs it (`longrun worker {engine.config.store_spec} --import MODULE`), "
+            f"or `longrun resume {engine.config.store_spec} {engine.config.task_id}`",
         )
 
     async def adrive(self, engine: Engine) -> None:

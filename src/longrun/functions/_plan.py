@@ -9,7 +9,7 @@ from typing import Any
 
 from ..canonical import JSONValue, digest_of, ensure_json
 from ..contract import INTERNAL_PREFIX, RunContract, Step
-from ..engine import Engine, Stop
+from ..engine import Engine, Stop, procedures
 from ..envelope import RunState
 from ..errors import InvalidInputError
 from ..ledger import EffectState
@@ -54,21 +54,23 @@ class FunctionPlan:
         self.digest = digest_of({"contract": contract.to_json(), "function": function.name, "arguments": arguments})
 
     def initial(self, engine: Engine, state: RunState) -> None:
-        engine.plan(Step(FUNCTION_STEP, FUNCTION_STEP, self._payload))
-        engine.cancelled_with = cancelled_with(state)
+        engine.record(procedures.plan, Step(FUNCTION_STEP, FUNCTION_STEP, self._payload))
+        engine.invocation.cancelled_with = cancelled_with(state)
 
     def accept(self, engine: Engine, state: RunState) -> None:
-        engine.cancelled_with = cancelled_with(state)  # as recorded: a resumed child names no parent in its call
+        engine.invocation.cancelled_with = cancelled_with(state)  # as recorded: a resumed child names no parent in its call
         if state.plan_digest == self.digest:
             return
         recorded = state.effects.get(FUNCTION_STEP)
         payload = recorded.payload if recorded is not None else None
         name, args, kwargs = (payload.get("function"), payload.get("args"), payload.get("kwargs")) if payload else (None, None, None)
-        task = f"{engine.store_spec} {engine.task_id}"
+        config = engine.config
+        task = f"{config.store_spec} {config.task_id}"
         if not isinstance(name, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
-            raise engine.mismatch(
+            raise engine.record(
+                procedures.mismatch,
                 f"the task runs a declared plan or a session (recorded plan digest {state.plan_digest}), not {self._function.name}",
-                f"run task {engine.task_id!r} with the code that started it (`longrun status {task}` shows it), or give "
+                f"run task {config.task_id!r} with the code that started it (`longrun status {task}` shows it), or give "
                 f"{self._function.name} a new task id",
             )
         recorded_arguments: dict[str, JSONValue] = {"args": args, "kwargs": kwargs}
@@ -77,7 +79,7 @@ class FunctionPlan:
         ) == state.plan_digest:
             # Recorded by an earlier version, which named a script's function __main__:...: the
             # same script goes on under that name (the digest its approvals are bound to).
-            self.digest = engine.plan_digest = state.plan_digest
+            self.digest = engine.invocation.plan_digest = state.plan_digest
             return
         arguments = self._argument_differences(args, kwargs)
         same_contract = digest_of({"contract": self._contract.to_json(), "function": name, "arguments": recorded_arguments}) == state.plan_digest
@@ -92,8 +94,9 @@ class FunctionPlan:
             action = f"resume it with its recorded arguments: `longrun resume {task}` (or call run with them)"
         else:
             action = f"restore the code that started it ({name}, with its contract), then `longrun resume {task}`"
-        raise engine.mismatch(
-            f"task {engine.task_id!r} was started differently ({detail}); recorded plan digest {state.plan_digest}, this run's {self.digest}",
+        raise engine.record(
+            procedures.mismatch,
+            f"task {config.task_id!r} was started differently ({detail}); recorded plan digest {state.plan_digest}, this run's {self.digest}",
             f"{action}; or give this run a new task id. Nothing was run",
         )
 
@@ -132,7 +135,7 @@ class FunctionPlan:
         args, kwargs = self._args()
         value = await self._function.fn(AsyncRun(engine, self._function), *args, **kwargs)
         self._settle_result(engine, value)
-        raise await engine.driver.run(engine.finish_steps([FUNCTION_STEP]))
+        raise await engine.driver.run(engine.steps(procedures.finish, [FUNCTION_STEP]))
 
     def _args(self) -> tuple[list[JSONValue], dict[str, JSONValue]]:
         args = self._arguments["args"]
@@ -142,12 +145,12 @@ class FunctionPlan:
 
     def _returned(self, engine: Engine, value: object) -> None:
         self._settle_result(engine, value)
-        raise engine.finish([FUNCTION_STEP])
+        raise engine.drive(procedures.finish, [FUNCTION_STEP])
 
     def _settle_result(self, engine: Engine, value: object) -> None:
         result = ensure_json(value, what=f"the return value of {self._function.name}")
-        if engine.state.effects[FUNCTION_STEP].state is not EffectState.VERIFIED:
-            engine.complete(FUNCTION_STEP, result)
+        if engine.invocation.state.effects[FUNCTION_STEP].state is not EffectState.VERIFIED:
+            engine.record(procedures.complete, FUNCTION_STEP, result)
 
     def progress(self, state: RunState) -> str:
         counts: dict[str, int] = {}
@@ -178,8 +181,8 @@ class Recording:
     def drive(self, engine: Engine) -> None:
         raise Stop(
             Status.RUNNING,
-            f"nothing yet: a worker runs it (`longrun worker {engine.store_spec} --import MODULE`), "
-            f"or `longrun resume {engine.store_spec} {engine.task_id}`",
+            f"nothing yet: a worker runs it (`longrun worker {engine.config.store_spec} --import MODULE`), "
+            f"or `longrun resume {engine.config.store_spec} {engine.config.task_id}`",
         )
 
     async def adrive(self, engine: Engine) -> None:
@@ -187,8 +190,8 @@ class Recording:
 
     def record(self, engine: Engine) -> RunOutcome:
         """Commit the first revision through ``engine`` (an async function's engine runs on a loop of its own)."""
-        if engine.asynchronous:
-            return run_coroutine(engine.arun(self), f"starting task {engine.task_id!r}", instead="`await fn.astart(...)`")
+        if engine.config.asynchronous:
+            return run_coroutine(engine.arun(self), f"starting task {engine.config.task_id!r}", instead="`await fn.astart(...)`")
         return engine.run(self)
 
     def progress(self, state: RunState) -> str:

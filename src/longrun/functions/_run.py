@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Mapping, Sequence
 
-from ..engine import is_async_callable, receive as receive_steps, send as send_steps, set_event as set_event_steps
+from ..engine import is_async_callable, procedures
 from ..budget import RetryPolicy
 from ..canonical import JSONValue
 from ..errors import InvalidInputError
@@ -52,9 +52,10 @@ class Run(RunSteps):
         raised again on every replay) so that it can compensate, instead of the run stopping
         ``limits-exhausted``.
         """
-        check_on_exhausted(on_exhausted)
+        if on_exhausted != "stop":  # the default needs no check (nor a call on every effect)
+            check_on_exhausted(on_exhausted)
         step = self._effect_step(step_id, action, payload, approval, observe_first)
-        return self._effect_result(self._engine.effect(step, retry=retry, timeout_s=timeout_s, on_exhausted=on_exhausted))
+        return self._effect_result(self._engine.drive(procedures.effect, step, retry=retry, timeout_s=timeout_s, on_exhausted=on_exhausted))
 
     def map(
         self,
@@ -75,13 +76,13 @@ class Run(RunSteps):
         the run (say, it awaits approval), the others in flight settle and nothing new starts."""
         if not isinstance(step_prefix, str) or not step_prefix:
             raise InvalidInputError("map needs a non-empty step prefix")
-        steps = [
+        made = [
             self._effect_step(f"{step_prefix}/{index}", action, payload, approval, False) for index, payload in enumerate(payloads)
         ]
         engine = self._engine
         records = engine.run_parallel(
-            [engine.effect_steps(step, retry=retry, timeout_s=timeout_s) for step in steps],
-            max_parallel if max_parallel is not None else engine.max_parallel,
+            [engine.steps(procedures.effect, step, retry=retry, timeout_s=timeout_s) for step in made],
+            max_parallel if max_parallel is not None else engine.config.max_parallel,
         )
         return [record.result for record in records]
 
@@ -106,7 +107,7 @@ class Run(RunSteps):
         if inspect.iscoroutinefunction(fn):
             raise InvalidInputError(f"step {step_id!r}: {qualified_name(fn)} is async; call it from an async durable function")
         step = self._call_step(step_id, fn, args, kwargs, replay)
-        record = self._engine.call(step, lambda: fn(*args, **kwargs), retry=retry, timeout_s=timeout_s)
+        record = self._engine.drive(procedures.call, step, lambda: fn(*args, **kwargs), retry=retry, timeout_s=timeout_s)
         return self._call_result(step_id, record)
 
     def sleep(self, step_id: str, seconds: float) -> None:
@@ -114,7 +115,7 @@ class Run(RunSteps):
 
         A wait longer than ``Limits.max_block_s`` stops the run ``sleeping`` with ``wake_at``; run
         the task again at or after that time (a worker does it by itself)."""
-        self._engine.timer(self._sleep_step(step_id, seconds), float(seconds))
+        self._engine.drive(procedures.timer, self._sleep_step(step_id, seconds), float(seconds))
 
     def ask(self, step_id: str, question: str, *, choices: Sequence[JSONValue] | None = None) -> JSONValue:
         """A person's answer, as a value. Until it is given the run stops ``awaiting-input``.
@@ -133,10 +134,10 @@ class Run(RunSteps):
         the child's names its parent and lineage. Cancelling this task cancels the child while it is
         unfinished, unless ``detached=True`` (then it runs on by itself). A child that is this task
         or one of its ancestors is refused with ``ChildCycleError``."""
-        step_id, record = self._child_record(task_id, function, args, kwargs, detached)
+        step_id, record = self._engine.drive(self._child_record, task_id, function, args, kwargs, detached)
         if record.state is EffectState.PLANNED:
             outcome = function.run_child(task_id, self.task_id, args, kwargs, link=self._link(detached))
-            record = self._child_settled(step_id, task_id, outcome)
+            record = self._engine.drive(self._child_settled, step_id, task_id, outcome)
         return self._child_result(step_id, record)
 
     def send(self, to_task: str, topic: str, value: JSONValue, *, key: str | None = None, step_id: str | None = None) -> int:
@@ -149,7 +150,7 @@ class Run(RunSteps):
         ``longrun.send:<to_task>/<topic>@<n>`` for the n-th such send of this run. A receiver the
         store does not hold raises ``UnknownTaskError`` (recorded: raised again on replay)."""
         engine = self._engine
-        return self._sent(engine.drive(send_steps(engine.invocation, self._send_step(to_task, topic, value, key, step_id))))
+        return self._sent(engine.drive(procedures.send, self._send_step(to_task, topic, value, key, step_id)))
 
     def recv(self, topic: str, *, timeout_s: float | None = None, step_id: str | None = None) -> JSONValue:
         """The value of the oldest message on ``topic`` that this task has not received yet
@@ -163,7 +164,7 @@ class Run(RunSteps):
         ``longrun.recv:<topic>@<n>`` for the n-th receive on that topic of this run."""
         engine = self._engine
         step = self._recv_step(topic, timeout_s, step_id)
-        return self._received(engine.drive(receive_steps(engine.invocation, step, timeout_s)))
+        return self._received(engine.drive(procedures.receive, step, timeout_s))
 
     def set_event(self, key: str, value: JSONValue, *, step_id: str | None = None) -> None:
         """Publish ``value`` (JSON, at most ``messages.MAX_MESSAGE_BYTES``) as this task's event
@@ -171,7 +172,8 @@ class Run(RunSteps):
         Read it with ``fn.get_event``, ``longrun event`` or ``longrun status``. Step id:
         ``step_id``, else ``longrun.event:<key>@<n>`` for the n-th set of that key in this run."""
         engine = self._engine
-        engine.drive(set_event_steps(engine.invocation, self._event_step(key, value, step_id)))
+        engine.drive(procedures.set_event, self._event_step(key, value, step_id))
+
     def progress(self, done: float, total: float | None = None, note: str | None = None) -> None:
         """Record how far the function has come: ``done`` units of ``total`` (if known), with a note.
 
@@ -179,7 +181,7 @@ class Run(RunSteps):
         often as it likes. It goes out with the next commit, or commits by itself at most once a
         second. ``watch``, ``ls``, ``status``, the console and ``longrun metrics`` show it, with the
         rate between two reported points and the time left at that rate."""
-        self._engine.report_progress(done, total, note)
+        self._engine.drive(procedures.report_progress, done, total, note)
 
 
 class AsyncRun(RunSteps):
@@ -206,10 +208,11 @@ class AsyncRun(RunSteps):
     ) -> JSONValue:
         """``Run.effect``, awaited. Past ``timeout_s`` (else the run's, else the retry policy's
         ``deadline_s``) the apply is cancelled, and the effect is uncertain and observed."""
-        check_on_exhausted(on_exhausted)
+        if on_exhausted != "stop":  # the default needs no check (nor a call on every effect)
+            check_on_exhausted(on_exhausted)
         step = self._effect_step(step_id, action, payload, approval, observe_first)
         engine = self._engine
-        record = await engine.driver.step(engine.effect_steps(step, retry=retry, timeout_s=timeout_s, on_exhausted=on_exhausted))
+        record = await engine.driver.step(engine.steps(procedures.effect, step, retry=retry, timeout_s=timeout_s, on_exhausted=on_exhausted))
         return self._effect_result(record)
 
     async def call(
@@ -226,49 +229,51 @@ class AsyncRun(RunSteps):
         a worker thread, so that it does not block the other steps)."""
         step = self._call_step(step_id, fn, args, kwargs, replay)
         engine = self._engine
-        steps = engine.call_steps(step, lambda: fn(*args, **kwargs), retry=retry, timeout_s=timeout_s, awaitable=is_async_callable(fn))
+        steps = engine.steps(procedures.call, step, lambda: fn(*args, **kwargs), retry=retry, timeout_s=timeout_s, awaitable=is_async_callable(fn))
         return self._call_result(step_id, await engine.driver.step(steps))
 
     async def sleep(self, step_id: str, seconds: float) -> None:
         """``Run.sleep``, awaited."""
         step = self._sleep_step(step_id, seconds)
         engine = self._engine
-        await engine.driver.step(engine.timer_steps(step, float(seconds)))
+        await engine.driver.step(engine.steps(procedures.timer, step, float(seconds)))
 
     async def ask(self, step_id: str, question: str, *, choices: Sequence[JSONValue] | None = None) -> JSONValue:
         """``Run.ask``: reads the answer (it never waits for a person; without one the run stops)."""
         step, choice_list = self._question(step_id, question, choices)
         engine = self._engine
-        return (await engine.driver.step(engine.ask_steps(step, choice_list))).result
+        return (await engine.driver.step(engine.steps(procedures.ask, step, choice_list))).result
 
     async def child(
         self, task_id: str, function: ChildFunction, *args: Any, detached: bool = False, **kwargs: Any
     ) -> Any:
         """``Run.child``, awaited: an async child runs on this event loop, a synchronous one in a thread."""
-        step_id, record = self._child_record(task_id, function, args, kwargs, detached)
+        engine = self._engine  # the store reads, the cancellation read and the commit: off this loop
+        step_id, record = await engine.driver.step(engine.steps(self._child_record, task_id, function, args, kwargs, detached))
         if record.state is EffectState.PLANNED:
             outcome = await function.arun_child(task_id, self.task_id, args, kwargs, link=self._link(detached))
-            record = self._child_settled(step_id, task_id, outcome)
+            record = await engine.driver.step(engine.steps(self._child_settled, step_id, task_id, outcome))
         return self._child_result(step_id, record)
 
     async def send(self, to_task: str, topic: str, value: JSONValue, *, key: str | None = None, step_id: str | None = None) -> int:
         """``Run.send``, awaited."""
         engine = self._engine
         step = self._send_step(to_task, topic, value, key, step_id)
-        return self._sent(await engine.driver.step(send_steps(engine.invocation, step)))
+        return self._sent(await engine.driver.step(engine.steps(procedures.send, step)))
 
     async def recv(self, topic: str, *, timeout_s: float | None = None, step_id: str | None = None) -> JSONValue:
         """``Run.recv``, awaited (a wait within ``Limits.max_block_s`` does not block the event loop)."""
         engine = self._engine
         step = self._recv_step(topic, timeout_s, step_id)
-        return self._received(await engine.driver.step(receive_steps(engine.invocation, step, timeout_s)))
+        return self._received(await engine.driver.step(engine.steps(procedures.receive, step, timeout_s)))
 
     async def set_event(self, key: str, value: JSONValue, *, step_id: str | None = None) -> None:
         """``Run.set_event``, awaited."""
         engine = self._engine
         step = self._event_step(key, value, step_id)
-        await engine.driver.step(set_event_steps(engine.invocation, step))
+        await engine.driver.step(engine.steps(procedures.set_event, step))
+
     async def progress(self, done: float, total: float | None = None, note: str | None = None) -> None:
         """``Run.progress``, awaited (a commit it makes runs off the event loop)."""
         engine = self._engine
-        await engine.driver.run(engine.report_progress_steps(done, total, note))
+        await engine.driver.run(engine.steps(procedures.report_progress, done, total, note))

@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping, Sequence
 from .. import _crashpoints
 from ..canonical import JSONValue, canonical_bytes, digest_of, ensure_json
 from ..contract import ASK_ACTION, INTERNAL_PREFIX, Step, check_step_id, check_task_id
-from ..engine import Engine
+from ..engine import Engine, Invocation, Steps, procedures
 from ..errors import CallFailed, ChildCycleError, EffectFailed, InvalidInputError, SizeLimitError, UnknownTaskError
 from ..ledger import EffectRecord, EffectState
 from ..messages import MAX_KEY_CHARS, MAX_MESSAGE_BYTES, RECV_ACTION, SEND_ACTION, check_topic, sent_key
@@ -47,7 +47,7 @@ class RunSteps:
 
     @property
     def task_id(self) -> str:
-        return self._engine.task_id
+        return self._engine.config.task_id
 
     def _claim(self, step_id: str) -> str:
         check_step_id(step_id)
@@ -59,7 +59,8 @@ class RunSteps:
         return step_id
 
     def _diverged(self, step_id: str, what: str, recorded: str, now: str) -> BaseException:
-        return self._engine.mismatch(
+        return self._engine.record(
+            procedures.mismatch,
             f"step {step_id!r}: recorded {what} {recorded}, the code now asks for {now}",
             f"restore the code that recorded step {step_id!r} ({what} {recorded}), or give the changed step a new id; "
             "nothing was applied",
@@ -72,12 +73,14 @@ class RunSteps:
         engine = self._engine
         if not isinstance(action, str) or action.startswith(INTERNAL_PREFIX):
             raise InvalidInputError(f"step {step_id!r}: action {action!r} is not a user action")
-        engine.adapter_for(action, step_id=step_id)
-        refusal = engine.contract.action_refusal(action)
+        config = engine.config
+        if action not in config.adapters:
+            config.adapter_for(action, step_id=step_id)  # raises, naming the actions that have one
+        refusal = config.contract.action_refusal(action)
         if refusal is not None:
-            raise engine.refused_action(step_id, refusal)
+            raise engine.record(procedures.refused_action, step_id, refusal)
         step = Step(step_id, action, payload, approval=approval, observe_first=observe_first)
-        recorded = engine.state.effects.get(step_id)
+        recorded = engine.invocation.state.effects.get(step_id)
         if recorded is not None:
             if recorded.action != action:
                 raise self._diverged(step_id, "action", repr(recorded.action), repr(action))
@@ -96,7 +99,7 @@ class RunSteps:
         arguments = ensure_json({"args": list(args), "kwargs": dict(kwargs)}, what=f"arguments of step {step_id!r}")
         payload = {"function": qualified_name(fn), "arguments": digest_of(arguments)}
         step = Step(step_id, CALL_ACTION, payload)
-        recorded = self._engine.state.effects.get(step_id)
+        recorded = self._engine.invocation.state.effects.get(step_id)
         if recorded is not None:
             if recorded.action != CALL_ACTION:
                 raise self._diverged(step_id, "action", repr(recorded.action), "a call")
@@ -115,14 +118,14 @@ class RunSteps:
         self._claim(step_id)
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
             raise InvalidInputError(f"step {step_id!r}: seconds must be a finite number >= 0, got {seconds!r}")
-        recorded = self._engine.state.effects.get(step_id)
+        recorded = self._engine.invocation.state.effects.get(step_id)
         if recorded is not None and recorded.action != SLEEP_ACTION:
             raise self._diverged(step_id, "action", repr(recorded.action), "a sleep")
         return Step(step_id, SLEEP_ACTION, {"seconds": seconds})
 
     def _ask(self, step_id: str, question: str, choices: Sequence[JSONValue] | None) -> JSONValue:
         step, choice_list = self._question(step_id, question, choices)
-        return self._engine.ask(step, choice_list).result
+        return self._engine.drive(procedures.ask, step, choice_list).result
 
     def _question(self, step_id: str, question: str, choices: Sequence[JSONValue] | None) -> tuple[Step, list[JSONValue] | None]:
         """The step of a question, checked against what is recorded, and its choices."""
@@ -131,7 +134,7 @@ class RunSteps:
             raise InvalidInputError(f"step {step_id!r}: the question must be a non-empty string")
         listed = None if choices is None else ensure_json(list(choices), what=f"choices of step {step_id!r}")
         payload: dict[str, JSONValue] = {"question": question, "choices": listed}
-        recorded = self._engine.state.effects.get(step_id)
+        recorded = self._engine.invocation.state.effects.get(step_id)
         if recorded is not None:
             if recorded.action != ASK_ACTION:
                 raise self._diverged(step_id, "action", repr(recorded.action), "a question")
@@ -142,30 +145,33 @@ class RunSteps:
     def _link(self, detached: bool) -> ChildLink:
         """What a child this task starts records of its family: this task, its lineage, and whose
         cancellation reaches the child (this task's and whose reaches this task, unless detached)."""
-        state = self._engine.state
+        state = self._engine.invocation.state
         reached = () if detached else (self.task_id, *cancelled_with(state))
         return ChildLink(self.task_id, (self.task_id, *lineage(state)), detached, reached)
 
     def _child_record(
-        self, task_id: str, function: ChildFunction, args: tuple[Any, ...], kwargs: dict[str, Any], detached: bool
-    ) -> tuple[str, EffectRecord]:
-        """The child's record in this run (planned now if new); a planned one is still to be driven."""
+        self, inv: Invocation, task_id: str, function: ChildFunction, args: tuple[Any, ...], kwargs: dict[str, Any], detached: bool
+    ) -> Steps[tuple[str, EffectRecord]]:
+        """The child's record in this run (planned now if new); a planned one is still to be driven.
+        A step procedure: the store's family records and the cancellation are read by the driver."""
         check_task_id(task_id)
         if not isinstance(function, ChildFunction):
             raise InvalidInputError(f"child {task_id!r}: {function!r} is not a durable function")
         if not isinstance(detached, bool):
             raise InvalidInputError(f"child {task_id!r}: detached must be True or False, got {detached!r}")
-        check_no_cycle(self.task_id, task_id, lineage(self._engine.state))
+        state = inv.state
+        check_no_cycle(self.task_id, task_id, lineage(state))
         step_id = f"{CHILD_ACTION}:{task_id}"
-        if step_id not in self._engine.state.effects:  # a new child: does it (through its own children) wait on this task?
-            path = waiting_path(self._engine.store, task_id, self.task_id)
+        if step_id not in state.effects:  # a new child: does it (through its own children) wait on this task?
+            parent = self.task_id
+            path = yield from procedures.read_store(inv, lambda store: waiting_path(store, task_id, parent))
             if path:
                 shown = " -> ".join(repr(task) for task in (self.task_id, *path))
                 raise ChildCycleError(
                     f"task {self.task_id!r} asks for {task_id!r} as its child, which waits on it ({shown}): both would "
                     "wait for ever; nothing was started: give the child another task id",
                     child=task_id,
-                    lineage=(self.task_id, *lineage(self._engine.state)),
+                    lineage=(self.task_id, *lineage(state)),
                 )
         if step_id in self._used:
             raise InvalidInputError(f"child task {task_id!r} is used twice in one run of {self._function.name}")
@@ -174,28 +180,30 @@ class RunSteps:
         payload: dict[str, JSONValue] = {"task": task_id, "function": function.name, "arguments": digest_of(arguments)}
         if detached:  # only then: the digest of a child recorded before the option existed is unchanged
             payload["detached"] = True
-        engine = self._engine
-        recorded = engine.state.effects.get(step_id)
+        recorded = state.effects.get(step_id)
         if recorded is not None and recorded.payload_digest != digest_of(payload):
             raise self._diverged(step_id, "child digest", recorded.payload_digest, digest_of(payload))
-        record = engine.plan(Step(step_id, CHILD_ACTION, payload))
+        record = procedures.plan(inv, Step(step_id, CHILD_ACTION, payload))
         if record.state is EffectState.PLANNED:
-            engine.check_cancellation()  # a cancelled parent drives its child no further
+            yield from procedures.check_cancellation(inv)  # a cancelled parent drives its child no further
         return step_id, record
 
-    def _child_settled(self, step_id: str, task_id: str, outcome: RunOutcome) -> EffectRecord:
-        engine = self._engine
+    def _child_settled(self, inv: Invocation, step_id: str, task_id: str, outcome: RunOutcome) -> Steps[EffectRecord]:
+        """The child's record settled by its outcome; a child not done yet stops this run (committed)."""
         if _crashpoints.ARMED:
             _crashpoints.hit("child.returned", task_id)
         if outcome.status is Status.DONE:
-            return engine.complete(step_id, outcome.result)
+            return procedures.complete(inv, step_id, outcome.result)
         if outcome.status in ENDED_UNFINISHED:
             failure: JSONValue = {"type": "ChildEnded", "message": f"child task {task_id!r} ended {outcome.status.value}"}
-            return engine.complete(step_id, failure, failed=True)
-        raise engine.wait(
-            Status.WAITING_ON_CHILD,
-            f"child task {task_id!r} is {outcome.status.value} ({outcome.next_action}); run this task again after it",
-            wake_at=outcome.wake_at,
+            return procedures.complete(inv, step_id, failure, failed=True)
+        raise (
+            yield from procedures.wait(
+                inv,
+                Status.WAITING_ON_CHILD,
+                f"child task {task_id!r} is {outcome.status.value} ({outcome.next_action}); run this task again after it",
+                wake_at=outcome.wake_at,
+            )
         )
 
     @staticmethod
@@ -219,7 +227,7 @@ class RunSteps:
         return derived
 
     def _checked_talk(self, step_id: str, action: str, payload: dict[str, JSONValue], what: str) -> Step:
-        recorded = self._engine.state.effects.get(step_id)
+        recorded = self._engine.invocation.state.effects.get(step_id)
         if recorded is not None:
             if recorded.action != action:
                 raise self._diverged(step_id, "action", repr(recorded.action), what)

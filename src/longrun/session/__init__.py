@@ -14,7 +14,7 @@ session's task unchanged:
   ``longrun.contract`` holds its normalized JSON, and the plan digest (what approvals bind to) is a
   digest over it. Running ``init`` again with the same contract changes nothing; with another it is
   refused.
-- ``exec`` makes one step's command an effect (``Engine.effect`` with ``shell.CommandAdapter``):
+- ``exec`` makes one step's command an effect (``procedures.effect`` with ``shell.CommandAdapter``):
   the step's action must be allowed by the contract, cancellation and approval are read fresh, the
   lease is held (a second ``exec`` on the task is ``already-running``), ``started`` is durable
   before the command runs, and after a crash the next ``exec`` observes (the observe command)

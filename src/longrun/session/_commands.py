@@ -18,7 +18,7 @@ from ..canonical import JSONValue, digest_of
 from ..clock import SystemClock
 from ..contract import ASK_ACTION, Step, check_task_id
 from ..contractfile import DECISION_PREFIX, SessionContract
-from ..engine import Engine, Stop, default_owner
+from ..engine import Engine, procedures, Stop, default_owner
 from ..envelope import RunState
 from ..errors import InvalidInputError
 from ..ledger import EffectState
@@ -149,9 +149,10 @@ class Session:
             time.sleep(wait + 0.02)
 
     def _guard_order(self, engine: Engine, contract: SessionContract, step_id: str) -> None:
-        missing = self._before(contract, engine.state, step_id)
+        missing = self._before(contract, engine.invocation.state, step_id)
         if missing:
-            raise engine.mismatch(
+            raise engine.record(
+                procedures.mismatch,
                 f"step {step_id!r} asked for before {missing} were recorded",
                 f"take the steps in order: `longrun next {self.store_spec} {self.task_id}` says which one is next",
             )
@@ -193,8 +194,8 @@ class Session:
 
         def drive(engine: Engine) -> None:
             if plan.created:
-                raise engine.wait(Status.RUNNING, self._rule.step_action(contract, engine.state, self.store_spec).text)
-            raise Stop(engine.state.status, engine.state.next_action)  # another init got there first
+                raise engine.drive(procedures.wait, Status.RUNNING, self._rule.step_action(contract, engine.invocation.state, self.store_spec).text)
+            raise Stop(engine.invocation.state.status, engine.invocation.state.next_action)  # another init got there first
 
         plan = SessionPlan(contract, drive, create=True, source=source)
         outcome = self._run(self._engine(contract), plan, contract)
@@ -271,17 +272,17 @@ class Session:
         def drive(engine: Engine) -> None:
             settle_decisions(engine)
             self._guard_order(engine, contract, step_id)
-            current = engine.state.effects.get(step_id)
+            current = engine.invocation.state.effects.get(step_id)
             needs_approval = wants_approval
             if current is not None and current.state is not EffectState.VERIFIED:
                 if recorded_command(current) != argv:
-                    raise engine.mismatch(f"step {step_id!r} was recorded with another command meanwhile", "run `longrun next` again")
+                    raise engine.record(procedures.mismatch, f"step {step_id!r} was recorded with another command meanwhile", "run `longrun next` again")
                 needs_approval = needs_approval or bool(isinstance(current.payload, dict) and current.payload.get("approval"))
-            refusal = engine.contract.action_refusal(step.action)
+            refusal = engine.config.contract.action_refusal(step.action)
             if refusal is not None:
-                raise engine.refused_action(step_id, refusal)
-            engine.effect(Step(step_id, step.action, payload, approval=needs_approval), retry=self._step_retry(contract))
-            raise engine.wait(Status.RUNNING, self._rule.step_action(contract, engine.state, self.store_spec).text)
+                raise engine.record(procedures.refused_action, step_id, refusal)
+            engine.drive(procedures.effect, Step(step_id, step.action, payload, approval=needs_approval), retry=self._step_retry(contract))
+            raise engine.drive(procedures.wait, Status.RUNNING, self._rule.step_action(contract, engine.invocation.state, self.store_spec).text)
 
         outcome = self._run(self._engine(contract, adapter), SessionPlan(contract, drive), contract)
         return self._after(step_id, outcome)
@@ -335,16 +336,16 @@ class Session:
         def drive(engine: Engine) -> None:
             settle_decisions(engine)
             self._guard_order(engine, contract, step_id)
-            current = engine.state.effects.get(step_id)
+            current = engine.invocation.state.effects.get(step_id)
             if current is not None and current.payload_digest != digest:
-                raise engine.mismatch(f"step {step_id!r} was recorded with other evidence meanwhile", "run `longrun next` again")
+                raise engine.record(procedures.mismatch, f"step {step_id!r} was recorded with other evidence meanwhile", "run `longrun next` again")
             if current is None or current.state is not EffectState.VERIFIED:
                 if step.approval:
-                    engine.effect(Step(step_id, CHECKPOINT_ACTION, payload, approval=True), retry=self._step_retry(contract))
+                    engine.drive(procedures.effect, Step(step_id, CHECKPOINT_ACTION, payload, approval=True), retry=self._step_retry(contract))
                 else:  # planned and verified in one commit: an interrupted checkpoint leaves nothing behind
-                    engine.plan(Step(step_id, CHECKPOINT_ACTION, payload))
-                    engine.complete(step_id, evidence)
-            raise engine.wait(Status.RUNNING, self._rule.step_action(contract, engine.state, self.store_spec).text)
+                    engine.record(procedures.plan, Step(step_id, CHECKPOINT_ACTION, payload))
+                    engine.record(procedures.complete, step_id, evidence)
+            raise engine.drive(procedures.wait, Status.RUNNING, self._rule.step_action(contract, engine.invocation.state, self.store_spec).text)
 
         outcome = self._run(self._engine(contract), SessionPlan(contract, drive), contract)
         return self._after(step_id, outcome)
@@ -360,10 +361,10 @@ class Session:
 
         def drive(engine: Engine) -> None:
             settle_decisions(engine)
-            still = self._unfinished(contract, engine.state)
+            still = self._unfinished(contract, engine.invocation.state)
             if still:
-                raise engine.mismatch(f"completion evidence missing for {still}", "run `longrun next` again")
-            raise engine.finish(list(contract.required))
+                raise engine.record(procedures.mismatch, f"completion evidence missing for {still}", "run `longrun next` again")
+            raise engine.drive(procedures.finish, list(contract.required))
 
         outcome = self._run(self._engine(contract), SessionPlan(contract, drive), contract)
         state, contract = self._rule.recorded()
@@ -386,12 +387,12 @@ class Session:
         decided: list[str] = []
 
         def drive(engine: Engine) -> None:
-            numbers = [int(match.group(1)) for sid in engine.state.effects if (match := _DECISION.fullmatch(sid))]
+            numbers = [int(match.group(1)) for sid in engine.invocation.state.effects if (match := _DECISION.fullmatch(sid))]
             step_id = f"{DECISION_PREFIX}{max(numbers, default=0) + 1}"
-            engine.plan(Step(step_id, ASK_ACTION, {"question": reason, "choices": None}))
+            engine.record(procedures.plan, Step(step_id, ASK_ACTION, {"question": reason, "choices": None}))
             decided.append(step_id)
             settle_decisions(engine)
-            raise engine.wait(Status.RUNNING, self._rule.step_action(contract, engine.state, self.store_spec).text)
+            raise engine.drive(procedures.wait, Status.RUNNING, self._rule.step_action(contract, engine.invocation.state, self.store_spec).text)
 
         outcome = self._run(self._engine(contract), SessionPlan(contract, drive), contract)
         return self._after(decided[0] if decided and outcome.status is Status.AWAITING_INPUT else None, outcome)

@@ -7,7 +7,7 @@ from typing import Callable
 from ..canonical import JSONValue
 from ..contract import ASK_ACTION, Step
 from ..contractfile import SessionContract
-from ..engine import Engine
+from ..engine import Engine, procedures
 from ..envelope import RunState
 from ..ledger import EffectState
 from ._records import CONTRACT_STEP, session_digest
@@ -39,15 +39,16 @@ class SessionPlan:
 
     def initial(self, engine: Engine, state: RunState) -> None:
         if not self._create:
-            raise engine.mismatch("the task has no state", f"start the task with `longrun init {engine.store_spec} {engine.task_id} --contract FILE`")
+            raise engine.record(procedures.mismatch, "the task has no state", f"start the task with `longrun init {engine.config.store_spec} {engine.config.task_id} --contract FILE`")
         payload: dict[str, JSONValue] = {"contract": self._contract.to_json(), "file": self._source}
-        engine.plan(Step(CONTRACT_STEP, CONTRACT_STEP, payload))
-        engine.complete(CONTRACT_STEP, {"contract_digest": self._contract.digest})
+        engine.record(procedures.plan, Step(CONTRACT_STEP, CONTRACT_STEP, payload))
+        engine.record(procedures.complete, CONTRACT_STEP, {"contract_digest": self._contract.digest})
         self.created = True
 
     def accept(self, engine: Engine, state: RunState) -> None:
         if state.plan_digest != self.digest:
-            raise engine.mismatch(
+            raise engine.record(
+                procedures.mismatch,
                 f"{contract_difference(state, self._contract)}: recorded plan digest {state.plan_digest}, "
                 f"this contract's {self.digest}",
                 "the task was started with another run contract: a changed contract needs a new task id",
@@ -67,7 +68,7 @@ class SessionPlan:
 
 def settle_decisions(engine: Engine) -> None:
     """Every recorded stop must be answered before anything else: an unanswered one stops ``awaiting-input``."""
-    for record in list(engine.state.effects.values()):
+    for record in list(engine.invocation.state.effects.values()):
         if record.action == ASK_ACTION and record.state is not EffectState.VERIFIED:
             payload = record.payload if isinstance(record.payload, dict) else {}
-            engine.ask(Step(record.step_id, ASK_ACTION, payload), None)
+            engine.drive(procedures.ask, Step(record.step_id, ASK_ACTION, payload), None)

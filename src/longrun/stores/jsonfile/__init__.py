@@ -95,7 +95,7 @@ flock. The writer, the journal descriptor and the caches of a task are touched o
 except that the descriptor cache (``MAX_OPEN_JOURNALS``) closes a descriptor only when its task's
 count is zero; so a descriptor is never closed, and its number never reused, under a commit.
 
-Held descriptors (``_handles``). Besides the journal, a store object keeps a task's lock file open
+Held descriptors (``_layout.Handles``). Besides the journal, a store object keeps a task's lock file open
 (each transaction locks and unlocks it: no open and close per commit), the lease file it last read
 (open only so that its inode is not reused: every lease write replaces the file, so an ``lstat``
 that finds the same inode, size and times finds the same bytes), and the task's ``control``
@@ -121,9 +121,8 @@ write-ahead log, unless ``lease.json`` witnessed one of them (then the load refu
 The package, one module per part (each reaches the file system only through the store's
 ``FileIO``, so the fault tests reach every call):
 
-- ``_handles``: the held descriptors above, and the transaction that locks the task.
-- ``_layout``: the names above, the limits, the checks on paths, and the gates (a task's turn among
-  a store object's threads);
+- ``_layout``: the names above, the limits, the checks on paths, the gates (a task's turn among
+  a store object's threads), the held descriptors above, and the transaction that locks the task;
 - ``_reading``: snapshots, journals and the chains they form, and the recent timeline the
   journals hold;
 - ``_recovery``: one load (``Load``): the clean chain, or the longest valid one, and the repair;

@@ -28,9 +28,8 @@ from .._holders import HolderLocks
 from .._queue_sql import delete_side_row
 from ..base import BaseStore
 from ..controlfiles import ControlFiles
-from ._handles import Handles, Held, Transaction, lease_key
+from ._layout import HOLDER_LOCK, LEASE, MAX_RECORD_BYTES, NONBLOCK, Gate, Gates, Handles, Held, TaskFiles, Transaction, lease_key
 from ._mailbox import Mailbox
-from ._layout import HOLDER_LOCK, LEASE, MAX_RECORD_BYTES, NONBLOCK, Gate, Gates, TaskFiles
 from ._reading import epoch_floor, history
 from ._recovery import Load
 from ._writing import Writer, Writers
@@ -186,7 +185,7 @@ class JsonFileStore(BaseStore):
         """The lease file's bytes (None: no lease file), read in the task's turn.
 
         A store object that holds the task's lock descriptor also holds the lease file it last
-        read (``_handles``): while an ``lstat`` finds that very file unchanged, its bytes are the
+        read (``_layout.Handles``): while an ``lstat`` finds that very file unchanged, its bytes are the
         ones read then, and the read costs one call instead of three."""
         held = self._handles.get(task_id)
         if held is None:
@@ -197,7 +196,8 @@ class JsonFileStore(BaseStore):
                 info = self.io.lstat(path)
             except FileNotFoundError:
                 info = None
-            if info is not None and lease_key(info) == held.lease_key:
+            # ``lease_key(info)``, spelled out: this runs on every commit.
+            if info is not None and (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns) == held.lease_key:
                 return held.lease_data
         self._unpin_lease(held)
         try:

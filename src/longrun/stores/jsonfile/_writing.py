@@ -54,10 +54,6 @@ class Writer:
     that followed a load does not know): what the next compaction, which makes this snapshot the
     backup, must keep."""
 
-    def wants_compaction(self) -> bool:
-        due = not self.has_backup or self.journal_end > max(layout.COMPACT_MIN_BYTES, layout.COMPACT_RATIO * self.snapshot_bytes)
-        return due and self.journal_end >= self.retry_compaction_at
-
 
 def _close_journals(io: FileIO, writers: dict[str, Writer]) -> None:
     for writer in writers.values():
@@ -163,7 +159,10 @@ class Writers:
         The journal itself is not stat'ed here: on kernels with multigrain timestamps, asking for
         a file's times makes its next write update them finely, which costs the following
         ``fdatasync`` a metadata flush (measured: about 60 us, a third of the commit)."""
-        return self.files.inode(task_id, STATE) == writer.snapshot_inode
+        try:
+            return self.io.lstat(self.files.path(task_id, STATE)).st_ino == writer.snapshot_inode
+        except FileNotFoundError:
+            return False
 
     # -- journal descriptors -------------------------------------------------------------------
 
@@ -230,15 +229,19 @@ class Writers:
                 return
             # The blobs the line names are durable (their directory synced) before the line is written.
             introduced = writer.shadow.introduced
-            self.store_blobs(task_id, introduced)
-            if writer.referenced is not None:
-                writer.referenced.update(ref.sha256 for ref in introduced)
+            if introduced:  # most commits name no large value
+                self.store_blobs(task_id, introduced)
+                if writer.referenced is not None:
+                    writer.referenced.update([ref.sha256 for ref in introduced])
             self._append(task_id, writer, line)
             writer.revision = state.revision
         except BaseException:
             self.drop(task_id)
             raise
-        if writer.wants_compaction():
+        # Compaction is due without a backup, or once the journal outgrows the snapshot's share
+        # (and not before a failed one's retry point).
+        end = writer.journal_end
+        if (not writer.has_backup or end > max(layout.COMPACT_MIN_BYTES, layout.COMPACT_RATIO * writer.snapshot_bytes)) and end >= writer.retry_compaction_at:
             self._compact(task_id, state, writer)
 
     def _append(self, task_id: str, writer: Writer, line: bytes) -> None:
