@@ -107,9 +107,6 @@ def read_row(store: Store, task_id: str) -> TaskRow:
     )  # fmt: skip
 
 
-_WAITING_ON_PEOPLE = frozenset({Status.AWAITING_APPROVAL.value, Status.AWAITING_INPUT.value})
-
-
 def _indexed(store: Store) -> bool:
     """Whether the store answers ``list_summaries`` from an index of its own (the SQL stores), not
     by loading every state (the base class's way)."""
