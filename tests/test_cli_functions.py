@@ -39,6 +39,11 @@ MODULE = textwrap.dedent(
         run.effect("send", "mail.send", {"colour": colour, "count": count})
         return {"colour": colour, "count": count}
 
+    @longrun.durable(store=store, limits=longrun.Limits(max_failures=2), retry=longrun.RetryPolicy(base_delay_s=60.0, jitter=0.0))
+    def broken(run, name):
+        run.call("lookup", str.upper, name)
+        raise LookupError(f"no account for {name}")
+
     def not_durable():
         return None
 
@@ -78,6 +83,22 @@ class StartAndResumeTests(unittest.TestCase):
         resumed = self.cli("resume", self.tasks, "g1", "--path", self.code, "--json")
         self.assertEqual(json.loads(resumed.stdout)["result"], {"sent": 1}, resumed.stderr)
         self.assertEqual(len(read_outbox(os.path.join(self.tasks, "outbox.jsonl"))), 1)
+
+    def test_a_function_that_raises_reports_its_recorded_failure_retry_scheduled_then_failed(self) -> None:
+        first = self.cli("start", "agents:broken", "b1", "--args", '["ada"]', "--path", self.code, "--run", "--json")
+        self.assertEqual(first.returncode, 1, first.stderr)  # not finished: a later run continues it
+        body = json.loads(first.stdout)
+        self.assertEqual((body["status"], body["last_failure"]["error_type"], body["last_failure"]["attempt"]), ("retry-scheduled", "LookupError", 1))
+        self.assertEqual(body["wake_at"], body["last_failure"]["retry_at"])
+        self.assertEqual(body["results"], {"lookup": "ADA"})
+        second = self.cli("resume", self.tasks, "b1", "--path", self.code)
+        self.assertEqual(second.returncode, 4, second.stderr)  # failed: running it again changes nothing
+        self.assertIn("task b1: failed", second.stdout)
+        self.assertIn("last error    LookupError: no account for ada (failure 2 of 2 in a row", second.stdout)
+        self.assertIn(f"longrun resume {self.tasks} b1 --reopen", second.stdout)
+        self.assertIn('raise LookupError(f"no account for {name}")', second.stderr, "the recorded traceback")
+        third = self.cli("resume", self.tasks, "b1", "--path", self.code, "--json")
+        self.assertEqual((third.returncode, json.loads(third.stdout)["status"]), (4, "failed"))
 
     def test_start_run_runs_the_task_and_resume_reads_function_and_arguments_from_the_store(self) -> None:
         started = self.cli("start", "agents:greet", "g1", "--args", '[["ann", "bob"]]', "--kwargs", '{"greeting": "yo"}',

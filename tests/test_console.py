@@ -350,7 +350,7 @@ class RunOnceTests(ConsoleCase):
         self.assertIn("Run once", page.body)
         refused = self.request(server, "POST", "/task/queued/run", cookie=token, form={"csrf": "0" * 64})
         self.assertEqual(refused.status, 403)
-        self.assertEqual(JsonFileStore(self.store_dir).load("queued").state.status, Status.RUNNING)
+        self.assertEqual(JsonFileStore(self.store_dir).load("queued").state.status, Status.QUEUED)
         ran = self.request(server, "POST", "/task/queued/run", cookie=token, form={"csrf": server.console.csrf})
         self.assertEqual(ran.status, 303, ran.body)
         self.assertEqual(JsonFileStore(self.store_dir).load("queued").state.status, Status.DONE)

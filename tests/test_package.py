@@ -123,7 +123,7 @@ class LayerTests(unittest.TestCase):
                 imported = self.imports_of(module)
                 self.assertFalse(imported & {"authority", "signing", "stores.controlfiles"}, sorted(imported))
 
-    ENGINE_ORDER = ["_ops", "_config", "_invocation", "_steps", "_effects", "_talk", "_drivers", "_engine"]
+    ENGINE_ORDER = ["_ops", "_config", "_invocation", "_steps", "_failures", "_effects", "_talk", "_drivers", "_engine"]
     """The engine's modules, each importing only those before it (counting every import)."""
 
     def engine_tree(self, name: str) -> ast.Module:

@@ -232,7 +232,7 @@ class WorkerCases:
     def test_a_function_that_raises_is_tried_again_later_not_at_once(self) -> None:
         target = Target()
 
-        @self.durable(target)
+        @self.durable(target, retry=RetryPolicy(base_delay_s=60.0, max_delay_s=60.0, jitter=0.0))
         def broken(run: Any) -> str:
             run.effect("first", "send", {"x": 1})
             raise RuntimeError("a bug in the task's code")
@@ -244,9 +244,41 @@ class WorkerCases:
             self.serve([broken], lambda: queue.entries(["b"])[0].failures == 1)
         self.assertTrue(any("a bug in the task's code" in line for line in logs.output))  # type: ignore[attr-defined]
         entry = queue.entries(["b"])[0]
-        self.assertEqual(entry.status, "error")  # type: ignore[attr-defined]
-        self.assertGreater(entry.due_in_s, 1.0)  # type: ignore[attr-defined]
+        self.assertEqual(entry.status, "retry-scheduled")  # type: ignore[attr-defined]
+        self.assertEqual(entry.last_error, "RuntimeError: a bug in the task's code")  # type: ignore[attr-defined]
+        self.assertGreater(entry.due_in_s, 30.0)  # type: ignore[attr-defined]  # the retry policy's delay, 60 s
         self.assertEqual(target.applied, {"b/first": 1})  # type: ignore[attr-defined]  # committed before it raised
+        state = self.store.load("b").state
+        self.assertEqual(state.status, Status.RETRY_SCHEDULED)  # type: ignore[attr-defined]
+        self.assertEqual((state.last_failure.error_type, state.last_failure.attempt), ("RuntimeError", 1))  # type: ignore[attr-defined]
+
+    def test_a_function_that_keeps_raising_ends_failed_and_the_worker_stops_trying_it(self) -> None:
+        calls: list[int] = []
+
+        @self.durable(Target(), limits=Limits(max_block_s=0.05, max_failures=3), retry=RetryPolicy(base_delay_s=0.01, max_delay_s=0.01, jitter=0.0))
+        def broken(run: Any) -> str:
+            calls.append(1)
+            raise RuntimeError("a bug in the task's code")
+
+        broken.start("b")
+        queue = open_queue(self.store)
+        self.addCleanup(queue.close)
+        failed_at: list[float] = []
+
+        def failed_a_while_ago() -> bool:  # a worker that still retried it would call it again meanwhile
+            if not failed_at and self.status("b") == "failed":
+                failed_at.append(time.monotonic())
+            return bool(failed_at) and time.monotonic() - failed_at[0] > 0.3
+
+        with self.assertLogs("longrun", "WARNING"):  # type: ignore[attr-defined]
+            report = self.serve([broken], failed_a_while_ago)
+        self.assertEqual(len(calls), 3)  # type: ignore[attr-defined]
+        self.assertEqual(report.statuses, {"retry-scheduled": 2, "failed": 1})  # type: ignore[attr-defined]
+        entry = queue.entries(["b"])[0]
+        self.assertEqual((entry.status, entry.due_in_s), ("failed", None))  # type: ignore[attr-defined]
+        state = self.store.load("b").state
+        self.assertEqual(state.last_failure.attempt, 3)  # type: ignore[attr-defined]
+        self.assertIn("--reopen", state.next_action)  # type: ignore[attr-defined]
 
     def test_a_function_whose_exception_cannot_print_itself_is_tried_again_later_like_any_other(self) -> None:
         class Unprintable(Exception):
@@ -264,7 +296,7 @@ class WorkerCases:
             self.serve([broken], lambda: queue.entries(["b"])[0].failures == 1)
         self.assertTrue(any("task b raised Unprintable: <unprintable Unprintable>" in line for line in logs.output))  # type: ignore[attr-defined]
         entry = queue.entries(["b"])[0]
-        self.assertEqual((entry.status, entry.last_error), ("error", "Unprintable: <unprintable Unprintable>"))  # type: ignore[attr-defined]
+        self.assertEqual((entry.status, entry.last_error), ("retry-scheduled", "Unprintable: <unprintable Unprintable>"))  # type: ignore[attr-defined]
 
     def test_a_limited_action_has_at_most_k_applies_under_way(self) -> None:
         target = Target(apply_s=0.03)
@@ -488,7 +520,7 @@ class OptionsTests(support.TempDirTest):
         self.assertTrue(asyncio.run(from_a_loop()))
         for task in ("s", "l"):
             state = store.load(task).state
-            self.assertEqual(state.status, Status.RUNNING)  # type: ignore[union-attr]
+            self.assertEqual(state.status, Status.QUEUED)  # type: ignore[union-attr]  # recorded, not started
             self.assertEqual(list(state.effects), ["longrun.function"])  # type: ignore[union-attr]  # the record of the call only
         self.assertEqual(target.applied, {})
         with self.assertRaises(InvalidInputError):

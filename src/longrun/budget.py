@@ -71,6 +71,9 @@ class Limits:
     """The longest a single ``run()`` call sleeps for a backoff before returning ``retry-scheduled``."""
     approval_ttl_s: float = 86_400.0
     """How long an approval request stays open."""
+    max_failures: int = 5
+    """Failures of a durable function's run in a row (its own code raised, or its process died inside
+    a step) before the task stops ``failed``; progress (a step settled) starts the count again."""
 
     def __post_init__(self) -> None:
         _non_negative(self, "max_attempts", self.max_attempts, optional=False, integer=True)
@@ -81,6 +84,9 @@ class Limits:
             _non_negative(self, name, getattr(self, name), optional=True)
         _non_negative(self, "max_block_s", self.max_block_s, optional=False)
         _non_negative(self, "approval_ttl_s", self.approval_ttl_s, optional=False)
+        _non_negative(self, "max_failures", self.max_failures, optional=False, integer=True)
+        if self.max_failures < 1:
+            raise InvalidInputError("Limits.max_failures must be at least 1")
 
     def attempts_exhausted(self, key: str, attempts: int, last_error: str | None) -> str | None:
         """Why one more attempt of effect ``key`` is not allowed, or None: the per-effect attempt limit."""

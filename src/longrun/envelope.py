@@ -36,12 +36,16 @@ from .approval import ApprovalRequest
 from .budget import BudgetCounters
 from .canonical import MAX_JSON_DEPTH, JSONValue, canonical_bytes, json_too_deep, parse_json, sha256_hex
 from .contract import Step, is_internal
+from .failures import RunFailure
 from .errors import CorruptStateError, ForeignStateError, InvalidInputError, SchemaVersionError, SizeLimitError
 from .ledger import EffectRecord, EffectState
 from .outcome import Evidence, Status
 from .telemetry import EffectLatency, ProgressReport
 
-__all__ = ["FORMAT", "MAX_STATE_BYTES", "SCHEMA_VERSION", "PlanOutline", "RunState", "check_loadable", "decode", "encode"]
+__all__ = [
+    "FORMAT", "MAX_STATE_BYTES", "SCHEMA_VERSION", "PlanOutline", "RunState", "check_loadable", "decode", "encode",
+    "recorded_before_queued",
+]  # fmt: skip
 
 FORMAT = "longrun.state"
 SCHEMA_VERSION = 1
@@ -50,7 +54,7 @@ MAX_CONTROL_OBSERVATIONS = 50
 _STATE_FIELDS = frozenset(
     ("task_id", "plan_digest", "revision", "created_at", "updated_at", "status", "current_step", "next_action",
      "completed_steps", "effects", "budget", "approval_requests", "consumed_approvals", "control_observations",
-     "unknowns", "lease", "reconcile_all", "plan_outline", "progress", "effect_latency")
+     "unknowns", "lease", "reconcile_all", "plan_outline", "progress", "effect_latency", "last_failure")
 )  # fmt: skip
 _OUTLINE_SPEC = (
     f.Field("steps", f.Kind.TUPLE, item=f.Kind.STEP),
@@ -125,6 +129,7 @@ _HEADER_SPEC = (
     f.Field("plan_outline", f.Kind.RECORD, optional=True, record=PlanOutline),
     f.Field("progress", f.Kind.RECORD, optional=True, record=ProgressReport),
     f.Field("effect_latency", f.Kind.RECORD, optional=True, record=EffectLatency),
+    f.Field("last_failure", f.Kind.RECORD, optional=True, record=RunFailure),
 )
 """The state's own fields, as read (``from_json``) and as checked (``check_header``, ``validate``)."""
 _SCALAR_SPEC = tuple(field for field in _HEADER_SPEC if field.kind is not f.Kind.TEXTS)
@@ -177,6 +182,10 @@ class RunState:
     """What a durable function last reported with ``run.progress`` (None if it never did)."""
     effect_latency: EffectLatency | None = None
     """How long this task's verified effects took from an attempt's start, per action (None before the first)."""
+    last_failure: RunFailure | None = None
+    """The last failure of a durable function's run (its code raised, or its process died in a
+    step; ``failures``), kept until the run ends ``done``. None when it never failed, and in states
+    written before failures were recorded; the key is written only when there is one."""
 
     def check_header(self) -> None:
         """Refuse (``InvalidInputError``) a state whose own fields the loader would refuse: what a
@@ -253,6 +262,8 @@ class RunState:
             body["progress"] = self.progress.to_json()
         if self.effect_latency is not None:
             body["effect_latency"] = self.effect_latency.to_json()
+        if self.last_failure is not None:
+            body["last_failure"] = self.last_failure.to_json()
         return body
 
     @classmethod
@@ -290,6 +301,18 @@ class RunState:
         if list(f.get_str_list(d, "completed_steps", what)) != state.completed_steps:
             raise CorruptStateError("state: completed_steps disagrees with the effect records")
         return state
+
+
+def recorded_before_queued(state: RunState) -> bool:
+    """Whether ``state`` is a task recorded for a worker (``fn.start``) by a version that recorded it
+    ``running`` rather than ``queued``, and never run since: it reads as ``queued``, and no run of it
+    died. (A durable function's first run records another next action, so its state is not this.)"""
+    return (
+        state.status is Status.RUNNING
+        and state.revision == 1
+        and state.budget.attempts_total == 0
+        and state.next_action == "start the first step"
+    )
 
 
 def encode(state: RunState, *, record_json: Callable[[EffectRecord], JSONValue] | None = None) -> bytes:

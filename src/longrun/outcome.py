@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from . import _fields as f
 from .canonical import JSONValue, printable
+from .failures import RunFailure
 
 __all__ = ["ENDED_UNFINISHED", "Evidence", "PendingRequest", "RunOutcome", "Status", "TERMINAL", "WAITING"]
 
@@ -34,12 +35,17 @@ class Status(str, enum.Enum):
     SLEEPING = "sleeping"
     AWAITING_INPUT = "awaiting-input"
     WAITING_ON_CHILD = "waiting-on-child"
+    FAILED = "failed"
+    """The durable function failed ``Limits.max_failures`` times in a row (its code raised, or its
+    process died inside a step): final until an operator reopens it (``RunState.last_failure`` says why)."""
+    QUEUED = "queued"
+    """Recorded (``fn.start``, ``fn.enqueue``) and not started yet: a worker or a resume starts it."""
 
     def __str__(self) -> str:
         return self.value
 
 
-TERMINAL = frozenset({Status.DONE, Status.CANCELLED, Status.LIMITS_EXHAUSTED, Status.BLOCKED})
+TERMINAL = frozenset({Status.DONE, Status.CANCELLED, Status.LIMITS_EXHAUSTED, Status.BLOCKED, Status.FAILED})
 """Statuses recorded as final: running the task again changes nothing."""
 
 ENDED_UNFINISHED = TERMINAL - {Status.DONE}
@@ -150,6 +156,9 @@ class RunOutcome:
     pending: tuple[PendingRequest, ...] = ()
     """The approvals and questions the run waits for, in the order they were asked (empty when
     nothing waits for a person)."""
+    last_failure: RunFailure | None = None
+    """The task's last recorded failure (its code raised, or its process died in a step), if the
+    task has one: the error, how many failures in a row, when it runs again (``retry_at``)."""
 
     def to_json(self) -> dict[str, JSONValue]:
         return {
@@ -165,4 +174,5 @@ class RunOutcome:
             "result": self.result,
             "wake_at": self.wake_at,
             "pending": [request.to_json() for request in self.pending],
+            "last_failure": None if self.last_failure is None else self.last_failure.to_json(),
         }

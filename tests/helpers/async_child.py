@@ -82,7 +82,7 @@ def run_once(spec: str, outbox: str, task: str, count: int, later: float, adapte
         allowed_actions=("write",),
         clock=LaterClock(later),
         # Kills may land in the same effect many times: the attempt budget is not what is tested.
-        limits=Limits(max_attempts=1000),
+        limits=Limits(max_attempts=1000, max_failures=1000),  # killed again and again: never failed for it
         retry=RetryPolicy(base_delay_s=0.0, jitter=0.0),
         max_parallel=count,
     )(fan_out)

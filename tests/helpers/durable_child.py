@@ -104,7 +104,7 @@ def run_once(
         allowed_actions=ACTIONS,
         clock=LaterClock(later),
         # Kills may land in the same effect many times: the attempt budget is not what is tested.
-        limits=Limits(max_attempts=1000),
+        limits=Limits(max_attempts=1000, max_failures=1000),  # killed again and again: never failed for it
         retry=RetryPolicy(base_delay_s=0.0, jitter=0.0),
     )(agent_loop)
     try:

@@ -138,7 +138,7 @@ STORE = open_store(os.environ[STORE_VARIABLE]) if STORE_VARIABLE in os.environ e
 _common: dict[str, Any] = dict(
     store=STORE,
     lease_ttl_s=LEASE_TTL_S,
-    limits=Limits(max_block_s=0.2, max_attempts=5),
+    limits=Limits(max_block_s=0.2, max_attempts=5, max_failures=1000),  # workers killed at random: never failed for it
     retry=RetryPolicy(base_delay_s=1.0, max_delay_s=2.0, jitter=0.0),
 )
 

@@ -185,7 +185,7 @@ def main() -> None:
             adapters={"write": adapter},  # type: ignore[dict-item]
             owner=f"slot{args.slot}:{os.getpid()}",
             clock=SkewedClock(args.skew),
-            limits=Limits(max_attempts=10_000, max_block_s=0.0),
+            limits=Limits(max_attempts=10_000, max_block_s=0.0, max_failures=10_000),  # racers take leases over mid-step
             retry=RetryPolicy(base_delay_s=0.0, jitter=0.0),
             lease_ttl_s=args.ttl,
         )

@@ -14,6 +14,7 @@ from typing import Any, assert_type
 import longrun
 from longrun import EffectAdapter, PendingRequest, RunOutcome, Status, Store
 from longrun.canonical import JSONValue
+from longrun.failures import RunFailure
 from longrun.runner import Runner as RunnerClass
 from longrun.runner import SystemClock as SystemClockClass
 from longrun.stores import PostgresStore, SqliteStore, open_store
@@ -121,6 +122,13 @@ def api_tour() -> longrun.Runner:
     for request in outcome.pending:
         assert_type(request.choices, tuple[JSONValue, ...] | None)
         assert_type(request.expires_at, float)
+    # docs/agents.md, "When the function keeps failing".
+    assert_type(outcome.last_failure, RunFailure | None)
+    if outcome.last_failure is not None:
+        assert_type(outcome.last_failure.retry_at, float | None)
+        assert_type(outcome.last_failure.summary(), str)
+    assert_type(Limits(max_failures=2).max_failures, int)
+    print(Status.FAILED.value, Status.QUEUED.value)
     mailer: EffectAdapter = Mailer(directory)
     renderer: EffectAdapter = Renderer()
     print(mailer, renderer, longrun.TransientError("busy"))

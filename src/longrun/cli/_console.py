@@ -6,7 +6,8 @@ Pages (server-rendered HTML, one stylesheet and one small script, all served by 
   (``refresh_s``; the script pauses while a form on the page is focused or being filled);
 - ``/``: the summary band (tasks by status, pending approvals and questions with the oldest's
   age, failures in the last hour, queue depth and workers alive), then the task list, 50 a page,
-  most recently updated first, with status, function, progress, last update and the next action
+  most recently updated first, with status (and the last error of a run that failed), function, progress, last update and
+  the next action
   (the real store named, digests abbreviated); searched by task id or function (``q``) and
   filtered by status, function and ``since``; ``page`` pages.
 - ``/fleet``: the workers and the queues (one per function); ``/worker/<name>``: a worker's
@@ -15,7 +16,8 @@ Pages (server-rendered HTML, one stylesheet and one small script, all served by 
 - ``/metrics``: the store's metrics in the Prometheus text format (``_metrics``), for a scraper:
   the token as ``?token=`` (served as asked, no cookie traded), the cookie, or an
   ``Authorization: Bearer`` header.
-- ``/task/<id>``: the task's status and progress; its pending approval requests and questions
+- ``/task/<id>``: the task's status and progress; what ran (a durable function's name, recorded
+  arguments, result, parent and children, each linked) and its last error with the traceback; its pending approval requests and questions
   with the payload shown in full (``_payload``: pretty-printed, control characters escaped, long
   values elided with their size) and a form to approve or answer each one; a form to cancel the
   run, to resolve an effect in flight (it took place, or not) and to reopen a task that ended

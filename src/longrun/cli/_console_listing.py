@@ -35,7 +35,7 @@ from ._common import name_store, short_digest
 from ._inspect import LS_STATUSES, NO_STATE_ACTION, parse_since, reported_line
 
 __all__ = [
-    "FAILURE_WINDOW_S", "PAGE_SIZE", "Fleet", "Listing", "RowCache", "Summary", "TaskRow", "complete", "read_fleet", "read_rows",
+    "FAILED_STATUSES", "FAILURE_WINDOW_S", "PAGE_SIZE", "Fleet", "Listing", "RowCache", "Summary", "TaskRow", "complete", "read_fleet", "read_rows",
     "short_action",
 ]  # fmt: skip
 

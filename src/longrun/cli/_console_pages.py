@@ -38,7 +38,7 @@ from ..protocols import LoadResult, Store
 from ..stores.queue import QueueEntry, WorkerRecord, open_queue
 from ..task_events import events_of
 from ._common import format_time, lease_summary, relative, short_digest
-from ._console_listing import PAGE_SIZE, Fleet, Listing, RowCache, Summary, TaskRow, complete, read_fleet, read_rows, short_action
+from ._console_listing import FAILED_STATUSES, PAGE_SIZE, Fleet, Listing, RowCache, Summary, TaskRow, complete, read_fleet, read_rows, short_action
 from ._control import cmd_approve, cmd_cancel, parse_answer, payload_view
 from ._filters import function_of
 from ._intervene import cmd_resolve, write_reopen
@@ -47,6 +47,7 @@ from ._inspect import LS_STATUSES, progress_line, reported_line
 from ._payload import payload_lines, safe_text
 from ._resume import run_recorded_once
 from ._verify import verify
+from ._what_ran import failure_lines, shown_value, what_ran
 
 __all__ = ["NOTICES", "SCRIPT", "STYLE", "Console", "ConsoleError", "e", "queue_url", "task_url", "worker_url"]
 
@@ -84,9 +85,11 @@ dl.facts dd { margin: 0; }
 .status-done { background: #d7f2df; color: #17633a; }
 .status-running { background: #dbe7ff; color: #1f4fb8; }
 .status-awaiting-approval, .status-awaiting-input, .status-retry-scheduled, .status-sleeping, .status-waiting-on-child { background: #fff1c9; color: #7a5400; }
-.status-unsafe-to-continue, .status-state-unrecoverable, .status-plan-mismatch, .status-blocked, .status-DAMAGED, .status-UNREADABLE, .status-lease-lost { background: #ffd9d6; color: #8e1b12; }
+.status-unsafe-to-continue, .status-state-unrecoverable, .status-plan-mismatch, .status-blocked, .status-DAMAGED, .status-UNREADABLE, .status-lease-lost, .status-failed { background: #ffd9d6; color: #8e1b12; }
 .status-alive { background: #d7f2df; color: #17633a; }
 .status-silent { background: #ffd9d6; color: #8e1b12; }
+.status-queued { background: #e8ecf2; color: #3b4a5e; }
+.error-text { color: #8e1b12; }
 .status-cancelled, .status-limits-exhausted { background: #eadff7; color: #5a2d8a; }
 progress { width: 140px; height: 12px; vertical-align: middle; }
 .pending { border-left: 4px solid #e0a800; }
@@ -341,12 +344,14 @@ class Console:
                 f'<a class="mono" href="/?{e(urllib.parse.urlencode({"function": row.function}))}">{e(safe_text(row.function))}</a>'
                 if row.function else '<span class="muted">-</span>'
             )  # fmt: skip
+            failing = row.status in FAILED_STATUSES or row.status == "retry-scheduled"
+            error_cell = f'<div class="error-text">{e(safe_text(row.last_error))}</div>' if failing and row.last_error else ""
             action = safe_text(short_action(row.next_action, self.label, limit=None))
             updated = row.updated_at
             lines.append(
                 "<tr>"
                 f'<td class="mono task" title="{e(row.task_id)}"><a href="{e(task_url(row.task_id))}">{e(row.task_id)}</a></td>'
-                f"<td>{_status_badge(row.status)}</td>"
+                f"<td>{_status_badge(row.status)}{error_cell}</td>"
                 f"<td>{function}</td>"
                 f"<td>{shown}</td>"
                 f'<td title="{e(format_time(updated) if updated is not None else "")}">{e(relative(updated, now)) if updated is not None else "-"}</td>'
@@ -511,6 +516,7 @@ class Console:
                 ("current", e(f"{kind_of(current.action)} {safe_text(current.step_id)} ({safe_text(current.action)}): "
                               f"{current.state.value}, attempt {current.attempts}, for {relative(current.updated_at, now).removesuffix(' ago')}"))
             )  # fmt: skip
+        facts += self._what_ran(state, now)
         action = short_action(state.next_action, self.label, limit=None) if state.next_action else "(none recorded)"
         facts.append(("next action", f'<span class="next-action">{e(safe_text(action))}</span>'))
         items = "".join(f"<dt>{name}</dt><dd>{value}</dd>" for name, value in facts)
@@ -583,6 +589,34 @@ class Console:
             f'<input type="hidden" name="csrf" value="{e(self.csrf)}">'
             '<button name="action" value="run">Run once</button></form></section>'
         )
+    def _what_ran(self, state: RunState, now: float) -> list[tuple[str, str]]:
+        """A durable task's function, arguments, result, parent, children and last error (``_what_ran``)."""
+        view = what_ran(state)
+        facts: list[tuple[str, str]] = []
+        function = view["function"]
+        if isinstance(function, str):
+            facts.append(("function", f'<span class="mono">{e(safe_text(function))}</span>'))
+            facts.append(("arguments", f'<pre class="payload">args {e(shown_value(view["args"]))}\nkwargs {e(shown_value(view["kwargs"]))}</pre>'))
+            result = f'<pre class="payload">{e(shown_value(view["result"]))}</pre>' if view["done"] else '<span class="muted">not returned yet</span>'
+            facts.append(("result", result))
+            parent = view["parent"]
+            if isinstance(parent, str):
+                facts.append(("parent", f'<a class="mono" href="{e(task_url(parent))}">{e(parent)}</a>'))
+            children = view["children"]
+            if isinstance(children, list) and children:
+                links = [
+                    f'<a class="mono" href="{e(task_url(str(child.get("task"))))}">{e(child.get("task"))}</a> ({e(child.get("state"))})'
+                    for child in children
+                    if isinstance(child, dict)
+                ]
+                facts.append(("children", ", ".join(links)))
+        failure = state.last_failure
+        if failure is not None:
+            lines = failure_lines(failure, now, indent="")
+            text = "\n".join(line.strip() for line in lines).removeprefix("last error").strip()
+            trace = f'<pre class="payload">{e(safe_text(failure.traceback))}</pre>' if failure.traceback else ""
+            facts.append(("last error", f'<div class="error-text">{e(safe_text(text))}</div>{trace}'))
+        return facts
 
     def _pending(self, task_id: str, state: RunState, now: float) -> str:
         if not state.approval_requests:

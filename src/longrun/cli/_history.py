@@ -4,7 +4,8 @@ Every store keeps the current state, which records when the task was created and
 each effect's latest lifecycle state (with its attempts, fencing epoch, receipt, evidence, last
 error, approval id and time), the approval requests still open, the ids of approvals consumed,
 the control records the runner read (with the SHA-256 of their bytes), the unknowns recorded at
-the last stop, and the budget's timestamps; the lease record adds when the current owner took the
+the last stop, the last failure of a durable function's run (its error, or a crash, and how many in
+a row), and the budget's timestamps; the lease record adds when the current owner took the
 task and when its lease ends. If the store also keeps a history of revisions (a duck-typed
 ``store.history(task_id)`` method returning mappings with at least ``revision``, ``at``, ``epoch``
 and a description; ``JsonFileStore`` has one, reading the journals it still holds), those
@@ -47,6 +48,7 @@ _RANK = {
     "effect": 5,
     "progress": 6,
     "unknown": 7,
+    "failure": 7,
     "commit": 8,
     "lease-end": 9,
 }
@@ -113,6 +115,14 @@ def _state_entries(state: RunState, *, with_commits: bool) -> list[dict[str, Any
     if budget.last_progress_at > budget.created_at:
         idle = budget.worked_s - budget.worked_at_progress_s
         entries.append(_entry(budget.last_progress_at, "progress", f"latest verified effect ({idle:.1f}s of work since: what the no-progress budget counts)"))
+    failure = state.last_failure
+    if failure is not None:
+        where = "found by the run at" if failure.kind == "crash" else "in the run at"
+        retry = f"; next attempt at or after {format_time(failure.retry_at)}" if failure.retry_at is not None else ""
+        entries.append(
+            _entry(failure.at, "failure", f"last failure, {where} lease epoch {failure.epoch}: {failure.summary()}{retry}",
+                   revision=failure.revision, epoch=failure.epoch, step=failure.step)
+        )  # fmt: skip
     read_at: dict[str, float] = {}
     for item in state.control_observations:
         match = _DIGEST.search(item.detail)

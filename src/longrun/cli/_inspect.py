@@ -17,13 +17,15 @@ state is still current when printed (a runner may commit right after).
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import math
 import time
 from typing import Sequence, TextIO
 
 from ..contract import INTERNAL_PREFIX, is_internal
-from ..envelope import RunState
+from ..envelope import RunState, recorded_before_queued
+from ..failures import RunFailure
 from ..intervention import forks_of, origin_of
 from ..errors import CorruptStateError, LongrunError
 from ..lease import Lease
@@ -49,6 +51,7 @@ from ._common import (
 from ._control import payload_view
 from ._filters import parse_moment
 from ._payload import payload_lines, safe_text
+from ._what_ran import failure_lines, function_matches, last_run_failed, queue_position, what_ran, what_ran_lines
 
 __all__ = ["LS_STATUSES", "NO_STATE_ACTION", "cmd_ls", "cmd_status", "ls_entry", "parse_since", "progress_line", "reported_line", "select", "status_json"]
 
@@ -84,6 +87,8 @@ def status_json(task_id: str, loaded: LoadResult, lease: Lease | None, now: floa
     }
     body["checked_at"] = now
     body["progress"] = progress_of(state).to_json() if state is not None else None
+    body["what_ran"] = what_ran(state)
+    body["last_run_failed"] = state is not None and last_run_failed(state)
     body["events"] = events_of(state)
     body["forked_from"] = origin_of(state)
     body["forks"] = forks_of(state)
@@ -218,7 +223,9 @@ def _mailbox_line(mailbox: dict[str, object]) -> str:
     return f"  messages     {mailbox['messages']} in the mailbox, {mailbox['received']} received" + (f"; waiting: {topics}" if topics else "")
 
 
-def render_status(task_id: str, loaded: LoadResult, lease: Lease | None, now: float, label: str = STORE_PLACEHOLDER) -> list[str]:
+def render_status(
+    task_id: str, loaded: LoadResult, lease: Lease | None, now: float, label: str = STORE_PLACEHOLDER, position: int | None = None
+) -> list[str]:
     state = loaded.state
     lines = [f"task {task_id}"]
     if state is None:
@@ -229,14 +236,20 @@ def render_status(task_id: str, loaded: LoadResult, lease: Lease | None, now: fl
         ]
         return lines
     source = "the primary copy" if loaded.source == "primary" else "the backup copy: the primary is damaged or rolled back"
+    queued = ""
+    if state.status is Status.QUEUED or recorded_before_queued(state):
+        queued = " (recorded, not started yet" + (f"; position {position} in the queue)" if position is not None else ")")
     lines += [
-        f"  status       {state.status.value}",
+        f"  status       {state.status.value}{queued}",
         f"  revision     {state.revision} (read from {source}, {short_digest(loaded.digest)})",
         f"  plan digest  {state.plan_digest}",
         f"  updated      {format_time(state.updated_at)} ({relative(state.updated_at, now)})",
         f"  lease        {lease_summary(lease, now)}",
         f"  progress     {progress_line(progress_of(state))}",
     ]
+    lines += what_ran_lines(what_ran(state))
+    if state.last_failure is not None:
+        lines += failure_lines(state.last_failure, now, traceback=True)
     origin, forks = origin_of(state), forks_of(state)
     if origin is not None:
         lines.append(f"  forked from  task {origin.get('task')}, from step {origin.get('step') or '(after its last step)'}")
@@ -265,14 +278,17 @@ def cmd_status(store: Store, label: str, task_id: str, as_json: bool, out: TextI
     loaded = store.load(task_id)  # no lease: read-only, never quarantines
     lease = store.read_lease(task_id)
     now = time.time()
-    mailbox = mailbox_summary(store, loaded.state, task_id)
+    state = loaded.state
+    position = queue_position(store, task_id) if state is not None and state.status is Status.QUEUED else None
+    mailbox = mailbox_summary(store, state, task_id)
     if as_json:
         body = status_json(task_id, loaded, lease, now)
         body["next_action"] = name_store(str(body["next_action"]), label)
+        body["queue_position"] = position
         body["mailbox"] = mailbox
         write_json(out, body)
     else:
-        lines = render_status(task_id, loaded, lease, now, label)
+        lines = render_status(task_id, loaded, lease, now, label, position)
         if mailbox["messages"] or mailbox.get("error"):
             at = next((index for index, line in enumerate(lines) if line.startswith("  next action")), len(lines))
             lines.insert(at, _mailbox_line(mailbox))
@@ -285,7 +301,8 @@ def ls_entry(store: Store, task_id: str) -> dict[str, object]:
     from, when it was last updated and its progress (``Progress.to_json()``, with ``label``)."""
     entry: dict[str, object] = {
         "task_id": task_id, "status": None, "revision": 0, "next_action": "", "source": None, "error": None,
-        "updated_at": None, "progress": None,
+        "updated_at": None, "progress": None, "function": None, "last_error": None, "last_run_failed": False,
+        "what_ran": what_ran(None),
     }  # fmt: skip
     try:
         loaded = store.load(task_id)
@@ -297,18 +314,26 @@ def ls_entry(store: Store, task_id: str) -> dict[str, object]:
     if state is None:
         return {**entry, "status": "new", "next_action": NO_STATE_ACTION, "source": loaded.source}
     progress = progress_of(state)
+    ran = what_ran(state)
+    failure = state.last_failure
     return {
         **entry,
-        "status": state.status.value,
+        "status": Status.QUEUED.value if recorded_before_queued(state) else state.status.value,
         "revision": state.revision,
         "next_action": state.next_action,
         "source": loaded.source,
         "updated_at": state.updated_at,
         # A function's own report, where it made one, says more than a count of its steps.
         "progress": {**progress.to_json(), "label": reported_line(state.progress, note=False) if state.progress is not None else progress.label()},
+        "function": ran["function"],
+        "last_error": failure.summary() if failure is not None else None,
+        "last_run_failed": last_run_failed(state),
+        "what_ran": ran,
     }
 
 
+LS_SHOWN_CHARS = 300
+"""The most of a task's arguments (or result) ``ls --long`` prints; ``status`` prints more, ``--json`` all."""
 LS_STATUSES = (*(status.value for status in Status), "new", "DAMAGED", "UNREADABLE")
 """What ``ls --status`` accepts: a run status, ``new`` (no revision yet), ``DAMAGED`` or ``UNREADABLE``."""
 
@@ -319,11 +344,22 @@ def parse_since(text: str, now: float) -> float:
 
 
 def select(
-    entries: list[dict[str, object]], *, statuses: Sequence[str] = (), since: float | None = None, limit: int | None = None
+    entries: list[dict[str, object]],
+    *,
+    statuses: Sequence[str] = (),
+    since: float | None = None,
+    limit: int | None = None,
+    functions: Sequence[str] = (),
+    match: Sequence[str] = (),
 ) -> list[dict[str, object]]:
-    """``ls``'s filters, in order: by status, by last update (a task whose state cannot be read has
-    no time and is kept: it needs a look), most recently updated first, then at most ``limit``."""
+    """``ls``'s filters, in order: by status, by function (``function_matches``), by task id (a glob
+    of ``match``), by last update (a task whose state cannot be read has no time and is kept: it
+    needs a look), most recently updated first, then at most ``limit``."""
     chosen = [entry for entry in entries if not statuses or entry["status"] in statuses]
+    if functions:
+        chosen = [entry for entry in chosen if function_matches(entry["function"], functions)]
+    if match:
+        chosen = [entry for entry in chosen if any(fnmatch.fnmatchcase(str(entry["task_id"]), pattern) for pattern in match)]
     if since is not None:
         chosen = [
             entry for entry in chosen
@@ -342,28 +378,50 @@ def cmd_ls(
     statuses: Sequence[str] = (),
     since: str | None = None,
     limit: int | None = None,
+    functions: Sequence[str] = (),
+    match: Sequence[str] = (),
+    long: bool = False,
 ) -> int:
     now = time.time()
     threshold = parse_since(since, now) if since is not None else None
     tasks = store.list_tasks()
-    entries = select([ls_entry(store, task_id) for task_id in tasks], statuses=statuses, since=threshold, limit=limit)
+    if match:  # read only the tasks whose ids match
+        tasks = [task_id for task_id in tasks if any(fnmatch.fnmatchcase(task_id, pattern) for pattern in match)]
+    entries = select(
+        [ls_entry(store, task_id) for task_id in tasks], statuses=statuses, since=threshold, limit=limit, functions=functions, match=match
+    )
     for entry in entries:
         entry["next_action"] = name_store(str(entry["next_action"]), label)
     if as_json:
         write_json(out, entries)
         return 0
     if not entries:
-        filtered = " matching the filters" if statuses or since is not None else ""
+        filtered = " matching the filters" if statuses or since is not None or functions or match else ""
         out.write(f"no tasks{filtered} in {label}\n")
         return 0
     rows = [("TASK", "STATUS", "PROGRESS", "REV", "UPDATED", "NEXT ACTION")]
     for entry in entries:
         status = str(entry["status"]) + (" (from backup)" if entry["source"] == "backup" else "")
+        ran = entry["what_ran"]
+        failure = ran.get("last_failure") if isinstance(ran, dict) else None
+        if entry["last_run_failed"] and isinstance(failure, dict):
+            status += f" (failure {failure.get('attempt')} of {failure.get('max_failures')})"
         revision = str(entry["revision"]) if entry["status"] not in ("DAMAGED", "UNREADABLE") else "-"
         progress = entry["progress"]
         shown = str(progress["label"]) if isinstance(progress, dict) else "-"
         updated = entry["updated_at"]
         when = relative(updated, now) if isinstance(updated, float) else "-"
         rows.append((str(entry["task_id"]), status, shown, revision, when, safe_text(str(entry["next_action"]))))
-    out.write("\n".join(_table(rows, "")) + "\n")
+    lines = _table(rows, "")
+    if long:
+        lines = [lines[0]]
+        for entry, line in zip(entries, _table(rows, "")[1:]):
+            lines.append(line)
+            ran = entry["what_ran"]
+            if isinstance(ran, dict):
+                lines += what_ran_lines(ran, indent="    ", limit=LS_SHOWN_CHARS)
+                failure = ran.get("last_failure")
+                if isinstance(failure, dict):
+                    lines += failure_lines(RunFailure.from_json(failure), now, indent="    ")
+    out.write("\n".join(lines) + "\n")
     return 0

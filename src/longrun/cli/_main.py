@@ -236,7 +236,10 @@ def _store_command(args: argparse.Namespace, store: Store, label: str, out: Text
     if args.command == "ls":
         from ._inspect import cmd_ls
 
-        return cmd_ls(store, label, args.json, out, statuses=args.statuses, since=args.since, limit=args.limit)
+        return cmd_ls(
+            store, label, args.json, out, statuses=args.statuses, since=args.since, limit=args.limit, functions=args.functions,
+            match=args.match, long=args.long,
+        )  # fmt: skip
     if args.command == "watch":
         from ._watch import cmd_watch
 

@@ -3,9 +3,6 @@
 One concept: the command line's grammar. It is long because it declares every command in one
 place, which is what a reader looking for a flag wants; the commands' work is in their own modules.
 The types that check each argument, and the options several commands share, are in ``_arguments``.
-
-One concept, so one module, and a long one: one block per command, each its arguments and help
-text, so that the whole command line is read (and reviewed) in one place.
 """
 
 from __future__ import annotations
@@ -97,16 +94,32 @@ def build_parser() -> argparse.ArgumentParser:
         "(2026-11-30T14:00Z; UTC unless it says); tasks whose state cannot be read are kept",
     )
     listing.add_argument("--limit", metavar="N", type=positive_int, help="at most N tasks (after sorting)")
-    add_json(listing, "a list of {task_id, status, revision, next_action, source, error, updated_at, progress}")
+    listing.add_argument(
+        "--function", dest="functions", metavar="NAME", action="append", default=[],
+        help="only durable tasks of this function (repeatable): module:qualname, its qualname alone, or a glob (billing:*)",
+    )  # fmt: skip
+    listing.add_argument(
+        "--match", metavar="GLOB", action="append", default=[], help="only tasks whose id matches this glob (repeatable): 'invoice-*'"
+    )
+    listing.add_argument(
+        "--long", action="store_true",
+        help="also each task's function, recorded arguments, result, parent, children and last error",
+    )  # fmt: skip
+    add_json(
+        listing,
+        "a list of {task_id, status, revision, next_action, source, error, updated_at, progress, function, last_error, "
+        "last_run_failed, what_ran}",
+    )
 
     status = add(
         "status",
         "show one task's state, lease, effects, pending approvals and next action (read-only)",
-        "Show a task's status, revision, plan digest, lease, effects, pending approval "
+        "Show a task's status, revision, plan digest, lease, what ran (a durable function's name, recorded arguments, "
+        "result, parent and children), its last error with the traceback, effects, pending approval "
         "requests and its one next action. Read-only: takes no lease, moves no file.",
     )
     add_store(status, task=True)
-    add_json(status, "one object: state.to_json() plus store_lease, load and checked_at")
+    add_json(status, "one object: state.to_json() plus store_lease, load, checked_at, progress, what_ran, last_run_failed and queue_position")
 
     history = add(
         "history",

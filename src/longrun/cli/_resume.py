@@ -25,10 +25,13 @@ code  meaning
       while importing), no such function, the function raised or did not return a Runner; or the
       library refused an input (``InvalidInputError``, such as a payload that is not JSON)
 3     a storage error or damaged state raised by the store (``StorageError``, ``CorruptStateError``)
-4     the run ended without finishing: cancelled, limits-exhausted, blocked (running it again
-      changes nothing; stop the timer)
+4     the run ended without finishing: cancelled, limits-exhausted, blocked, failed (running it
+      again changes nothing; stop the timer)
 70    ``run()`` raised an exception that is not longrun's (the task's own payload code, or a bug
-      in longrun): the traceback is printed
+      in longrun): the traceback is printed. A durable function whose code raised had the error
+      recorded in its state instead: ``resume STORE TASK`` and ``start --run`` report that outcome
+      (``retry-scheduled``, exit 1, or ``failed``, exit 4, with its ``last_failure``; the recorded
+      traceback on stderr)
 ====  =========================================================================================
 
 Not guaranteed: isolation from the target module. It runs in this process with this process's
@@ -49,6 +52,7 @@ from typing import Any, Callable, Sequence, TextIO
 from ..canonical import parse_json
 from ..engine import utc
 from ..errors import CorruptStateError, LongrunError, PayloadError, describe_exception
+from ..ledger import VerifiedResults
 from ..outcome import ENDED_UNFINISHED, RunOutcome, Status
 from ._common import (
     CliError, ExitCode, TaskCodeError, checked_task, close_store, evidence_line, name_store, open_store, store_label, write_json,
@@ -153,6 +157,8 @@ def _render(outcome: RunOutcome, code: ExitCode) -> str:
         lines.append(f"  result        {json.dumps(outcome.result, sort_keys=True)[:2000]}")
     if outcome.wake_at is not None:
         lines.append(f"  wake at       {utc(outcome.wake_at)}")
+    if outcome.last_failure is not None:
+        lines.append(f"  last error    {outcome.last_failure.summary()}")
     lines.append(
         f"  evidence      {len(outcome.observations)} observations, {len(outcome.inferences)} inferences, "
         f"{len(outcome.unknowns)} unknowns"
@@ -200,7 +206,8 @@ def _durable_target(target: str, paths: Sequence[str], err: TextIO, verbose: boo
 
 
 def _run_durable(
-    function: Any, task_id: str, args: list[Any], kwargs: dict[str, Any], as_json: bool, out: TextIO, label: str | None = None
+    function: Any, task_id: str, args: list[Any], kwargs: dict[str, Any], as_json: bool, out: TextIO, label: str | None = None,
+    err: TextIO | None = None,
 ) -> int:
     name = function.name
     try:
@@ -208,8 +215,30 @@ def _run_durable(
     except (LongrunError, OSError, KeyboardInterrupt):
         raise
     except Exception as exc:
-        raise TaskCodeError(f"{name}: the function raised {_explain(exc)}") from exc
+        recorded = _recorded_failure(function, task_id)
+        if recorded is None:
+            raise TaskCodeError(f"{name}: the function raised {_explain(exc)}") from exc
+        if not as_json and recorded.last_failure is not None and err is not None:
+            err.write(recorded.last_failure.traceback)
+        outcome = recorded
     return _report(outcome, as_json, out, label)
+
+
+def _recorded_failure(function: Any, task_id: str) -> RunOutcome | None:
+    """The outcome a run whose function raised recorded (``retry-scheduled`` or ``failed`` with its
+    ``last_failure``, in its latest commit), read back from the store; None if it recorded none."""
+    store = function.engine_options.get("store")
+    try:
+        state = store.load(task_id).state if store is not None else None
+    except LongrunError:
+        return None
+    failure = state.last_failure if state is not None else None
+    if state is None or failure is None or failure.revision != state.revision or state.status not in (Status.RETRY_SCHEDULED, Status.FAILED):
+        return None
+    return RunOutcome(
+        status=state.status, next_action=state.next_action, task_id=task_id, results=VerifiedResults(state.effects).copy(),
+        revision=state.revision, epoch=failure.epoch, wake_at=failure.retry_at, last_failure=failure,
+    )  # fmt: skip
 
 
 def _json_argument(text: str, option: str, kind: type) -> Any:
@@ -233,7 +262,7 @@ def cmd_start(
     kwargs = _json_argument(kwargs_json, "--kwargs", dict)
     function = _durable_target(target, paths, err, verbose)
     if run:
-        return _run_durable(function, task_id, args, kwargs, as_json, out)
+        return _run_durable(function, task_id, args, kwargs, as_json, out, err=err)
     created = function.enqueue(task_id, args, kwargs, priority=priority)
     if as_json:
         write_json(out, {"task_id": task_id, "function": function.name, "created": created, "priority": priority})
@@ -275,7 +304,7 @@ def cmd_resume_task(
             from ._intervene import write_reopen
 
             write_reopen(store, task_id, err=err, as_json=as_json, **reopen)
-        return _run_durable(function.with_options(store=store), task_id, args, kwargs, as_json, out, store_label(spec))
+        return _run_durable(function.with_options(store=store), task_id, args, kwargs, as_json, out, store_label(spec), err)
     finally:
         close_store(store)
 

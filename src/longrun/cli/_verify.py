@@ -16,18 +16,20 @@ over without finishing) or ``damaged``. The exit code is the worst of them:
 code  meaning
 ====  ===========================================================================================
 0     safe to resume now, with nobody's help: the run is done (a resume changes nothing), new,
-      interrupted or in progress (in-flight effects are observed first), waiting out a retry
-      backoff, or awaiting an approval that is already in the store
+      queued, interrupted or in progress (in-flight effects are observed first), waiting out a
+      retry backoff, or awaiting an approval that is already in the store
 1     resumable only after an operator acts: awaiting approval, unsafe-to-continue (an effect
       whose outcome is unknown, an over-broad approval), a damaged or unreadable cancellation
-      record
+      record, or a durable function whose last run failed (its code raised, or its process died
+      inside a step: ``retry-scheduled`` with the error, or ``running`` again after a crash):
+      it fails again until its cause is fixed
 2     usage: bad arguments, unknown task, missing store, unsafe task id
 3     damaged: the state (primary or backup), the lease record, or a ledger that contradicts
       itself. When only the primary copy is damaged and the backup validates, the output says so:
       ``longrun resume`` then recovers from the backup (quarantining the damaged copy and
       observing every unverified effect first); exit 3 asks a person to look before it does
-4     the run ended without finishing (cancelled, limits-exhausted, blocked): a resume changes
-      nothing
+4     the run ended without finishing (cancelled, limits-exhausted, blocked, failed): a resume
+      changes nothing (``longrun resume --reopen`` reopens it)
 ====  ===========================================================================================
 
 Not guaranteed: the approval check reads the store's control area and cannot check signatures or
@@ -45,13 +47,14 @@ from typing import Any, TextIO
 
 from ..cancellation import judge_cancellation
 from ..contract import is_internal
-from ..envelope import RunState
+from ..envelope import RunState, recorded_before_queued
 from ..errors import CorruptStateError, LongrunError
 from ..ledger import EffectState, raised_into_function
 from ..outcome import ENDED_UNFINISHED, Status
 from ..protocols import LoadResult, Store
 from ._common import ExitCode, checked_task, format_time, lease_summary, name_store, relative, short_digest, write_json
 from ._control import unconsumed_matches
+from ._what_ran import last_run_failed
 
 __all__ = ["Check", "cmd_verify", "verify"]
 
@@ -164,10 +167,23 @@ def _check_status(checks: _Checks, store: Store, state: RunState, task_id: str, 
             settled = f"{len(state.effects) - handled} effects verified, {handled} failed into the function, which handled it" if handled else f"all {len(state.effects)} effects verified"
             checks.add("status", "ok", f"finished cleanly: {settled}; a resume changes nothing")
         return
+    failure = state.last_failure
+    if status is Status.FAILED and failure is not None:
+        checks.add("status", "ended", f"failed, and will not continue until reopened: {failure.summary()}")
+        return
     if status in ENDED_UNFINISHED:
         checks.add("status", "ended", f"the run ended {status.value} and will not continue: {state.next_action}")
         return
-    if status is Status.RUNNING:
+    if failure is not None and last_run_failed(state):
+        when = f"; the next attempt at or after {format_time(failure.retry_at)} ({relative(failure.retry_at, now)})" if failure.retry_at else ""
+        checks.add(
+            "status",
+            "action",
+            f"{status.value}: the last run failed ({failure.summary()}){when}; it fails again until its cause is fixed",
+        )
+    elif status is Status.QUEUED or recorded_before_queued(state):
+        checks.add("status", "ok", "queued: recorded and not started yet; a worker or a resume starts it")
+    elif status is Status.RUNNING:
         checks.add("status", "ok", "running, or interrupted mid-run: a resume continues from the last commit")
     elif status is Status.RETRY_SCHEDULED:
         waits = [record.not_before for record in state.effects.values() if record.not_before is not None]

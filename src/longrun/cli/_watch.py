@@ -19,9 +19,11 @@ with the rate between its two recorded points and the time left at that rate).
 Elsewhere (a pipe, a file, ``--json``) it prints one line per event as it sees it (and one per new
 progress report, kind ``progress``), which is what a log or a CI job wants. An event here is a record the poll found changed (its state or
 attempt): between two polls a record may have moved more than once, and only its latest state is
-seen. The command exits when the run stops (any status but ``running``): 0 for ``done``, 4 for a
-run that ended without finishing (cancelled, limits-exhausted, blocked), 1 for any other stop
-(awaiting an approval, a retry later...). A task that says ``running`` but whose lease has expired
+seen. The command exits when the run stops (any status but ``running`` or ``queued``): 0 for
+``done``, 4 for a run that ended without finishing (cancelled, limits-exhausted, blocked, failed), 1
+for any other stop (awaiting an approval, a retry later...). The task's last error (its code raised,
+or its process died inside a step) is shown with the time it happened, and printed once as a
+``failure`` event in line output. A task that says ``running`` but whose lease has expired
 has no live runner (it died): the view says so and goes on waiting for one.
 
 Not guaranteed: that every transition is seen (see above), or a cheap poll for a huge ledger (each
@@ -39,6 +41,7 @@ from typing import Callable, TextIO
 
 from ..envelope import RunState
 from ..events import kind_of
+from ..failures import RunFailure
 from ..lease import Lease
 from ..ledger import EffectRecord
 from ..outcome import ENDED_UNFINISHED, Status
@@ -107,9 +110,17 @@ def render_frame(task_id: str, state: RunState | None, lease: Lease | None, now:
     if recent:
         lines.append("last events")
         lines += [f"  {_clock(record.updated_at)}  {_event_text(record)}" for record in reversed(recent)]
-    if state.status is not Status.RUNNING:
+    if state.last_failure is not None:
+        lines.append(f"error    {safe_text(state.last_failure.summary())} at {_clock(state.last_failure.at)}")
+    if state.status is Status.QUEUED:
+        lines.append("         queued: recorded and not started yet; waiting for a worker or a resume to start it")
+    elif state.status is not Status.RUNNING:
         lines.append(f"stopped  {state.status.value}: next, {safe_text(state.next_action)}")
     return lines
+
+
+_UNDER_WAY = frozenset({Status.RUNNING, Status.QUEUED})
+"""What ``watch`` waits through: a run under way, or a task recorded and not started yet."""
 
 
 def _exit_code(status: Status) -> int:
@@ -128,6 +139,7 @@ class _Plain:
         self.task_id = task_id
         self.as_json = as_json
         self.seen: dict[str, tuple[str, int]] = {}
+        self.failure: RunFailure | None = None
         self.started = False
         self.reported_at: float | None = None
 
@@ -165,6 +177,10 @@ class _Plain:
         if report is not None and report.at != self.reported_at:
             self.reported_at = report.at
             self.write("progress", report.at, f"reported {reported_line(report)}", {"progress": report.summary_json()})
+        failure = state.last_failure
+        if failure is not None and failure != self.failure:
+            self.failure = failure
+            self.write("failure", failure.at, f"run failed: {safe_text(failure.summary())}", {"last_failure": failure.to_json()})
         changed.sort(key=lambda record: record.updated_at)
         for record in changed:
             tag = "" if backlog else f"  [{progress.label()}]"  # the progress now, not when it happened
@@ -178,7 +194,8 @@ class _Plain:
         progress = progress_of(state)
         self.write(
             "stopped", state.updated_at, f"stopped {state.status.value} at revision {state.revision} [{progress.label()}]; next: {safe_text(state.next_action)}",
-            {"status": state.status.value, "revision": state.revision, "next_action": state.next_action, "progress": progress.to_json()},
+            {"status": state.status.value, "revision": state.revision, "next_action": state.next_action, "progress": progress.to_json(),
+             "last_failure": state.last_failure.to_json() if state.last_failure is not None else None},
         )  # fmt: skip
 
 
@@ -232,7 +249,7 @@ def cmd_watch(
             screen.show(render_frame(task_id, state, lease, now))
         elif plain is not None:
             plain.show(state, now)
-        if state is not None and state.status is not Status.RUNNING:
+        if state is not None and state.status not in _UNDER_WAY:
             if plain is not None:
                 plain.stopped(state)
             return _exit_code(state.status)

@@ -20,7 +20,7 @@ from ..adapters import Observation, ObservedState
 from ..budget import BudgetCounters, RetryPolicy, describe_wall_gap
 from ..canonical import printable
 from ..contract import Step, is_internal
-from ..envelope import RunState
+from ..envelope import RunState, recorded_before_queued
 from ..errors import PermanentError, StateUnrecoverableError, TransientError, UnknownActionError, describe_exception
 from ..lease import Lease
 from ..intervention import APPLIED, REOPENABLE, find_reopen, find_resolution, superseded_cancellation
@@ -31,6 +31,7 @@ from ..outcome import TERMINAL, Evidence, Status
 from ..protocols import AnyEffectAdapter, LoadResult
 from ..recovery import Reconciled, Verdict, settle
 from ._config import utc
+from ._failures import crashed, died_mid_step
 from ._invocation import Invocation, Stop
 from ._ops import COMMIT, READ_APPROVALS, RENEW_LEASE, Apply, ApplyTimedOut, CancellationRead, Gather, Load, Observe, ReadCancellation, Steps
 from ._steps import failed_for_good, gate, interrupted, ready, start_attempt, step_options, stop, transient
@@ -328,9 +329,18 @@ def recover(inv: Invocation, lease: Lease, initial: Callable[[RunState], None], 
     )
     inv.evidence.observed("clock", describe_wall_gap(state.updated_at, now))
     accept(state)
-    if state.status in TERMINAL and not (state.status in REOPENABLE and (yield from _reopened(inv, state))):
-        inv.evidence.inferred(f"the run already ended {state.status.value}; nothing more will be applied")
-        raise Stop(state.status, state.next_action)
+    died = died_mid_step(inv, state)  # as loaded: before a reopen makes an ended task running again
+    previous_epoch = state.lease_epoch
+    if state.status in TERMINAL:
+        if not (state.status in REOPENABLE and (yield from _reopened(inv, state))):
+            inv.evidence.inferred(f"the run already ended {state.status.value}; nothing more will be applied")
+            raise Stop(state.status, state.next_action)
+        state.last_failure = None  # reopened: the failures in a row are counted again from none
+    if state.status is Status.QUEUED or (inv.counts_failures and recorded_before_queued(state)):
+        # Its first run starts now: recorded so, a run that dies before its first step is a crash.
+        state.status = Status.RUNNING
+        state.next_action = "resume it: its first run is under way, or ended before its first step"
+        inv.dirty = True
     in_flight = []
     records = list(state.effects.values())
     if IN_FLIGHT.isdisjoint(map(_state_of, records)):  # as after a clean stop: one pass in C, not one call a record
@@ -351,7 +361,9 @@ def recover(inv: Invocation, lease: Lease, initial: Callable[[RunState], None], 
         inv.observe_next = False  # the effect this call applies first has just been observed
     if unsafe_ones:
         raise (yield from unsafe(inv, unsafe_ones[0]))
-    if inv.dirty:
+    if died:
+        yield from crashed(inv, previous_epoch)  # committed with whatever the recovery changed
+    elif inv.dirty:
         yield COMMIT
 
 

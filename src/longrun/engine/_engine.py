@@ -18,11 +18,11 @@ from typing import Awaitable, Callable, Concatenate, Mapping, ParamSpec, Protoco
 from ..canonical import JSONValue
 from ..contract import RunContract
 from ..envelope import RunState
-from ..errors import FencedError, InvalidInputError
+from ..errors import CorruptStateError, FencedError, InvalidInputError, StorageError
 from ..events import Reporter
 from ..outcome import RunOutcome, Status
 from ..protocols import AnyEffectAdapter, Store
-from . import _effects
+from . import _effects, _failures
 from ._config import EngineConfig, EngineOptions, check_parallel
 from ._drivers import AsyncDriver, RunIO, SyncDriver, drive
 from ._invocation import Invocation, Stop
@@ -213,8 +213,14 @@ class Engine:
             final = self._io.settle_stop(inv, stop)  # a stop recorded and not yet committed is, now
             inv.wake_at = final.wake_at
             return final.status, final.next_action
-        except Exception:
-            self._io.keep_settled(inv)
+        except Exception as exc:
+            if self._records_failure(inv, exc):
+                try:
+                    self.drive(_failures.raised, exc)
+                except Stop:  # the lease was lost meanwhile: nothing could be recorded; the error goes on
+                    pass
+            else:
+                self._io.keep_settled(inv)
             raise
         raise AssertionError("the plan ended without a stop")  # pragma: no cover
 
@@ -264,11 +270,29 @@ class Engine:
             final = await driver.settle_stop(stop)
             inv.wake_at = final.wake_at
             return final.status, final.next_action
-        except Exception:
+        except Exception as exc:
             await driver.settle()
-            await driver.call_io(self._io.keep_settled, inv)
+            if self._records_failure(inv, exc):
+                try:
+                    await driver.run(_failures.raised(inv, exc))
+                except Stop:  # the lease was lost meanwhile: nothing could be recorded; the error goes on
+                    pass
+            else:
+                await driver.call_io(self._io.keep_settled, inv)
             raise
         raise AssertionError("the plan ended without a stop")  # pragma: no cover
+
+    def _records_failure(self, inv: Invocation, exc: Exception) -> bool:
+        """Whether ``exc`` is a failure of the plan's own code that is recorded (``engine._failures``):
+        not the store's trouble (it could not be recorded), and only while the lease is held."""
+        keeper = self._io.keeper
+        return (
+            inv.counts_failures
+            and inv.current is not None
+            and keeper is not None
+            and keeper.failure is None
+            and not isinstance(exc, (StorageError, CorruptStateError))
+        )
 
     def _fenced(self, inv: Invocation, exc: FencedError) -> RunOutcome:
         inv.evidence.observed("store", f"write refused: {exc}")

@@ -187,6 +187,8 @@ class Invocation:
         self.evidence = EvidenceLog(clock)
         self.cancellation_checked = False
         self.cancelled_with: tuple[str, ...] = ()
+        self.counts_failures = False
+        """Whether the plan's failures are recorded and counted (``engine._failures``); set by the plan."""
         """Other tasks whose cancellation record cancels this run too, read through the same source
         after the task's own (a child's ancestors, up to the first detached link); set by the plan."""
         self.policies: dict[str, RetryPolicy] = {}
@@ -376,4 +378,5 @@ class Invocation:
             result=self.result,
             wake_at=self.wake_at,
             pending=pending_of(state) if state is not None else (),
+            last_failure=state.last_failure if state is not None else None,
         )

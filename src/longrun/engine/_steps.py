@@ -142,6 +142,7 @@ def finish(inv: Invocation, required: Sequence[str]) -> Steps[Stop]:
         inv.evidence.unknown("ledger", f"effects still in flight at the end: {in_flight}")
         raise (yield from stop(inv, Status.UNSAFE_TO_CONTINUE, f"check the target for {in_flight[0]!r}; then run again"))
     state.current_step = None
+    state.last_failure = None  # a run that finished has no failure to show
     # The steps named while they are few: a plan of 100,000 would make this one item a megabyte.
     named = list(required) if len(required) <= _NAMED_STEPS else f"{len(required)} steps, {list(required[:_NAMED_STEPS])} ..."
     inv.evidence.inferred(f"every required effect is verified: {named}")

@@ -28,7 +28,10 @@ with which payloads, given the values the steps returned. Anything nondeterminis
 answer, the time, a random choice, a read) belongs inside ``run.call`` so that it is recorded once.
 
 An exception the function raises (other than a stop, which the engine handles) is committed with
-what was settled before it, and re-raised to the caller of ``run()``; the task stays resumable.
+what was settled before it and recorded as the task's ``last_failure`` in the same commit, which
+makes the task ``retry-scheduled`` (or ``failed`` after ``Limits.max_failures`` in a row, a process
+dying inside a step counting the same); it is re-raised to the caller of ``run()``. See
+``longrun.failures``.
 
 Children (``run.child``): a task that ends ``cancelled`` cancels the children it started and has
 not seen finish, unless they were started with ``detached=True`` (``cancel_children``, which

@@ -175,7 +175,7 @@ class DurableFunction(Generic[R]):
             if state is not None:
                 break
             outcome = Recording(plan).record(engine)
-            if outcome.status is Status.RUNNING:
+            if outcome.status is Status.QUEUED:
                 created = True
                 break
             if outcome.status is not Status.ALREADY_RUNNING:

@@ -28,6 +28,11 @@ class _NotGiven:
 
 _NOT_GIVEN = _NotGiven()
 
+FIRST_RUN_UNDER_WAY = "resume it: its first run is under way, or ended before its first step"
+"""The next action a durable function's first revision records (a first run that died before its
+first step is then told from a task recorded for a worker by an earlier version, see
+``envelope.recorded_before_queued``)."""
+
 
 def _short(value: object) -> str:
     """A value as a message shows it: its repr, cut to 80 characters."""
@@ -56,9 +61,12 @@ class FunctionPlan:
     def initial(self, engine: Engine, state: RunState) -> None:
         engine.record(procedures.plan, Step(FUNCTION_STEP, FUNCTION_STEP, self._payload))
         engine.invocation.cancelled_with = cancelled_with(state)
+        engine.invocation.counts_failures = True
+        state.next_action = FIRST_RUN_UNDER_WAY
 
     def accept(self, engine: Engine, state: RunState) -> None:
         engine.invocation.cancelled_with = cancelled_with(state)  # as recorded: a resumed child names no parent in its call
+        engine.invocation.counts_failures = True
         if state.plan_digest == self.digest:
             return
         recorded = state.effects.get(FUNCTION_STEP)
@@ -174,16 +182,20 @@ class Recording:
 
     def initial(self, engine: Engine, state: RunState) -> None:
         self._plan.initial(engine, state)
+        state.status = Status.QUEUED
+        state.next_action = self._waiting_for(engine)
+
+    def _waiting_for(self, engine: Engine) -> str:
+        return (
+            f"nothing yet: a worker runs it (`longrun worker {engine.config.store_spec} --import MODULE`), "
+            f"or `longrun resume {engine.config.store_spec} {engine.config.task_id}`"
+        )
 
     def accept(self, engine: Engine, state: RunState) -> None:
         self._plan.accept(engine, state)
 
     def drive(self, engine: Engine) -> None:
-        raise Stop(
-            Status.RUNNING,
-            f"nothing yet: a worker runs it (`longrun worker {engine.config.store_spec} --import MODULE`), "
-            f"or `longrun resume {engine.config.store_spec} {engine.config.task_id}`",
-        )
+        raise Stop(Status.QUEUED, self._waiting_for(engine))
 
     async def adrive(self, engine: Engine) -> None:
         self.drive(engine)

@@ -332,7 +332,7 @@ scalar_values = operator.attrgetter(*SCALAR_KEYS)
 _EVIDENCE_LISTS = ("control_observations", "unknowns")
 LIST_KEYS = frozenset(("consumed_approvals", *_EVIDENCE_LISTS))
 _BUDGET_KEYS = tuple("budget." + field.name for field in dataclasses.fields(BudgetCounters))
-RECORD_KEYS = ("plan_outline", "progress", "effect_latency")
+RECORD_KEYS = ("plan_outline", "progress", "effect_latency", "last_failure")
 """The header's optional records (each written only when the state has one, as its ``to_json``)."""
 HEADER_KEYS = frozenset((*SCALAR_KEYS, *_BUDGET_KEYS, "approval_requests", *LIST_KEYS, *RECORD_KEYS))
 _LATER_HEADER_KEYS = frozenset(("budget.worked_s", "budget.worked_at_progress_s", *RECORD_KEYS))
@@ -742,6 +742,9 @@ def describe_record(body: bytes) -> dict[str, Any]:
     outline = assignments.get("plan_outline")
     if isinstance(outline, dict) and isinstance(outline.get("steps"), list):
         changes.append(f"plan outline recorded ({len(outline['steps'])} steps)")
+    failure = assignments.get("last_failure")
+    if isinstance(failure, dict):
+        changes.append(f"failure recorded: {failure.get('error_type')}: {failure.get('message')} (failure {failure.get('attempt')} of {failure.get('max_failures')})")
     extensions = record.get("extend") or {}
     if isinstance(extensions, dict):
         for key, change in extensions.items():

@@ -573,6 +573,23 @@ class TaskQueue:
                 (*names, *_TERMINAL_VALUES),
             )
         return [(str(row[0]), bool(row[1])) for row in rows]
+    def position(self, task_id: str) -> int | None:
+        """Where a task waiting to be claimed stands in the queue: 1 is claimed next (by a worker
+        that runs its function), counting the rows due before it (higher priority first, then longer
+        due). None if it has no row, is claimed now, or is parked until something wakes it."""
+        with self._tables.session(f"read the queue position of task {task_id!r}", write=False):
+            mine = self._tables.one(
+                "SELECT priority, wake_at FROM longrun_queue WHERE task_id = ? AND claim_token IS NULL AND wake_at IS NOT NULL",
+                (task_id,),
+            )
+            if mine is None:
+                return None
+            ahead = self._tables.one(
+                "SELECT COUNT(*) FROM longrun_queue WHERE claim_token IS NULL AND wake_at IS NOT NULL "
+                "AND (priority > ? OR (priority = ? AND wake_at < ?))",
+                (mine[0], mine[0], mine[1]),
+            )
+        return int(ahead[0]) + 1
 
     # -- polling for a store without triggers (the JSON-file store) -----------------------------
 

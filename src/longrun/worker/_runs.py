@@ -4,7 +4,9 @@ the task is due next from the run's outcome (a ``Disposition`` the queue row rec
 ``ClaimRunner`` runs a task for a ``Worker``, which holds one: in a pool thread (``fn.run``) or on
 the worker's event loop (``fn.arun``). Each thread has a store object of its own, the function runs with
 the worker's name as its lease owner, the drain wired into its cancellation source, its limited
-actions and the clock offset. A run that raised is tried again after a growing delay.
+actions and the clock offset. A run whose function raised is tried again when the task's state
+says (``RunState.last_failure.retry_at``, the run's retry policy), and never once it is ``failed``;
+a run that raised for another reason (the store, bad options) after a growing delay.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ log = logging.getLogger("longrun")
 PARKED = frozenset({Status.AWAITING_APPROVAL, Status.AWAITING_INPUT, Status.UNSAFE_TO_CONTINUE, Status.PLAN_MISMATCH, Status.STATE_UNRECOVERABLE})
 """Outcomes that wait for a person: the row sleeps until a control record (or a rescan) wakes it."""
 ERROR_BACKOFF_S = (5.0, 600.0)
-"""A run that raised (the function's own exception, or a storage error) is tried again after
+"""A run that raised without its state recording the failure (a storage error, bad options) is tried again after
 ``5 s * 2**(failures - 1)``, at most 10 minutes, counting the runs in a row that raised on any worker
 (the queue row keeps the count): a fixed deployment picks it up, a broken one does not spin."""
 
@@ -191,8 +193,8 @@ class ClaimRunner:
                 return prepared
             variant, args, kwargs = prepared
             outcome = variant.run(claim.task_id, *args, **kwargs)
-        except Exception as exc:  # the function's own code raised (what was settled is committed), or its options are bad
-            return self.failed(claim, describe_exception(exc), exc)
+        except Exception as exc:  # the function's own code raised (recorded in its state), or its options are bad
+            return self.raised(claim, exc)
         return self._disposition(claim, variant, outcome)
 
     async def run_async(
@@ -201,9 +203,31 @@ class ClaimRunner:
         try:
             outcome = await variant.arun(claim.task_id, *args, **kwargs)
         except Exception as exc:
-            return self.failed(claim, describe_exception(exc), exc)
+            return await asyncio.to_thread(self.raised, claim, exc)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self._disposition, claim, variant, outcome)
+
+    def raised(self, claim: Claim, exc: Exception) -> Disposition:
+        """A run raised. If the task's state recorded it as the function's failure (the latest
+        commit did), the state says what comes next: ``failed`` (no retry), or ``retry-scheduled`` at
+        the recorded time. Otherwise (the store failed, the options are bad) the queue's own backoff."""
+        try:
+            state = self._thread_store().load(claim.task_id).state
+        except LongrunError:
+            state = None
+        failure = state.last_failure if state is not None else None
+        if state is None or failure is None or failure.revision != state.revision or state.status not in (Status.FAILED, Status.RETRY_SCHEDULED):
+            return self.failed(claim, describe_exception(exc), exc)
+        log.warning(
+            "worker %s: task %s raised %s", self.name, claim.task_id, failure.summary(),
+            exc_info=exc if not isinstance(exc, LongrunError) else None, extra={"task": claim.task_id, "worker": self.name},
+        )  # fmt: skip
+        error = f"{failure.error_type}: {failure.message}"[:2000]
+        if state.status is Status.FAILED:
+            return Disposition(Status.FAILED.value, error=error, wake_parent=True)
+        clock: Clock = self.functions[claim.function].engine_options.get("clock") or SystemClock()
+        wake_in = 0.0 if failure.retry_at is None else max(0.0, failure.retry_at - (clock.now() + self.clock_offset_s))
+        return Disposition(Status.RETRY_SCHEDULED.value, wake_in_s=wake_in, error=error)
 
     def failed(self, claim: Claim, error: str, exc: BaseException | None = None) -> Disposition:
         failures = min(claim.failures, 16) + 1  # this run's failure, after those the row counts

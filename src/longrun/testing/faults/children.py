@@ -258,7 +258,7 @@ def child_main(argv: Sequence[str]) -> int:
         store=jsonfile.JsonFileStore(args.root, io=CrashPointIO(), create=True),
         adapters={"write": adapter},
         clock=ShiftedClock(args.offset, args.monotonic_step),
-        limits=Limits(max_attempts=args.max_attempts, max_block_s=0.0),
+        limits=Limits(max_attempts=args.max_attempts, max_block_s=0.0, max_failures=10_000),  # killed again and again
         retry=RetryPolicy(base_delay_s=0.0, max_delay_s=0.0, jitter=0.0),
         lease_ttl_s=args.ttl,
     )
@@ -349,7 +349,8 @@ def race_main(argv: Sequence[str]) -> int:
     while time.monotonic() < stop_at:
         options: dict[str, Any] = dict(
             store=store, adapters={"write": adapter}, owner=f"racer:{os.getpid()}", clock=SystemClock(),
-            limits=Limits(max_attempts=10_000, max_block_s=0.0), retry=RetryPolicy(base_delay_s=0.0, max_delay_s=0.0, jitter=0.0),
+            limits=Limits(max_attempts=10_000, max_block_s=0.0, max_failures=10_000),  # racers take leases over mid-step
+            retry=RetryPolicy(base_delay_s=0.0, max_delay_s=0.0, jitter=0.0),
             lease_ttl_s=args.ttl,
         )  # fmt: skip
         try:

@@ -19,6 +19,7 @@ from ...errors import (
     StorageError,
 )
 from ...envelope import PlanOutline
+from ...failures import RunFailure
 from ...lease import Lease
 from ...ledger import EffectRecord, EffectState
 from ._base import TTL, ContractBase, sample_state
@@ -108,6 +109,31 @@ class StateContract(ContractBase):
         loaded = self.store().load("u").state
         case.assertIsNone(loaded.plan_outline)
         case.assertNotIn("plan_outline", loaded.to_json())
+
+    def test_contract_the_last_failure_round_trips_is_replaced_and_cleared(self) -> None:
+        case, store = self._case, self.store()
+        lease, state = self.committed(store, effects=2)
+        case.assertIsNone(self.store().load("t").state.last_failure)
+        case.assertNotIn("last_failure", self.store().load("t").state.to_json())
+        first = RunFailure(
+            kind="exception", error_type="KeyError", message="'ada'", traceback="Traceback ...\nKeyError: 'ada'\n", attempt=1,
+            max_failures=5, at=1_700_000_010.0, epoch=lease.epoch, revision=state.revision + 1, progress=2, step="step-001",
+            retry_at=1_700_000_011.0,
+        )  # fmt: skip
+        for failure in (first, replace(first, kind="crash", error_type="ProcessDied", traceback="", attempt=2, retry_at=None)):
+            state.last_failure = failure
+            store.commit(lease, state, ())
+            reloaded = self.store().load("t").state
+            case.assertEqual(reloaded.last_failure, failure)
+            case.assertEqual(reloaded.to_json(), state.to_json())
+        state.next_action = "a commit that leaves the failure as it was"
+        store.commit(lease, state, ())
+        case.assertEqual(self.store().load("t").state.last_failure, state.last_failure)
+        state.last_failure = None  # the run finished
+        store.commit(lease, state, ())
+        reloaded = self.store().load("t").state
+        case.assertIsNone(reloaded.last_failure)
+        case.assertNotIn("last_failure", reloaded.to_json())
 
     def test_contract_a_commit_that_does_not_say_what_changed_loses_nothing(self) -> None:
         """``changed=None`` means "not known": every replaced record must still be persisted."""
