@@ -4,9 +4,10 @@ filters, the pages, and the counts an operator glances at.
 ``read_rows`` reads every task once (without a lease: it moves nothing; from the store's index of
 task summaries where it keeps one, else by loading each task, but for those at rest that a
 ``RowCache`` kept since the last render) and keeps what the list, its filters and the summary band
-need (``TaskRow``); ``complete`` loads the tasks of the page shown; ``Listing`` applies a search (a task id or a
-function, case-insensitive, a part of it is enough), the filters (status, function, updated since)
-and cuts the page (``PAGE_SIZE`` rows, most recently updated first); ``Summary`` counts tasks by
+need (``TaskRow``); ``complete`` loads the tasks of the page shown; ``Listing`` applies a search
+(a task id or a function, case-insensitive, a part of it is enough), the filters (status; function
+and task id as globs, as ``ls --function`` and ``--match`` take them; updated since) and cuts the
+page (``PAGE_SIZE`` rows, most recently updated first); ``Summary`` counts tasks by
 status, the pending approvals and questions with the oldest's request time, the tasks that
 recorded a failure in the last hour, and, from the fleet's tables when the store has them, the
 queue depth and the workers alive.
@@ -18,6 +19,7 @@ to answer: the band says there is no fleet).
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import os
 import re
@@ -93,6 +95,9 @@ def read_row(store: Store, task_id: str) -> TaskRow:
         if record.last_error and record.state in _FAILING:
             if failed_at is None or record.updated_at > failed_at:
                 failed_at, last_error = record.updated_at, record.last_error
+    failure = state.last_failure
+    if failure is not None and (failed_at is None or failure.at >= failed_at):
+        failed_at, last_error = failure.at, f"{failure.error_type}: {failure.message}"
     if state.status.value in FAILED_STATUSES:
         failed_at = max(failed_at or 0.0, state.updated_at)
         last_error = last_error or state.next_action
@@ -203,6 +208,8 @@ class Listing:
     since: float | None = None
     page: int = 1
     problems: tuple[str, ...] = ()
+    match: str = ""
+    """A glob on the task id (``invoice-*``), as ``ls --match``."""
 
     @classmethod
     def from_query(cls, query: Mapping[str, Sequence[str]], now: float) -> "Listing":
@@ -221,12 +228,16 @@ class Listing:
             page = int(page_text)
         else:
             problems.append(f"page {page_text[:20]!r} is not a positive whole number")
-        return cls(_first(query, "q"), statuses, _first(query, "function"), since_text, since, page, tuple(problems))
+        return cls(
+            _first(query, "q"), statuses, _first(query, "function"), since_text, since, page, tuple(problems), _first(query, "match")
+        )
 
     def matches(self, row: TaskRow) -> bool:
         if self.statuses and row.status not in self.statuses:
             return False
-        if self.function and (row.function or "").casefold() != self.function.casefold():
+        if self.function and not fnmatch.fnmatchcase(row.function or "", self.function):
+            return False
+        if self.match and not fnmatch.fnmatchcase(row.task_id, self.match):
             return False
         if self.since is not None and row.status not in ("DAMAGED", "UNREADABLE"):
             if row.updated_at is None or row.updated_at < self.since:
@@ -246,8 +257,8 @@ class Listing:
 
     def query(self, **changes: object) -> list[tuple[str, str]]:
         """The query string of this listing with ``changes`` (``page=2``), for links."""
-        values: dict[str, object] = {"q": self.search, "status": self.statuses, "function": self.function, "since": self.since_text,
-                                     "page": self.page, **changes}  # fmt: skip
+        values: dict[str, object] = {"q": self.search, "status": self.statuses, "function": self.function, "match": self.match,
+                                     "since": self.since_text, "page": self.page, **changes}  # fmt: skip
         pairs: list[tuple[str, str]] = []
         for name, value in values.items():
             if isinstance(value, tuple):
