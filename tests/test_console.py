@@ -780,6 +780,41 @@ class OperatorBrowserTests(BrowserCase):
     def store_approvals(self, task_id: str = "gated") -> list[Approval]:
         return [Approval.from_json(record.body) for record in self.store().read_approvals(task_id)]
 
+    def test_a_task_page_shows_what_ran_its_family_and_its_last_error(self) -> None:
+        options: dict[str, Any] = dict(store=self.store(), clock=self.clock, approvals=self.source, cancellations=self.source)
+
+        @longrun.durable(**options)
+        def child(run: longrun.Run, n: int) -> int:
+            return n + 1
+
+        @longrun.durable(**options)
+        def parent(run: longrun.Run, n: int) -> int:
+            return int(run.child("kid", child, n))
+
+        @longrun.durable(**options)
+        def broken(run: longrun.Run) -> None:
+            raise ValueError("the ledger does not balance")
+
+        self.assertEqual(parent.run("mom", 41).result, 42)
+        with self.assertLogs("longrun", "INFO"), self.assertRaises(ValueError):  # recorded, then raised to the caller
+            broken.run("broken")
+        server = self.serve(refresh_s=0)
+        self.open(server, "/task/mom")
+        facts = self.by("dl.facts").text
+        self.assertIn(parent.name, facts)
+        self.assertIn("41", facts)  # the arguments
+        self.assertIn("42", facts)  # the result
+        self.click_and_wait(self.by('dl.facts a[href="/task/kid"]'))  # a child, linked
+        self.click_and_wait(self.by('dl.facts a[href="/task/mom"]'))  # and back to its parent
+        self.by("table")  # the timeline
+        self.assertIn("Timeline", self.by("main").text)
+        self.open(server, "/task/broken")
+        facts = self.by("dl.facts").text
+        self.assertIn("ValueError", facts)
+        self.assertIn("the ledger does not balance", facts)
+        self.assertIn("Traceback", facts)
+        self.screenshot("last-error")
+
     def test_run_once_in_the_browser(self) -> None:
         if self.store_kind == "postgres":
             self.skipTest("the task's module names its store by a path; RunOnceTests covers the form")
