@@ -324,6 +324,45 @@ class ListTest(CliCase):
         self.assertIn("awaiting-approval", rows["gated"])
         self.assertIn("DAMAGED", rows["broken"])
 
+    def test_ls_on_a_store_with_a_summary_index_loads_only_the_page_and_still_shows_damage(self) -> None:
+        import sqlite3
+
+        from longrun.cli._inspect import cmd_ls
+        from longrun.testing.store_contract import sample_state
+
+        store = longrun.SqliteStore(os.path.join(self.tmp, "tasks.db"), create=True)
+        self.addCleanup(store.close)
+        for index in range(12):
+            task_id = f"t{index:02d}"
+            lease = store.acquire_lease(task_id, "me", 30.0, time.time())
+            store.load(task_id, lease=lease)
+            state = sample_state(task_id)
+            state.updated_at = 1_700_000_000.0 + index
+            state.status = Status.DONE if index % 2 else Status.RUNNING
+            store.commit(lease, state, set(state.effects))
+            store.release_lease(lease, time.time())
+        connection = sqlite3.connect(store.path)
+        connection.execute("UPDATE longrun_effects SET record = 'damaged' WHERE task_id = 't11'")
+        connection.commit()
+        connection.close()
+        loads: list[str] = []
+        load = store.load
+        store.load = lambda task_id, **kwargs: (loads.append(task_id), load(task_id, **kwargs))[1]  # type: ignore[method-assign]
+        out = io.StringIO()
+        self.assertEqual(cmd_ls(store, "sqlite:tasks.db", True, out, limit=3), 0)
+        entries = json.loads(out.getvalue())
+        self.assertEqual([entry["task_id"] for entry in entries], ["t11", "t10", "t09"])
+        self.assertEqual(loads, ["t11", "t10", "t09"], "only the page's tasks are loaded")
+        self.assertEqual([entry["status"] for entry in entries], ["DAMAGED", "running", "done"])
+        out = io.StringIO()
+        cmd_ls(store, "sqlite:tasks.db", True, out, statuses=["running"], limit=2)
+        self.assertEqual([entry["task_id"] for entry in json.loads(out.getvalue())], ["t10", "t08"])
+        loads.clear()
+        out = io.StringIO()
+        cmd_ls(store, "sqlite:tasks.db", True, out, statuses=["DAMAGED"])  # only a load tells: every task is loaded
+        self.assertEqual([entry["task_id"] for entry in json.loads(out.getvalue())], ["t11"])
+        self.assertEqual(len(loads), 12)
+
     def test_ls_of_an_empty_store(self) -> None:
         os.mkdir(self.store_dir)
         result = cli("ls", self.store_dir)

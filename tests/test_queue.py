@@ -16,6 +16,7 @@ from typing import Any
 from helpers import pg_support, support
 from longrun import JsonFileStore, SqliteStore, durable
 from longrun.approval import Approval
+from longrun.errors import InvalidInputError
 from longrun.cancellation import Cancellation
 from longrun.stores import PostgresStore
 from longrun.stores.queue import TaskQueue, open_queue
@@ -74,6 +75,45 @@ class QueueCases:
         self.assertLessEqual(entry.due_in_s, 0.0)  # type: ignore[attr-defined]
         self.assertEqual(self.store.load("t1").state.plan_digest, self.job.plan_digest("t1", 2))  # type: ignore[attr-defined]
         self.assertEqual(OutboxAdapter(self.outbox).counts(), {})  # type: ignore[attr-defined]  # nothing ran
+
+    def test_start_many_records_and_queues_every_task_and_checks_every_call_first(self) -> None:
+        self.assertTrue(self.job.start("t0", 1))
+        self.assertEqual(self.job.start_many([("t0", (1,)), ("t1", [2]), ("t2", (3,), {})]), [False, True, True])
+        for task_id, n in (("t1", 2), ("t2", 3)):
+            self.assertEqual(self.store.load(task_id).state.plan_digest, self.job.plan_digest(task_id, n))  # type: ignore[attr-defined]
+            self.assertLessEqual(self.entry(task_id).due_in_s, 0.0)  # type: ignore[attr-defined]
+        for calls in ([("t3", 1)], [("t3", (1,)), ("t3", (2,))], [("t3",)], [("../x", (1,))], [("t3", (1,), [])], "t3", [("t3", ("a", "b"))]):
+            with self.assertRaises(InvalidInputError, msg=repr(calls)):  # type: ignore[attr-defined]
+                self.job.start_many(calls)  # type: ignore[arg-type]
+        self.assertNotIn("t3", self.store.list_tasks())  # type: ignore[attr-defined]
+        with self.assertRaises(InvalidInputError) as caught:  # type: ignore[attr-defined]
+            self.job.start_many([("t4", (4,)), ("t1", (9,)), ("t5", (5,))])
+        self.assertIn("other arguments", str(caught.exception))  # type: ignore[attr-defined]
+        self.assertEqual(self.store.load("t1").state.plan_digest, self.job.plan_digest("t1", 2))  # type: ignore[attr-defined]
+        for task_id in ("t4", "t5"):  # recorded and queued all the same
+            self.assertLessEqual(self.entry(task_id).due_in_s, 0.0)  # type: ignore[attr-defined]
+        self.assertEqual(self.job.start_many([]), [])  # type: ignore[attr-defined]
+        self.assertEqual(OutboxAdapter(self.outbox).counts(), {})  # type: ignore[attr-defined]  # nothing ran
+        self.assertEqual(self.job.run("t1", 2).result, 2)  # type: ignore[attr-defined]  # and each runs as started
+
+    def test_start_records_the_state_a_first_run_records(self) -> None:
+        from longrun.functions._plan import Recording
+
+        self.assertTrue(self.job.start("fast", 2))
+        engine, plan = self.job._plan("slow", (2,), {})
+        self.assertEqual(Recording(plan).record(engine).status.value, "running")  # type: ignore[attr-defined]
+
+        def shape(task_id: str) -> Any:
+            state = self.store.load(task_id).state
+            body = state.to_json()
+            for name in ("task_id", "plan_digest", "created_at", "updated_at", "budget", "lease"):
+                body.pop(name)
+            for record in body["effects"]:
+                record.pop("updated_at")
+                record["key"] = record["key"].replace(task_id, "T")
+            return body, state.budget.created_at == state.created_at == state.budget.last_progress_at
+
+        self.assertEqual(shape("fast"), shape("slow"))  # type: ignore[attr-defined]
 
     def test_a_claimed_row_is_not_claimed_again_until_its_claim_lapses(self) -> None:
         self.job.start("t1", 1)

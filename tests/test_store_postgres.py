@@ -248,6 +248,22 @@ class SessionTests(PostgresCase):
 
 
 class SchemaTests(PostgresCase):
+    def test_a_version_6_database_gets_a_summary_row_per_task_built_on_open(self) -> None:
+        self.committed("a")
+        lease, done = self.committed("b")
+        done.status, done.updated_at = Status.DONE, 1_700_000_900.0
+        self.store.commit(lease, done, ())
+        self.store.acquire_lease("c", "me", 30.0, time.time())
+        expected = self.store.list_summaries()
+        self.store.close()
+        self.schema.execute("DROP TABLE longrun_summaries")
+        self.schema.execute("DELETE FROM longrun_schema WHERE version = 7")
+        with self.assertLogs("longrun", "INFO") as logs:
+            migrated = self.open().list_summaries()
+        self.assertTrue(any("schema migrated to version 7" in line for line in logs.output), logs.output)
+        self.assertEqual([summary.task_id for summary in migrated], ["b", "a", "c"])
+        self.assertEqual(migrated, expected)
+
     def test_a_schema_without_longruns_tables_is_refused_without_create_and_nothing_is_created(self) -> None:
         fresh = pg_support.Schema(self.driver, prefix="lr_bare")
         self.addCleanup(fresh.drop)

@@ -65,6 +65,9 @@ class SqliteCase(support.TempDirTest):
     def downgrade(self, version: int) -> None:
         """Make the database look as longrun schema ``version`` left it (its lease rows included)."""
         dropped = {3: ("token", "holder_lock"), 2: ("monotonic_clock", "monotonic_expires_at")}
+        if version < 7:
+            self.sql("DROP TABLE longrun_summaries")
+            self.sql("DELETE FROM longrun_schema WHERE version = 7")
         if version < 6:
             self.sql("DROP TABLE longrun_messages")
             self.sql("DELETE FROM longrun_schema WHERE version = 6")
@@ -576,6 +579,32 @@ class PlanOutlineTests(SqliteCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class SummaryMigrationTests(SqliteCase):
+    def test_a_version_6_database_gets_a_summary_row_per_task_built_on_open(self) -> None:
+        _, running = self.committed("a")
+        lease, done = self.committed("b")
+        done.status, done.updated_at = Status.DONE, 1_700_000_900.0
+        self.store.commit(lease, done, ())
+        self.store.acquire_lease("c", "me", 30.0, 1000.0)  # a task with no revision
+        self.committed("d")
+        self.sql("UPDATE longrun_effects SET record = 'damaged' WHERE task_id = 'd' AND step_id = 'step-001'")
+        expected = {summary.task_id: summary for summary in self.store.list_summaries()}
+        self.store.close()
+        self.downgrade(6)
+        with self.assertLogs("longrun", "INFO") as logs:
+            migrated = self.open().list_summaries()
+        self.assertTrue(any("schema migrated to version 7" in line for line in logs.output), logs.output)
+        self.assertEqual([summary.task_id for summary in migrated], ["b", "d", "a", "c"])
+        for summary in migrated:
+            if summary.task_id != "d":
+                self.assertEqual(summary, expected[summary.task_id])
+        damaged = migrated[1]
+        self.assertEqual((damaged.status, damaged.revision), ("running", 1), "as its header row last said")
+        self.assertIn("does not validate", damaged.error)
+        self.assertEqual(self.sql("SELECT MAX(version) FROM longrun_schema"), [(SCHEMA_VERSION,)])
+        self.assertEqual(running.status, Status.RUNNING)
 
 
 class BlobTests(SqliteCase):

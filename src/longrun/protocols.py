@@ -7,7 +7,7 @@ these seams are frozen dataclasses defined beside the concept they belong to.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Collection, Protocol, runtime_checkable
+from typing import Collection, Iterable, Protocol, Sequence, runtime_checkable
 
 from .adapters import EffectRequest, Observation, Receipt
 from .approval import Approval
@@ -17,11 +17,12 @@ from .envelope import RunState
 from .lease import Lease, LeaseRepair, MonotonicReading
 from .messages import Delivery, Message
 from .outcome import Evidence
+from .summary import TaskSummary
 
 __all__ = [
     "AnyEffectAdapter", "ApprovalSource", "AsyncEffectAdapter", "CancellationSource", "Clock", "ClosableStore",
-    "EffectAdapter", "HistoryStore", "LoadResult", "MonotonicClock", "PausingSource", "RepairableStore", "SigningSource",
-    "Store", "TaskDeletion", "TimelineClock", "WatchedSource",
+    "EffectAdapter", "HistoryStore", "LoadResult", "MonotonicClock", "PausingSource", "RecordingStore", "RepairableStore",
+    "SigningSource", "Store", "SummaryStore", "TaskDeletion", "TimelineClock", "WatchedSource",
 ]  # fmt: skip
 
 
@@ -216,6 +217,38 @@ class HistoryStore(Protocol):
     ``at``, and a ``description``; ``longrun history`` shows them beside what the state records."""
 
     def history(self, task_id: str) -> list[dict[str, object]]: ...
+
+
+@runtime_checkable
+class SummaryStore(Protocol):
+    """A store that lists its tasks' summaries (``longrun.summary``) with filters, newest first, and
+    counts them by status: every store longrun ships (``BaseStore``). The SQL stores keep a summary
+    row per task in each commit's own transaction, indexed, so a page costs O(page); the default
+    loads every state. ``longrun ls``, the console and the metrics read these."""
+
+    def list_summaries(
+        self,
+        *,
+        statuses: Iterable[str] = (),
+        functions: Iterable[str] = (),
+        parent: str | None = None,
+        match: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[TaskSummary]: ...
+
+    def status_counts(self) -> dict[str, int]: ...
+
+
+@runtime_checkable
+class RecordingStore(Protocol):
+    """A store that writes the first revisions of new tasks together (``fn.start``,
+    ``fn.start_many``): every store longrun ships (``BaseStore.record_new``; the SQL stores in one
+    transaction for all of them). True for each state written; False for a task that exists."""
+
+    def record_new(self, states: Sequence[RunState], now: float) -> list[bool]: ...
 
 
 @runtime_checkable

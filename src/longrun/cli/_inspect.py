@@ -34,7 +34,7 @@ from ..messages import consumed_messages
 from ..outcome import Status
 from ..progress import Progress, progress_of
 from ..telemetry import ProgressReport
-from ..protocols import LoadResult, Store
+from ..protocols import LoadResult, Store, SummaryStore
 from ..task_events import events_of
 from ._common import (
     STORE_PLACEHOLDER,
@@ -369,6 +369,33 @@ def select(
     return chosen[:limit] if limit is not None else chosen
 
 
+def list_entries(
+    store: Store,
+    *,
+    statuses: Sequence[str] = (),
+    since: float | None = None,
+    limit: int | None = None,
+    functions: Sequence[str] = (),
+    match: Sequence[str] = (),
+) -> list[dict[str, object]]:
+    """``ls``'s rows, newest first. A store that lists summaries (``SummaryStore``) picks the page
+    from its index and only the page's tasks are loaded (each row shows what its load finds, so a
+    damaged task still shows ``DAMAGED``): O(page). Asked for ``DAMAGED`` or ``UNREADABLE``, which
+    only a load can tell, for a function by its qualname or a glob, or for more than one id glob,
+    or on a store that lists no summaries, every task (whose id matches) is loaded: O(tasks)."""
+    whole_names = all(":" in name and not any(mark in name for mark in "*?[") for name in functions)
+    if isinstance(store, SummaryStore) and not {"DAMAGED", "UNREADABLE"} & set(statuses) and whole_names and len(match) <= 1:
+        page = store.list_summaries(
+            statuses=statuses, functions=functions, match=match[0] if match else None, since=since, limit=limit
+        )
+        return [ls_entry(store, summary.task_id) for summary in page]
+    tasks = store.list_tasks()
+    if match:  # read only the tasks whose ids match
+        tasks = [task_id for task_id in tasks if any(fnmatch.fnmatchcase(task_id, pattern) for pattern in match)]
+    entries = [ls_entry(store, task_id) for task_id in tasks]
+    return select(entries, statuses=statuses, since=since, limit=limit, functions=functions, match=match)
+
+
 def cmd_ls(
     store: Store,
     label: str,
@@ -384,12 +411,7 @@ def cmd_ls(
 ) -> int:
     now = time.time()
     threshold = parse_since(since, now) if since is not None else None
-    tasks = store.list_tasks()
-    if match:  # read only the tasks whose ids match
-        tasks = [task_id for task_id in tasks if any(fnmatch.fnmatchcase(task_id, pattern) for pattern in match)]
-    entries = select(
-        [ls_entry(store, task_id) for task_id in tasks], statuses=statuses, since=threshold, limit=limit, functions=functions, match=match
-    )
+    entries = list_entries(store, statuses=statuses, since=threshold, limit=limit, functions=functions, match=match)
     for entry in entries:
         entry["next_action"] = name_store(str(entry["next_action"]), label)
     if as_json:

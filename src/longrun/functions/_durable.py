@@ -7,8 +7,11 @@ import copy
 import dataclasses
 import inspect
 import secrets
+import threading
+import time
+import weakref
 from types import MappingProxyType
-from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar, Unpack
+from typing import Any, Callable, Generic, Iterable, Mapping, Sequence, TypeVar, Unpack
 
 from ..canonical import JSONValue, ensure_json
 from ..clock import SystemClock
@@ -19,7 +22,8 @@ from ..errors import ForkRefusedError, InvalidInputError, UnknownTaskError
 from ..intervention import ApprovalWriter, Signer, reopen
 from ..outcome import RunOutcome, Status
 from ..messages import Delivery, Message
-from ..protocols import AnyEffectAdapter, Clock, Store
+from ..protocols import AnyEffectAdapter, Clock, RecordingStore, Store
+from ..stores.queue import TaskQueue, open_queue
 from ..task_events import read_event
 from ._plan import FunctionPlan, Recording, run_coroutine
 from ._family import cancelled_down
@@ -46,6 +50,11 @@ class DurableFunction(Generic[R]):
         self._options = engine_options
         self.__wrapped__ = fn
         self.__doc__ = fn.__doc__
+        self._queue: TaskQueue | None = None
+        """The fleet queue ``start`` and ``enqueue`` write to, kept open between calls (its connection
+        and the check of its tables cost more than recording a task)."""
+        self._queue_lock = threading.Lock()
+        self._signature_read: tuple[inspect.Signature | None] | None = None
 
     def contract_for(self, task_id: str) -> RunContract:
         return dataclasses.replace(self._contract, task_id=check_task_id(task_id))
@@ -68,9 +77,8 @@ class DurableFunction(Generic[R]):
     def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """Refuse arguments the function cannot take (``InvalidInputError`` naming the mismatch), so
         that no task is recorded, started or run that could never call it."""
-        try:
-            signature = inspect.signature(self.fn)
-        except (TypeError, ValueError):  # a callable whose signature Python cannot tell: it is called as it is
+        signature = self._signature()
+        if signature is None:  # a callable whose signature Python cannot tell: it is called as it is
             return
         try:
             signature.bind(None, *args, **kwargs)  # None stands for the Run the function gets first
@@ -80,6 +88,15 @@ class DurableFunction(Generic[R]):
                 return_annotation=inspect.Signature.empty,
             )
             raise InvalidInputError(f"{self.name}{bare} cannot take these arguments: {exc}; nothing was recorded") from None
+
+    def _signature(self) -> inspect.Signature | None:
+        """The function's signature, read once (``start_many`` checks thousands of calls with it)."""
+        if self._signature_read is None:
+            try:
+                self._signature_read = (inspect.signature(self.fn),)
+            except (TypeError, ValueError):
+                self._signature_read = (None,)
+        return self._signature_read[0]
 
     @property
     def is_async(self) -> bool:
@@ -141,7 +158,36 @@ class DurableFunction(Generic[R]):
 
     async def astart(self, task_id: str, *args: Any, **kwargs: Any) -> bool:
         """``start`` from async code: the store's calls block, so they run in a worker thread."""
-        return await asyncio.to_thread(self.enqueue, task_id, args, kwargs)
+        checked = _calls([(task_id, args, kwargs)])
+        return (await asyncio.to_thread(self._enqueue_many, checked, 0))[0]
+
+    def start_many(self, calls: Iterable[StartCall], *, priority: int = 0) -> list[bool]:
+        """``start`` for many tasks at once: each call is ``(task_id, args)`` or ``(task_id, args,
+        kwargs)``, as ``start(task_id, *args, **kwargs)`` would take them. The new tasks' first
+        revisions are written in one store transaction (the SQL stores; the JSON-file store writes
+        each as a commit) and queued in one more. Returns, in order, True for each task this call
+        recorded, False for one recorded before with the same function and arguments. Every call
+        is checked before anything is written (``InvalidInputError``; a task id given twice too).
+        A task that exists with other arguments or another plan is refused with ``InvalidInputError``
+        and left as it is; the others in the call are still recorded and queued."""
+        self._refuse_on_a_loop("start_many", "`await fn.astart_many(...)`")
+        return self._enqueue_many(_calls(calls), priority)
+
+    def _refuse_on_a_loop(self, what: str, instead: str) -> None:
+        """An async function's tasks are started from a running event loop with ``astart``: the
+        store's calls block, and would block the loop."""
+        if not self.is_async:
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        raise InvalidInputError(f"{what}: an event loop is running in this thread; use {instead}")
+
+    async def astart_many(self, calls: Iterable[StartCall], *, priority: int = 0) -> list[bool]:
+        """``start_many`` from async code, in a worker thread."""
+        checked = _calls(calls)
+        return await asyncio.to_thread(self._enqueue_many, checked, priority)
 
     def enqueue(self, task_id: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *, priority: int = 0) -> bool:
         """Record the task (its first revision, as a first run would commit it, without calling the
@@ -150,17 +196,51 @@ class DurableFunction(Generic[R]):
         True if this call recorded it; False if it was recorded before with the same function and
         arguments (its priority is set, nothing else changes). Other arguments, or another function
         or plan under the same task id, are refused with ``InvalidInputError``, changing nothing."""
-        from ..stores.queue import open_queue  # only a fleet needs the queue's tables
+        self._refuse_on_a_loop(f"starting task {task_id!r}", "`await fn.astart(...)`")
+        return self._enqueue_many(_calls([(task_id, args, dict(kwargs or {}))]), priority)[0]
 
-        engine, plan = self._plan(task_id, tuple(args), dict(kwargs or {}))
-        queue = open_queue(engine.config.store)
-        try:
-            queue.ensure()  # the queue's triggers exist before the first record, so nothing is missed
-            created = self._record(engine, plan)
-            queue.enqueue(task_id, self.name, priority=priority)
-        finally:
-            queue.close()
-        return created
+    def _enqueue_many(self, calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]], priority: int) -> list[bool]:
+        plans = [self._recording_plan(task_id, args, kwargs) for task_id, args, kwargs in calls]
+        if not plans:
+            return []
+        store = self._options["store"]
+        with self._queue_lock:
+            queue = self._queue
+            if queue is None or queue.store is not store:  # one per store: a clone (with_options) may have another
+                queue = self._queue = open_queue(store)
+                # Closed when this function object goes (or at exit), before its connection is collected.
+                weakref.finalize(self, queue.close)
+        queue.ensure()  # the queue's triggers exist before the first record, so nothing is missed
+        clock = self._options.get("clock")
+        now = clock.now() if clock is not None else time.time()
+        if isinstance(store, RecordingStore):
+            created = store.record_new([plan.first_state(task_id, now) for (task_id, _, _), plan in zip(calls, plans)], now)
+        else:
+            created = [False] * len(calls)
+        refused: list[InvalidInputError] = []
+        outcomes: list[bool | None] = list(created)  # None: refused
+        for index, made in enumerate(created):
+            if not made:  # it exists (or a store that cannot record): read it, check its plan, or record it as a run
+                task_id, args, kwargs = calls[index]
+                engine, plan = self._plan(task_id, args, kwargs)
+                try:
+                    outcomes[index] = self._record(engine, plan)
+                except InvalidInputError as exc:
+                    refused.append(exc)
+                    outcomes[index] = None
+        # The tasks recorded are queued even if another was refused: a recorded task is never left out of the queue.
+        queue.enqueue_many([task_id for (task_id, _, _), made in zip(calls, outcomes) if made is not None], self.name, priority=priority)
+        if refused:
+            raise refused[0]
+        return [bool(made) for made in outcomes]
+
+    def _recording_plan(self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> FunctionPlan:
+        """``_plan`` without the engine: what recording a first revision needs."""
+        contract = self.contract_for(task_id)
+        self.check_arguments(args, kwargs)
+        arguments = ensure_json({"args": list(args), "kwargs": dict(kwargs)}, what=f"arguments of {self.name}")
+        assert isinstance(arguments, dict)
+        return FunctionPlan(self, arguments, contract)
 
     def _record(self, engine: Engine, plan: FunctionPlan) -> bool:
         """Commit the task's first revision unless it has one; True if this call did. Refuses another plan."""
@@ -207,6 +287,7 @@ class DurableFunction(Generic[R]):
         Engine(self._contract, **merged)  # validates them now, not at the first run
         clone = copy.copy(self)
         clone._options = merged
+        clone._queue, clone._queue_lock = None, threading.Lock()
         return clone
 
     def fork(self, task_id: str, new_task_id: str, *, from_step: str | None = None) -> str:
@@ -217,8 +298,6 @@ class DurableFunction(Generic[R]):
         arguments, as a worker or ``run``/``longrun resume`` runs it; the origin records the fork.
         Returns the step the fork starts at (``""`` if every step was copied). See ``functions._fork``
         for what is refused (``UnknownTaskError``, ``UnknownStepError``, ``TaskExistsError``, ...)."""
-        from ..stores.queue import open_queue  # only a fleet needs the queue's tables
-
         check_task_id(task_id)
         check_task_id(new_task_id)
         store = self._options["store"]
@@ -329,6 +408,33 @@ class DurableFunction(Generic[R]):
 
     def __repr__(self) -> str:
         return f"<durable function {self.name}>"
+
+StartCall = tuple[str, Sequence[Any]] | tuple[str, Sequence[Any], Mapping[str, Any]]
+"""One task for ``start_many``: ``(task_id, args)`` or ``(task_id, args, kwargs)``."""
+
+
+def _calls(calls: Iterable[StartCall]) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+    """``start_many``'s calls as ``(task_id, args, kwargs)``, each checked; a task id given twice is refused."""
+    if isinstance(calls, (str, bytes, Mapping)):
+        raise InvalidInputError("start_many takes an iterable of (task_id, args) or (task_id, args, kwargs) tuples")
+    checked = []
+    seen: set[str] = set()
+    for call in calls:
+        if not isinstance(call, tuple) or len(call) not in (2, 3):
+            raise InvalidInputError(f"a start_many call is (task_id, args) or (task_id, args, kwargs), got {call!r:.80}")
+        task_id, args = call[0], call[1]
+        kwargs = call[2] if len(call) == 3 else {}
+        check_task_id(task_id)
+        if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
+            raise InvalidInputError(f"task {task_id!r}: args must be a sequence (a tuple or list), got {type(args).__name__}")
+        if not isinstance(kwargs, Mapping) or not all(isinstance(name, str) for name in kwargs):
+            raise InvalidInputError(f"task {task_id!r}: kwargs must be a mapping of names to values")
+        if task_id in seen:
+            raise InvalidInputError(f"task {task_id!r} is given twice; nothing was recorded")
+        seen.add(task_id)
+        checked.append((task_id, tuple(args), dict(kwargs)))
+    return checked
+
 
 def durable(
     *,

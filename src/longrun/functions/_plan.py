@@ -12,7 +12,8 @@ from ..contract import INTERNAL_PREFIX, RunContract, Step
 from ..engine import Engine, Stop, procedures
 from ..envelope import RunState
 from ..errors import InvalidInputError
-from ..ledger import EffectState
+from ..budget import BudgetCounters
+from ..ledger import EffectRecord, EffectState
 from ..outcome import RunOutcome, Status
 from ._run import AsyncRun, Run
 from ._lineage import FUNCTION_STEP, ChildLink, TaskFunction, cancelled_with
@@ -63,6 +64,28 @@ class FunctionPlan:
         engine.invocation.cancelled_with = cancelled_with(state)
         engine.invocation.counts_failures = True
         state.next_action = FIRST_RUN_UNDER_WAY
+
+    def first_state(self, task_id: str, now: float) -> RunState:
+        """The state a first run records before it calls the function (``initial`` on a new state):
+        what ``Store.record_new`` writes for ``fn.start`` without running the engine. A test holds
+        it equal to what the engine records."""
+        step = Step(FUNCTION_STEP, FUNCTION_STEP, self._payload)
+        static = step.static_payload
+        assert static is not None  # a function's record has a static payload: its name and arguments
+        payload, digest = static
+        record = EffectRecord(
+            key=step.effect_key(task_id), step_id=FUNCTION_STEP, action=FUNCTION_STEP, payload=payload,
+            payload_digest=digest, updated_at=now,
+        )  # fmt: skip
+        return RunState(
+            task_id=task_id,
+            plan_digest=self.digest,
+            budget=BudgetCounters(created_at=now, last_progress_at=now),
+            created_at=now,
+            updated_at=now,
+            next_action="start the first step",
+            effects={FUNCTION_STEP: record},
+        )
 
     def accept(self, engine: Engine, state: RunState) -> None:
         engine.invocation.cancelled_with = cancelled_with(state)  # as recorded: a resumed child names no parent in its call

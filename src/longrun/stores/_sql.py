@@ -16,8 +16,9 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import secrets
 import time
-from typing import Any, Collection, Generator, Mapping, Self, Sequence
+from typing import Any, Collection, Generator, Iterable, Mapping, Self, Sequence
 
 from ..approval import Approval
 from ..cancellation import Cancellation
@@ -25,12 +26,15 @@ from ..canonical import canonical_bytes, parse_json
 from ..contract import check_task_id
 from ..control import ControlRecord, parse_control_record
 from ..envelope import MAX_STATE_BYTES, PlanOutline, RunState, check_loadable, decode, encode
-from ..errors import CorruptStateError, FencedError, ForeignStateError, SchemaVersionError, StateUnrecoverableError, StorageError
-from ..lease import Lease
+from ..errors import (
+    CorruptStateError, FencedError, ForeignStateError, LongrunError, SchemaVersionError, StateUnrecoverableError, StorageError,
+)  # fmt: skip
+from ..lease import RELEASED, Lease
 from ..ledger import EffectRecord
 from ..messages import Message, decode_message, encode_message
 from ..outcome import Evidence
 from ..protocols import LoadResult
+from ..summary import MAX_ERROR_CHARS, NEW, SUMMARY_STATUSES, UNREADABLE, SummaryQuery, TaskSummary, glob_prefix, glob_regex, summarize
 from .blobs import BlobCodec, BlobFetcher, BlobRef, large_values, resolve_record_json, stored_record_json
 from ._sql_schema import SCHEMA_VERSION, column_text, quarantine_text, row_checksum, utf8_bytes
 from ._sql_connection import SqlConnection
@@ -64,8 +68,9 @@ class SqlStore(BaseStore):
 
     placeholder = "?"
     """How the driver marks a parameter; statements here are written with ``?``."""
-    types: Mapping[str, str] = {"int": "BIGINT", "float": "DOUBLE PRECISION", "serial": "INTEGER PRIMARY KEY", "bytes": "BLOB"}
-    """The dialect's column types for the schema's integers, floats, the quarantine's row id and bytes."""
+    types: Mapping[str, str] = {"int": "BIGINT", "float": "DOUBLE PRECISION", "serial": "INTEGER PRIMARY KEY", "bytes": "BLOB", "desc": "DESC"}
+    """The dialect's column types for the schema's integers, floats, the quarantine's row id and bytes, and
+    "desc": how an index and a listing order by update time, newest first with NULL (never updated) last."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -104,6 +109,10 @@ class SqlStore(BaseStore):
         """A store that may create its schema where none is (the default) refuses nothing."""
 
     def _now_sql(self) -> str:
+        raise NotImplementedError
+
+    def _match_sql(self) -> str:
+        """A condition true when ``task_id`` matches the regular expression given as its parameter."""
         raise NotImplementedError
 
     # -- the connection -----------------------------------------------------------------------
@@ -467,6 +476,7 @@ class SqlStore(BaseStore):
                 "revision = excluded.revision, record = excluded.record, checksum = excluded.checksum",
                 rows,
             )
+        self._put_summary(summarize(state))
         if outline_body is not None:
             self._db.run(
                 "INSERT INTO longrun_plans (task_id, revision, body, checksum) VALUES (?, ?, ?, ?) "
@@ -507,6 +517,48 @@ class SqlStore(BaseStore):
                 return None
             rows += [(step_id, len(effects) - 1 - offset) for offset, step_id in enumerate(newest)][::-1]
         return rows
+
+    def record_new(self, states: Sequence[RunState], now: float) -> list[bool]:
+        """``BaseStore.record_new`` in one transaction, whatever the count: for each state whose task
+        row does not exist, the task row, a released lease row at epoch 0 (so the first acquisition
+        issues epoch 1 and the database's fence has a row to check), the state's rows and its summary
+        row, written by the statements a commit uses. A task whose row exists is left as it is.
+        All or nothing: a state refused, or a failure, writes none of them."""
+        self._check_new(states)
+        created: list[bool] = []
+        written: list[str] = []
+        try:
+            with self._db.session(write=True, what=f"record {len(states)} new tasks"):
+                for state in states:
+                    task_id = state.task_id
+                    cursor = self._db.run(
+                        "INSERT INTO longrun_tasks (task_id, created_at, revision_floor) VALUES (?, ?, 0) ON CONFLICT (task_id) DO NOTHING",
+                        (task_id, now),
+                    )
+                    if cursor.rowcount != 1:
+                        created.append(False)
+                        continue
+                    written.append(task_id)
+                    self._db.run(
+                        "INSERT INTO longrun_leases (task_id, owner, epoch, acquired_at, expires_at, token) VALUES (?, ?, 0, ?, ?, ?)",
+                        (task_id, self.RECORDER, now, RELEASED, secrets.token_hex(16)),
+                    )
+                    state.revision, state.lease_epoch, state.lease_owner, state.lease_expires_at = 1, 0, self.RECORDER, RELEASED
+                    # Nothing is stored for the task: every record is new, no row to delete, no outline row to replace.
+                    self._stored_steps[task_id], self._stored_outlines[task_id] = {}, None
+                    self._put_state(state, state.effects.keys())
+                    created.append(True)
+        except BaseException:
+            for state in states:
+                if state.task_id in written:
+                    state.revision = 0
+            raise
+        finally:
+            for task_id in written:  # this object holds none of them: a run loads them with its lease
+                self._stored_steps.pop(task_id, None)
+                self._stored_outlines.pop(task_id, None)
+                self._blobs.pop(task_id, None)
+        return created
 
     # -- control records ----------------------------------------------------------------------
 
@@ -556,7 +608,7 @@ class SqlStore(BaseStore):
 
     _TASK_TABLES = (
         "longrun_effects", "longrun_blobs", "longrun_plans", "longrun_states", "longrun_approvals",
-        "longrun_cancellations", "longrun_messages", "longrun_quarantine", "longrun_leases",
+        "longrun_cancellations", "longrun_messages", "longrun_quarantine", "longrun_leases", "longrun_summaries",
     )  # fmt: skip
 
     def _delete_task(self, task_id: str) -> list[str]:
@@ -621,3 +673,110 @@ class SqlStore(BaseStore):
         with self._db.session(write=False, what="list tasks"):
             rows = self._db.rows("SELECT task_id FROM longrun_tasks")
         return sorted(str(row[0]) for row in rows)
+
+    _SUMMARY_COLUMNS = "task_id, status, revision, function, parent, created_at, updated_at, wake_at, error, next_action"
+
+    def _put_summary(self, summary: TaskSummary) -> None:
+        """Upsert the task's summary row, in the open transaction (a commit's: see ``_put_state``)."""
+        self._db.run(
+            f"INSERT INTO longrun_summaries ({self._SUMMARY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (task_id) DO UPDATE SET status = excluded.status, revision = excluded.revision, "
+            "function = excluded.function, parent = excluded.parent, created_at = excluded.created_at, "
+            "updated_at = excluded.updated_at, wake_at = excluded.wake_at, error = excluded.error, "
+            "next_action = excluded.next_action",
+            tuple(summary.to_json().values()),
+        )
+
+    def _migrated(self, version: int) -> None:
+        """Version 7: build every task's summary row from its stored state, in the migration's transaction."""
+        if version != 7:
+            return
+        tasks = self._db.rows("SELECT task_id, created_at FROM longrun_tasks")
+        for task_id, created_at in tasks:
+            created_at = float(created_at) if isinstance(created_at, (int, float)) else None
+            try:
+                state = self._get_state(str(task_id), repair=False).state
+            except LongrunError as exc:
+                # Damaged or foreign: listed as its header row last said, with why it cannot be read.
+                row = self._db.one("SELECT status, revision, updated_at, next_action FROM longrun_states WHERE task_id = ?", (task_id,))
+                status, revision, updated_at, next_action = row if row is not None else (NEW, 0, None, "")
+                summary = TaskSummary(
+                    str(task_id), status if status in SUMMARY_STATUSES else UNREADABLE,
+                    revision if type(revision) is int else 0, created_at=created_at,
+                    updated_at=updated_at if isinstance(updated_at, float) else None,
+                    error=str(exc)[:MAX_ERROR_CHARS], next_action=next_action if isinstance(next_action, str) else "",
+                )  # fmt: skip
+            else:
+                summary = summarize(state) if state is not None else TaskSummary(str(task_id), NEW, created_at=created_at)
+            self._put_summary(summary)
+        log.info("%r: summary rows built for %d tasks", self, len(tasks))
+
+    def list_summaries(
+        self,
+        *,
+        statuses: Iterable[str] = (),
+        functions: Iterable[str] = (),
+        parent: str | None = None,
+        match: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[TaskSummary]:
+        """``BaseStore.list_summaries`` from the summary rows and their indexes: O(page) for a page
+        of the whole store or of one status or function. Every row is exactly the summary of the
+        task's latest committed state: each commit writes it in its own transaction."""
+        query = SummaryQuery.of(
+            statuses=statuses, functions=functions, parent=parent, match=match, since=since, until=until, limit=limit, offset=offset
+        )
+        conditions: list[str] = []
+        params: list[object] = []
+        for column, values in (("status", query.statuses), ("function", query.functions)):
+            if values:
+                conditions.append(f"{column} IN ({', '.join('?' * len(values))})")
+                params += values
+        if query.parent is not None:
+            conditions.append("parent = ?")
+            params.append(query.parent)
+        if query.match is not None:
+            prefix = glob_prefix(query.match)
+            if prefix:  # the task id's own index narrows the rows the pattern is tried on
+                conditions.append("task_id >= ? AND task_id < ?")
+                params += [prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)]
+            if query.match != prefix + "*":  # "PREFIX*": the range is the whole pattern
+                conditions.append(self._match_sql())
+                params.append(glob_regex(query.match))
+        if query.since is not None:
+            conditions.append("updated_at >= ?")
+            params.append(query.since)
+        if query.until is not None:
+            conditions.append("updated_at < ?")
+            params.append(query.until)
+        where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+        page = ""
+        if query.limit is not None:
+            page = " LIMIT ? OFFSET ?"
+            params += [query.limit, query.offset]
+        elif query.offset:
+            page = " LIMIT -1 OFFSET ?" if self.placeholder == "?" else " OFFSET ?"
+            params.append(query.offset)
+        with self._db.session(write=False, what="list task summaries"):
+            rows = self._db.rows(
+                f"SELECT {self._SUMMARY_COLUMNS} FROM longrun_summaries{where} "
+                f"ORDER BY updated_at {self.types['desc']}, task_id DESC{page}",
+                params,
+            )
+        names = self._SUMMARY_COLUMNS.split(", ")
+        summaries = []
+        for row in rows:
+            try:
+                summaries.append(TaskSummary.from_json(dict(zip(names, row))))
+            except CorruptStateError as exc:
+                raise CorruptStateError(f"{self!r}: the summary row of task {str(row[0])!r:.80} is damaged: {exc}") from exc
+        return summaries
+
+    def status_counts(self) -> dict[str, int]:
+        """How many tasks have each status, counted on the summary rows' status index."""
+        with self._db.session(write=False, what="count tasks by status"):
+            rows = self._db.rows("SELECT status, COUNT(*) FROM longrun_summaries GROUP BY status")
+        return {str(status): int(count) for status, count in rows}

@@ -29,7 +29,8 @@ class SqlDialect(Protocol):
 
     placeholder: str
     types: Mapping[str, str]
-    """The column types for the schema's integers ("int"), floats ("float"), the quarantine's row id ("serial") and bytes ("bytes")."""
+    """The column types for the schema's integers ("int"), floats ("float"), the quarantine's row id ("serial") and bytes
+    ("bytes"), and "desc": descending order with NULL last (SQLite's DESC; PostgreSQL's DESC NULLS LAST)."""
 
     def _connect(self) -> Any:
         """A new DB-API connection with no transaction open."""
@@ -62,6 +63,11 @@ class SqlDialect(Protocol):
 
     def _now_sql(self) -> str:
         """An SQL expression for the database's clock, in seconds since the epoch."""
+        ...
+
+    def _migrated(self, version: int) -> None:
+        """Called in the migration's transaction after the DDL of ``version``: fill what DDL cannot
+        (version 6: a summary row from every stored state)."""
         ...
 
 
@@ -233,6 +239,7 @@ class SqlConnection:
                 continue
             for statement in statements:
                 self.run(statement)
+            self._dialect._migrated(version)
             self.run(
                 f"INSERT INTO longrun_schema (version, applied_at, description) VALUES (?, {self._dialect._now_sql()}, ?)",
                 (version, description),
@@ -244,11 +251,17 @@ class SqlConnection:
         check_task_id(task_id)
         with self.session(write=write, what=f"access task {task_id!r}"):
             if create:
-                self.run(
+                cursor = self.run(
                     f"INSERT INTO longrun_tasks (task_id, created_at, revision_floor) VALUES (?, {self._dialect._now_sql()}, 0) "
                     "ON CONFLICT (task_id) DO NOTHING",
                     (task_id,),
                 )
+                if cursor.rowcount == 1:  # a new task: its summary row, in the same transaction
+                    self.run(
+                        "INSERT INTO longrun_summaries (task_id, status, revision, created_at, next_action) "
+                        "SELECT task_id, 'new', 0, created_at, '' FROM longrun_tasks WHERE task_id = ?",
+                        (task_id,),
+                    )
             if self.one(self._dialect._lock_task_sql(write=write), (task_id,)) is None:
                 raise UnknownTaskError(f"no task {task_id!r} in {self!r}")
             yield

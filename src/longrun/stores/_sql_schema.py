@@ -36,6 +36,15 @@ database whose version is newer than this code knows is refused with ``SchemaVer
     longrun_messages       task_id, seq, msg_key, topic, body (the stored message, with its checksum),
                            written_at (version 6: a task's mailbox; see ``longrun.messages``)
     longrun_quarantine     id, task_id, kind, name, reason, quarantined_at, data
+    longrun_summaries      task_id, status, revision, function, parent, created_at, updated_at, wake_at,
+                           error, next_action (version 7: ``longrun.summary``; indexed by update
+                           time, by status, by function and by parent)
+
+The summary row. Every commit upserts the task's summary row in its own transaction (the fence
+checked by the same transaction), so a summary is exactly the committed state's; a task's row is
+created with the task (status ``new``). A database migrated to version 7 has its summaries built
+from every stored state in the migration's transaction. Listings read only this table and its
+indexes: a page costs O(page), not O(tasks).
 
 A commit writes the header row and only the effect rows the runner says changed (plus any row the
 store has not written yet), so its cost grows with the change, not with the ledger. A declared
@@ -70,7 +79,7 @@ from ..canonical import sha256_hex
 
 __all__ = ["SCHEMA_VERSION", "column_text", "migrations", "quarantine_text", "row_checksum", "utf8_bytes"]
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 def migrations(types: dict[str, str]) -> list[tuple[int, str, list[str]]]:
@@ -184,6 +193,29 @@ def migrations(types: dict[str, str]) -> list[tuple[int, str, list[str]]]:
                     PRIMARY KEY (task_id, seq),
                     UNIQUE (task_id, msg_key))""",
                 "CREATE INDEX IF NOT EXISTS longrun_messages_topic ON longrun_messages (task_id, topic, seq)",
+            ],
+        ),
+        (
+            7,
+            "a summary row per task (status, function, parent, times, wake time, last error), indexed for listings",
+            [
+                f"""CREATE TABLE IF NOT EXISTS longrun_summaries (
+                    task_id TEXT PRIMARY KEY REFERENCES longrun_tasks (task_id),
+                    status TEXT NOT NULL,
+                    revision {t['int']} NOT NULL,
+                    function TEXT,
+                    parent TEXT,
+                    created_at {t['float']},
+                    updated_at {t['float']},
+                    wake_at {t['float']},
+                    error TEXT,
+                    next_action TEXT NOT NULL)""",
+                f"CREATE INDEX IF NOT EXISTS longrun_summaries_updated ON longrun_summaries (updated_at {t['desc']}, task_id DESC)",
+                f"CREATE INDEX IF NOT EXISTS longrun_summaries_status ON longrun_summaries (status, updated_at {t['desc']}, task_id DESC)",
+                f"CREATE INDEX IF NOT EXISTS longrun_summaries_function ON longrun_summaries (function, updated_at {t['desc']}, task_id DESC)",
+                "CREATE INDEX IF NOT EXISTS longrun_summaries_parent ON longrun_summaries (parent)",
+                # Filled from every stored state by the store itself (``SqlStore._migrated``),
+                # in this migration's transaction.
             ],
         ),
     ]

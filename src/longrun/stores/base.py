@@ -62,6 +62,11 @@ lease record (and moving a damaged one aside), reading (and repairing) and writi
 the control records, the mailbox, the deletion; a store on this machine's file system also gives
 ``_holders``.
 
+Beside the rules, the base gives every store the listing (``list_summaries``, ``status_counts``:
+by loading every state, which a store with a summary index replaces) and the recording of new
+tasks' first revisions (``record_new``: a lease, a commit and a release per task, which a store
+that can write them in one transaction replaces).
+
 One concept, the rules every store keeps, so one module, and a long one: each rule above is
 written here once, over primitives, so that no backend restates (and could weaken) one.
 """
@@ -72,7 +77,7 @@ import contextlib
 import hmac
 import logging
 import secrets
-from typing import Collection, NamedTuple
+from typing import Collection, Iterable, NamedTuple, Sequence
 
 from .. import _crashpoints
 from ..approval import Approval
@@ -86,6 +91,7 @@ from ..errors import (
     ForeignStateError,
     InvalidInputError,
     LeaseHeldError,
+    LongrunError,
     SchemaVersionError,
     SizeLimitError,
     StateUnrecoverableError,
@@ -96,6 +102,7 @@ from ..lease import RELEASED, Lease, LeaseRepair, MonotonicReading
 from ..messages import MAX_MESSAGES, Delivery, Message, check_topic
 from ..outcome import TERMINAL
 from ..protocols import LoadResult, TaskDeletion
+from ..summary import MAX_ERROR_CHARS, NEW, UNREADABLE, SummaryQuery, TaskSummary, summarize
 from ._holders import HolderLocks
 
 __all__ = ["BaseStore", "Witness", "lost_records_message"]
@@ -215,6 +222,94 @@ class BaseStore:
 
     def list_tasks(self) -> list[str]:
         raise NotImplementedError
+
+    def list_summaries(
+        self,
+        *,
+        statuses: Iterable[str] = (),
+        functions: Iterable[str] = (),
+        parent: str | None = None,
+        match: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[TaskSummary]:
+        """The tasks' summaries (``longrun.summary``) that pass the filters, newest first (see
+        ``SummaryQuery``), ``offset`` skipped, at most ``limit``. Bad filters raise ``InvalidInputError``.
+
+        This default loads every task's state: O(tasks), and always exactly the committed state.
+        A store that keeps a summary row per task in each commit's own transaction (the SQL
+        stores) answers from an index instead, in O(page). A task whose state cannot be read
+        here is listed with the status ``unreadable`` and the reason as its error."""
+        query = SummaryQuery.of(
+            statuses=statuses, functions=functions, parent=parent, match=match, since=since, until=until, limit=limit, offset=offset
+        )
+        return query.select(self._summary(task_id) for task_id in self.list_tasks())
+
+    def status_counts(self) -> dict[str, int]:
+        """How many tasks have each status (``longrun.summary``: a ``Status`` value or ``new``);
+        statuses no task has are left out. This default loads every task; the SQL stores count rows."""
+        counts: dict[str, int] = {}
+        for summary in self.list_summaries():
+            counts[summary.status] = counts.get(summary.status, 0) + 1
+        return counts
+
+    RECORDER = "longrun record"
+    """The lease owner named by the first revision ``record_new`` writes."""
+
+    def record_new(self, states: Sequence[RunState], now: float) -> list[bool]:
+        """Write each state as the first revision of a task that has none; True for each one written.
+
+        A task that already exists (it has a state, or its lease is held, or merely a row) is left
+        as it is, False: the caller reads it (a first run that records it is under way, or it was
+        recorded before). Every state is checked before anything is written (``InvalidInputError``,
+        nothing written); the states are changed as a commit changes them (revision 1, the
+        recorder's epoch and owner). This default takes each task's lease, commits and releases it:
+        every rule of a commit holds. A store that can do better writes them all in one transaction
+        (the SQL stores: without a lease, as no one can hold a task that does not exist yet)."""
+        self._check_new(states)
+        created = []
+        for state in states:
+            try:
+                lease = self.acquire_lease(state.task_id, self.RECORDER, 30.0, now)
+            except LeaseHeldError:
+                created.append(False)
+                continue
+            try:
+                if self.load(state.task_id, lease=lease).state is not None:
+                    created.append(False)
+                else:
+                    self.commit(lease, state, None)
+                    created.append(True)
+            finally:
+                self.release_lease(lease, now)
+        return created
+
+    @staticmethod
+    def _check_new(states: Sequence[RunState]) -> None:
+        if isinstance(states, (str, bytes)) or not isinstance(states, Sequence):
+            raise InvalidInputError("record_new takes a sequence of states")
+        seen: set[str] = set()
+        for state in states:
+            if not isinstance(state, RunState):
+                raise InvalidInputError(f"record_new takes RunState objects, got {type(state).__name__}")
+            check_task_id(state.task_id)
+            if state.task_id in seen:
+                raise InvalidInputError(f"task {state.task_id!r} is given twice; nothing was recorded")
+            seen.add(state.task_id)
+            if state.revision != 0:
+                raise InvalidInputError(f"task {state.task_id!r}: a first revision is built at revision 0, not {state.revision}")
+            state.check_header()  # what ``commit`` checks, before anything is written
+            for record in state.effects.values():
+                record.check_types()
+
+    def _summary(self, task_id: str) -> TaskSummary:
+        try:
+            state = self.load(task_id).state
+        except LongrunError as exc:
+            return TaskSummary(task_id, UNREADABLE, error=str(exc)[:MAX_ERROR_CHARS])
+        return summarize(state) if state is not None else TaskSummary(task_id, NEW)
 
     def _delete_task(self, task_id: str) -> list[str]:
         """Remove the task, inside its exclusive transaction, so that a crash leaves the whole task

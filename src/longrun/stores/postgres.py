@@ -56,7 +56,7 @@ class PostgresStore(SqlStore):
     """
 
     placeholder = "%s"
-    types = {"int": "BIGINT", "float": "DOUBLE PRECISION", "serial": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY", "bytes": "BYTEA"}
+    types = {"int": "BIGINT", "float": "DOUBLE PRECISION", "serial": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY", "bytes": "BYTEA", "desc": "DESC NULLS LAST"}
 
     def __init__(self, connect: Callable[[], Any], *, transaction_timeout_s: float = 10.0, create: bool = True):
         super().__init__()
@@ -88,6 +88,9 @@ class PostgresStore(SqlStore):
             milliseconds = int(self.transaction_timeout_s * 1000)
             cursor.execute(f"SET idle_in_transaction_session_timeout = {milliseconds}")
             cursor.execute(f"SET lock_timeout = {milliseconds}")
+            # What every write transaction runs under, set once here rather than by a statement (a
+            # round trip) at the start of each; a read transaction still sets its own.
+            cursor.execute("SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE")
             connection.commit()
         except BaseException:
             try:
@@ -101,10 +104,10 @@ class PostgresStore(SqlStore):
         return self._errors
 
     def _begin(self, *, write: bool) -> None:
-        # The driver opens the transaction on the first statement (DB-API); this is that statement.
-        if write:
-            self._db.run("SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE")
-        else:
+        # The driver opens the transaction on the first statement (DB-API). A write transaction
+        # runs under the session's characteristics (READ COMMITTED, READ WRITE: set on connecting),
+        # so its first statement is its first real one; a read sets REPEATABLE READ, READ ONLY.
+        if not write:
             self._db.run("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
 
     def _finish(self, *, commit: bool) -> None:
@@ -129,6 +132,9 @@ class PostgresStore(SqlStore):
 
     def _schema_table_sql(self) -> str:
         return "SELECT to_regclass('longrun_schema') IS NOT NULL"
+
+    def _match_sql(self) -> str:
+        return "task_id ~ ?"
 
     def _queue_table_sql(self) -> str:
         return "SELECT 1 WHERE to_regclass('longrun_queue') IS NOT NULL"

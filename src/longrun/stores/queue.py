@@ -59,7 +59,7 @@ from ..canonical import JSONValue, canonical_bytes, parse_json, sha256_hex
 from ..contract import check_task_id
 from ..errors import CorruptStateError, InvalidInputError, LongrunError, SchemaVersionError, StorageError, UnknownTaskError
 from ..outcome import TERMINAL
-from ..protocols import Store
+from ..protocols import Store, SummaryStore
 from ._fileio import FileIO, ensure_dirs
 from ._queue_sql import FUNCTION_STEP, NOTIFY_CHANNEL, SIDE_FILE, Dialect, PostgresDialect, SqliteDialect, tables
 
@@ -187,6 +187,12 @@ class _Tables:
         with self._lock:
             self._drop()
 
+    @property
+    def ready(self) -> bool:
+        """Whether the tables were found or made on the connection held now."""
+        with self._lock:
+            return self._ready
+
     def _drop(self) -> None:
         connection, self._connection, self._cursor = self._connection, None, None
         self._ready = False
@@ -245,8 +251,11 @@ class _Tables:
 
     def _prepare(self) -> None:
         """Connect, and create or check the tables (once per connection)."""
-        if self.dialect.in_store:
-            self.store.list_tasks()  # the store's own tables first: the triggers are on them
+        if self.dialect.in_store:  # the store's own tables first: the triggers are on them
+            if isinstance(self.store, SummaryStore):
+                self.store.list_summaries(limit=0)  # opens the store's schema without reading a task: O(1)
+            else:
+                self.store.list_tasks()
         errors = self.dialect.errors()
         try:
             self._connection = self.dialect.connect()
@@ -383,27 +392,53 @@ class TaskQueue:
     # -- the index ----------------------------------------------------------------------------
 
     def ensure(self) -> None:
-        """Create the tables (and triggers) if they are missing; a no-op once they exist."""
+        """Create the tables (and triggers) if they are missing; a no-op once they exist (checked
+        once per connection: a queue kept open, as ``fn.start`` keeps one, checks them once)."""
+        if self._tables.ready:
+            return
         with self._tables.session("check the fleet tables", write=False):
             pass
 
     def enqueue(self, task_id: str, function: str, *, priority: int = 0, parent: str | None = None) -> bool:
         """Make the task's row (due now) unless it has one; set its priority either way. True if new."""
-        check_task_id(task_id)
+        return self.enqueue_many([task_id], function, priority=priority, parent=parent)[0]
+
+    def enqueue_many(self, task_ids: Sequence[str], function: str, *, priority: int = 0, parent: str | None = None) -> list[bool]:
+        """``enqueue`` for each of ``task_ids``, in one transaction; True for each row made."""
+        for task_id in task_ids:
+            check_task_id(task_id)
         if not isinstance(function, str) or not function:
             raise InvalidInputError("a queued task needs its function's name (module:qualname)")
         if isinstance(priority, bool) or not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
             raise InvalidInputError(f"priority must be an integer in [-2**31, 2**31), got {priority!r}")
-        with self._tables.session(f"enqueue task {task_id!r}"):
-            cursor = self._tables.run(
-                "INSERT INTO longrun_queue (task_id, function, parent, priority, wake_at, status, updated_at) "
-                "VALUES (?, ?, ?, ?, {now}, 'new', {now}) ON CONFLICT (task_id) DO NOTHING",
-                (task_id, function, parent, priority),
-            )
-            created = bool(cursor.rowcount == 1)
-            if not created:
-                self._tables.run("UPDATE longrun_queue SET priority = ? WHERE task_id = ?", (priority, task_id))
-            self._tables.notify()
+        if self.in_store:
+            # A task recorded in the store's database has its row already, made by the trigger in
+            # the recording's own transaction: a read finds it, and the write (its own sync) is
+            # needed only for the rows missing or of another priority.
+            with self._tables.session("read queued tasks", write=False):
+                found: dict[str, int] = {}
+                for start in range(0, len(task_ids), 500):
+                    chunk = list(task_ids[start : start + 500])
+                    for task_id, stored_priority in self._tables.rows(
+                        f"SELECT task_id, priority FROM longrun_queue WHERE task_id IN ({', '.join('?' * len(chunk))})", chunk
+                    ):
+                        found[str(task_id)] = int(stored_priority)
+            if all(found.get(task_id) == priority for task_id in task_ids):
+                return [False] * len(task_ids)
+        created = []
+        what = f"enqueue task {task_ids[0]!r}" if len(task_ids) == 1 else f"enqueue {len(task_ids)} tasks"
+        with self._tables.session(what):
+            for task_id in task_ids:
+                cursor = self._tables.run(
+                    "INSERT INTO longrun_queue (task_id, function, parent, priority, wake_at, status, updated_at) "
+                    "VALUES (?, ?, ?, ?, {now}, 'new', {now}) ON CONFLICT (task_id) DO NOTHING",
+                    (task_id, function, parent, priority),
+                )
+                created.append(bool(cursor.rowcount == 1))
+                if not created[-1]:
+                    self._tables.run("UPDATE longrun_queue SET priority = ? WHERE task_id = ?", (priority, task_id))
+            if task_ids:
+                self._tables.notify()
         return created
 
     def claim(self, worker: str, functions: Iterable[str], limit: int, ttl_s: float) -> list[Claim]:

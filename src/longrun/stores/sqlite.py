@@ -34,6 +34,7 @@ is stopped inside a transaction (writers wait up to ``busy_timeout_s``, then get
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import stat
 import time
@@ -75,6 +76,10 @@ def _decode_witness(data: bytes, task_id: str) -> tuple[int, int]:
     return epoch, revision
 
 
+def _regexp(pattern: str, text: object) -> bool:
+    return isinstance(text, str) and re.search(pattern, text) is not None
+
+
 def _count(value: object) -> bool:
     return type(value) is int and 0 <= value < 2**63
 
@@ -100,7 +105,7 @@ class SqliteStore(SqlStore):
     """
 
     placeholder = "?"
-    types = {"int": "INTEGER", "float": "REAL", "serial": "INTEGER PRIMARY KEY AUTOINCREMENT", "bytes": "BLOB"}
+    types = {"int": "INTEGER", "float": "REAL", "serial": "INTEGER PRIMARY KEY AUTOINCREMENT", "bytes": "BLOB", "desc": "DESC"}
     _reads_take_a_snapshot = True
 
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout_s: float = 30.0, create: bool = False):
@@ -173,6 +178,9 @@ class SqliteStore(SqlStore):
             connection.execute("PRAGMA synchronous=FULL")
             connection.execute("PRAGMA foreign_keys=ON")
             connection.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
+            # ``task_id REGEXP ?`` for a listing's glob (``summary.glob_regex``): Python's ``re``, as
+            # the store without an index matches.
+            connection.create_function("regexp", 2, _regexp, deterministic=True)
         except BaseException:
             connection.close()
             raise
@@ -259,6 +267,9 @@ class SqliteStore(SqlStore):
 
     def _now_sql(self) -> str:
         return "((julianday('now') - 2440587.5) * 86400.0)"
+
+    def _match_sql(self) -> str:
+        return "task_id REGEXP ?"
 
     def _queue_table_sql(self) -> str:
         return "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'longrun_queue'"

@@ -11,8 +11,10 @@ increase, renewal, release), fencing of every mutating call that carries a lease
 release, repairing load: ``FencedError`` and nothing changed), revisions, the atomicity of a
 commit, the round trip of a ``RunState`` written record by record, cancellation and approval
 records, messages (numbered in send order, one per key), unknown tasks and unsafe task ids,
-concurrent acquirers on separate instances, and the deletion of an ended task (whole, its id free
-again; refused for a task live or not ended).
+concurrent acquirers on separate instances, the deletion of an ended task (whole, its id free
+again; refused for a task live or not ended), and (for a ``SummaryStore`` and a ``RecordingStore``)
+task summaries that follow every commit, their filters and pages, and first revisions recorded
+together.
 
 What only the store can do is asked through hooks; a hook a store does not provide skips the tests
 that need it (so a skip here is a gap in the store's own tests, not a pass):
@@ -50,9 +52,10 @@ from ._deletion import DeletionContract
 from ._leases import LeaseContract
 from ._messages import MessageContract
 from ._states import StateContract
+from ._summaries import SummaryContract
 
 __all__ = ["StoreContract", "sample_state"]
 
 
-class StoreContract(LeaseContract, StateContract, ControlContract, BlobContract, MessageContract, DeletionContract):
+class StoreContract(LeaseContract, StateContract, ControlContract, BlobContract, MessageContract, DeletionContract, SummaryContract):
     """The contract every store passes. Mix into ``unittest.TestCase``; see the module docstring."""
