@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from ..envelope import recorded_before_queued
 from ..errors import CorruptStateError, InvalidInputError, LongrunError
 from ..ledger import EffectState
 from ..outcome import Status
@@ -102,8 +103,9 @@ def read_row(store: Store, task_id: str) -> TaskRow:
         failed_at = max(failed_at or 0.0, state.updated_at)
         last_error = last_error or state.next_action
     requested = [request.requested_at for request in state.approval_requests.values()]
+    status = Status.QUEUED.value if recorded_before_queued(state) else state.status.value  # as ``ls`` shows it
     return TaskRow(
-        task_id, state.status.value, state.updated_at, state.revision, state.next_action,
+        task_id, status, state.updated_at, state.revision, state.next_action,
         function=name if isinstance(name, str) else None,
         # A function's own report, where it made one, says more than a count of its steps.
         progress=reported_line(state.progress, note=False) if state.progress is not None else progress.label(), verified=progress.verified,
@@ -150,6 +152,8 @@ class RowCache:
         return [self.row(store, task_id) for task_id in task_ids]
 
 
+_RECORDED_ACTION = "start the first step"
+"""The next action of a task recorded for a worker and never run (``envelope.recorded_before_queued``)."""
 _WAITING_ON_PEOPLE = frozenset({Status.AWAITING_APPROVAL.value, Status.AWAITING_INPUT.value})
 
 
@@ -167,6 +171,8 @@ def read_rows(store: Store, cache: RowCache | None = None) -> list[TaskRow]:
             rows.append(read_row(store, summary.task_id))
             continue
         status = "UNREADABLE" if summary.status == "unreadable" else str(summary.status)
+        if status == Status.RUNNING.value and summary.revision == 1 and summary.next_action == _RECORDED_ACTION:
+            status = Status.QUEUED.value  # recorded for a worker and never run: as ``recorded_before_queued`` reads it
         failed = summary.updated_at if summary.error or status in FAILED_STATUSES else None
         rows.append(
             TaskRow(
