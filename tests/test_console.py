@@ -420,12 +420,20 @@ class BrowserCase(ConsoleCase):
 
     def click_and_wait(self, element: Any) -> None:
         """Click (or submit), and wait until the next page has replaced this one."""
-        from selenium.webdriver.support import expected_conditions
+        from selenium.common.exceptions import WebDriverException
         from selenium.webdriver.support.ui import WebDriverWait
 
         page = self.by("html")
         element.click()
-        WebDriverWait(self.driver, WAIT_S).until(expected_conditions.staleness_of(page))
+
+        def replaced(driver: Any) -> bool:
+            try:
+                page.is_enabled()
+            except WebDriverException:  # stale, or (mid-navigation) "does not belong to the document"
+                return True
+            return False
+
+        WebDriverWait(self.driver, WAIT_S).until(replaced)
 
     def task_ids(self) -> list[str]:
         """The task ids the list shows, in order."""
