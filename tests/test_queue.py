@@ -101,13 +101,14 @@ class QueueCases:
 
         self.assertTrue(self.job.start("fast", 2))
         engine, plan = self.job._plan("slow", (2,), {})
-        self.assertEqual(Recording(plan).record(engine).status.value, "running")  # type: ignore[attr-defined]
+        self.assertEqual(Recording(plan).record(engine).status.value, "queued")  # type: ignore[attr-defined]
 
         def shape(task_id: str) -> Any:
             state = self.store.load(task_id).state
             body = state.to_json()
             for name in ("task_id", "plan_digest", "created_at", "updated_at", "budget", "lease"):
                 body.pop(name)
+            body["next_action"] = body["next_action"].replace(task_id, "T")
             for record in body["effects"]:
                 record.pop("updated_at")
                 record["key"] = record["key"].replace(task_id, "T")

@@ -1,13 +1,15 @@
-"""What a task id, a name and a step id may be, checked in one place for every record and face."""
+"""What a task id, a name and a step id may be, checked in one place for every record and face; and how
+a next action names a store."""
 
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Sequence
 
 from .errors import InvalidInputError
 
-__all__ = ["SAFE_NAME", "STEP_ID_PATTERN", "are_step_ids", "check_step_id", "check_task_id"]
+__all__ = ["SAFE_NAME", "STEP_ID_PATTERN", "are_step_ids", "check_step_id", "check_task_id", "store_spec_of"]
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """What a task id or a name may be: a letter or digit, then up to 127 of letters, digits, ``.``, ``_``, ``-``."""
@@ -52,3 +54,10 @@ def are_step_ids(values: Sequence[str]) -> bool:
         return True
     joined = "\n".join(values)
     return joined.count("\n") == len(values) - 1 and _STEP_ID_LINES.fullmatch(joined) is not None
+
+
+def store_spec_of(store: object) -> str:
+    """How a command names ``store`` in a next action: its ``spec``, quoted for a shell, or
+    ``<store>`` if it has none."""
+    spec = getattr(store, "spec", None)
+    return shlex.quote(spec) if isinstance(spec, str) and spec else "<store>"

@@ -253,6 +253,8 @@ async def async_agents(store: Store) -> RunOutcome:
                             store=store, adapters={"note": Renderer(), "post": adapter}, max_parallel=4)
     assert_type(await runner.arun(), RunOutcome)
     assert_type(mapped.run("m", 3), RunOutcome)
+    assert_type(mapped.run("m", 3, wait=True, timeout_s=30.0), RunOutcome)  # waits in the process
+    assert_type(await mapped.arun("m", 3, wait=True), RunOutcome)
     outcome = await triage.arun("triage-2026-11-30", "2026-11-30")
     assert_type(outcome, RunOutcome)
     return outcome

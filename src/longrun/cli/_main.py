@@ -96,17 +96,18 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "resume" and not args.reopen and any(option not in (None, 0, 0.0) for option in reopen_options):
         raise CliError("--reason, --by, --add-attempts, --add-time, --sign-key and --control-root go with --reopen", ExitCode.USAGE)
     filtered = args.command == "resume" and not _task_filter(args).empty
+    no_task = args.task is None  # not narrowing args.task itself: other commands check it below
     if args.command == "resume" and (filtered or args.yes) and not args.reopen:
         raise CliError("a filter (--status, --function, --since, --until, --match) and --yes go with --reopen", ExitCode.USAGE)
-    if args.command == "resume" and args.reopen and args.task is None and not filtered:
+    if args.command == "resume" and args.reopen and no_task and not filtered:
         raise CliError(
             "--reopen needs STORE TASK, or STORE and a filter (--status, --function, --since, --until, --match)", ExitCode.USAGE
         )
-    if args.command == "resume" and args.reopen and args.task is not None and filtered:
+    if args.command == "resume" and args.reopen and not no_task and filtered:
         raise CliError("give a TASK or a filter (--status, --function, --since, --until, --match), not both", ExitCode.USAGE)
     if args.command == "resume" and args.reopen and args.reason is None:
         raise CliError("--reopen needs --reason TEXT: why the task goes on is recorded", ExitCode.USAGE)
-    if args.command == "resume" and args.task is None and not filtered:
+    if args.command == "resume" and no_task and not filtered:
         from ._resume import cmd_resume
 
         return cmd_resume(args.target, args.path, args.json, out, err, verbose=args.verbose > 0)

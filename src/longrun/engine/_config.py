@@ -12,7 +12,6 @@ import datetime
 import math
 import os
 import secrets
-import shlex
 import socket
 import types
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from typing import Mapping, TypedDict
 from ..budget import Limits, RetryPolicy
 from ..contract import RunContract
 from ..errors import InvalidInputError, UnknownActionError
+from ..names import store_spec_of
 from ..events import EventHook
 from ..protocols import (
     AnyEffectAdapter,
@@ -117,8 +117,7 @@ class EngineConfig:
     @property
     def store_spec(self) -> str:
         """How a command names this engine's store in a next action (``<store>`` if it cannot be named)."""
-        spec = getattr(self.store, "spec", None)
-        return shlex.quote(spec) if isinstance(spec, str) and spec else "<store>"
+        return store_spec_of(self.store)
 
     def adapter_for(self, action: str, *, step_id: str) -> AnyEffectAdapter:
         """The adapter of ``action``; ``UnknownActionError`` naming the step if it has none."""

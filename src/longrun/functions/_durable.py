@@ -1,4 +1,9 @@
-"""``@durable`` and ``DurableFunction``: a function made durable, started, resumed or recorded for a worker."""
+"""``@durable`` and ``DurableFunction``: a function made durable, started, resumed or recorded for a worker.
+
+One concept, the face a durable function shows its callers, so one module, longer than most: each
+way in (``run``/``arun`` with or without waiting, ``start``/``enqueue``/``start_many``, ``fork``,
+``reopen``/``resume``, ``send``/``get_event``) is a short method that hands its work to the module
+that owns it (the engine, ``_waiting``, ``_fork``, the fleet's queue, ``intervention``)."""
 
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from ..errors import ForkRefusedError, InvalidInputError, UnknownTaskError
 from ..intervention import ApprovalWriter, Signer, reopen
 from ..outcome import RunOutcome, Status
 from ..messages import Delivery, Message
+from ..names import store_spec_of
 from ..protocols import AnyEffectAdapter, Clock, RecordingStore, Store
 from ..stores.queue import TaskQueue, open_queue
 from ..task_events import read_event
@@ -29,6 +35,7 @@ from ._plan import FunctionPlan, Recording, run_coroutine
 from ._family import cancelled_down
 from ._fork import Forking, check_new_task, record_fork_in_origin, records_to_copy
 from ._lineage import FUNCTION_STEP, ChildLink, qualified_name
+from ._waiting import Waiting, check_wait
 
 __all__ = ["DurableFunction", "durable"]
 
@@ -103,20 +110,48 @@ class DurableFunction(Generic[R]):
         """Whether the function is ``async def`` (its steps are awaited: ``AsyncRun``)."""
         return inspect.iscoroutinefunction(self.fn)
 
-    def run(self, task_id: str, *args: Any, **kwargs: Any) -> RunOutcome:
+    def run(self, task_id: str, *args: Any, wait: bool = False, timeout_s: float | None = None, **kwargs: Any) -> RunOutcome:
         """Start the task with these arguments, or resume it; return why it stopped.
+
+        With ``wait=True`` a wait (an approval, an answer, a message, a sleep, a child) does not
+        end the call: the task is run again as soon as what it waits for may have come (see
+        ``longrun.functions._waiting``), until it ends; after ``timeout_s`` (if given) the waiting
+        outcome is returned. ``wait`` and ``timeout_s`` are this method's, never the function's.
 
         An async function is run on an event loop of its own (``asyncio.run``); from async code,
         ``await fn.arun(...)`` instead."""
+        check_wait(wait, timeout_s)
         if self.is_async:
-            return run_coroutine(self.arun(task_id, *args, **kwargs), f"{self.name}.run")
+            return run_coroutine(self.arun(task_id, *args, wait=wait, timeout_s=timeout_s, **kwargs), f"{self.name}.run")
         engine, plan = self._plan(task_id, args, kwargs)
-        return cancelled_down(engine, engine.run(plan))
+        if not wait:
+            return cancelled_down(engine, engine.run(plan))
 
-    async def arun(self, task_id: str, *args: Any, **kwargs: Any) -> RunOutcome:
+        def once() -> RunOutcome:
+            engine, plan = self._plan(task_id, args, kwargs)
+            return cancelled_down(engine, engine.run(plan))
+
+        with self._waiting(task_id, timeout_s) as waiting:
+            return waiting.run(once)
+
+    async def arun(
+        self, task_id: str, *args: Any, wait: bool = False, timeout_s: float | None = None, **kwargs: Any
+    ) -> RunOutcome:
         """``run``, awaited: an async function runs on this event loop, a synchronous one in a
-        worker thread (so that many tasks can run side by side)."""
-        return await self._arun(task_id, args, kwargs, None)
+        worker thread (so that many tasks can run side by side). With ``wait=True`` the waiting
+        happens off the event loop (its looks and pauses in worker threads)."""
+        check_wait(wait, timeout_s)
+        if not wait:
+            return await self._arun(task_id, args, kwargs, None)
+        self._plan(task_id, args, kwargs)  # refuses bad arguments before anything waits
+        with self._waiting(task_id, timeout_s) as waiting:
+            return await waiting.arun(lambda: self._arun(task_id, args, kwargs, None))
+
+    def _waiting(self, task_id: str, timeout_s: float | None) -> Waiting:
+        store, clock = self._store_and_clock()
+        approvals = self._options.get("approvals") or store
+        cancellations = self._options.get("cancellations") or store
+        return Waiting(check_task_id(task_id), store, approvals, cancellations, clock, timeout_s)
 
     async def _arun(
         self,
@@ -214,7 +249,8 @@ class DurableFunction(Generic[R]):
         clock = self._options.get("clock")
         now = clock.now() if clock is not None else time.time()
         if isinstance(store, RecordingStore):
-            created = store.record_new([plan.first_state(task_id, now) for (task_id, _, _), plan in zip(calls, plans)], now)
+            store_spec = store_spec_of(store)
+            created = store.record_new([plan.first_state(task_id, now, store_spec) for (task_id, _, _), plan in zip(calls, plans)], now)
         else:
             created = [False] * len(calls)
         refused: list[InvalidInputError] = []

@@ -65,7 +65,7 @@ class FunctionPlan:
         engine.invocation.counts_failures = True
         state.next_action = FIRST_RUN_UNDER_WAY
 
-    def first_state(self, task_id: str, now: float) -> RunState:
+    def first_state(self, task_id: str, now: float, store_spec: str) -> RunState:
         """The state a first run records before it calls the function (``initial`` on a new state):
         what ``Store.record_new`` writes for ``fn.start`` without running the engine. A test holds
         it equal to what the engine records."""
@@ -83,7 +83,8 @@ class FunctionPlan:
             budget=BudgetCounters(created_at=now, last_progress_at=now),
             created_at=now,
             updated_at=now,
-            next_action="start the first step",
+            status=Status.QUEUED,
+            next_action=queued_action(store_spec, task_id),
             effects={FUNCTION_STEP: record},
         )
 
@@ -195,6 +196,14 @@ class FunctionPlan:
         record = state.effects.get(FUNCTION_STEP)
         return record.result if record is not None and record.state is EffectState.VERIFIED else None
 
+def queued_action(store_spec: str, task_id: str) -> str:
+    """The next action of a task recorded and not yet started (``queued``)."""
+    return (
+        f"nothing yet: a worker runs it (`longrun worker {store_spec} --import MODULE`), "
+        f"or `longrun resume {store_spec} {task_id}`"
+    )
+
+
 class Recording:
     """The plan ``DurableFunction.enqueue`` runs: the task's first revision is committed as a first
     run commits it, and the function is not called (a worker or ``run`` calls it later)."""
@@ -206,19 +215,13 @@ class Recording:
     def initial(self, engine: Engine, state: RunState) -> None:
         self._plan.initial(engine, state)
         state.status = Status.QUEUED
-        state.next_action = self._waiting_for(engine)
-
-    def _waiting_for(self, engine: Engine) -> str:
-        return (
-            f"nothing yet: a worker runs it (`longrun worker {engine.config.store_spec} --import MODULE`), "
-            f"or `longrun resume {engine.config.store_spec} {engine.config.task_id}`"
-        )
+        state.next_action = queued_action(engine.config.store_spec, engine.config.task_id)
 
     def accept(self, engine: Engine, state: RunState) -> None:
         self._plan.accept(engine, state)
 
     def drive(self, engine: Engine) -> None:
-        raise Stop(Status.QUEUED, self._waiting_for(engine))
+        raise Stop(Status.QUEUED, queued_action(engine.config.store_spec, engine.config.task_id))
 
     async def adrive(self, engine: Engine) -> None:
         self.drive(engine)
