@@ -96,7 +96,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "resume" and not args.reopen and any(option not in (None, 0, 0.0) for option in reopen_options):
         raise CliError("--reason, --by, --add-attempts, --add-time, --sign-key and --control-root go with --reopen", ExitCode.USAGE)
     filtered = args.command == "resume" and not _task_filter(args).empty
-    no_task = args.task is None  # not narrowing args.task itself: other commands check it below
+    no_task = args.command == "resume" and args.task is None  # a local: args.task stays unnarrowed for the commands below
     if args.command == "resume" and (filtered or args.yes) and not args.reopen:
         raise CliError("a filter (--status, --function, --since, --until, --match) and --yes go with --reopen", ExitCode.USAGE)
     if args.command == "resume" and args.reopen and no_task and not filtered:
