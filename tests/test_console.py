@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from helpers import support
 
+import datetime
 import http.client
 import json
 import os
@@ -14,11 +15,11 @@ import threading
 import urllib.parse
 from typing import Any
 
-from helpers import browser_support
+from helpers import browser_support, pg_support
 from helpers.cli_case import CliCase
 
 import longrun
-from longrun import Approval, JsonFileStore, Runner, Status, Step
+from longrun import Approval, JsonFileStore, Limits, PostgresStore, Runner, SqliteStore, Status, Step
 from longrun.authority import FileControlSource
 from longrun.cli._console import CSP, ConsoleServer, start_console
 from longrun.cli._payload import payload_lines
@@ -38,6 +39,22 @@ class ConsoleCase(CliCase):
     """The console writes into a strict control root (without one it is read-only), which the
     runners here read their approvals and cancellations from."""
 
+    store_kind = "json"
+    """Which store the console reads: ``json`` (``JsonFileStore``) or ``sqlite`` (``SqliteStore``)."""
+
+    def store(self) -> Any:
+        if self.store_kind == "sqlite":
+            return SqliteStore(self.path("store.sqlite"), create=True)
+        if self.store_kind == "postgres":
+            if getattr(self, "pg_schema", None) is None:
+                pg_support.check()
+                self.pg_schema = pg_support.Schema(prefix="lr_console")
+                self.addCleanup(self.pg_schema.drop)
+            store = PostgresStore(self.pg_schema.factory())  # one per caller, as separate processes would have
+            self.addCleanup(store.close)
+            return store
+        return JsonFileStore(self.store_dir, create=True)
+
     def setUp(self) -> None:
         super().setUp()
         self.control = self.path("control")
@@ -47,14 +64,15 @@ class ConsoleCase(CliCase):
 
     def gated(self, task_id: str = "gated", payload: dict[str, Any] = PAYLOAD) -> Runner:
         steps = [Step("draft", "send", {"text": "hello"}), Step("publish", "send", payload, approval=True)]
-        runner = self.runner(task_id, steps, approvals=self.source, cancellations=self.source)
+        runner = self.runner(task_id, steps, store=self.store(), approvals=self.source, cancellations=self.source)
         self.assertIs(runner.run().status, Status.AWAITING_APPROVAL)
         return runner
 
     def serve(self, **options: Any) -> ConsoleServer:
         options.setdefault("approver", "alice")
         options.setdefault("control_root", self.control)
-        server = start_console(JsonFileStore(self.store_dir), self.store_dir, **options)
+        store = self.store()
+        server = start_console(store, getattr(store, "spec", self.store_dir) if self.store_kind != "json" else self.store_dir, **options)
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
         self.addCleanup(server.server_close)
@@ -136,6 +154,10 @@ class SecurityTests(ConsoleCase):
                 self.assertEqual(self.approvals(), [])
                 response = self.request(server, "POST", "/task/gated/cancel", cookie=cookie, form={**body, "reason": "x"}, headers=headers)
                 self.assertEqual(response.status, 403)
+                resolve = {**body, "key": "gated/publish", "outcome": "applied", "evidence": "seen"}
+                self.assertEqual(self.request(server, "POST", "/task/gated/resolve", cookie=cookie, form=resolve, headers=headers).status, 403)
+                reopen = {**body, "reason": "go on", "add_attempts": "0"}
+                self.assertEqual(self.request(server, "POST", "/task/gated/reopen", cookie=cookie, form=reopen, headers=headers).status, 403)
         self.assertEqual((support_fingerprint(self.store_dir), support_fingerprint(self.control)), before)
         stale = self.request(server, "POST", "/task/gated/approve", cookie=token, form={**form, "payload_digest": "sha256:" + "0" * 64})
         self.assertEqual(stale.status, 409)
@@ -152,7 +174,9 @@ class SecurityTests(ConsoleCase):
         server = self.serve()
         page = self.request(server, "GET", "/task/evil", cookie=server.console.token)
         self.assertEqual(page.status, 200)
-        self.assertNotIn("<script", page.body)
+        self.assertEqual(page.body.count("<script"), 1)  # the console's own, from /static/console.js
+        self.assertIn('<script src="/static/console.js" defer></script>', page.body)
+        self.assertNotIn("<script>", page.body)
         self.assertNotIn("<img", page.body)
         self.assertNotIn("<b>", page.body)
         self.assertIn("&lt;script&gt;", page.body)
@@ -177,6 +201,10 @@ class SecurityTests(ConsoleCase):
                 self.assertEqual(self.request(server, "POST", "/task/gated/approve", cookie=token, form=form).status, 403)
                 cancel = {"csrf": server.console.csrf, "reason": "x"}
                 self.assertEqual(self.request(server, "POST", "/task/gated/cancel", cookie=token, form=cancel).status, 403)
+                reopen = {"csrf": server.console.csrf, "reason": "x", "add_attempts": "0"}
+                self.assertEqual(self.request(server, "POST", "/task/gated/reopen", cookie=token, form=reopen).status, 403)
+                resolve = {**form, "key": "gated/publish", "outcome": "applied", "evidence": "seen"}
+                self.assertEqual(self.request(server, "POST", "/task/gated/resolve", cookie=token, form=resolve).status, 403)
                 self.assertEqual((support_fingerprint(self.store_dir), support_fingerprint(self.control)), before)
                 self.assertEqual((self.approvals(), self.store_approvals()), ([], []))
 
@@ -351,7 +379,9 @@ class RunOnceTests(ConsoleCase):
         self.assertEqual(refused.status, 403)
 
 
-class BrowserTests(ConsoleCase):
+class BrowserCase(ConsoleCase):
+    """One headless Chromium for the class; helpers to open a console page and find what it shows."""
+
     driver: Any = None
 
     @classmethod
@@ -385,6 +415,44 @@ class BrowserTests(ConsoleCase):
 
         return list(self.driver.find_elements(By.CSS_SELECTOR, selector))
 
+    def base(self, server: ConsoleServer) -> str:
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    def click_and_wait(self, element: Any) -> None:
+        """Click (or submit), and wait until the next page has replaced this one."""
+        from selenium.common.exceptions import WebDriverException
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        page = self.by("html")
+        element.click()
+
+        def replaced(driver: Any) -> bool:
+            try:
+                page.is_enabled()
+            except WebDriverException:  # stale, or (mid-navigation) "does not belong to the document"
+                return True
+            return False
+
+        WebDriverWait(self.driver, WAIT_S).until(replaced)
+
+    def task_ids(self) -> list[str]:
+        """The task ids the list shows, in order."""
+        return [cell.text for cell in self.all("table.tasks td.task")]
+
+    def screenshot(self, name: str) -> str:
+        """Keep a screenshot of the page under ``browser_support.ARTIFACTS`` (a PNG, not blank)."""
+        os.makedirs(browser_support.ARTIFACTS, exist_ok=True)
+        path = os.path.join(browser_support.ARTIFACTS, f"console-{name}-{self.store_kind}.png")
+        self.driver.set_window_size(1280, 1400)
+        self.assertTrue(self.driver.save_screenshot(path))
+        with open(path, "rb") as handle:
+            data = handle.read()
+        self.assertTrue(data.startswith(b"\x89PNG\r\n\x1a\n"))
+        self.assertGreater(len(data), 20_000)  # a rendered page, not a blank one
+        return path
+
+
+class BrowserTests(BrowserCase):
     def test_an_operator_sees_the_pending_payload_approves_it_and_the_run_continues(self) -> None:
         runner = self.gated()
         server = self.serve()
@@ -420,7 +488,7 @@ class BrowserTests(ConsoleCase):
         self.gated("evil", EVIL)
         server = self.serve()
         self.open(server, "/task/evil")
-        self.assertEqual(self.all("script"), [])
+        self.assertEqual([script.get_attribute("src") for script in self.all("script")], [f"{self.base(server)}/static/console.js"])
         self.assertEqual(self.all("main img"), [])
         self.assertEqual(self.all("pre.payload b"), [])
         text = self.by("pre.payload").text
@@ -471,3 +539,415 @@ class BrowserTests(ConsoleCase):
             data = handle.read()
         self.assertTrue(data.startswith(b"\x89PNG\r\n\x1a\n"))
         self.assertGreater(len(data), 20_000)  # a rendered page, not a blank one
+
+
+class OperatorBrowserTests(BrowserCase):
+    """An operator who keeps the console open: it refreshes itself, searches, filters and pages the
+    tasks, sums them up in a band, offers every control through the control root, and has a page
+    per worker and per queue. On the JSON-file store; ``SqliteOperatorBrowserTests`` repeats it."""
+
+    def durable_tasks(self, invoices: int, reports: int) -> tuple[str, str, list[str]]:
+        """``invoices`` + ``reports`` finished tasks of two functions, one a second apart: the two
+        functions' names and the task ids, oldest first."""
+        options: dict[str, Any] = dict(store=self.store(), clock=self.clock, approvals=self.source, cancellations=self.source)
+
+        @longrun.durable(**options)
+        def invoice(run: longrun.Run, n: int) -> int:
+            return int(run.call("total", lambda: n * 2))
+
+        @longrun.durable(**options)
+        def report(run: longrun.Run, n: int) -> int:
+            return n
+
+        made = []
+        for function, prefix, count in ((invoice, "invoice", invoices), (report, "report", reports)):
+            for n in range(count):
+                task_id = f"{prefix}-{n:03d}"
+                self.assertIs(function.run(task_id, n).status, Status.DONE)
+                made.append(task_id)
+                self.clock.advance(1)
+        return invoice.name, report.name, made
+
+    def unsafe(self, task_id: str = "blind") -> Runner:
+        """A task whose effect ``one`` is uncertain: applied, then its target could not be observed."""
+        blind = OutboxAdapter(self.outbox, raise_after_apply={"one"}, unobservable={"one"})
+        runner = self.runner(task_id, [Step("one", "send", {"n": 1})], blind, store=self.store(), approvals=self.source,
+                             cancellations=self.source)  # fmt: skip
+        with self.assertLogs("longrun", "WARNING"):
+            self.assertIs(runner.run().status, Status.UNSAFE_TO_CONTINUE)
+        return runner
+
+    def test_the_page_refreshes_itself_and_pauses_while_a_form_is_filled(self) -> None:
+        self.gated("first")
+        server = self.serve(refresh_s=1.0)
+        self.open(server)
+        self.by('a[href="/task/first"]')
+        self.assertRegex(self.by("#updated").text, r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ$")
+        self.assertIn("refreshes", self.by("#refresh-state").text)
+        self.driver.execute_script("window.longrunMarker = 1")
+        self.gated("second")
+        self.by('a[href="/task/second"]')  # shown without a click: the page reloaded itself
+        self.assertIsNone(self.driver.execute_script("return window.longrunMarker || null"))
+
+        box = self.by('input[name="q"]')
+        box.send_keys("sec")
+        self.driver.execute_script("window.longrunMarker = 2")
+        self.gated("third")
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        WebDriverWait(self.driver, WAIT_S).until(lambda driver: "paused" in self.by("#refresh-state").text)
+        self.driver.execute_script("document.activeElement.blur()")  # typed in, then left: still a form being filled
+        WebDriverWait(self.driver, WAIT_S).until(lambda driver: "paused" in self.by("#refresh-state").text)
+        import time
+
+        time.sleep(3.0)  # three refresh periods: the page would have reloaded
+        self.assertEqual(self.driver.execute_script("return window.longrunMarker"), 2, "no reload while the form is filled")
+        self.assertEqual(self.all('a[href="/task/third"]'), [])
+        self.assertEqual(box.get_attribute("value"), "sec")
+        box.clear()
+        self.driver.execute_script("document.activeElement.blur()")
+        self.by('a[href="/task/third"]')  # the form is back as it was: refreshing again
+        self.screenshot("refresh")
+
+    def test_search_filters_and_pages_of_fifty_newest_first(self) -> None:
+        invoice, report, made = self.durable_tasks(60, 15)
+        self.gated("gated")
+        newest_first = ["gated", *reversed(made)]
+        server = self.serve(refresh_s=0)
+        self.open(server)
+        self.assertEqual(self.task_ids(), newest_first[:50])
+        self.assertIn("1–50 of 76", self.by("nav.pages").text)
+        self.assertEqual(self.all('a[rel="prev"]'), [])
+        self.screenshot("task-list")
+        self.click_and_wait(self.by('a[rel="next"]'))
+        self.assertEqual(self.task_ids(), newest_first[50:])
+        self.assertIn("51–76 of 76", self.by("nav.pages").text)
+        self.assertEqual(self.all('a[rel="next"]'), [])
+        self.click_and_wait(self.by('a[rel="prev"]'))
+        self.assertEqual(self.task_ids(), newest_first[:50])
+
+        def search(text: str) -> list[str]:
+            box = self.by('input[name="q"]')
+            box.clear()
+            box.send_keys(text)
+            self.click_and_wait(self.by("form.filters button"))
+            return self.task_ids()
+
+        self.assertEqual(search("invoice-05"), [f"invoice-{n:03d}" for n in range(59, 49, -1)])  # a part of a task id
+        self.assertEqual(search("INVOICE-007"), ["invoice-007"])  # any case
+        self.assertEqual(search(report.rpartition(":")[2]), [f"report-{n:03d}" for n in range(14, -1, -1)])  # a function's name
+        self.assertEqual(search("no-such-task"), [])
+        self.assertIn("No tasks match", self.by("main").text)
+        search("")
+
+        from selenium.webdriver.support.ui import Select
+
+        Select(self.by('select[name="status"]')).select_by_value("awaiting-approval")
+        self.click_and_wait(self.by("form.filters button"))
+        self.assertEqual(self.task_ids(), ["gated"])
+        Select(self.by('select[name="status"]')).deselect_all()
+        Select(self.by('select[name="function"]')).select_by_value(invoice)
+        self.click_and_wait(self.by("form.filters button"))
+        self.assertEqual(self.task_ids(), [f"invoice-{n:03d}" for n in range(59, 9, -1)])
+        self.assertIn("1–50 of 60", self.by("nav.pages").text)
+        self.click_and_wait(self.by('a[rel="next"]'))  # a page keeps the filters
+        self.assertEqual(self.task_ids(), [f"invoice-{n:03d}" for n in range(9, -1, -1)])
+        self.assertEqual(Select(self.by('select[name="function"]')).first_selected_option.get_attribute("value"), invoice)
+
+        since = self.store().load("report-010").state.updated_at
+        self.open(server, "/")
+        box = self.by('input[name="since"]')
+        box.send_keys(datetime.datetime.fromtimestamp(since, datetime.timezone.utc).isoformat())
+        self.click_and_wait(self.by("form.filters button"))
+        self.assertEqual(self.task_ids(), ["gated", *[f"report-{n:03d}" for n in range(14, 9, -1)]])
+        box = self.by('input[name="since"]')
+        box.clear()
+        box.send_keys("yesterday-ish")
+        self.click_and_wait(self.by("form.filters button"))
+        self.assertIn("neither a duration", self.by("p.error").text)
+
+        # A task id that long stays on one line; the next action names the store, digests cut short.
+        self.open(server, "/")
+        cell = self.by("table.tasks td.task")
+        self.assertEqual(cell.value_of_css_property("white-space"), "nowrap")
+        action = self.by("table.tasks tbody tr td.action").text
+        self.assertNotIn("<store>", action)
+        self.assertNotRegex(action, r"[0-9a-f]{64}")
+
+    def test_the_summary_band(self) -> None:
+        from longrun.cli._common import relative
+        from longrun.stores.queue import open_queue
+
+        self.gated("gated-1")
+        asked = self.clock.now()
+        self.clock.advance(600)
+        self.gated("gated-2")
+        self.unsafe("blind")
+        flaky = OutboxAdapter(self.outbox, fail_transient=1)
+        runner = self.runner("flaky", [Step("one", "send", {"n": 1})], flaky, store=self.store(), limits=Limits(max_block_s=0))
+        self.assertIs(runner.run().status, Status.RETRY_SCHEDULED)
+        self.clock.advance(2 * 3600)
+        self.assertIs(self.runner("old", [Step("one", "send", {"n": 1})], store=self.store()).run().status, Status.DONE)
+        self.assertIs(self.runner("older", [Step("one", "send", {"n": 2})], store=self.store()).run().status, Status.DONE)
+        self.clock.advance(60)
+        queue = open_queue(self.store())
+        try:
+            queue.heartbeat("worker-a", host="host-1", pid=11, state="running", concurrency=4, running=1,
+                            functions=["billing:charge"], heartbeat_s=30.0)  # fmt: skip
+            queue.heartbeat("worker-b", host="host-2", pid=12, state="stopped", concurrency=2, running=0,
+                            functions=["billing:charge"], heartbeat_s=30.0)  # fmt: skip
+            queue.enqueue("queued-1", "billing:charge")
+            queue.enqueue("queued-2", "billing:charge")
+        finally:
+            queue.close()
+        server = self.serve(refresh_s=0)
+        server.console.clock = self.clock.now  # ages and "the last hour" by the tasks' clock
+        self.open(server)
+        statuses = self.by("section.band .statuses").text
+        for expected in ("awaiting-approval 2", "done 2", "unsafe-to-continue 1", "retry-scheduled 1"):
+            self.assertIn(expected, statuses)
+        pending = self.by("section.band .pending").text.lower()  # the labels are in capitals by the stylesheet
+        self.assertIn("2", pending.split())
+        self.assertIn(f"oldest requested {relative(asked, self.clock.now())}", pending)
+        self.assertEqual(self.by("section.band .failures .figure").text, "0", "the failures are two hours old")
+        self.assertEqual(self.by("section.band .queue-depth .figure").text, "2")
+        self.assertEqual(self.by("section.band .workers-alive .figure").text, "1 of 2")
+        self.screenshot("summary-band")
+        server.console.clock = lambda: self.clock.now() - 2 * 3600 + 60  # an hour after the failures
+        self.driver.refresh()
+        self.assertEqual(self.by("section.band .failures .figure").text, "2")
+        self.assertIn("alert", self.by("section.band .failures").get_attribute("class"))
+        self.click_and_wait(self.by('section.band a[href="/?status=unsafe-to-continue"]'))
+        self.assertEqual(self.task_ids(), ["blind"])
+
+        # The fleet: a page per worker and per queue, reached from the band.
+        self.click_and_wait(self.by("section.band .workers-alive a"))
+        self.assertIn("worker-a", self.by("main").text)
+        self.screenshot("fleet")
+        self.click_and_wait(self.by('a[href="/worker/worker-a"]'))
+        facts = self.by("dl.facts").text
+        self.assertIn("alive", facts)
+        self.assertIn("host-1, pid 11", facts)
+        self.assertIn("1 running (at its last heartbeat), 0 claimed now, of 4", facts)
+        self.screenshot("worker")
+        self.click_and_wait(self.by('a[href="/queue/billing%3Acharge"]'))
+        self.assertEqual(self.task_ids(), ["queued-1", "queued-2"])
+        self.assertIn("2 tasks, 2 due now, 1 of 2 workers alive run it.", self.by("main").text)
+        self.screenshot("queue")
+        self.open(server, "/worker/nobody")
+        self.assertIn("404", self.driver.title)
+
+    def test_every_control_goes_through_the_control_root(self) -> None:
+        runner = self.gated("gated")
+        server = self.serve(refresh_s=0)
+        self.open(server, "/task/gated")
+        self.assertEqual(self.by("h1.task-id").value_of_css_property("white-space"), "nowrap")
+        self.assertNotIn("<store>", self.by(".next-action").text)
+        self.screenshot("task-page")
+        # cancel, then reopen: the cancelled task goes on
+        self.click_and_wait(self.by('button[value="cancel"]'))
+        self.assertIn("Cancellation written", self.by(".notice").text)
+        self.assertIsNotNone(self.source.read_cancellation("gated"))
+        self.assertIs(runner.run().status, Status.CANCELLED)
+        self.driver.refresh()
+        self.by('input[name="reason"][placeholder="why it goes on"]').send_keys("the right audience after all")
+        self.click_and_wait(self.by('button[value="reopen"]'))
+        self.assertIn("Reopen written", self.by(".notice").text)
+        self.assertEqual([Approval.from_json(r.body).action for r in self.source.read_approvals("gated")], ["longrun.reopen"])
+        self.assertIs(runner.run().status, Status.AWAITING_APPROVAL)
+        # approve: the run finishes
+        self.driver.refresh()
+        self.click_and_wait(self.by('button[value="approve"]'))
+        self.assertIn("Approved", self.by(".notice").text)
+        self.assertIs(runner.run().status, Status.DONE)
+        self.assertEqual(OutboxAdapter(self.outbox).counts()["gated/publish"], 1)
+        # resolve an uncertain effect as applied: the run finishes without applying it again
+        blind = self.unsafe("blind")
+        self.open(server, "/task/blind")
+        self.by('input[name="evidence"]').send_keys("line 0 of the outbox holds it")
+        self.click_and_wait(self.by('button[value="applied"]'))
+        self.assertIn("Resolution written", self.by(".notice").text)
+        self.assertIs(blind.run().status, Status.DONE)
+        self.assertEqual(OutboxAdapter(self.outbox).counts()["blind/one"], 1)
+        self.assertEqual(self.store_approvals("blind"), [], "nothing was written into the store")
+        # answer a question
+        store = self.store()
+
+        @longrun.durable(store=store, adapters={"send": OutboxAdapter(self.outbox)}, clock=self.clock, approvals=self.source,
+                         cancellations=self.source)  # fmt: skip
+        def survey(run: longrun.Run) -> Any:
+            return run.ask("size", "How many seats?")
+
+        self.assertIs(survey.run("survey").status, Status.AWAITING_INPUT)
+        self.open(server, "/task/survey")
+        self.by('input[name="answer"]').send_keys("20")
+        self.click_and_wait(self.by('button[value="answer"]'))
+        self.assertIn("Answered", self.by(".notice").text)
+        self.assertEqual(survey.run("survey").result, 20)
+
+    def store_approvals(self, task_id: str = "gated") -> list[Approval]:
+        return [Approval.from_json(record.body) for record in self.store().read_approvals(task_id)]
+
+    def test_a_task_page_shows_what_ran_its_family_and_its_last_error(self) -> None:
+        options: dict[str, Any] = dict(store=self.store(), clock=self.clock, approvals=self.source, cancellations=self.source)
+
+        @longrun.durable(**options)
+        def child(run: longrun.Run, n: int) -> int:
+            return n + 1
+
+        @longrun.durable(**options)
+        def parent(run: longrun.Run, n: int) -> int:
+            return int(run.child("kid", child, n))
+
+        @longrun.durable(**options)
+        def broken(run: longrun.Run) -> None:
+            raise ValueError("the ledger does not balance")
+
+        self.assertEqual(parent.run("mom", 41).result, 42)
+        with self.assertLogs("longrun", "INFO"), self.assertRaises(ValueError):  # recorded, then raised to the caller
+            broken.run("broken")
+        server = self.serve(refresh_s=0)
+        self.open(server, "/task/mom")
+        facts = self.by("dl.facts").text
+        self.assertIn(parent.name, facts)
+        self.assertIn("41", facts)  # the arguments
+        self.assertIn("42", facts)  # the result
+        self.click_and_wait(self.by('dl.facts a[href="/task/kid"]'))  # a child, linked
+        self.click_and_wait(self.by('dl.facts a[href="/task/mom"]'))  # and back to its parent
+        self.by("table")  # the timeline
+        self.assertIn("Timeline", self.by("main").text)
+        self.open(server, "/task/broken")
+        facts = self.by("dl.facts").text
+        self.assertIn("ValueError", facts)
+        self.assertIn("the ledger does not balance", facts)
+        self.assertIn("Traceback", facts)
+        self.screenshot("last-error")
+
+    def test_run_once_in_the_browser(self) -> None:
+        if self.store_kind == "postgres":
+            self.skipTest("the task's module names its store by a path; RunOnceTests covers the form")
+        module_dir = self.path("modules")
+        os.mkdir(module_dir)
+        name = "console_browser_once_" + os.path.basename(self.tmp).replace("-", "_")
+        store = (f"longrun.SqliteStore({self.path('store.sqlite')!r}, create=True)" if self.store_kind == "sqlite"
+                 else f"longrun.JsonFileStore({self.store_dir!r}, create=True)")  # fmt: skip
+        with open(os.path.join(module_dir, name + ".py"), "w", encoding="utf-8") as handle:
+            handle.write(
+                "import longrun\n"
+                "from longrun.testing import OutboxAdapter\n"
+                f"@longrun.durable(store={store}, adapters={{'send': OutboxAdapter({self.outbox!r})}}, allowed_actions=('send',))\n"
+                "def job(run, to):\n"
+                "    run.effect('mail', 'send', {'to': to})\n"
+                "    return to\n"
+            )
+        sys.path.insert(0, module_dir)
+        self.addCleanup(sys.path.remove, module_dir)
+        self.addCleanup(sys.modules.pop, name, None)
+        __import__(name).job.start("queued", "ann")
+        server = self.serve(refresh_s=0)
+        self.open(server, "/task/queued")
+        self.assertIn("No live worker runs", self.by("main").text)
+        self.click_and_wait(self.by('button[value="run"]'))
+        self.assertIn("Ran the task once here", self.by(".notice").text)
+        self.assertIn("done", self.by(".status").text)
+        self.assertEqual(OutboxAdapter(self.outbox).counts()["queued/mail"], 1)
+
+
+class SqliteOperatorBrowserTests(OperatorBrowserTests):
+    store_kind = "sqlite"
+
+
+class PostgresOperatorBrowserTests(OperatorBrowserTests):
+    store_kind = "postgres"
+
+
+class ListingTests(ConsoleCase):
+    """The list keeps the rows of tasks at rest between renders (``RowCache``): a task that moved
+    since shows its new status, and a damaged one on the page shows DAMAGED."""
+
+    def test_a_task_that_moved_since_the_last_render_shows_its_new_status(self) -> None:
+        runner = self.gated("gated")
+        self.assertIs(self.runner("other", [Step("one", "send", {"n": 1})], store=self.store()).run().status, Status.DONE)
+        server = self.serve(refresh_s=0)
+        console = server.console
+        self.assertIn("status-awaiting-approval", console.task_list({"q": ["gated"]}))
+        state = self.store().load("gated").state
+        assert state is not None
+        request = state.approval_requests["publish"]
+        now = self.clock.now()
+        self.source_write(Approval.for_request(request, approval_id="a1", approver="alice", granted_at=now, expires_at=now + 3600))
+        self.assertIs(runner.run().status, Status.DONE)
+        page = console.task_list({"status": ["awaiting-approval"]})
+        self.assertIn("No tasks match", page, "the kept row of a task that moved is read again")
+        self.assertEqual(console.task_list({"status": ["done"]}).count('<td class="mono task"'), 2)
+
+    def source_write(self, approval: Approval) -> None:
+        from longrun.cli._control import open_control_root
+
+        writer = open_control_root(self.control)
+        assert writer is not None
+        writer.write_approval(approval)
+
+    def test_a_task_damaged_since_the_last_render_shows_damaged_on_its_page(self) -> None:
+        if self.store_kind != "json":
+            self.skipTest("damages a state file of the JSON-file store")
+        self.assertIs(self.runner("t1", [Step("one", "send", {"n": 1})], store=self.store()).run().status, Status.DONE)
+        server = self.serve(refresh_s=0)
+        self.assertIn("status-done", server.console.task_list({}))
+        for name in ("state.json", "state.json.bak"):
+            path = os.path.join(self.store_dir, "t1", name)
+            if os.path.exists(path):
+                with open(path, "r+b") as handle:
+                    handle.seek(10)
+                    handle.write(b"#####")
+        page = server.console.task_list({})
+        self.assertIn("status-DAMAGED", page)
+
+
+class SqliteListingTests(ListingTests):
+    store_kind = "sqlite"
+
+
+class PostgresListingTests(ListingTests):
+    store_kind = "postgres"
+
+
+class ListingScaleTests(ConsoleCase):
+    """A page of the list over 1,000 tasks, its render time measured in the server (no browser
+    start-up in the figure): under a second as an open console refreshes it. The SQL stores list
+    from their index of task summaries where they keep one; the JSON-file store loads every task
+    at the first render and then only those that moved (``RowCache``); each render loads the
+    page's tasks. The first render's figure is printed too."""
+
+    TASKS = 1000
+
+    def test_a_page_of_a_thousand_tasks_renders_in_under_a_second(self) -> None:
+        import time
+
+        store = self.store()
+
+        @longrun.durable(store=store, clock=self.clock)
+        def job(run: longrun.Run, n: int) -> int:
+            return n
+
+        for n in range(self.TASKS):
+            job.run(f"job-{n:04d}", n)
+            self.clock.advance(1)
+        server = self.serve(refresh_s=0)
+        started = time.perf_counter()
+        self.assertEqual(self.request(server, "GET", "/", cookie=server.console.token).status, 200)
+        first = time.perf_counter() - started
+        job.run("job-0000", 0)  # a task read again: it ran since (its lease moved)
+        started = time.perf_counter()
+        page = server.console.task_list({"page": ["3"]})
+        elapsed = time.perf_counter() - started
+        print(f"\n{self.store_kind}: a page of {self.TASKS} tasks: first render {first * 1000:.0f} ms, then {elapsed * 1000:.0f} ms",
+              file=sys.stderr)  # fmt: skip
+        self.assertIn(f"101–150 of {self.TASKS}", page)
+        self.assertIn(f">job-{self.TASKS - 101:04d}</a>", page)
+        self.assertEqual(page.count('<td class="mono task"'), 50)
+        self.assertLess(elapsed, 1.0)
+
+
+class SqliteListingScaleTests(ListingScaleTests):
+    store_kind = "sqlite"

@@ -11,6 +11,7 @@ from helpers.support import TempDirTest
 
 import longrun
 from longrun import JsonFileStore, Limits, RunContract, RunEvent, Runner, Status, Step
+from longrun.events import EVENT_KINDS
 from longrun.errors import InvalidInputError
 from longrun.events import LOG_FIELDS
 from longrun.testing import FakeClock, OutboxAdapter, read_outbox
@@ -101,17 +102,19 @@ class OnEventTests(EventCase):
         outcome = self.runner(steps, adapter, limits=Limits(max_block_s=0.0)).run()
         self.assertIs(outcome.status, Status.RETRY_SCHEDULED)
         self.assertEqual([(e.step, e.state) for e in self.events if e.kind == "effect"], [("a", "started"), ("a", "planned")])
-        self.assertIn("transient", self.events[-2].detail or "")
-        self.assertEqual((self.events[-1].kind, self.events[-1].state), ("run", "retry-scheduled"))
+        self.assertIn("transient", self.events[-3].detail or "")
+        self.assertEqual([(e.kind, e.state) for e in self.events[-2:]], [("run", "retry-scheduled"), ("run-end", "retry-scheduled")])
+        first_epoch = self.events[0].epoch
         self.events.clear()
         self.clock.advance(3600)
         outcome = self.runner(steps, adapter).run()
         self.assertIs(outcome.status, Status.AWAITING_APPROVAL)
         self.assertEqual(
             [(e.kind, e.step, e.state) for e in self.events],
-            [("effect", "a", "started"), ("run", None, "running"), ("effect", "a", "verified"), ("effect", "b", "planned"),
-             ("run", None, "awaiting-approval")],
+            [("run-start", None, "running"), ("effect", "a", "started"), ("run", None, "running"), ("effect", "a", "verified"),
+             ("effect", "b", "planned"), ("run", None, "awaiting-approval"), ("run-end", None, "awaiting-approval")],
         )  # fmt: skip
+        self.assertGreater(self.events[0].epoch, first_epoch)  # a resumed run: a later invocation
 
     def test_a_durable_function_reports_calls_and_effects(self) -> None:
         events: list[RunEvent] = []
@@ -125,12 +128,42 @@ class OnEventTests(EventCase):
 
         outcome = agent.run("fn-1", 21)
         self.assertIs(outcome.status, Status.DONE)
-        kinds = [(event.kind, event.step, event.state) for event in events if event.kind != "run"]
+        kinds = [(event.kind, event.step, event.state) for event in events if not event.kind.startswith("run")]
         self.assertIn(("call", "count", "started"), kinds)
         self.assertIn(("call", "count", "verified"), kinds)
         self.assertIn(("effect", "post", "verified"), kinds)
         self.assertEqual(kinds[-1], ("function", "longrun.function", "verified"))
-        self.assertEqual(events[-1].state, "done")
+        self.assertEqual((events[-1].kind, events[-1].state), ("run-end", "done"))
+        self.assertEqual(events[0].kind, "run-start")
+        self.assertTrue(events[0].detail, "a run-start names who runs it")
+        self.assertTrue(set(event.kind for event in events) <= set(EVENT_KINDS))
+
+    def test_each_invocation_that_commits_is_bracketed_by_run_start_and_run_end(self) -> None:
+        steps = [Step("a", "send", {"n": 1}), Step("b", "send", {"n": 2}, approval=True)]
+        self.assertIs(self.runner(steps).run().status, Status.AWAITING_APPROVAL)
+        self.assertIs(self.runner(steps).run().status, Status.AWAITING_APPROVAL)
+        brackets = [(e.kind, e.epoch) for e in self.events if e.kind in ("run-start", "run-end")]
+        self.assertEqual([kind for kind, _ in brackets], ["run-start", "run-end", "run-start", "run-end"])
+        self.assertEqual(brackets[0][1], brackets[1][1])
+        self.assertEqual(brackets[2][1], brackets[3][1])
+        self.assertLess(brackets[0][1], brackets[2][1])
+        end = self.events[-1]
+        self.assertEqual((end.kind, end.time, end.detail is not None), ("run-end", self.clock.now(), True))
+        # Every other event of an invocation lies between its brackets.
+        starts = [i for i, e in enumerate(self.events) if e.kind == "run-start"]
+        ends = [i for i, e in enumerate(self.events) if e.kind == "run-end"]
+        self.assertEqual(starts[0], 0)
+        self.assertEqual(ends[0] + 1, starts[1])
+
+    def test_an_invocation_that_commits_nothing_sends_no_event(self) -> None:
+        steps = [Step("a", "send", {"n": 1})]
+        store = JsonFileStore(self.store_dir, create=True)
+        self.assertIs(self.runner(steps).run().status, Status.DONE)
+        self.events.clear()
+        lease = store.acquire_lease("t", "someone else", 3600.0, self.clock.now())
+        self.assertIsNotNone(lease)
+        self.assertIs(self.runner(steps).run().status, Status.ALREADY_RUNNING)
+        self.assertEqual(self.events, [])
 
     def test_on_event_must_be_callable(self) -> None:
         with self.assertRaises(InvalidInputError):
@@ -210,3 +243,4 @@ class LoggingTests(EventCase):
         stop = logs.records[-1]
         self.assertEqual((stop.levelno, stop.state), (logging.INFO, "unsafe-to-continue"))  # type: ignore[attr-defined]
         self.assertTrue(any(record.state == "uncertain" for record in logs.records))  # type: ignore[attr-defined]
+

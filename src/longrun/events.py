@@ -18,14 +18,19 @@ Two channels, both fed by the engine, for every face (``Runner`` and ``@durable`
 - **Events**: ``on_event(event: RunEvent)``, called on the thread that runs the engine, after the
   commit that made a transition durable, with one frozen ``RunEvent`` per effect record that the
   commit changed (in the order the run changed them) and one per change of the run's status (and
-  at each invocation's first commit). An exception from the hook is logged at WARNING with its
-  traceback and never breaks the run.
+  at each invocation's first commit). Each invocation that commits anything is bracketed: a
+  ``run-start`` event comes first, with its first commit (its ``epoch`` names the invocation: a
+  resumed run has a higher one), and a ``run-end`` event last, when it returns its outcome, after
+  its last commit (``state`` the status it stopped with). A tracer opens a run's span at the one and
+  closes it at the other, and parents the step spans on it. An exception from the hook is logged at
+  WARNING with its traceback and never breaks the run.
 
 Not guaranteed: an event for every move a record makes in memory. Between two commits a record
 may pass several states (``planned`` then ``started``; ``acknowledged`` then ``verified``): the
 event reports the state that was committed, which is the one a crash would leave. Events are not
 stored: one is lost if the process dies between the commit and the hook (the store keeps the
-record; ``longrun status`` reads it there, from any process).
+record; ``longrun status`` reads it there, from any process), nor a ``run-end`` for an invocation
+that dies or raises (its ``run-start`` stays unmatched, as the process's spans would).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from .errors import InvalidInputError
 from .ledger import EffectRecord, EffectState
 from .outcome import Status
 
-__all__ = ["EventHook", "LOG_FIELDS", "RunEvent", "Reporter", "kind_of", "record_fields"]
+__all__ = ["EVENT_KINDS", "EventHook", "LOG_FIELDS", "RunEvent", "Reporter", "kind_of", "record_fields"]
 
 log = logging.getLogger("longrun")
 
@@ -59,6 +64,11 @@ _KINDS = {
     "call": "call", "sleep": "timer", "ask": "question", "child": "child", "function": "function",
     "send": "send", "recv": "receive", "event": "event",
 }  # fmt: skip
+
+EVENT_KINDS: tuple[str, ...] = (
+    "run-start", "run", "run-end", "effect", "call", "timer", "question", "child", "send", "receive", "event", "function", "internal",
+)  # fmt: skip
+"""Every ``RunEvent.kind``: the three of the run itself, then what a ledger record is (``kind_of``)."""
 
 
 def _utc(at: float) -> str:
@@ -83,8 +93,12 @@ class RunEvent:
 
     ``kind`` is ``"run"`` for a change of the run's status (``state`` is then the status, e.g.
     ``"running"``, ``"awaiting-approval"``, ``"done"``; ``step`` and ``key`` are None and ``detail``
-    is the recorded next action), else what the record is (``kind_of``): ``state`` is the
-    record's ledger state and ``detail`` its last error, if any.
+    is the recorded next action); ``"run-start"`` for the start of an invocation (the first event
+    of its first commit: ``state`` the status committed, ``detail`` who runs it, ``epoch`` its
+    lease epoch); ``"run-end"`` for its end (the last event: ``state`` the status it stopped with,
+    ``detail`` the next action, ``time`` when it stopped); else what the record is (``kind_of``:
+    ``effect``, ``call``, ``timer``, ``question``, ``child``, ``function``): ``state`` is the
+    record's ledger state and ``detail`` its last error, if any. ``EVENT_KINDS`` lists them all.
     """
 
     task: str
@@ -177,6 +191,9 @@ class Reporter:
         self._pending: dict[str, None] = {}
         """Step ids whose records changed since the last commit, in the order they changed."""
         self._status: Status | None = None
+        self._owner = ""
+        self._started = False
+        """This invocation has committed, so its ``run-start`` was handed out (and a ``run-end`` is due)."""
 
     # -- the run ------------------------------------------------------------------------------
 
@@ -193,6 +210,8 @@ class Reporter:
         """A new invocation: nothing pending, its first commit reports the status."""
         self._pending.clear()
         self._status = None
+        self._owner = owner
+        self._started = False
         self.fields.pop("epoch", None)
         log.info("task %s: run started by %s", self.task_id, owner, extra=_extra(self.task_id))
 
@@ -209,13 +228,18 @@ class Reporter:
         if isinstance(name, str):
             self.fields["function"] = name
 
-    def stopped(self, status: Status, next_action: str, *, revision: int, epoch: int) -> None:
+    def stopped(self, status: Status, next_action: str, *, revision: int, epoch: int, time: float) -> None:
+        """The invocation returns ``status``: log it, and hand the hook its ``run-end`` (if it committed)."""
         if log.isEnabledFor(logging.INFO):
             log.info(
                 "task %s: run stopped %s at revision %d; next: %s",
                 self.task_id, status.value, revision, next_action,
                 extra=_extra(self.task_id, state=status.value, epoch=epoch or None, revision=revision or None),
             )  # fmt: skip
+        if self._started:
+            self._started = False
+            end = RunEvent(self.task_id, None, status.value, 0, time, revision, kind="run-end", epoch=epoch, detail=next_action or None)
+            self._deliver([end])
 
     # -- records ------------------------------------------------------------------------------
 
@@ -280,10 +304,17 @@ class Reporter:
             )  # fmt: skip
         status_changed = state.status is not self._status
         self._status = state.status
-        hook = self.hook
-        if hook is None:
+        first, self._started = not self._started, True
+        if self.hook is None:
             return
         events: list[RunEvent] = []
+        if first:
+            events.append(
+                RunEvent(
+                    self.task_id, None, state.status.value, 0, state.updated_at, state.revision,
+                    kind="run-start", epoch=state.lease_epoch, detail=self._owner or None,
+                )
+            )  # fmt: skip
         for step_id in pending:
             record = state.effects.get(step_id)
             if record is not None:
@@ -300,6 +331,12 @@ class Reporter:
                     kind="run", epoch=state.lease_epoch, detail=state.next_action or None,
                 )
             )  # fmt: skip
+        self._deliver(events)
+
+    def _deliver(self, events: list[RunEvent]) -> None:
+        hook = self.hook
+        if hook is None:
+            return
         for event in events:
             try:
                 hook(event)

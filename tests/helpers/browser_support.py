@@ -19,8 +19,10 @@ from .optional import installed, skip_or_fail
 
 REQUIRE_VARIABLE = "LONGRUN_REQUIRE_BROWSER"
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
-ARTIFACTS = os.path.join(tempfile.gettempdir(), "longrun-test-artifacts")
-"""Where screenshots are kept after the tests (overwritten by the next run)."""
+ARTIFACTS_VARIABLE = "LONGRUN_TEST_ARTIFACTS"
+ARTIFACTS = os.environ.get(ARTIFACTS_VARIABLE) or os.path.join(tempfile.gettempdir(), "longrun-test-artifacts")
+"""Where screenshots of the console's pages are kept after the tests (overwritten by the next run):
+``$LONGRUN_TEST_ARTIFACTS``, which CI may keep, else a directory under the temporary directory."""
 
 
 def _browser() -> str | None:

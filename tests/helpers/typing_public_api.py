@@ -270,7 +270,11 @@ def events_and_logs(contract: longrun.RunContract, steps: list[longrun.Step], st
     def hook(event: longrun.RunEvent) -> None:
         assert_type(event.step, str | None)
         assert_type(event.revision, int)
+        assert_type(event.kind, str)  # run-start, run, run-end, or what the record is
+        assert_type(event.epoch, int)  # names the invocation: a run-start and its run-end share it
         seen.append(event)
+
+    assert_type(longrun.events.EVENT_KINDS, tuple[str, ...])
 
     runner = longrun.Runner(contract, steps, store=store, adapters=adapters, on_event=hook)
     durable = longrun.durable(store=store, adapters=adapters, on_event=seen.append)

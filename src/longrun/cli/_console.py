@@ -1,10 +1,18 @@
 """``longrun console``: a local web console over one store, served by the standard library.
 
-Pages (server-rendered HTML and one stylesheet; no JavaScript at all):
+Pages (server-rendered HTML, one stylesheet and one small script, all served by the console):
 
-- ``/``: the task list (``ls``), with status (and the last error of a run that failed), function,
-  progress, last update and next action, filtered by status, function, task id glob, ``since`` and
-  a limit as ``ls`` is.
+- every page says when it was rendered ("updated") and reloads itself every few seconds
+  (``refresh_s``; the script pauses while a form on the page is focused or being filled);
+- ``/``: the summary band (tasks by status, pending approvals and questions with the oldest's
+  age, failures in the last hour, queue depth and workers alive), then the task list, 50 a page,
+  most recently updated first, with status (and the last error of a run that failed), function, progress, last update and
+  the next action
+  (the real store named, digests abbreviated); searched by task id or function (``q``) and
+  filtered by status, function and ``since``; ``page`` pages.
+- ``/fleet``: the workers and the queues (one per function); ``/worker/<name>``: a worker's
+  heartbeat, what it runs and what it claims; ``/queue/<function>``: the queue's tasks, when each
+  is due, and the workers that run it.
 - ``/metrics``: the store's metrics in the Prometheus text format (``_metrics``), for a scraper:
   the token as ``?token=`` (served as asked, no cookie traded), the cookie, or an
   ``Authorization: Bearer`` header.
@@ -12,14 +20,16 @@ Pages (server-rendered HTML and one stylesheet; no JavaScript at all):
   arguments, result, parent and children, each linked) and its last error with the traceback; its pending approval requests and questions
   with the payload shown in full (``_payload``: pretty-printed, control characters escaped, long
   values elided with their size) and a form to approve or answer each one; a form to cancel the
-  run; its effects; its evidence in three parts, observations (what was read: the store's load
+  run, to resolve an effect in flight (it took place, or not) and to reopen a task that ended
+  unfinished; its effects; its evidence in three parts, observations (what was read: the store's load
   notes, the control records the runner read with their digests, each effect's receipt and
   observed evidence), inferences (the ``verify`` checks drawn from them) and unknowns (what the
   last stop could not establish); and its timeline (``history``).
 
 Writes are exactly the CLI's: an approval is ``cmd_approve`` with the payload digest the page
 showed as ``expected_digest`` (a request that changed since is refused, nothing written), an answer
-is ``cmd_approve(answer=...)``, a cancellation is ``cmd_cancel``; into ``--control-root`` (a strict
+is ``cmd_approve(answer=...)``, a cancellation is ``cmd_cancel``, a resolution ``cmd_resolve``
+and a reopen ``write_reopen`` (what ``longrun resolve`` and ``resume --reopen`` write); into ``--control-root`` (a strict
 control area, so the console must run as the approver account), signed with ``--sign-key`` when
 given. A live worker acts on each record within a second (it watches the control root); where no
 live worker runs the task's function, the task's page offers "Run once", which runs the task in
@@ -37,8 +47,8 @@ Security, for a console that can approve effects on the machine it runs on:
   same page without the token; any request with neither the token nor the cookie gets 403.
 - Every state-changing request is a POST carrying a CSRF token (an HMAC of the session token)
   that must match, and an ``Origin`` header, when sent, must be the console's own.
-- Every response sets a strict Content-Security-Policy (``default-src 'none'``; styles from the
-  console itself; forms may post only to it; no framing), ``X-Content-Type-Options: nosniff``,
+- Every response sets a strict Content-Security-Policy (``default-src 'none'``; styles and the
+  one script from the console itself, no inline script; forms may post only to it; no framing), ``X-Content-Type-Options: nosniff``,
   ``Referrer-Policy: same-origin`` (nothing leaves for another site; the browser's own POSTs keep
   their ``Origin``) and ``Cache-Control: no-store``.
 - Every value read from the store (task ids, payloads, errors, evidence: an agent may have written
@@ -65,11 +75,11 @@ from ..contract import check_task_id
 from ..errors import InvalidInputError, LongrunError
 from ..protocols import Store
 from ._common import CliError, TaskCodeError
-from ._console_pages import STYLE, Console, ConsoleError, e, task_url
+from ._console_pages import SCRIPT, STYLE, Console, ConsoleError, e, task_url
 
 __all__ = ["ConsoleServer", "cmd_console", "start_console"]
 
-CSP = "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+CSP = "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 MAX_FORM_BYTES = 256 * 1024
 
 
@@ -158,6 +168,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except InvalidInputError as exc:
             raise ConsoleError(404, str(exc)) from None
 
+    def _name(self, raw: str) -> str:
+        name = urllib.parse.unquote(raw)
+        if not name or len(name) > 1024:
+            raise ConsoleError(404, "no such page")
+        return name
+
     # -- methods ------------------------------------------------------------------------------
 
     def do_HEAD(self) -> None:  # noqa: N802 (the base class's naming)
@@ -178,6 +194,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._send(200, metrics_text(console.store), content_type=CONTENT_TYPE)
             elif url.path == "/static/console.css":
                 self._send(200, STYLE, content_type="text/css; charset=utf-8")
+            elif url.path == "/static/console.js":
+                self._send(200, SCRIPT, content_type="text/javascript; charset=utf-8")
+            elif url.path == "/fleet":
+                self._send(200, console.fleet_page())
+            elif url.path.startswith("/worker/") and url.path.count("/") == 2:
+                self._send(200, console.worker_page(self._name(url.path[len("/worker/") :])))
+            elif url.path.startswith("/queue/") and url.path.count("/") == 2:
+                self._send(200, console.queue_page(self._name(url.path[len("/queue/") :])))
             elif url.path.startswith("/task/") and url.path.count("/") == 2:
                 self._send(200, console.task_page(self._task_id(url.path[len("/task/") :]), query))
             else:
@@ -259,6 +283,7 @@ def start_console(
     approver: str,
     sign_key: str | None = None,
     control_root: str | None = None,
+    refresh_s: float = 5.0,
 ) -> ConsoleServer:
     """A console server, bound and ready; call ``serve_forever()`` (and ``shutdown()`` to stop)."""
     if sign_key is not None:
@@ -269,7 +294,9 @@ def start_console(
         from ._control import open_control_root
 
         open_control_root(control_root)
-    console = Console(store, label, read_only=read_only, approver=approver, sign_key=sign_key, control_root=control_root)
+    console = Console(
+        store, label, read_only=read_only, approver=approver, sign_key=sign_key, control_root=control_root, refresh_s=refresh_s
+    )
     return ConsoleServer(console, port)
 
 

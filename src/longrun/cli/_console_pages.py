@@ -1,13 +1,16 @@
 """What the local web console shows and does, apart from HTTP: its pages, its stylesheet and its actions.
 
 ``Console`` holds one store, one approver and the session's token and CSRF token; it renders the
-task list and a task's page (every value read from the store HTML-escaped with ``e``) and carries
-out an approve, answer or cancel form as the CLI's own commands, and "run once" (where no live
-worker runs the task's function) as ``longrun resume STORE TASK`` does. ``_console`` serves it over HTTP
-and holds the security around it; the module docstring there says what each page shows.
+task list with its summary band, a task's page, the fleet's page and a page per worker and per
+queue (every value read from the store HTML-escaped with ``e``), and carries out an approve,
+answer, cancel, resolve or reopen form as the CLI's own commands, and "run once" (where no live
+worker runs the task's function) as ``longrun resume STORE TASK`` does. ``SCRIPT`` is the one
+script the pages load: it reloads the page every few seconds unless a form is being filled.
+``_console`` serves it over HTTP and holds the security around it; the module docstring there
+says what each page shows; what the list and the band are made of is ``_console_listing``.
 
-One concept, the console's pages and their forms; it is long because each page is its HTML, kept
-beside the action its forms carry out, so that what a page offers and what it does read together.
+One concept, what the console shows and does; it is long because every page and every form is
+here, each escaping what it shows in the same way, which a reviewer checks in one place.
 """
 
 from __future__ import annotations
@@ -24,30 +27,36 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..contract import ASK_ACTION
 from ..envelope import RunState
-from ..errors import InvalidInputError, LongrunError
+from ..errors import LongrunError
 from ..events import kind_of
+from ..intervention import REOPENABLE
 from ..lease import Lease
+from ..ledger import EffectState
 from ..outcome import TERMINAL
 from ..progress import progress_of
 from ..protocols import LoadResult, Store
+from ..stores.queue import QueueEntry, WorkerRecord, open_queue
 from ..task_events import events_of
 from ._common import format_time, lease_summary, relative, short_digest
-from ..stores.queue import open_queue
+from ._console_listing import FAILED_STATUSES, PAGE_SIZE, Fleet, Listing, RowCache, Summary, TaskRow, complete, read_fleet, read_rows, short_action
 from ._control import cmd_approve, cmd_cancel, parse_answer, payload_view
 from ._filters import function_of
+from ._intervene import cmd_resolve, write_reopen
 from ._history import timeline
-from ._inspect import LS_STATUSES, list_entries, parse_since, progress_line, reported_line
+from ._inspect import LS_STATUSES, progress_line, reported_line
 from ._payload import payload_lines, safe_text
 from ._resume import run_recorded_once
 from ._verify import verify
 from ._what_ran import failure_lines, shown_value, what_ran
 
-__all__ = ["NOTICES", "STYLE", "Console", "ConsoleError", "e", "task_url"]
+__all__ = ["NOTICES", "SCRIPT", "STYLE", "Console", "ConsoleError", "e", "queue_url", "task_url", "worker_url"]
 
 NOTICES = {
     "approved": "Approved: the approval is written; it authorizes this one effect, once. A live worker runs the task within a second.",
     "answered": "Answered: the answer is written; it is used once, for this question. A live worker runs the task within a second.",
     "cancelled": "Cancellation written: the run starts no new effect; a live worker ends it cancelled within a second.",
+    "resolved": "Resolution written: the task's next run takes the effect as you said, once. A live worker runs it within a second.",
+    "reopened": "Reopen written: the task's next run takes it out of the status it ended in and goes on. A live worker runs it within a second.",
     "ran": "Ran the task once here; it stopped as shown below.",
 }
 """The only messages a redirect may ask a page to show (by key: nothing from the URL is echoed)."""
@@ -77,6 +86,8 @@ dl.facts dd { margin: 0; }
 .status-running { background: #dbe7ff; color: #1f4fb8; }
 .status-awaiting-approval, .status-awaiting-input, .status-retry-scheduled, .status-sleeping, .status-waiting-on-child { background: #fff1c9; color: #7a5400; }
 .status-unsafe-to-continue, .status-state-unrecoverable, .status-plan-mismatch, .status-blocked, .status-DAMAGED, .status-UNREADABLE, .status-lease-lost, .status-failed { background: #ffd9d6; color: #8e1b12; }
+.status-alive { background: #d7f2df; color: #17633a; }
+.status-silent { background: #ffd9d6; color: #8e1b12; }
 .status-queued { background: #e8ecf2; color: #3b4a5e; }
 .error-text { color: #8e1b12; }
 .status-cancelled, .status-limits-exhausted { background: #eadff7; color: #5a2d8a; }
@@ -98,6 +109,65 @@ h1.mono { font-size: 22px; }
 form.filters { display: flex; gap: 12px; align-items: end; flex-wrap: wrap; margin: 8px 0 12px; }
 form.filters label { display: flex; flex-direction: column; font-size: 12px; color: var(--muted); }
 select[multiple] { min-width: 200px; height: 92px; }
+td.task, .task-id { white-space: nowrap; overflow-wrap: normal; }
+td.task { max-width: 360px; overflow: hidden; text-overflow: ellipsis; }
+header .updated { font-size: 13px; color: #aab3c5; }
+header nav a { font-weight: 400; margin-right: 12px; }
+.band { display: flex; gap: 12px; flex-wrap: wrap; margin: 8px 0 16px; }
+.band .tile { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 8px 14px; min-width: 150px; }
+.band .tile .figure { font-size: 22px; font-weight: 600; display: block; }
+.band .tile .label { color: var(--muted); font-size: 12px; text-transform: uppercase; letter-spacing: .03em; }
+.band .tile.alert { border-color: #f2a39a; background: #fff4f2; }
+.band .statuses a { margin-right: 8px; text-decoration: none; }
+nav.pages { display: flex; gap: 16px; align-items: center; margin: 10px 0; }
+td.action { max-width: 420px; }
+"""
+
+SCRIPT = """\
+(function () {
+  "use strict";
+  var seconds = Number(document.body.getAttribute("data-refresh") || "0");
+  var shown = document.getElementById("refresh-state");
+  if (!(seconds > 0)) { return; }
+  function busy() {
+    var active = document.activeElement;
+    if (active && active.form) { return true; }
+    var fields = document.querySelectorAll("input, textarea, select");
+    for (var i = 0; i < fields.length; i++) {
+      var field = fields[i];
+      if (field.type === "hidden" || field.type === "submit") { continue; }
+      if (field.tagName === "SELECT") {
+        var anyDefault = false;
+        for (var k = 0; k < field.options.length; k++) { anyDefault = anyDefault || field.options[k].defaultSelected; }
+        for (var j = 0; j < field.options.length; j++) {
+          // A single select with no option marked shows its first one: that is its default.
+          var byDefault = anyDefault || field.multiple ? field.options[j].defaultSelected : j === 0;
+          if (field.options[j].selected !== byDefault) { return true; }
+        }
+      } else if (field.type === "checkbox" || field.type === "radio") {
+        if (field.checked !== field.defaultChecked) { return true; }
+      } else if (field.value !== field.defaultValue) {
+        return true;
+      }
+    }
+    return false;
+  }
+  var left = seconds;
+  window.setInterval(function () {
+    if (busy()) {
+      left = seconds;
+      if (shown) { shown.textContent = "refresh paused while a form is filled"; }
+      return;
+    }
+    left -= 1;
+    if (shown) { shown.textContent = "refreshes in " + Math.max(left, 0) + " s"; }
+    if (left <= 0) {
+      var url = new URL(window.location.href);
+      url.searchParams.delete("notice");
+      window.location.replace(url.toString());
+    }
+  }, 1000);
+}());
 """
 
 
@@ -110,9 +180,25 @@ def task_url(task_id: str) -> str:
     return "/task/" + urllib.parse.quote(task_id, safe="")
 
 
+IN_FLIGHT = (EffectState.STARTED, EffectState.ACKNOWLEDGED, EffectState.UNCERTAIN)
+"""The effect states a resolution applies to (``longrun.intervention.resolve``)."""
+
+
+def worker_url(name: str) -> str:
+    return "/worker/" + urllib.parse.quote(name, safe="")
+
+
+def queue_url(function: str) -> str:
+    return "/queue/" + urllib.parse.quote(function, safe="")
+
+
+def _due(due_in_s: float | None) -> bool:
+    return due_in_s is not None and due_in_s <= 0
+
+
 def _status_badge(status: object) -> str:
     text = str(status)
-    css = text if text in LS_STATUSES else "other"
+    css = text if text in LS_STATUSES or text in ("alive", "silent") else "other"
     return f'<span class="status status-{e(css)}">{e(text)}</span>'
 
 
@@ -135,6 +221,7 @@ class Console:
         sign_key: str | None,
         control_root: str | None,
         clock: Callable[[], float] = time.time,
+        refresh_s: float = 5.0,
     ):
         self.store = store
         self.label = label
@@ -144,104 +231,247 @@ class Console:
         self.sign_key = sign_key
         self.control_root = control_root
         self.clock = clock
+        self.refresh_s = refresh_s
+        """Pages reload themselves this often (0: never), unless a form is being filled."""
         self.token = secrets.token_urlsafe(32)
         self.csrf = hmac.new(self.token.encode("ascii"), b"longrun console csrf", "sha256").hexdigest()
         self.lock = threading.Lock()
+        self.row_cache = RowCache()
+        """The rows of tasks at rest, between two renders (``_console_listing.RowCache``)."""
         """Serializes store access: one store object serves every request thread."""
 
     # -- pages --------------------------------------------------------------------------------
 
-    def layout(self, title: str, body: str) -> str:
+    def layout(self, title: str, body: str, *, refresh: bool = True) -> str:
+        """A page: the header (store, mode, when it was rendered, the refresh state), then ``body``.
+        With ``refresh``, the script reloads it every ``refresh_s`` seconds unless a form is being filled."""
         mode = (
             e(self.read_only_reason)
             if self.read_only
             else f"approving as {e(self.approver)} into {e(self.control_root)}" + (" (signed)" if self.sign_key else "")
         )
+        every = self.refresh_s if refresh and self.refresh_s > 0 else 0
+        updated = format_time(self.clock(), precise=False)
+        state = f"refreshes every {every:g} s" if every else "no auto-refresh"
         return (
             "<!doctype html><html lang=en><head><meta charset=utf-8>"
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>{e(title)}</title>"
-            '<link rel="stylesheet" href="/static/console.css"></head><body>'
-            f'<header><a href="/">longrun console</a><span class="store">{e(self.label)}</span><span class="mode">{mode}</span></header>'
+            '<link rel="stylesheet" href="/static/console.css"><script src="/static/console.js" defer></script></head>'
+            f'<body data-refresh="{every:g}">'
+            f'<header><a href="/">longrun console</a><nav><a href="/">tasks</a><a href="/fleet">workers and queues</a></nav>'
+            f'<span class="store">{e(self.label)}</span>'
+            f'<span class="updated">updated <time id="updated">{e(updated)}</time> · <span id="refresh-state">{e(state)}</span></span>'
+            f'<span class="mode">{mode}</span></header>'
             f"<main>{body}</main></body></html>"
         )
 
-    def task_list(self, query: Mapping[str, list[str]]) -> str:
-        statuses = [value for value in query.get("status", []) if value in LS_STATUSES]
-        function_text = (query.get("function") or [""])[0].strip()
-        match_text = (query.get("match") or [""])[0].strip()
-        since_text = (query.get("since") or [""])[0].strip()
-        limit_text = (query.get("limit") or [""])[0].strip()
-        now = self.clock()
-        problems = []
-        since = None
-        if since_text:
-            try:
-                since = parse_since(since_text, now)
-            except InvalidInputError as exc:
-                problems.append(str(exc))
-        limit = None
-        if limit_text:
-            if limit_text.isdigit() and int(limit_text) > 0:
-                limit = int(limit_text)
-            else:
-                problems.append(f"limit {limit_text[:20]!r} is not a positive whole number")
+    def _rows(self) -> list[TaskRow]:
         with self.lock:
-            entries = list_entries(
-                self.store, statuses=statuses, since=since, limit=limit,
-                functions=[function_text] if function_text else [], match=[match_text] if match_text else [],
-            )  # fmt: skip
+            return read_rows(self.store, self.row_cache)
+
+    def _fleet(self) -> Fleet:
+        with self.lock:
+            return read_fleet(self.store)
+
+    def task_list(self, query: Mapping[str, list[str]]) -> str:
+        now = self.clock()
+        listing = Listing.from_query(query, now)
+        rows = self._rows()
+        summary = Summary.of(rows, self._fleet(), now)
+        page, matched = listing.select(rows)
+        with self.lock:
+            page = complete(self.store, page)
+        body = ["<h1>Tasks</h1>", self._band(summary, now)]
+        body += [f'<p class="error">{e(problem)}</p>' for problem in listing.problems]
         options = "".join(
-            f'<option value="{e(value)}"{" selected" if value in statuses else ""}>{e(value)}</option>' for value in LS_STATUSES
+            f'<option value="{e(value)}"{" selected" if value in listing.statuses else ""}>{e(value)}</option>' for value in LS_STATUSES
         )
-        body = ["<h1>Tasks</h1>"]
-        body += [f'<p class="error">{e(problem)}</p>' for problem in problems]
+        functions = sorted({row.function for row in rows if row.function})
+        function_options = f'<option value=""{"" if listing.function else " selected"}>any</option>' + "".join(
+            f'<option value="{e(name)}"{" selected" if name == listing.function else ""}>{e(name)}</option>' for name in functions
+        )
         body.append(
-            '<form class="filters" method="get" action="/">'
+            '<form class="filters" method="get" action="/" role="search">'
+            f'<label>search<input type="search" name="q" value="{e(listing.search)}" placeholder="task id or function"></label>'
             f'<label>status<select name="status" multiple>{options}</select></label>'
-            f'<label>function<input type="text" name="function" value="{e(function_text)}" placeholder="module:qualname, or a glob"></label>'
-            f'<label>task id<input type="text" name="match" value="{e(match_text)}" placeholder="a glob: invoice-*"></label>'
-            f'<label>updated since<input type="text" name="since" value="{e(since_text)}" placeholder="2h, 3d, 2026-11-30T14:00Z"></label>'
-            f'<label>limit<input type="text" name="limit" value="{e(limit_text)}" placeholder="all"></label>'
-            "<button>Filter</button></form>"
+            f'<label>function<select name="function">{function_options}</select></label>'
+            f'<label>updated since<input type="text" name="since" value="{e(listing.since_text)}" placeholder="2h, 3d, 2026-11-30T14:00Z"></label>'
+            '<button>Filter</button></form>'
         )
-        if not entries:
-            body.append('<p class="muted">No tasks match.</p>')
-            return self.layout("longrun tasks", "".join(body))
-        rows = []
-        for entry in entries:
-            progress = entry["progress"]
-            if isinstance(progress, dict):
-                total = progress.get("total")
-                bar = (
-                    f'<progress value="{e(progress["verified"])}" max="{e(total)}"></progress> '
-                    if isinstance(total, int) and total > 0
-                    else ""
-                )
-                shown = bar + e(progress["label"])
+        if not page:
+            body.append(f'<p class="muted">No tasks match{" on this page" if matched else ""}.</p>')
+        else:
+            body.append(self._table(page, now))
+        body.append(self._pages(listing, matched))
+        return self.layout("longrun tasks", "".join(body))
+
+    def _band(self, summary: Summary, now: float) -> str:
+        statuses = "".join(
+            f'<a href="/?{e(urllib.parse.urlencode({"status": status}))}">{_status_badge(status)} {count}</a>'
+            for status, count in summary.by_status.items()
+        ) or '<span class="muted">no tasks</span>'
+        oldest = (
+            f"oldest requested {relative(summary.oldest_request, now)}" if summary.oldest_request is not None else "none waiting"
+        )
+        fleet = summary.fleet
+        depth = str(fleet.due) if fleet.note is None else "-"
+        alive = f"{fleet.alive} of {len(fleet.workers)}" if fleet.note is None else "-"
+        note = f'<span class="label">{e(fleet.note)}</span>' if fleet.note else ""
+        tiles = [
+            ("tasks by status", f'<span class="statuses">{statuses}</span>', "statuses", False),
+            ("pending approvals and questions", f'<span class="figure">{summary.pending}</span><span class="label">{e(oldest)}</span>',
+             "pending", summary.pending > 0),
+            ("failures in the last hour", f'<span class="figure">{summary.failures_last_hour}</span>', "failures",
+             summary.failures_last_hour > 0),
+            ("queue depth (due now)", f'<span class="figure"><a href="/fleet">{e(depth)}</a></span>{note}', "queue-depth", False),
+            ("workers alive", f'<span class="figure"><a href="/fleet">{e(alive)}</a></span>', "workers-alive", False),
+        ]  # fmt: skip
+        shown = "".join(
+            f'<div class="tile {name}{" alert" if alert else ""}"><span class="label">{title}</span>{value}</div>'
+            for title, value, name, alert in tiles
+        )
+        return f'<section class="band" aria-label="summary">{shown}</section>'
+
+    def _table(self, rows: Sequence[TaskRow], now: float) -> str:
+        lines = []
+        for row in rows:
+            if row.total:
+                shown = f'<progress value="{row.verified}" max="{row.total}"></progress> {e(row.progress)}'
             else:
-                shown = '<span class="muted">-</span>'
-            updated = entry["updated_at"]
-            function = entry["function"]
-            error = entry["last_error"]
-            error_cell = f'<div class="error-text">{e(safe_text(str(error)))}</div>' if entry["last_run_failed"] and error else ""
-            rows.append(
+                shown = e(row.progress) if row.progress else '<span class="muted">-</span>'
+            function = (
+                f'<a class="mono" href="/?{e(urllib.parse.urlencode({"function": row.function}))}">{e(safe_text(row.function))}</a>'
+                if row.function else '<span class="muted">-</span>'
+            )  # fmt: skip
+            failing = row.status in FAILED_STATUSES or row.status == "retry-scheduled"
+            error_cell = f'<div class="error-text">{e(safe_text(row.last_error))}</div>' if failing and row.last_error else ""
+            action = safe_text(short_action(row.next_action, self.label, limit=None))
+            updated = row.updated_at
+            lines.append(
                 "<tr>"
-                f'<td class="mono"><a href="{e(task_url(str(entry["task_id"])))}">{e(entry["task_id"])}</a></td>'
-                f"<td>{_status_badge(entry['status'])}{error_cell}</td>"
-                f'<td class="mono">{e(safe_text(function)) if isinstance(function, str) else "-"}</td>'
+                f'<td class="mono task" title="{e(row.task_id)}"><a href="{e(task_url(row.task_id))}">{e(row.task_id)}</a></td>'
+                f"<td>{_status_badge(row.status)}{error_cell}</td>"
+                f"<td>{function}</td>"
                 f"<td>{shown}</td>"
-                f'<td>{e(entry["revision"])}</td>'
-                f'<td title="{e(format_time(updated) if isinstance(updated, float) else "")}">'
-                f"{e(relative(updated, now)) if isinstance(updated, float) else '-'}</td>"
-                f'<td>{e(safe_text(str(entry["next_action"])))}</td>'
+                f'<td title="{e(format_time(updated) if updated is not None else "")}">{e(relative(updated, now)) if updated is not None else "-"}</td>'
+                f'<td class="action" title="{e(action)}">{e(short_action(row.next_action, self.label))}</td>'
                 "</tr>"
             )
-        body.append(
-            "<table><thead><tr><th>Task</th><th>Status</th><th>Function</th><th>Progress</th><th>Rev</th><th>Updated</th><th>Next action</th></tr></thead>"
-            f"<tbody>{''.join(rows)}</tbody></table>"
+        return (
+            '<table class="tasks"><thead><tr><th>Task</th><th>Status</th><th>Function</th><th>Progress</th><th>Updated</th>'
+            f"<th>Next action</th></tr></thead><tbody>{''.join(lines)}</tbody></table>"
         )
-        return self.layout("longrun tasks", "".join(body))
+
+    def _pages(self, listing: Listing, matched: int) -> str:
+        last = max(1, -(-matched // PAGE_SIZE))
+        first_shown = min(matched, (listing.page - 1) * PAGE_SIZE + 1)
+        last_shown = min(matched, listing.page * PAGE_SIZE)
+        links = []
+        if listing.page > 1:
+            links.append(f'<a rel="prev" href="/?{e(urllib.parse.urlencode(listing.query(page=listing.page - 1)))}">← newer</a>')
+        links.append(f'<span class="count">{first_shown}–{last_shown} of {matched} · page {listing.page} of {last}</span>')
+        if listing.page < last:
+            links.append(f'<a rel="next" href="/?{e(urllib.parse.urlencode(listing.query(page=listing.page + 1)))}">older →</a>')
+        return f'<nav class="pages">{"".join(links)}</nav>'
+
+    # -- the fleet ----------------------------------------------------------------------------
+
+    def fleet_page(self) -> str:
+        fleet = self._fleet()
+        body = ["<h1>Workers and queues</h1>"]
+        if fleet.note is not None:
+            body.append(f'<p class="muted">{e(fleet.note)}.</p>')
+            return self.layout("longrun workers and queues", "".join(body))
+        body.append("<h2>Workers</h2>")
+        body.append(self._workers_table(fleet.workers) if fleet.workers else '<p class="muted">No worker has recorded a heartbeat.</p>')
+        body.append("<h2>Queues</h2>")
+        queues = fleet.queues()
+        if not queues:
+            body.append('<p class="muted">The queue is empty.</p>')
+        else:
+            rows = "".join(
+                f'<tr><td class="mono task"><a href="{e(queue_url(function))}">{e(safe_text(function))}</a></td>'
+                f"<td>{len(entries)}</td><td>{sum(1 for entry in entries if _due(entry.due_in_s) and entry.claimed_by is None)}</td>"
+                f"<td>{sum(1 for entry in entries if entry.claimed_by)}</td><td>{sum(1 for entry in entries if entry.failures)}</td></tr>"
+                for function, entries in queues.items()
+            )
+            body.append(
+                "<table><thead><tr><th>Queue (function)</th><th>Tasks</th><th>Due now</th><th>Claimed</th><th>Failing</th></tr></thead>"
+                f"<tbody>{rows}</tbody></table>"
+            )
+        return self.layout("longrun workers and queues", "".join(body))
+
+    def _workers_table(self, workers: Sequence[WorkerRecord]) -> str:
+        rows = "".join(
+            f'<tr><td class="mono task"><a href="{e(worker_url(worker.name))}">{e(safe_text(worker.name))}</a></td>'
+            f'<td>{_status_badge("alive" if worker.alive else "silent")} {e(worker.state)}</td>'
+            f"<td>{worker.running} of {worker.concurrency}</td><td>{e(f'{worker.heartbeat_age_s:.0f} s ago')}</td>"
+            f"<td>{e(safe_text(worker.host))} pid {worker.pid}</td></tr>"
+            for worker in workers
+        )
+        return (
+            "<table><thead><tr><th>Worker</th><th>State</th><th>Tasks held</th><th>Last heartbeat</th><th>Where</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table>"
+        )
+
+    def worker_page(self, name: str) -> str:
+        fleet = self._fleet()
+        worker = next((worker for worker in fleet.workers if worker.name == name), None)
+        if worker is None:
+            raise ConsoleError(404, f"no worker named {safe_text(name)[:200]!r} has recorded a heartbeat")
+        now = self.clock()
+        facts = [
+            ("state", f'{_status_badge("alive" if worker.alive else "silent")} {e(worker.state)}'),
+            ("host", e(f"{safe_text(worker.host)}, pid {worker.pid}")),
+            ("started", e(f"{format_time(worker.started_at)} ({relative(worker.started_at, now)})")),
+            ("last heartbeat", e(f"{worker.heartbeat_age_s:.1f} s ago")),
+            ("tasks held", e(f"{worker.running} running (at its last heartbeat), {worker.claimed} claimed now, of {worker.concurrency}")),
+            ("functions", " ".join(f'<a class="mono" href="{e(queue_url(item))}">{e(safe_text(item))}</a>' for item in worker.functions)
+             or '<span class="muted">none</span>'),
+        ]  # fmt: skip
+        items = "".join(f"<dt>{label}</dt><dd>{value}</dd>" for label, value in facts)
+        claimed = [entry for entry in fleet.entries if entry.claimed_by == name]
+        body = [f'<h1 class="mono task-id">worker {e(safe_text(name))}</h1>', f'<section class="card"><dl class="facts">{items}</dl></section>']
+        body.append("<h2>Tasks it claims</h2>")
+        body.append(self._entries_table(claimed) if claimed else '<p class="muted">None.</p>')
+        return self.layout(f"worker {name}", "".join(body))
+
+    def queue_page(self, function: str) -> str:
+        fleet = self._fleet()
+        entries = [entry for entry in fleet.entries if entry.function == function]
+        workers = [worker for worker in fleet.workers if function in worker.functions]
+        if not entries and not workers:
+            raise ConsoleError(404, f"no queued task and no worker for function {safe_text(function)[:200]!r}")
+        due = sum(1 for entry in entries if _due(entry.due_in_s) and entry.claimed_by is None)
+        body = [
+            f'<h1 class="mono task-id">queue {e(safe_text(function))}</h1>',
+            f'<p>{len(entries)} tasks, {due} due now, {sum(1 for w in workers if w.alive)} of {len(workers)} workers alive run it.</p>',
+            "<h2>Tasks</h2>",
+            self._entries_table(sorted(entries, key=lambda entry: (entry.due_in_s is None, entry.due_in_s or 0.0)))
+            if entries else '<p class="muted">None.</p>',
+            "<h2>Workers</h2>",
+            self._workers_table(workers) if workers else '<p class="muted">No worker runs it.</p>',
+        ]  # fmt: skip
+        return self.layout(f"queue {function}", "".join(body))
+
+    def _entries_table(self, entries: Sequence[QueueEntry]) -> str:
+        def due(entry: QueueEntry) -> str:
+            if entry.due_in_s is None:
+                return "parked"
+            return "due now" if entry.due_in_s <= 0 else f"in {entry.due_in_s:.0f} s"
+
+        rows = "".join(
+            f'<tr><td class="mono task"><a href="{e(task_url(entry.task_id))}">{e(entry.task_id)}</a></td>'
+            f"<td>{_status_badge(entry.status)}</td><td>{e(due(entry))}</td>"
+            f'<td>{e(safe_text(entry.claimed_by)) if entry.claimed_by else "-"}</td><td>{entry.runs}</td><td>{entry.failures}</td>'
+            f'<td>{e(safe_text(entry.last_error or ""))}</td></tr>'
+            for entry in entries
+        )
+        return (
+            '<table class="tasks"><thead><tr><th>Task</th><th>Last status</th><th>Due</th><th>Claimed by</th><th>Runs</th><th>Failures in a row</th>'
+            f"<th>Last error</th></tr></thead><tbody>{rows}</tbody></table>"
+        )
 
     def task_page(self, task_id: str, query: Mapping[str, list[str]]) -> str:
         now = self.clock()
@@ -252,7 +482,7 @@ class Console:
             report, _ = verify(self.store, task_id, now)
         state = loaded.state
         notice = NOTICES.get((query.get("notice") or [""])[0])
-        body = [f'<h1 class="mono">{e(task_id)}</h1>']
+        body = [f'<h1 class="mono task-id">{e(task_id)}</h1>']
         if notice:
             body.append(f'<p class="notice">{e(notice)}</p>')
         if state is None:
@@ -261,6 +491,7 @@ class Console:
         body.append(self._summary(state, lease, now))
         body.append(self._run_once(task_id, state))
         body.append(self._pending(task_id, state, now))
+        body.append(self._resolve(state))
         body.append(self._effects(state))
         body.append(self._events(state))
         body.append(self._evidence(loaded, state, report))
@@ -286,7 +517,8 @@ class Console:
                               f"{current.state.value}, attempt {current.attempts}, for {relative(current.updated_at, now).removesuffix(' ago')}"))
             )  # fmt: skip
         facts += self._what_ran(state, now)
-        facts.append(("next action", e(safe_text(state.next_action or "(none recorded)"))))
+        action = short_action(state.next_action, self.label, limit=None) if state.next_action else "(none recorded)"
+        facts.append(("next action", f'<span class="next-action">{e(safe_text(action))}</span>'))
         items = "".join(f"<dt>{name}</dt><dd>{value}</dd>" for name, value in facts)
         cancel = ""
         if not self.read_only and state.status not in TERMINAL:
@@ -296,7 +528,41 @@ class Console:
                 '<input type="text" name="reason" value="cancelled by an operator from the console" aria-label="reason">'
                 '<button class="danger" name="action" value="cancel">Cancel the run</button></form>'
             )
-        return f'<section class="card"><dl class="facts">{items}</dl>{cancel}</section>'
+        return f'<section class="card"><dl class="facts">{items}</dl>{cancel}{self._reopen(state)}</section>'
+
+    def _hidden(self, **fields: str) -> str:
+        shown = "".join(f'<input type="hidden" name="{e(name)}" value="{e(value)}">' for name, value in fields.items())
+        return f'<input type="hidden" name="csrf" value="{e(self.csrf)}">' + shown
+
+    def _reopen(self, state: RunState) -> str:
+        """A task that ended unfinished (``REOPENABLE``) can be reopened: its next run goes on."""
+        if self.read_only or state.status not in REOPENABLE:
+            return ""
+        return (
+            f'<form class="inline" method="post" action="{e(task_url(state.task_id))}/reopen">{self._hidden()}'
+            '<input type="text" name="reason" required aria-label="why it goes on" placeholder="why it goes on">'
+            '<label>more attempts <input type="number" name="add_attempts" value="0" min="0" max="1000" aria-label="more attempts"></label>'
+            '<button name="action" value="reopen">Reopen</button></form>'
+        )
+
+    def _resolve(self, state: RunState) -> str:
+        """An effect in flight (started, acknowledged, uncertain): say whether it took place."""
+        if self.read_only:
+            return ""
+        cards = []
+        for record in state.effects.values():
+            if record.state not in IN_FLIGHT or kind_of(record.action) != "effect":
+                continue
+            hidden = self._hidden(step=record.step_id, key=record.key, payload_digest=record.payload_digest)
+            cards.append(
+                f'<section class="card pending resolve"><h3>Effect <span class="mono">{e(safe_text(record.step_id))}</span> is '
+                f"{e(record.state.value)}: did it take place?</h3>"
+                f'<form class="inline" method="post" action="{e(task_url(state.task_id))}/resolve">{hidden}'
+                '<input type="text" name="evidence" required aria-label="evidence" placeholder="what you saw, where">'
+                '<button name="outcome" value="applied">It took place</button>'
+                '<button class="danger" name="outcome" value="absent">It did not</button></form></section>'
+            )
+        return "".join(cards)
 
     def _run_once(self, task_id: str, state: RunState) -> str:
         """Where no live worker runs the task's function, a form to run it once here (a worker, when
@@ -502,6 +768,34 @@ class Console:
                     sign_key=self.sign_key, control_root=self.control_root, as_json=True, answer=answer, expected_digest=digest,
                 )  # fmt: skip
                 return "answered" if action == "answer" else "approved"
+            if action == "resolve":
+                outcome = field("outcome")
+                if outcome not in ("applied", "absent"):
+                    raise ConsoleError(400, "say whether the effect took place (applied) or not (absent)")
+                evidence = field("evidence").strip()
+                if not evidence:
+                    raise ConsoleError(400, "the evidence is empty: say what you saw")
+                step, key, digest = field("step"), field("key"), field("payload_digest")
+                if not step or not key or not digest:
+                    raise ConsoleError(400, "the form names no step, key or payload digest")
+                cmd_resolve(
+                    self.store, task_id, step, applied=outcome == "applied", evidence=safe_text(evidence)[:4096], by=self.approver,
+                    result=None, key=key, payload_digest=digest, out=out, sign_key=self.sign_key, control_root=self.control_root,
+                    as_json=True,
+                )  # fmt: skip
+                return "resolved"
+            if action == "reopen":
+                reason = field("reason").strip()
+                if not reason:
+                    raise ConsoleError(400, "say why the task goes on")
+                attempts_text = field("add_attempts").strip() or "0"
+                if not attempts_text.isdigit() or int(attempts_text) > 1000:
+                    raise ConsoleError(400, f"more attempts {attempts_text[:20]!r} is not a whole number from 0 to 1000")
+                write_reopen(
+                    self.store, task_id, reason=safe_text(reason)[:4096], by=self.approver, add_attempts=int(attempts_text),
+                    add_time_s=0.0, err=err, sign_key=self.sign_key, control_root=self.control_root, as_json=True,
+                )  # fmt: skip
+                return "reopened"
             if action == "run":
                 run_recorded_once(self.store, self.label, task_id, [], err)
                 return "ran"

@@ -96,7 +96,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "resume" and not args.reopen and any(option not in (None, 0, 0.0) for option in reopen_options):
         raise CliError("--reason, --by, --add-attempts, --add-time, --sign-key and --control-root go with --reopen", ExitCode.USAGE)
     filtered = args.command == "resume" and not _task_filter(args).empty
-    no_task = args.task is None  # not narrowing args.task itself: other commands check it below
+    no_task = _resume_without_task(args)
     if args.command == "resume" and (filtered or args.yes) and not args.reopen:
         raise CliError("a filter (--status, --function, --since, --until, --match) and --yes go with --reopen", ExitCode.USAGE)
     if args.command == "resume" and args.reopen and no_task and not filtered:
@@ -162,6 +162,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _store_command(args, store, store_label(spec), out, err)
     finally:
         close_store(store)
+
+
+def _resume_without_task(args: argparse.Namespace) -> bool:
+    """``resume`` given no TASK (a function to resume, or a filter). A function, not a condition
+    in place: type checkers then keep ``args.task`` unnarrowed for the commands that need it."""
+    return bool(args.command == "resume" and args.task is None)
 
 
 def _task_filter(args: argparse.Namespace) -> "TaskFilter":

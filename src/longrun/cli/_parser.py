@@ -285,13 +285,15 @@ def build_parser() -> argparse.ArgumentParser:
     console = add(
         "console",
         "serve a local web console: tasks, timelines, evidence, and pending approvals and questions to act on",
-        "Serve a web console on 127.0.0.1 (standard library only, no JavaScript): the task list with status, "
-        "progress and filters; each task's timeline, effects and evidence (observations, inferences, unknowns); "
-        "its pending approvals and questions with the payload shown in full, and forms to approve, answer or "
-        "cancel, which write the same records as `longrun approve`, `answer` and `cancel` into --control-root "
-        "(signed with --sign-key when given): run it as the approver. Without --control-root it is read-only. It prints "
-        "a URL with a random token; requests without the token are refused, every change is a POST with a "
-        "CSRF token, and pages forbid scripts (Content-Security-Policy). Stop it with Ctrl-C.",
+        "Serve a web console on 127.0.0.1 (standard library only) that refreshes itself every few seconds: a "
+        "summary band (tasks by status, pending approvals, failures in the last hour, queue depth, workers alive), "
+        "the task list, searched, filtered and paged; each task's timeline, effects and evidence (observations, "
+        "inferences, unknowns); its pending approvals and questions with the payload shown in full, and forms to "
+        "approve, answer, cancel, resolve or reopen, which write the same records as the commands of those names "
+        "into --control-root (signed with --sign-key when given): run it as the approver. Without --control-root it "
+        "is read-only. A page per worker and per queue. It prints a URL with a random token; requests without the "
+        "token are refused, every change is a POST with a CSRF token, and pages run no script but the console's "
+        "own (Content-Security-Policy). Stop it with Ctrl-C.",
     )
     add_store(console, task=False)
     console.add_argument("--port", metavar="P", type=port, default=0, help="the port on 127.0.0.1 (default 0: any free port)")

@@ -364,7 +364,7 @@ class Invocation:
         """The outcome of this invocation, stopped ``status``."""
         state = self.current
         revision = state.revision if state is not None else 0
-        self.reporter.stopped(status, next_action, revision=revision, epoch=self.epoch)
+        self.reporter.stopped(status, next_action, revision=revision, epoch=self.epoch, time=self.clock.now())
         return RunOutcome(
             status=status,
             next_action=next_action,
