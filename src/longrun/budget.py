@@ -74,13 +74,17 @@ class Limits:
     max_failures: int = 5
     """Failures of a durable function's run in a row (its own code raised, or its process died inside
     a step) before the task stops ``failed``; progress (a step settled) starts the count again."""
+    deadline_s: float | None = None
+    """A wall-clock deadline for the whole task, this many seconds after its first run starts
+    (``longrun.deadline``): recorded then, kept across restarts, inherited by its children; when it
+    passes the task stops ``deadline-exceeded``. Unlike ``max_elapsed_s`` it counts waiting too."""
 
     def __post_init__(self) -> None:
         _non_negative(self, "max_attempts", self.max_attempts, optional=False, integer=True)
         if self.max_attempts < 1:
             raise InvalidInputError("Limits.max_attempts must be at least 1")
         _non_negative(self, "max_steps", self.max_steps, optional=True, integer=True)
-        for name in ("max_elapsed_s", "max_cost", "max_no_progress_s"):
+        for name in ("max_elapsed_s", "max_cost", "max_no_progress_s", "deadline_s"):
             _non_negative(self, name, getattr(self, name), optional=True)
         _non_negative(self, "max_block_s", self.max_block_s, optional=False)
         _non_negative(self, "approval_ttl_s", self.approval_ttl_s, optional=False)

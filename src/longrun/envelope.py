@@ -36,6 +36,7 @@ from .approval import ApprovalRequest
 from .budget import BudgetCounters
 from .canonical import MAX_JSON_DEPTH, JSONValue, canonical_bytes, json_too_deep, parse_json, sha256_hex
 from .contract import Step, is_internal
+from .deadline import TaskDeadline
 from .failures import RunFailure
 from .errors import CorruptStateError, ForeignStateError, InvalidInputError, SchemaVersionError, SizeLimitError
 from .ledger import EffectRecord, EffectState
@@ -54,7 +55,7 @@ MAX_CONTROL_OBSERVATIONS = 50
 _STATE_FIELDS = frozenset(
     ("task_id", "plan_digest", "revision", "created_at", "updated_at", "status", "current_step", "next_action",
      "completed_steps", "effects", "budget", "approval_requests", "consumed_approvals", "control_observations",
-     "unknowns", "lease", "reconcile_all", "plan_outline", "progress", "effect_latency", "last_failure")
+     "unknowns", "lease", "reconcile_all", "plan_outline", "progress", "effect_latency", "last_failure", "deadline")
 )  # fmt: skip
 _OUTLINE_SPEC = (
     f.Field("steps", f.Kind.TUPLE, item=f.Kind.STEP),
@@ -130,6 +131,7 @@ _HEADER_SPEC = (
     f.Field("progress", f.Kind.RECORD, optional=True, record=ProgressReport),
     f.Field("effect_latency", f.Kind.RECORD, optional=True, record=EffectLatency),
     f.Field("last_failure", f.Kind.RECORD, optional=True, record=RunFailure),
+    f.Field("deadline", f.Kind.RECORD, optional=True, record=TaskDeadline),
 )
 """The state's own fields, as read (``from_json``) and as checked (``check_header``, ``validate``)."""
 _SCALAR_SPEC = tuple(field for field in _HEADER_SPEC if field.kind is not f.Kind.TEXTS)
@@ -186,6 +188,10 @@ class RunState:
     """The last failure of a durable function's run (its code raised, or its process died in a
     step; ``failures``), kept until the run ends ``done``. None when it never failed, and in states
     written before failures were recorded; the key is written only when there is one."""
+    deadline: TaskDeadline | None = None
+    """The task's wall-clock deadline (``longrun.deadline``), recorded by its first run when one is
+    asked and kept across restarts. None when it has none, and in states written before deadlines;
+    the key is written only when there is one."""
 
     def check_header(self) -> None:
         """Refuse (``InvalidInputError``) a state whose own fields the loader would refuse: what a
@@ -264,6 +270,8 @@ class RunState:
             body["effect_latency"] = self.effect_latency.to_json()
         if self.last_failure is not None:
             body["last_failure"] = self.last_failure.to_json()
+        if self.deadline is not None:
+            body["deadline"] = self.deadline.to_json()
         return body
 
     @classmethod

@@ -260,6 +260,11 @@ def reopen_approval(
             f"task {state.task_id!r} is {state.status.value}: only a task that ended {allowed} is reopened, and {why}; "
             "nothing was written"
         )
+    if state.status is Status.DEADLINE_EXCEEDED and not (isinstance(add_time_s, (int, float)) and add_time_s > 0):
+        raise ReopenRefusedError(
+            f"task {state.task_id!r} ended deadline-exceeded: a reopen needs a new deadline, given as --add-time S "
+            "(S seconds after the later of its old deadline and the reopen); nothing was written"
+        )
     reopen = Reopen(state.status.value, state.revision, reason, add_attempts, float(add_time_s))
     body = reopen.to_json()
     return Approval(

@@ -81,7 +81,9 @@ DURATION_BOUNDS: tuple[float, ...] = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0
 """The upper bounds (seconds) of the run duration buckets."""
 FUNCTION_STEP = INTERNAL_PREFIX + "function"
 """A durable function's own record, whose payload names the function."""
-FAILED_STATUSES = frozenset({Status.LIMITS_EXHAUSTED, Status.BLOCKED, Status.UNSAFE_TO_CONTINUE, Status.STATE_UNRECOVERABLE})
+FAILED_STATUSES = frozenset(
+    {Status.LIMITS_EXHAUSTED, Status.DEADLINE_EXCEEDED, Status.BLOCKED, Status.UNSAFE_TO_CONTINUE, Status.STATE_UNRECOVERABLE}
+)
 """The statuses ``longrun_tasks_failed`` counts: a run that ended, or stopped, on an error."""
 
 

@@ -38,6 +38,9 @@ class Status(str, enum.Enum):
     FAILED = "failed"
     """The durable function failed ``Limits.max_failures`` times in a row (its code raised, or its
     process died inside a step): final until an operator reopens it (``RunState.last_failure`` says why)."""
+    DEADLINE_EXCEEDED = "deadline-exceeded"
+    """The task's wall-clock deadline (``RunState.deadline``) passed: it stopped after settling the
+    effects in flight, and its unfinished children were cancelled. Final until an operator reopens it."""
     QUEUED = "queued"
     """Recorded (``fn.start``, ``fn.enqueue``) and not started yet: a worker or a resume starts it."""
 
@@ -45,7 +48,9 @@ class Status(str, enum.Enum):
         return self.value
 
 
-TERMINAL = frozenset({Status.DONE, Status.CANCELLED, Status.LIMITS_EXHAUSTED, Status.BLOCKED, Status.FAILED})
+TERMINAL = frozenset(
+    {Status.DONE, Status.CANCELLED, Status.LIMITS_EXHAUSTED, Status.BLOCKED, Status.FAILED, Status.DEADLINE_EXCEEDED}
+)
 """Statuses recorded as final: running the task again changes nothing."""
 
 ENDED_UNFINISHED = TERMINAL - {Status.DONE}

@@ -24,7 +24,7 @@ code  meaning
       store spec; ``resume``: a bad ``MODULE:FUNCTION`` target or ``InvalidInputError``
 3     storage error or damaged state (``verify``: damaged, with whether the backup validates)
 4     ``verify`` and ``resume`` only: the run ended without finishing (cancelled,
-      limits-exhausted, blocked); running it again changes nothing
+      limits-exhausted, deadline-exceeded, blocked); running it again changes nothing
 70    an unexpected exception, with its traceback: a bug in longrun, or under ``resume`` the
       task's own code raising inside ``run()``
 130   interrupted (Ctrl-C)

@@ -59,7 +59,7 @@ class ExitCode(enum.IntEnum):
     STORAGE = 3
     """The store could not be read or written, or its state is damaged."""
     ENDED = 4
-    """``resume`` and ``verify`` only: the run ended without finishing (cancelled, limits-exhausted, blocked)."""
+    """``resume`` and ``verify`` only: the run ended without finishing (cancelled, limits-exhausted, deadline-exceeded, blocked)."""
 
 
 EXIT_CODES_HELP = """\
@@ -68,7 +68,7 @@ exit codes:
   1  the run is not done / not in the state the command needs (demo: a check failed)
   2  usage or bad input: wrong arguments, unknown task, missing store, unsafe task id
   3  storage error or damaged (corrupt) state
-  4  resume, verify: the run ended without finishing (cancelled, limits-exhausted, blocked)
+  4  resume, verify: the run ended without finishing (cancelled, limits-exhausted, deadline-exceeded, blocked)
 """
 
 STORE_HELP = """\

@@ -48,7 +48,7 @@ FUNCTION_STEP = "longrun.function"
 """The step id of a durable task's own record (``longrun.functions.FUNCTION_STEP``: the faces are above this layer)."""
 FAILED_STATUSES = frozenset(
     {Status.UNSAFE_TO_CONTINUE.value, Status.STATE_UNRECOVERABLE.value, Status.PLAN_MISMATCH.value, Status.BLOCKED.value,
-     Status.LIMITS_EXHAUSTED.value, "failed", "DAMAGED", "UNREADABLE"}
+     Status.LIMITS_EXHAUSTED.value, Status.DEADLINE_EXCEEDED.value, "failed", "DAMAGED", "UNREADABLE"}
 )  # fmt: skip
 """Statuses that count as a failure in the band (``failed`` where the code knows it)."""
 _FAILING = (EffectState.FAILED, EffectState.PLANNED, EffectState.UNCERTAIN)

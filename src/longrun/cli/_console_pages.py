@@ -90,7 +90,7 @@ dl.facts dd { margin: 0; }
 .status-silent { background: #ffd9d6; color: #8e1b12; }
 .status-queued { background: #e8ecf2; color: #3b4a5e; }
 .error-text { color: #8e1b12; }
-.status-cancelled, .status-limits-exhausted { background: #eadff7; color: #5a2d8a; }
+.status-cancelled, .status-limits-exhausted, .status-deadline-exceeded { background: #eadff7; color: #5a2d8a; }
 progress { width: 140px; height: 12px; vertical-align: middle; }
 .pending { border-left: 4px solid #e0a800; }
 .notice { background: #d7f2df; border: 1px solid #9fd8b2; padding: 8px 12px; border-radius: 6px; }

@@ -42,7 +42,7 @@ exit codes (whether the run can be resumed safely):
   2  usage: wrong arguments, unknown task, missing store, unsafe task id
   3  damaged: state, lease record or ledger; the output says whether the backup validates, in
      which case `longrun resume` would recover from it (look first)
-  4  the run ended without finishing (cancelled, limits-exhausted, blocked)
+  4  the run ended without finishing (cancelled, limits-exhausted, deadline-exceeded, blocked)
 """
 
 RESUME_EPILOG = """\
@@ -57,7 +57,7 @@ exit codes (from the outcome's status):
   2   the target is wrong (bad MODULE:FUNCTION, import error, no such function, it raised or did
       not return a Runner), or the library refused an input (InvalidInputError)
   3   storage error or damaged state raised by the store
-  4   the run ended without finishing: cancelled, limits-exhausted, blocked (stop the timer)
+  4   the run ended without finishing: cancelled, limits-exhausted, deadline-exceeded, blocked (stop the timer)
   70  run() raised an exception that is not longrun's (the task's own code, or a bug); traceback printed
 """
 
@@ -68,7 +68,7 @@ exit codes:
   2   the target is wrong (bad MODULE:FUNCTION, import error, not a durable function), bad JSON, or the
       task exists with other arguments or another function (nothing changed)
   3   storage error or damaged state
-  4   with --run: the run ended without finishing (cancelled, limits-exhausted, blocked)
+  4   with --run: the run ended without finishing (cancelled, limits-exhausted, deadline-exceeded, blocked)
   70  with --run: the function raised; its traceback is printed
 """
 
@@ -101,5 +101,5 @@ exit codes:
      recording the step; done refused because completion evidence is missing (it names it)
   2  usage or bad input: a bad run contract (with its line), unknown task or step, a step out of order
   3  storage error or damaged state
-  4  the run ended without finishing (cancelled, limits-exhausted, blocked)
+  4  the run ended without finishing (cancelled, limits-exhausted, deadline-exceeded, blocked)
 """

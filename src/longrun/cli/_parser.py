@@ -231,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
         "delete one task whose run ended (its state, journal, blobs, control records, fleet row); prints what went",
         "Delete TASK from the store: its state and journal, its large values, its control records, its "
         "quarantine and its row in the fleet's queue, through the store's own delete_task. Refused (exit 1, "
-        "nothing deleted) for a task whose run has not ended (done, cancelled, limits-exhausted, blocked), "
+        "nothing deleted) for a task whose run has not ended (done, cancelled, limits-exhausted, deadline-exceeded, blocked), "
         "whose lease is live, or whose parent has not ended.",
     )
     add_store(delete, task=True)
@@ -240,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     prune = add(
         "prune",
         "delete the tasks whose run ended before a moment (--before 30d); prints what went",
-        "Delete every task whose run ended (done, cancelled, limits-exhausted, blocked; or the --status given) "
+        "Delete every task whose run ended (done, cancelled, limits-exhausted, deadline-exceeded, blocked; or the --status given) "
         "and whose last update is before --before, as `longrun delete` does each. Never a task that has not "
         "ended, one whose lease is live, or a child whose parent has not ended. --dry-run lists only.",
     )
@@ -324,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_module_options(resume)
     resume.add_argument(
         "--reopen", action="store_true",
-        help="with STORE TASK: reopen a task that ended cancelled, blocked, limits-exhausted (or failed), then run it",
+        help="with STORE TASK: reopen a task that ended cancelled, blocked, limits-exhausted, deadline-exceeded (or failed), then run it",
     )  # fmt: skip
     resume.add_argument("--reason", metavar="TEXT", type=reason, help="with --reopen: why (recorded; required)")
     resume.add_argument("--by", metavar="NAME", type=non_empty, help="with --reopen: who reopens (default: the login name)")

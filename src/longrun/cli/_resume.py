@@ -25,7 +25,7 @@ code  meaning
       while importing), no such function, the function raised or did not return a Runner; or the
       library refused an input (``InvalidInputError``, such as a payload that is not JSON)
 3     a storage error or damaged state raised by the store (``StorageError``, ``CorruptStateError``)
-4     the run ended without finishing: cancelled, limits-exhausted, blocked, failed (running it
+4     the run ended without finishing: cancelled, limits-exhausted, deadline-exceeded, blocked, failed (running it
       again changes nothing; stop the timer)
 70    ``run()`` raised an exception that is not longrun's (the task's own payload code, or a bug
       in longrun): the traceback is printed. A durable function whose code raised had the error

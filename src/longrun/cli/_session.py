@@ -21,7 +21,7 @@ code  meaning
 2     usage or bad input: a bad run contract (with its line), an unknown task or step, a step
       taken out of order or with another command than it was recorded with
 3     storage error or damaged state
-4     the run ended without finishing (cancelled, limits-exhausted, blocked)
+4     the run ended without finishing (cancelled, limits-exhausted, deadline-exceeded, blocked)
 ====  =========================================================================================
 """
 

@@ -28,7 +28,7 @@ code  meaning
       itself. When only the primary copy is damaged and the backup validates, the output says so:
       ``longrun resume`` then recovers from the backup (quarantining the damaged copy and
       observing every unverified effect first); exit 3 asks a person to look before it does
-4     the run ended without finishing (cancelled, limits-exhausted, blocked, failed): a resume
+4     the run ended without finishing (cancelled, limits-exhausted, deadline-exceeded, blocked, failed): a resume
       changes nothing (``longrun resume --reopen`` reopens it)
 ====  ===========================================================================================
 

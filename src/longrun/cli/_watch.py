@@ -20,7 +20,7 @@ Elsewhere (a pipe, a file, ``--json``) it prints one line per event as it sees i
 progress report, kind ``progress``), which is what a log or a CI job wants. An event here is a record the poll found changed (its state or
 attempt): between two polls a record may have moved more than once, and only its latest state is
 seen. The command exits when the run stops (any status but ``running`` or ``queued``): 0 for
-``done``, 4 for a run that ended without finishing (cancelled, limits-exhausted, blocked, failed), 1
+``done``, 4 for a run that ended without finishing (cancelled, limits-exhausted, deadline-exceeded, blocked, failed), 1
 for any other stop (awaiting an approval, a retry later...). The task's last error (its code raised,
 or its process died inside a step) is shown with the time it happened, and printed once as a
 ``failure`` event in line output. A task that says ``running`` but whose lease has expired

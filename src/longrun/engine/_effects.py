@@ -19,6 +19,7 @@ from .. import _crashpoints
 from ..adapters import Observation, ObservedState
 from ..budget import BudgetCounters, RetryPolicy, describe_wall_gap
 from ..canonical import printable
+from ..deadline import TaskDeadline, earliest
 from ..contract import Step, is_internal
 from ..envelope import RunState, recorded_before_queued
 from ..errors import PermanentError, StateUnrecoverableError, TransientError, UnknownActionError, describe_exception
@@ -317,6 +318,7 @@ def recover(inv: Invocation, lease: Lease, initial: Callable[[RunState], None], 
         )
         inv.reporter.loaded(inv.state, lease.epoch)
         initial(inv.state)
+        _record_deadline(inv, inv.state, now)
         inv.dirty = True
         yield COMMIT
         inv.evidence.inferred("no state existed: this is the task's first run")
@@ -340,6 +342,7 @@ def recover(inv: Invocation, lease: Lease, initial: Callable[[RunState], None], 
         # Its first run starts now: recorded so, a run that dies before its first step is a crash.
         state.status = Status.RUNNING
         state.next_action = "resume it: its first run is under way, or ended before its first step"
+        _record_deadline(inv, state, now)
         inv.dirty = True
     in_flight = []
     records = list(state.effects.values())
@@ -365,6 +368,21 @@ def recover(inv: Invocation, lease: Lease, initial: Callable[[RunState], None], 
         yield from crashed(inv, previous_epoch)  # committed with whatever the recovery changed
     elif inv.dirty:
         yield COMMIT
+
+
+def _record_deadline(inv: Invocation, state: RunState, now: float) -> None:
+    """Record the task's deadline as its first run starts: the earliest of ``Limits.deadline_s``
+    from now and what the caller or the parent asks (``Invocation.deadline_asked``). Recorded once:
+    a later run keeps it whatever it is asked (a reopen with ``--add-time`` moves it on)."""
+    if state.deadline is not None:
+        return
+    from_limits = (now + inv.limits.deadline_s, "limits") if inv.limits.deadline_s is not None else None
+    chosen = earliest(from_limits, inv.deadline_asked)
+    if chosen is None:
+        return
+    at, source = chosen
+    state.deadline = TaskDeadline(at, source, now)
+    inv.evidence.inferred(f"the task's deadline is {utc(at)} ({source}): recorded, kept across restarts")
 
 
 def _reopened(inv: Invocation, state: RunState) -> Steps[bool]:
@@ -409,6 +427,11 @@ def _reopened(inv: Invocation, state: RunState) -> Steps[bool]:
         worked = max(0.0, budget.worked_s - reopen.add_time_s)
         budget = replace(budget, worked_s=worked, worked_at_progress_s=min(budget.worked_at_progress_s, worked))
     state.budget = budget
+    if state.status is Status.DEADLINE_EXCEEDED and state.deadline is not None and reopen.add_time_s:
+        # The new deadline: S seconds after the later of the old one and the reopen.
+        moved = max(state.deadline.at, now) + reopen.add_time_s
+        state.deadline = TaskDeadline(moved, "reopen", now)
+        inv.evidence.inferred(f"the task's deadline moves to {utc(moved)} (reopened with {reopen.add_time_s:g} s more)")
     state.status = Status.RUNNING
     state.next_action = "run the task again: it was reopened"
     inv.evidence.inferred(f"reopen {approval.approval_id} consumed once; the run goes on")

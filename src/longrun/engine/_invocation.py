@@ -188,6 +188,9 @@ class Invocation:
         self.cancellation_checked = False
         self.cancelled_with: tuple[str, ...] = ()
         self.counts_failures = False
+        self.deadline_asked: tuple[float, str] | None = None
+        """A deadline the caller or a parent asks for (epoch seconds, ``TaskDeadline.source``), set by
+        the plan: recorded by the first run with ``Limits.deadline_s`` (the earliest wins)."""
         """Whether the plan's failures are recorded and counted (``engine._failures``); set by the plan."""
         """Other tasks whose cancellation record cancels this run too, read through the same source
         after the task's own (a child's ancestors, up to the first detached link); set by the plan."""

@@ -41,7 +41,7 @@ from ..budget import RetryPolicy
 from ..intervention import superseded_cancellation
 from ..ledger import IN_FLIGHT, EffectRecord, EffectState, recordable_result
 from ..messages import SEND_ACTION
-from ..outcome import Status
+from ..outcome import WAITING, Status
 from ..telemetry import ProgressReport
 from ._config import check_timeout, utc
 from ._invocation import Invocation, Stop
@@ -51,6 +51,8 @@ __all__ = [
     "ask",
     "call",
     "check_cancellation",
+    "check_deadline",
+    "clamp_to_deadline",
     "complete",
     "failed_for_good",
     "finish",
@@ -91,6 +93,8 @@ def stop(inv: Invocation, status: Status, next_action: str, *, wake_at: float | 
     (``raise (yield from stop(...))``). With steps in parallel, the first stop stands unless a later
     one outranks it; after one that ends or blocks the run no step starts, after one that waits,
     steps that do not depend on the waiting one go on."""
+    if status in WAITING:  # a wait ends at the deadline at the latest: the run then stops deadline-exceeded
+        wake_at = clamp_to_deadline(inv, wake_at)
     raised, recorded = inv.record_stop(status, next_action, wake_at)
     if recorded:
         yield COMMIT
@@ -171,7 +175,13 @@ def read_store(inv: Invocation, read: Callable[[Any], T]) -> Steps[T]:
 
 def check_cancellation(inv: Invocation) -> Steps[None]:
     """Read the task's cancellation record fresh (and its ancestors') and stop if it says so, or
-    cannot be trusted; stop ``retry-scheduled`` between two steps when the source asks for a pause."""
+    cannot be trusted; stop ``retry-scheduled`` between two steps when the source asks for a pause;
+    then stop ``deadline-exceeded`` if the task's deadline passed (``check_deadline``)."""
+    yield from _check_cancellation_record(inv)
+    yield from check_deadline(inv)
+
+
+def _check_cancellation_record(inv: Invocation) -> Steps[None]:
     state = inv.state
     found: CancellationRead = yield ReadCancellation(inv.cancelled_with)
     if _crashpoints.ARMED:
@@ -234,6 +244,37 @@ def check_cancellation(inv: Invocation) -> Steps[None]:
             f"nothing: the run was cancelled by {record.requested_by}: {record.reason}; no new effect will start "
             f"(to go on after all: {_reopen_command(inv)})",
         )  # fmt: skip
+    )
+
+
+def clamp_to_deadline(inv: Invocation, wake_at: float | None) -> float | None:
+    """``wake_at``, or the task's deadline if that comes first (or if ``wake_at`` is None)."""
+    deadline = inv.state.deadline
+    if deadline is None:
+        return wake_at
+    return deadline.at if wake_at is None or deadline.at < wake_at else wake_at
+
+
+def check_deadline(inv: Invocation) -> Steps[None]:
+    """Stop ``deadline-exceeded`` if the task's recorded deadline has passed (by the run's clock).
+
+    Judged before every step starts (``check_cancellation`` calls it), never while an effect is
+    in flight: an effect already started is settled (observed on recovery) before this stop."""
+    deadline = inv.state.deadline
+    if deadline is None:
+        return
+    now = inv.clock.now()
+    if now < deadline.at:
+        return
+    inv.evidence.observed("deadline", f"the task's deadline {utc(deadline.at)} ({deadline.source}) passed at {utc(now)}")
+    more = _reopen_command(inv, " --add-time S")
+    raise (
+        yield from stop(
+            inv,
+            Status.DEADLINE_EXCEEDED,
+            f"nothing: the task's deadline {utc(deadline.at)} passed; no new step will start "
+            f"(its unfinished children are cancelled; to give it S more seconds: {more})",
+        )
     )
 
 
@@ -565,12 +606,14 @@ def timer(inv: Invocation, step: Step, seconds: float) -> Steps[EffectRecord]:
         record = plan(inv, step, now).with_changes(not_before=now + seconds)
         inv.put(record)
     wake_at = record.not_before if record.not_before is not None else now
+    wake_at = clamp_to_deadline(inv, wake_at) or wake_at  # a sleep past the deadline ends at it
     if now < wake_at:
         wait_s = wake_at - now
         if wait_s > inv.limits.max_block_s:
             raise (yield from stop(inv, Status.SLEEPING, f"run again at or after {utc(wake_at)} (step {step.step_id!r} sleeps until then)", wake_at=wake_at))
         yield COMMIT  # the wake time outlives a process that stops during the wait
         yield Sleep(wait_s)
+        yield from check_deadline(inv)
         now = inv.clock.now()
     record = record.move(EffectState.STARTED, now).move(EffectState.VERIFIED, now, not_before=None)
     inv.put(record)

@@ -40,7 +40,7 @@ from ..task_events import EVENT_ACTION, event_seq
 from ._config import utc
 from ._invocation import Invocation
 from ._ops import COMMIT, RENEW_LEASE, ReadMessages, SendMessage, Sleep, Steps
-from ._steps import check_cancellation, plan, ready, start_attempt, stop, transient
+from ._steps import check_cancellation, clamp_to_deadline, plan, ready, start_attempt, stop, transient
 
 __all__ = ["RECEIVE_POLL_S", "receive", "send", "set_event"]
 
@@ -130,7 +130,7 @@ def receive(inv: Invocation, step: Step, timeout_s: float | None) -> Steps[Effec
             result = {"timed_out": True}
             inv.evidence.observed(f"recv:{step.step_id}", f"no message on topic {topic!r} before the timeout at {utc(record.not_before)}")
         else:
-            wake_at = record.not_before
+            wake_at = clamp_to_deadline(inv, record.not_before)  # a receive past the deadline ends at it
             if wake_at is not None and wake_at - now <= inv.limits.max_block_s:
                 yield COMMIT  # the timeout's end outlives a process that stops during the wait
                 yield Sleep(min(RECEIVE_POLL_S, wake_at - now))

@@ -16,12 +16,14 @@ import secrets
 import threading
 import time
 import weakref
+from datetime import datetime
 from types import MappingProxyType
 from typing import Any, Callable, Generic, Iterable, Mapping, Sequence, TypeVar, Unpack
 
 from ..canonical import JSONValue, ensure_json
 from ..clock import SystemClock
 from ..contract import RunContract, check_task_id
+from ..deadline import deadline_timestamp
 from ..engine import Engine, EngineOptions
 from ..envelope import RunState
 from ..errors import ForkRefusedError, InvalidInputError, UnknownTaskError
@@ -91,12 +93,13 @@ class DurableFunction(Generic[R]):
         kwargs: dict[str, Any],
         *,
         link: ChildLink | None = None,
+        deadline_at: float | None = None,
     ) -> tuple[Engine, FunctionPlan]:
         contract = self.contract_for(task_id)
         self.check_arguments(args, kwargs)
         arguments = ensure_json({"args": list(args), "kwargs": dict(kwargs)}, what=f"arguments of {self.name}")
         assert isinstance(arguments, dict)
-        plan = FunctionPlan(self, arguments, contract, link)
+        plan = FunctionPlan(self, arguments, contract, link, deadline_at)
         return Engine(contract, **self._options), plan
 
     def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
@@ -128,42 +131,49 @@ class DurableFunction(Generic[R]):
         """Whether the function is ``async def`` (its steps are awaited: ``AsyncRun``)."""
         return inspect.iscoroutinefunction(self.fn)
 
-    def run(self, task_id: str, *args: Any, wait: bool = False, timeout_s: float | None = None, **kwargs: Any) -> RunOutcome:
+    def run(
+        self, task_id: str, *args: Any, wait: bool = False, timeout_s: float | None = None, deadline: datetime | None = None, **kwargs: Any
+    ) -> RunOutcome:
         """Start the task with these arguments, or resume it; return why it stopped.
 
         With ``wait=True`` a wait (an approval, an answer, a message, a sleep, a child) does not
         end the call: the task is run again as soon as what it waits for may have come (see
         ``longrun.functions._waiting``), until it ends; after ``timeout_s`` (if given) the waiting
-        outcome is returned. ``wait`` and ``timeout_s`` are this method's, never the function's.
+        outcome is returned. ``deadline`` (a timezone-aware ``datetime``) is a wall-clock deadline
+        for the whole task, recorded by its first run (``longrun.deadline``; with
+        ``Limits.deadline_s`` the earlier wins; a naive datetime is refused with ``InvalidInputError``).
+        ``wait``, ``timeout_s`` and ``deadline`` are this method's, never the function's.
 
         An async function is run on an event loop of its own (``asyncio.run``); from async code,
         ``await fn.arun(...)`` instead."""
         check_wait(wait, timeout_s)
+        deadline_at = deadline_timestamp(deadline) if deadline is not None else None
         if self.is_async:
-            return run_coroutine(self.arun(task_id, *args, wait=wait, timeout_s=timeout_s, **kwargs), f"{self.name}.run")
-        engine, plan = self._plan(task_id, args, kwargs)
+            return run_coroutine(self.arun(task_id, *args, wait=wait, timeout_s=timeout_s, deadline=deadline, **kwargs), f"{self.name}.run")
+        engine, plan = self._plan(task_id, args, kwargs, deadline_at=deadline_at)
         if not wait:
             return cancelled_down(engine, engine.run(plan))
 
         def once() -> RunOutcome:
-            engine, plan = self._plan(task_id, args, kwargs)
+            engine, plan = self._plan(task_id, args, kwargs, deadline_at=deadline_at)
             return cancelled_down(engine, engine.run(plan))
 
         with self._waiting(task_id, timeout_s) as waiting:
             return waiting.run(once)
 
     async def arun(
-        self, task_id: str, *args: Any, wait: bool = False, timeout_s: float | None = None, **kwargs: Any
+        self, task_id: str, *args: Any, wait: bool = False, timeout_s: float | None = None, deadline: datetime | None = None, **kwargs: Any
     ) -> RunOutcome:
         """``run``, awaited: an async function runs on this event loop, a synchronous one in a
         worker thread (so that many tasks can run side by side). With ``wait=True`` the waiting
         happens off the event loop (its looks and pauses in worker threads)."""
         check_wait(wait, timeout_s)
+        deadline_at = deadline_timestamp(deadline) if deadline is not None else None
         if not wait:
-            return await self._arun(task_id, args, kwargs, None)
+            return await self._arun(task_id, args, kwargs, None, deadline_at)
         self._plan(task_id, args, kwargs)  # refuses bad arguments before anything waits
         with self._waiting(task_id, timeout_s) as waiting:
-            return await waiting.arun(lambda: self._arun(task_id, args, kwargs, None))
+            return await waiting.arun(lambda: self._arun(task_id, args, kwargs, None, deadline_at))
 
     def _waiting(self, task_id: str, timeout_s: float | None) -> Waiting:
         store, clock = self._store_and_clock()
@@ -177,13 +187,14 @@ class DurableFunction(Generic[R]):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         link: ChildLink | None,
+        deadline_at: float | None = None,
     ) -> RunOutcome:
-        engine, plan = self._plan(task_id, args, kwargs, link=link)
+        engine, plan = self._plan(task_id, args, kwargs, link=link, deadline_at=deadline_at)
         if not self.is_async:
             outcome = await asyncio.to_thread(engine.run, plan)
         else:
             outcome = await engine.arun(plan)
-        if outcome.status is Status.CANCELLED:  # the store's calls block: in a thread, off this loop
+        if outcome.status in (Status.CANCELLED, Status.DEADLINE_EXCEEDED):  # the store's calls block: in a thread, off this loop
             return await asyncio.to_thread(cancelled_down, engine, outcome)
         return outcome
 

@@ -134,6 +134,8 @@ def cancelled_down(engine: Engine, outcome: RunOutcome) -> RunOutcome:
     """``outcome``; if the task ended ``cancelled``, after cancelling its unfinished children through
     the store (an inference of the outcome names them). A store error propagates: the task is
     cancelled and stays so, and running it again (it returns ``cancelled`` at once) tries again."""
+    if outcome.status is Status.DEADLINE_EXCEEDED:
+        return _deadline_down(engine, outcome)
     if outcome.status is not Status.CANCELLED:
         return outcome
     config = engine.config
@@ -150,4 +152,20 @@ def cancelled_down(engine: Engine, outcome: RunOutcome) -> RunOutcome:
         return outcome
     log.info("task %s ended cancelled: its children %s are cancelled too", task_id, cancelled, extra={"task": task_id})
     note = Evidence("children", f"the run ended cancelled, so its unfinished children are cancelled too: {cancelled}", config.clock.now())
+    return dataclasses.replace(outcome, inferences=(*outcome.inferences, note))
+
+
+def _deadline_down(engine: Engine, outcome: RunOutcome) -> RunOutcome:
+    """``outcome`` of a task that ended ``deadline-exceeded``, after cancelling its unfinished, not
+    detached children (they inherit the deadline, so they stop at it too; the cancellation makes
+    sure one that is not running now never starts another step)."""
+    config = engine.config
+    task_id = config.task_id
+    now = config.clock.now()
+    cause = Cancellation(task_id, now, "longrun", "its deadline passed")
+    cancelled = cancel_children(config.store, task_id, cause)
+    if not cancelled:
+        return outcome
+    log.info("task %s ended deadline-exceeded: its children %s are cancelled", task_id, cancelled, extra={"task": task_id})
+    note = Evidence("children", f"the task's deadline passed, so its unfinished children are cancelled: {cancelled}", now)
     return dataclasses.replace(outcome, inferences=(*outcome.inferences, note))

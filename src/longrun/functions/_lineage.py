@@ -90,6 +90,9 @@ class ChildLink:
     detached: bool = False
     cancelled_with: tuple[str, ...] = ()
     """The tasks whose cancellation cancels the child: () if detached."""
+    deadline_at: float | None = None
+    """The parent's recorded deadline, which the child inherits (None if detached or it has none):
+    not recorded in the link, but as the child's own deadline (``RunState.deadline``)."""
 
     @classmethod
     def of(cls, parent: str) -> "ChildLink":

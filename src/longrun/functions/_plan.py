@@ -9,6 +9,7 @@ from typing import Any
 
 from ..canonical import JSONValue, digest_of, ensure_json
 from ..contract import INTERNAL_PREFIX, RunContract, Step
+from ..deadline import earliest
 from ..engine import Engine, Stop, procedures
 from ..envelope import RunState
 from ..errors import InvalidInputError
@@ -50,8 +51,14 @@ class FunctionPlan:
         arguments: dict[str, JSONValue],
         contract: RunContract,
         link: ChildLink | None = None,
+        deadline_at: float | None = None,
     ):
         self._function = function
+        # The deadline asked of the first run: the caller's, and a child's parent's (the earliest wins).
+        self._deadline_asked = earliest(
+            (deadline_at, "caller") if deadline_at is not None else None,
+            (link.deadline_at, "parent") if link is not None and link.deadline_at is not None else None,
+        )
         self._arguments = arguments
         self._contract = contract
         # The version is recorded, not part of the plan digest: a task goes on under new code
@@ -65,6 +72,7 @@ class FunctionPlan:
         engine.record(procedures.plan, Step(FUNCTION_STEP, FUNCTION_STEP, self._payload))
         engine.invocation.cancelled_with = cancelled_with(state)
         engine.invocation.counts_failures = True
+        engine.invocation.deadline_asked = self._deadline_asked
         state.next_action = FIRST_RUN_UNDER_WAY
 
     def first_state(self, task_id: str, now: float, store_spec: str) -> RunState:
@@ -93,6 +101,7 @@ class FunctionPlan:
     def accept(self, engine: Engine, state: RunState) -> None:
         engine.invocation.cancelled_with = cancelled_with(state)  # as recorded: a resumed child names no parent in its call
         engine.invocation.counts_failures = True
+        engine.invocation.deadline_asked = self._deadline_asked  # recorded only by the first run (a queued task's)
         if state.plan_digest == self.digest:
             return
         recorded = state.effects.get(FUNCTION_STEP)

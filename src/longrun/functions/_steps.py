@@ -147,7 +147,8 @@ class RunSteps:
         cancellation reaches the child (this task's and whose reaches this task, unless detached)."""
         state = self._engine.invocation.state
         reached = () if detached else (self.task_id, *cancelled_with(state))
-        return ChildLink(self.task_id, (self.task_id, *lineage(state)), detached, reached)
+        deadline_at = state.deadline.at if state.deadline is not None and not detached else None
+        return ChildLink(self.task_id, (self.task_id, *lineage(state)), detached, reached, deadline_at)
 
     def _child_record(
         self, inv: Invocation, task_id: str, function: ChildFunction, args: tuple[Any, ...], kwargs: dict[str, Any], detached: bool

@@ -332,7 +332,7 @@ scalar_values = operator.attrgetter(*SCALAR_KEYS)
 _EVIDENCE_LISTS = ("control_observations", "unknowns")
 LIST_KEYS = frozenset(("consumed_approvals", *_EVIDENCE_LISTS))
 _BUDGET_KEYS = tuple("budget." + field.name for field in dataclasses.fields(BudgetCounters))
-RECORD_KEYS = ("plan_outline", "progress", "effect_latency", "last_failure")
+RECORD_KEYS = ("plan_outline", "progress", "effect_latency", "last_failure", "deadline")
 """The header's optional records (each written only when the state has one, as its ``to_json``)."""
 HEADER_KEYS = frozenset((*SCALAR_KEYS, *_BUDGET_KEYS, "approval_requests", *LIST_KEYS, *RECORD_KEYS))
 _LATER_HEADER_KEYS = frozenset(("budget.worked_s", "budget.worked_at_progress_s", *RECORD_KEYS))
