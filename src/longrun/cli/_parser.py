@@ -334,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     resume.add_argument(
         "--add-time", metavar="S", type=positive_seconds, default=0.0,
-        help="with --reopen: S more seconds of work under the time limits (max_elapsed_s, max_no_progress_s)",
+        help="with --reopen: S more seconds of work under the time limits (max_elapsed_s, max_no_progress_s); for a deadline-exceeded task (where it is required) a new deadline S seconds after the later of the old one and the reopen",
     )  # fmt: skip
     add_task_filters(resume, _ENDED_STATUSES, "with --reopen, instead of TASK: reopen")
     resume.add_argument("--yes", "-y", action="store_true", help="with --reopen and a filter: do it (without, the tasks are only listed)")

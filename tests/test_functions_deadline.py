@@ -1,0 +1,301 @@
+"""A task's wall-clock deadline: recorded at its first run, kept across restarts, inherited by children.
+
+``Limits(deadline_s=...)`` or ``fn.run(..., deadline=datetime)`` bounds the whole task in wall-clock
+time; a sleep or a receive that would pass it ends at it; when it passes the task stops
+``deadline-exceeded`` (an effect already running is settled first), and its unfinished children
+are cancelled. Time is the injected ``FakeClock``'s (no test sleeps). On every store (PostgreSQL
+when ``LONGRUN_TEST_POSTGRES_DSN`` is set); the restart test SIGKILLs a real process.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import unittest
+from typing import Any
+
+from helpers import pg_support, support
+import longrun
+from longrun import InvalidInputError, JsonFileStore, Limits, PostgresStore, SqliteStore, Status, Store
+from longrun.deadline import TaskDeadline
+from longrun.envelope import RunState
+from longrun.errors import CorruptStateError, ReopenRefusedError
+from longrun.ledger import EffectState
+from longrun.outcome import ENDED_UNFINISHED, TERMINAL
+from longrun.testing import FakeClock
+
+CHILD = os.path.join(support.HELPERS, "deadline_child.py")
+
+
+class DeadlineCases(support.TempDirTest):
+    """In one process, with a fake clock; a subclass says which store."""
+
+    def make_store(self) -> Store:
+        return JsonFileStore(self.path("store"), create=True)
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.clock = FakeClock()
+        self.store = self.make_store()
+        self.calls: list[str] = []
+
+    def durable(self, **limits: Any) -> Any:
+        return longrun.durable(store=self.store, clock=self.clock, limits=Limits(**limits))
+
+    def state(self, task_id: str) -> RunState:
+        state = self.store.load(task_id).state
+        assert state is not None
+        return state
+
+    def note(self, what: str) -> str:
+        self.calls.append(what)
+        return what
+
+    def test_a_sleep_past_the_deadline_waits_until_it_then_the_task_stops_deadline_exceeded(self) -> None:
+        @self.durable(deadline_s=100.0)
+        def agent(run: longrun.Run) -> str:
+            run.sleep("nap", 500.0)
+            return str(run.call("after", self.note, "after"))
+
+        start = self.clock.now()
+        outcome = agent.run("t")
+        self.assertEqual(outcome.status, Status.SLEEPING)
+        self.assertEqual(outcome.wake_at, start + 100.0, "the wait ends at the deadline, not at the sleep's end")
+        deadline = self.state("t").deadline
+        self.assertEqual(deadline, TaskDeadline(start + 100.0, "limits", start))
+        self.clock.advance(100.0)
+        outcome = agent.run("t")
+        self.assertEqual(outcome.status, Status.DEADLINE_EXCEEDED)
+        self.assertIn("--add-time S", outcome.next_action)
+        self.assertEqual(self.calls, [], "nothing after the sleep ran")
+        state = self.state("t")
+        self.assertEqual(state.status, Status.DEADLINE_EXCEEDED)
+        self.assertNotEqual(state.effects["nap"].state, EffectState.VERIFIED, "the sleep did not end as if it had been slept")
+        self.assertEqual(agent.run("t").status, Status.DEADLINE_EXCEEDED, "final: running it again changes nothing")
+        self.assertEqual(self.calls, [])
+
+    def test_a_short_sleep_waited_in_the_process_ends_at_the_deadline(self) -> None:
+        @self.durable(deadline_s=30.0, max_block_s=1000.0)
+        def agent(run: longrun.Run) -> str:
+            run.sleep("nap", 500.0)
+            return str(run.call("after", self.note, "after"))
+
+        start = self.clock.now()
+        outcome = agent.run("t")
+        self.assertEqual(outcome.status, Status.DEADLINE_EXCEEDED)
+        self.assertEqual(self.clock.sleeps, [30.0], "slept to the deadline, not the 500 s asked")
+        self.assertEqual(self.clock.now(), start + 30.0)
+        self.assertEqual(self.calls, [])
+
+    def test_a_receive_with_a_timeout_past_the_deadline_ends_at_it(self) -> None:
+        @self.durable(deadline_s=500.0)
+        def agent(run: longrun.Run) -> Any:
+            return run.recv("orders", timeout_s=3600.0)
+
+        start = self.clock.now()
+        outcome = agent.run("t")
+        self.assertEqual(outcome.status, Status.AWAITING_INPUT)
+        self.assertEqual(outcome.wake_at, start + 500.0)
+        self.clock.advance(500.0)
+        self.assertEqual(agent.run("t").status, Status.DEADLINE_EXCEEDED)
+
+    def test_a_question_waits_until_the_deadline_at_most(self) -> None:
+        @self.durable(deadline_s=70.0)
+        def agent(run: longrun.Run) -> Any:
+            return run.ask("ok", "go on?")
+
+        start = self.clock.now()
+        outcome = agent.run("t")
+        self.assertEqual((outcome.status, outcome.wake_at), (Status.AWAITING_INPUT, start + 70.0))
+        self.clock.advance(70.0)
+        self.assertEqual(agent.run("t").status, Status.DEADLINE_EXCEEDED)
+
+    def test_the_deadline_reached_between_effects_settles_the_effect_in_flight_and_starts_no_other(self) -> None:
+        def slow(what: str) -> str:
+            self.clock.advance(120.0)  # the deadline passes while this effect runs
+            return self.note(what)
+
+        @self.durable(deadline_s=100.0)
+        def agent(run: longrun.Run) -> str:
+            run.call("first", self.note, "first")
+            run.call("slow", slow, "slow")
+            return str(run.call("third", self.note, "third"))
+
+        outcome = agent.run("t")
+        self.assertEqual(outcome.status, Status.DEADLINE_EXCEEDED)
+        self.assertEqual(self.calls, ["first", "slow"])
+        state = self.state("t")
+        self.assertEqual(state.effects["slow"].state, EffectState.VERIFIED, "the effect in flight was settled, not abandoned")
+        self.assertEqual(state.effects["slow"].result, "slow")
+        self.assertNotIn("third", state.effects)
+
+    def test_a_callers_deadline_is_recorded_and_the_earlier_of_it_and_the_limits_wins(self) -> None:
+        @self.durable(deadline_s=1000.0)
+        def agent(run: longrun.Run) -> str:
+            run.sleep("nap", 5000.0)
+            return "done"
+
+        start = self.clock.now()
+        when = dt.datetime.fromtimestamp(start + 400.0, tz=dt.timezone.utc)
+        self.assertEqual(agent.run("t", deadline=when).wake_at, start + 400.0)
+        self.assertEqual(self.state("t").deadline, TaskDeadline(start + 400.0, "caller", start))
+        later = dt.datetime.fromtimestamp(start + 5000.0, tz=dt.timezone.utc)
+        self.assertEqual(agent.run("u", deadline=later).wake_at, start + 1000.0, "the limits' is earlier")
+        self.assertEqual(self.state("u").deadline, TaskDeadline(start + 1000.0, "limits", start))
+        # Recorded once: a later run that asks for another deadline keeps the recorded one.
+        self.clock.advance(10.0)
+        agent.run("t", deadline=later)
+        self.assertEqual(self.state("t").deadline, TaskDeadline(start + 400.0, "caller", start))
+
+    def test_a_child_inherits_the_parents_deadline_and_a_later_one_of_its_own_is_clamped(self) -> None:
+        @self.durable(deadline_s=5000.0)
+        def late(run: longrun.Run) -> str:
+            run.sleep("nap", 10_000.0)
+            return "late"
+
+        @self.durable(deadline_s=1000.0)
+        def parent(run: longrun.Run) -> Any:
+            return run.child("late-child", late)
+
+        start = self.clock.now()
+        outcome = parent.run("p")
+        self.assertEqual(outcome.status, Status.WAITING_ON_CHILD)
+        self.assertEqual(self.state("late-child").deadline, TaskDeadline(start + 1000.0, "parent", start), "clamped to the parent's")
+        self.assertEqual(outcome.wake_at, start + 1000.0)
+        self.assertEqual(self.state("late-child").status, Status.SLEEPING)
+        self.clock.advance(1000.0)
+        self.assertEqual(late.run("late-child").status, Status.DEADLINE_EXCEEDED, "the child stops at the inherited deadline")
+
+    def _exists(self, task_id: str) -> bool:
+        try:
+            self.store.load(task_id)
+        except longrun.UnknownTaskError:
+            return False
+        return True
+
+    def test_a_childs_own_earlier_deadline_stands(self) -> None:
+        @self.durable(deadline_s=200.0)
+        def early(run: longrun.Run) -> str:
+            run.sleep("nap", 10_000.0)
+            return "early"
+
+        @self.durable(deadline_s=1000.0)
+        def parent(run: longrun.Run) -> Any:
+            return run.child("early-child", early)
+
+        start = self.clock.now()
+        self.assertEqual(parent.run("p").status, Status.WAITING_ON_CHILD)
+        self.assertEqual(self.state("early-child").deadline, TaskDeadline(start + 200.0, "limits", start))
+
+    def test_a_child_still_running_is_cancelled_when_the_parents_deadline_passes(self) -> None:
+        @self.durable()
+        def worker(run: longrun.Run) -> str:
+            run.sleep("nap", 10_000.0)
+            return str(run.call("after", self.note, "child after"))
+
+        @self.durable(deadline_s=100.0)
+        def parent(run: longrun.Run) -> Any:
+            return run.child("kid", worker)
+
+        outcome = parent.run("p")
+        self.assertEqual(outcome.status, Status.WAITING_ON_CHILD)
+        self.assertEqual(self.state("kid").status, Status.SLEEPING)
+        self.clock.advance(100.0)
+        outcome = parent.run("p")
+        self.assertEqual(outcome.status, Status.DEADLINE_EXCEEDED)
+        self.assertTrue(any("children are cancelled" in item.detail and "kid" in item.detail for item in outcome.inferences))
+        self.assertIsNotNone(self.store.read_cancellation("kid"), "the child's cancellation is written")
+        self.clock.advance(20_000.0)
+        self.assertIn(worker.run("kid").status, (Status.CANCELLED, Status.DEADLINE_EXCEEDED))
+        self.assertEqual(self.calls, [], "the child started nothing after its parent's deadline")
+
+    def test_bad_deadlines_are_refused_with_a_typed_error_and_record_nothing(self) -> None:
+        with self.assertRaises(InvalidInputError):
+            Limits(deadline_s=-1.0)
+        with self.assertRaises(InvalidInputError):
+            Limits(deadline_s=float("nan"))
+
+        @self.durable()
+        def agent(run: longrun.Run) -> str:
+            return "done"
+
+        with self.assertRaisesRegex(InvalidInputError, "no time zone"):
+            agent.run("t", deadline=dt.datetime(2030, 1, 1))
+        with self.assertRaises(InvalidInputError):
+            agent.run("t", deadline="tomorrow")
+        self.assertFalse(self._exists("t"), "nothing was recorded")
+
+    def test_reopen_needs_more_time_and_moves_the_deadline_on_by_it(self) -> None:
+        @self.durable(deadline_s=100.0)
+        def agent(run: longrun.Run) -> str:
+            run.sleep("nap", 300.0)
+            return str(run.call("after", self.note, "after"))
+
+        start = self.clock.now()
+        self.assertEqual(agent.run("t").status, Status.SLEEPING)
+        self.clock.advance(150.0)
+        self.assertEqual(agent.run("t").status, Status.DEADLINE_EXCEEDED)
+        with self.assertRaisesRegex(ReopenRefusedError, "needs a new deadline"):
+            agent.reopen("t", "more time", by="ops")
+        self.assertEqual(self.state("t").status, Status.DEADLINE_EXCEEDED, "nothing was written")
+        outcome = agent.reopen("t", "more time", by="ops", add_time_s=500.0)
+        state = self.state("t")
+        assert state.deadline is not None
+        self.assertEqual((state.deadline.at, state.deadline.source), (start + 150.0 + 500.0, "reopen"), "after the later of the old one and the reopen")
+        self.assertEqual((outcome.status, outcome.wake_at), (Status.SLEEPING, start + 300.0))
+        self.clock.advance(150.0)
+        outcome = agent.run("t")
+        self.assertEqual((outcome.status, outcome.result), (Status.DONE, "after"))
+        self.assertEqual(self.calls, ["after"])
+
+    def test_the_status_is_terminal_and_reopenable_and_old_states_load(self) -> None:
+        self.assertIn(Status.DEADLINE_EXCEEDED, TERMINAL)
+        self.assertIn(Status.DEADLINE_EXCEEDED, ENDED_UNFINISHED)
+
+        @self.durable()
+        def agent(run: longrun.Run) -> str:
+            return "done"
+
+        agent.run("t")
+        state = self.state("t")
+        self.assertIsNone(state.deadline)
+        self.assertNotIn("deadline", state.to_json(), "a state without one encodes as before")
+        for bad in ({"at": "soon", "source": "limits", "recorded_at": 1.0}, {"at": 1.0, "source": "whim", "recorded_at": 1.0}, {"at": 1.0}):
+            with self.assertRaises(CorruptStateError, msg=bad):
+                TaskDeadline.from_json(bad)
+        with self.assertRaises(InvalidInputError):
+            TaskDeadline(1.0, "whim", 1.0)
+
+
+class JsonFileDeadlineTests(DeadlineCases):
+    pass
+
+
+class SqliteDeadlineTests(DeadlineCases):
+    def make_store(self) -> Store:
+        store = SqliteStore(self.path("longrun.sqlite"), create=True)
+        self.addCleanup(store.close)
+        return store
+
+
+class PostgresDeadlineTests(DeadlineCases):
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        pg_support.check()
+
+    def make_store(self) -> Store:
+        schema = pg_support.Schema()
+        self.addCleanup(schema.drop)
+        store = PostgresStore(schema.factory())
+        self.addCleanup(store.close)
+        return store
+
+
+del DeadlineCases  # only its subclasses run
+
+if __name__ == "__main__":
+    unittest.main()
