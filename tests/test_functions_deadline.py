@@ -295,7 +295,74 @@ class PostgresDeadlineTests(DeadlineCases):
         return store
 
 
-del DeadlineCases  # only its subclasses run
+class RestartCases(support.TempDirTest):
+    """Each run in a process of its own (tests/helpers/deadline_child.py), the first SIGKILLed in a step."""
+
+    def spec(self) -> str:
+        return self.path("store")
+
+    def open(self) -> Store:
+        from longrun.stores import open_store
+
+        store = open_store(self.spec())
+        self.addCleanup(lambda: getattr(store, "close", lambda: None)())
+        return store
+
+    def run_child(self, later: float, deadline_s: float) -> tuple[int, Any]:
+        process = subprocess.run(
+            [sys.executable, CHILD, self.spec(), "t", str(later), str(deadline_s), self.path("calls")],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        if process.returncode not in (0, -9):
+            self.fail(f"the child exited {process.returncode}: {process.stderr}")
+        return process.returncode, json.loads(process.stdout) if process.stdout.strip() else None
+
+    def test_the_deadline_recorded_by_a_run_killed_in_a_step_is_kept_by_the_restart(self) -> None:
+        code, _ = self.run_child(0.0, 1000.0)
+        self.assertEqual(code, -9, "killed inside step 'work'")
+        state = self.open().load("t").state
+        assert state is not None and state.deadline is not None
+        recorded = state.deadline
+        self.assertEqual(recorded.source, "limits")
+        # The restart (its clock 100 s on, its code asking for 5000 s) keeps the recorded deadline.
+        code, outcome = self.run_child(100.0, 5000.0)
+        self.assertEqual((code, outcome), (0, {"status": "sleeping", "wake_at": recorded.at}))
+        state = self.open().load("t").state
+        assert state is not None
+        self.assertEqual(state.deadline, recorded)
+        self.assertEqual(state.effects["work"].state, EffectState.VERIFIED)
+        code, outcome = self.run_child(2000.0, 5000.0)
+        self.assertEqual((code, outcome), (0, {"status": "deadline-exceeded", "wake_at": None}))
+        with open(self.path("calls"), encoding="ascii") as handle:
+            self.assertEqual(handle.read().count("work"), 2, "the killed attempt and the one that returned")
+
+
+class JsonFileRestartTests(RestartCases):
+    pass
+
+
+class SqliteRestartTests(RestartCases):
+    def spec(self) -> str:
+        return "sqlite:" + self.path("longrun.sqlite")
+
+
+class PostgresRestartTests(RestartCases):
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        pg_support.check()
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.schema = pg_support.Schema()
+        self.addCleanup(self.schema.drop)
+
+    def spec(self) -> str:
+        separator = "&" if "?" in self.schema.url else "?"
+        return f"{self.schema.url}{separator}options=-csearch_path%3D{self.schema.name}"
+
+
+del DeadlineCases, RestartCases  # only their subclasses run
 
 if __name__ == "__main__":
     unittest.main()
