@@ -26,7 +26,6 @@ from ..errors import PermanentError, StateUnrecoverableError, TransientError, Un
 from ..lease import Lease
 from ..intervention import APPLIED, REOPENABLE, find_reopen, find_resolution, superseded_cancellation
 from ..ledger import IN_FLIGHT, EffectRecord, EffectState, check_receipt, raised_into_function
-from ..ledger import IN_FLIGHT, EffectRecord, EffectState, check_receipt
 from ..events import record_fields
 from ..outcome import TERMINAL, Evidence, Status
 from ..protocols import AnyEffectAdapter, LoadResult
