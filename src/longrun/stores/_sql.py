@@ -35,7 +35,7 @@ from ..messages import Message, decode_message, encode_message
 from ..outcome import Evidence
 from ..protocols import LoadResult
 from ..summary import MAX_ERROR_CHARS, NEW, SUMMARY_STATUSES, UNREADABLE, SummaryQuery, TaskSummary, glob_prefix, glob_regex, summarize
-from .blobs import BlobCodec, BlobFetcher, BlobRef, large_values, resolve_record_json, stored_record_json
+from .blobs import Blob, BlobCodec, BlobFetcher, BlobRef, large_values, resolve_record_json, stored_record_json
 from ._sql_schema import SCHEMA_VERSION, column_text, quarantine_text, row_checksum, utf8_bytes
 from ._sql_connection import SqlConnection
 from .base import BaseStore, Witness
@@ -55,6 +55,28 @@ class _Damage:
     reason: str
     key: tuple[str, ...]
     data: str | None
+
+
+@dataclasses.dataclass
+class _StateWrite:
+    """A commit's rows, encoded and checked (``SqlStore._state_write``), not yet written."""
+
+    state: RunState
+    header: str
+    header_checksum: str
+    rows: list[tuple[str, int, str, str]]
+    """The effect rows to write: step id, position, record (JSON text), checksum."""
+    deleted: list[str] | None
+    """The step ids whose rows go; None: every row not in ``state.effects`` (the stored ones are not known)."""
+    blobs: list[Blob]
+    summary: TaskSummary
+    outline_changed: bool
+    outline_body: str | None
+    """The outline row to write (None: keep it, or delete it if ``outline_changed``)."""
+    outline_checksum: str | None
+    now_stored: dict[str, int]
+    full: bool
+    """Every record is written (what changed was not known)."""
 
 
 class SqlStore(BaseStore):
@@ -399,34 +421,55 @@ class SqlStore(BaseStore):
         return moved
 
     def _put_state(self, state: RunState, changed: Collection[str] | None) -> None:
+        write = self._state_write(state, changed)
+        self._write_state_rows(write)
+        self._state_written(write)
+
+    def _state_write(self, state: RunState, changed: Collection[str] | None) -> _StateWrite:
+        """Everything a commit writes, encoded and checked before the first statement (a refusal
+        writes nothing): the header, the effect rows that changed, the rows to delete, the new
+        blobs, the summary and the outline row. Reads nothing from the database."""
         task_id = state.task_id
         header = encode(dataclasses.replace(state, effects={}, plan_outline=None))
         check_loadable(header, f"task {task_id!r}: the state header")
         stored = self._stored_steps.get(task_id)
         delta = None if stored is None or changed is None else self._effect_delta(stored, state.effects, changed)
+        deleted: list[str] | None
         if delta is None:
             # Not known what changed (or a record was removed, or added out of plan order): write
             # every record, in plan order, and delete the rows of records that are gone. O(n).
-            known = set(stored) if stored is not None else None
+            deleted = sorted(set(stored) - state.effects.keys()) if stored is not None else None
             to_write = [(step_id, position) for position, step_id in enumerate(state.effects)]
             now_stored: dict[str, int] = {}
         else:
             assert stored is not None
-            known, to_write, now_stored = None, delta, stored
-        bodies: dict[str, bytes] = {}
+            deleted, to_write, now_stored = [], delta, stored
         codec = self._blobs.setdefault(task_id, BlobCodec())
         referenced: list[BlobRef] = []
-        for step_id, _ in to_write:  # encoded and measured before the first statement: a refusal writes nothing
+        rows: list[tuple[str, int, str, str]] = []
+        for step_id, position in to_write:
             record_json = stored_record_json(state.effects[step_id], codec, referenced)  # a large value as a reference
             body = canonical_bytes({"task_id": task_id, "record": record_json}, what=f"effect record {step_id!r}")
             check_loadable(body, f"task {task_id!r}: the effect record of step {step_id!r}")
-            bodies[step_id] = body
+            rows.append((step_id, position, body.decode("utf-8"), row_checksum(body)))
         outline = state.plan_outline
         outline_body = None  # the outline row is written only when the outline is not the one stored
         outline_changed = task_id not in self._stored_outlines or self._stored_outlines[task_id] is not outline
         if outline_changed and outline is not None:
             outline_body = canonical_bytes({"task_id": task_id, "plan_outline": outline.to_json()})
             check_loadable(outline_body, f"task {task_id!r}: the plan outline")
+        return _StateWrite(
+            state=state, header=header.decode("utf-8"), header_checksum=row_checksum(header), rows=rows, deleted=deleted,
+            blobs=codec.to_write(referenced), summary=summarize(state), outline_changed=outline_changed,
+            outline_body=None if outline_body is None else outline_body.decode("utf-8"),
+            outline_checksum=None if outline_body is None else row_checksum(outline_body),
+            now_stored=now_stored, full=delta is None,
+        )  # fmt: skip
+
+    def _write_state_rows(self, write: _StateWrite) -> None:
+        """The statements of a commit, in the open transaction (whose task row is locked)."""
+        state = write.state
+        task_id = state.task_id
         # The database checks the fence and the revision itself, in this transaction.
         cursor = self._db.run(
             "UPDATE longrun_tasks SET revision_floor = ? WHERE task_id = ? AND revision_floor < ? "
@@ -451,48 +494,51 @@ class SqlStore(BaseStore):
             "updated_at = excluded.updated_at",
             (
                 task_id, state.revision, state.lease_epoch, state.plan_digest, state.status.value, state.next_action,
-                len(state.effects), header.decode("utf-8"), row_checksum(header), state.updated_at,
+                len(state.effects), write.header, write.header_checksum, state.updated_at,
             ),
         )
-        if delta is None:
-            if known is None:
-                known = {row[0] for row in self._db.rows("SELECT step_id FROM longrun_effects WHERE task_id = ?", (task_id,))}
-            for step_id in sorted(known - state.effects.keys()):
-                self._db.run("DELETE FROM longrun_effects WHERE task_id = ? AND step_id = ?", (task_id, step_id))
-        new_blobs = codec.to_write(referenced)
-        if new_blobs:  # in this transaction, before the rows that reference them; a stored one is kept as it is
+        deleted = write.deleted
+        if deleted is None:
+            known = {row[0] for row in self._db.rows("SELECT step_id FROM longrun_effects WHERE task_id = ?", (task_id,))}
+            deleted = sorted(known - state.effects.keys())
+        for step_id in deleted:
+            self._db.run("DELETE FROM longrun_effects WHERE task_id = ? AND step_id = ?", (task_id, step_id))
+        if write.blobs:  # in this transaction, before the rows that reference them; a stored one is kept as it is
             self._db.run_many(
                 "INSERT INTO longrun_blobs (task_id, digest, data) VALUES (?, ?, ?) ON CONFLICT (task_id, digest) DO NOTHING",
-                [(task_id, blob.ref.sha256, blob.data) for blob in new_blobs],
+                [(task_id, blob.ref.sha256, blob.data) for blob in write.blobs],
             )
-        if to_write:
-            rows = []
-            for step_id, position in to_write:
-                body = bodies[step_id]
-                rows.append((task_id, step_id, position, state.revision, body.decode("utf-8"), row_checksum(body)))
+        if write.rows:
             self._db.run_many(
                 "INSERT INTO longrun_effects (task_id, step_id, position, revision, record, checksum) "
                 "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (task_id, step_id) DO UPDATE SET position = excluded.position, "
                 "revision = excluded.revision, record = excluded.record, checksum = excluded.checksum",
-                rows,
+                [(task_id, step_id, position, state.revision, body, checksum) for step_id, position, body, checksum in write.rows],
             )
-        self._put_summary(summarize(state))
-        if outline_body is not None:
+        self._put_summary(write.summary)
+        if write.outline_body is not None:
             self._db.run(
                 "INSERT INTO longrun_plans (task_id, revision, body, checksum) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (task_id) DO UPDATE SET revision = excluded.revision, body = excluded.body, "
                 "checksum = excluded.checksum",
-                (task_id, state.revision, outline_body.decode("utf-8"), row_checksum(outline_body)),
+                (task_id, state.revision, write.outline_body, write.outline_checksum),
             )
-        elif outline_changed:
+        elif write.outline_changed:
             self._db.run("DELETE FROM longrun_plans WHERE task_id = ?", (task_id,))
-        # Known only once this transaction commits; if the commit fails, BaseStore poisons the task
-        # and the repairing load it then requires resets this.
-        now_stored.update(to_write)
+
+    def _state_written(self, write: _StateWrite) -> None:
+        """What this object knows is stored once ``write`` is in the database. Known only once its
+        transaction commits; if the commit fails, ``BaseStore`` poisons the task and the repairing
+        load it then requires resets this."""
+        state = write.state
+        task_id = state.task_id
+        now_stored = write.now_stored
+        now_stored.update((step_id, position) for step_id, position, _, _ in write.rows)
         self._stored_steps[task_id] = now_stored
-        self._stored_outlines[task_id] = outline
-        codec.written(new_blobs)
-        if delta is None or codec.remembered > 2 * len(state.effects) + 16:
+        self._stored_outlines[task_id] = state.plan_outline
+        codec = self._blobs.setdefault(task_id, BlobCodec())
+        codec.written(write.blobs)
+        if write.full or codec.remembered > 2 * len(state.effects) + 16:
             codec.keep_only(large_values(state.effects.values()))
 
     @staticmethod
