@@ -19,6 +19,7 @@ from unittest import mock
 from helpers import pg_support
 from helpers import support
 from longrun import (
+    CorruptStateError,
     FencedError,
     InvalidInputError,
     LeaseHeldError,
@@ -115,9 +116,121 @@ class CommitCostTests(PostgresCase):
         with mock.patch.object(self.store._db, "run", counting):
             self.store.commit(lease, state, {"step-321"})
         self.assertLess(ledger.read, 10, "records of the ledger read by one commit that changed one")
-        self.assertEqual(len([s for s in statements if s.startswith("INSERT INTO longrun_effects")]), 1, statements)
-        self.assertLess(len(statements), 12, statements)
+        self.assertEqual(len(statements), 1, statements)
+        self.assertTrue(statements[0].startswith("SELECT longrun_commit("), statements)
         self.assertEqual(self.open().load("t").state.to_json(), state.to_json())  # type: ignore[union-attr]
+
+
+class _Counting:
+    """A DB-API connection that counts what reaches the server: statements, COMMITs, ROLLBACKs."""
+
+    def __init__(self, connection: Any, counts: dict[str, int]) -> None:
+        self._connection, self._counts = connection, counts
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._connection, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._connection, name, value)
+
+    def commit(self) -> None:
+        self._counts["commit"] += 1
+        self._connection.commit()
+
+    def rollback(self) -> None:
+        self._counts["rollback"] += 1
+        self._connection.rollback()
+
+    def cursor(self) -> Any:
+        cursor, counts = self._connection.cursor(), self._counts
+
+        class Cursor:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(cursor, name)
+
+            def execute(self, statement: str, params: Any = ()) -> Any:
+                counts["execute"] += 1
+                # Outside autocommit the driver sends a BEGIN first (or has one open to COMMIT later).
+                counts["in transaction"] += not autocommit()
+                return cursor.execute(statement, params)
+
+        def autocommit() -> bool:
+            return bool(self._connection.autocommit)
+
+        return Cursor()
+
+
+class OneRoundTripTests(PostgresCase):
+    """A commit is one call to the server: one statement, no BEGIN, no COMMIT, fenced by the database in that call."""
+
+    def counted(self) -> tuple[PostgresStore, dict[str, int]]:
+        counts = {"execute": 0, "commit": 0, "rollback": 0, "in transaction": 0}
+        factory = self.schema.factory()
+        return self.open_with(lambda: _Counting(factory(), counts)), counts
+
+    def open_with(self, factory: Any) -> PostgresStore:
+        store = PostgresStore(factory)
+        self.addCleanup(store.close)
+        return store
+
+    def test_a_commit_is_one_statement_and_no_commit(self) -> None:
+        store, counts = self.counted()
+        lease = store.acquire_lease("t", "me", 30.0, time.time())
+        store.load("t", lease=lease)
+        state = sample_state("t", effects=20)
+        store.commit(lease, state, set(state.effects))
+        for number, key in enumerate(list(state.effects)[:3]):
+            state.effects[key] = dataclasses.replace(state.effects[key], evidence=f"changed {number}")
+            counts.update({name: 0 for name in counts})
+            store.commit(lease, state, {key})
+            self.assertEqual(counts, {"execute": 1, "commit": 0, "rollback": 0, "in transaction": 0}, f"commit {number}")
+        self.assertEqual(self.open().load("t").state.to_json(), state.to_json())  # type: ignore[union-attr]
+        rows = self.schema.execute("SELECT status, revision FROM longrun_summaries WHERE task_id = 't'")
+        self.assertEqual(rows, [(state.status.value, state.revision)], "the summary row, written by the same call")
+
+    def test_the_call_itself_refuses_a_stale_epoch_and_a_wrong_token_and_writes_nothing(self) -> None:
+        from longrun.stores.postgres import _COMMIT_CALL
+
+        lease, state = self.committed()
+        state.next_action = "a write the database must refuse"
+        before = self.schema.execute("SELECT revision, header FROM longrun_states")
+        write = self.store._state_write(dataclasses.replace(state, revision=state.revision + 1), None)
+        for name, fence in (
+            ("a stale epoch", dataclasses.replace(lease, epoch=lease.epoch - 1)),
+            ("a newer epoch", dataclasses.replace(lease, epoch=lease.epoch + 1)),
+            ("another token", dataclasses.replace(lease, token="f" * 32)),
+        ):
+            with self.subTest(name):
+                row = self.store._db.single(_COMMIT_CALL, self.store._commit_params(write, fence), what="test")
+                self.assertEqual(row[0], 1)
+                self.assertEqual(self.schema.execute("SELECT revision, header FROM longrun_states"), before)
+        row = self.store._db.single(_COMMIT_CALL, self.store._commit_params(write, lease), what="test")
+        self.assertEqual(row[0], 0)
+        self.assertEqual(self.schema.execute("SELECT revision FROM longrun_states"), [(state.revision + 1,)])
+
+    def test_a_lease_taken_over_makes_the_old_holders_commit_a_fenced_error_that_writes_nothing(self) -> None:
+        stale, state = self.committed()
+        self.schema.execute("UPDATE longrun_leases SET expires_at = 0")  # expired by the server's clock
+        taken = self.open().acquire_lease("t", "other", 30.0, time.time())
+        before = self.schema.execute("SELECT revision, header, epoch FROM longrun_states")
+        with self.assertRaises(FencedError) as caught:
+            self.store.commit(stale, state)
+        self.assertEqual((caught.exception.current_epoch, caught.exception.write_epoch), (taken.epoch, stale.epoch))
+        self.assertEqual(self.schema.execute("SELECT revision, header, epoch FROM longrun_states"), before)
+
+    def test_a_damaged_lease_row_is_reported_as_before(self) -> None:
+        lease, state = self.committed()
+        self.schema.execute("UPDATE longrun_leases SET expires_at = 'NaN'")
+        with self.assertRaises(CorruptStateError):
+            self.store.commit(lease, state)
+        self.assertEqual(self.schema.execute("SELECT revision FROM longrun_states"), [(1,)])
+
+
+class Pg8000OneRoundTripTests(OneRoundTripTests):
+    driver = "pg8000"
 
 
 class DatabaseFenceTests(PostgresCase):
@@ -145,23 +258,26 @@ class DatabaseFenceTests(PostgresCase):
         self.assertEqual(self.store.read_lease("t").epoch, epoch)
 
     def test_a_commit_that_fails_at_commit_time_poisons_the_task(self) -> None:
-        lease, state = self.committed()
-        before = self.schema.execute("SELECT revision FROM longrun_states")
-        real = self.store._finish
+        for when in ("before the call reached the server", "after it committed"):
+            with self.subTest(when):
+                lease, state = self.committed(task := f"t{len(when)}")
+                before = self.schema.execute("SELECT revision FROM longrun_states WHERE task_id = %s", (task,))
+                real = self.store._db.one
 
-        def failing(*, commit: bool) -> None:
-            if commit:
-                raise OSError("the connection dropped during COMMIT")
-            real(commit=commit)
+                def failing(statement: str, params: Any = ()) -> Any:
+                    if when.startswith("after"):
+                        real(statement, params)
+                    raise OSError("the connection dropped")
 
-        with mock.patch.object(self.store, "_finish", failing), self.assertRaises(StorageError):
-            self.store.commit(lease, state)
-        self.assertEqual(state.revision, 1)
-        with self.assertRaises(StorageError):
-            self.store.commit(lease, state)  # the outcome of that COMMIT is unknown: load first
-        self.assertEqual(self.schema.execute("SELECT revision FROM longrun_states"), before)
-        self.store.load("t", lease=lease)
-        self.assertEqual(self.store.commit(lease, state), 2)
+                with mock.patch.object(self.store._db, "one", failing), self.assertRaises(StorageError):
+                    self.store.commit(lease, state)
+                self.assertEqual(state.revision, 1)
+                with self.assertRaises(StorageError):
+                    self.store.commit(lease, state)  # the outcome of that call is unknown: load first
+                stored = self.schema.execute("SELECT revision FROM longrun_states WHERE task_id = %s", (task,))
+                self.assertEqual(stored, before if when.startswith("before") else [(2,)])
+                self.store.load(task, lease=lease)
+                self.assertEqual(self.store.commit(lease, state), stored[0][0] + 1)
 
 
 class SessionTests(PostgresCase):
@@ -257,12 +373,37 @@ class SchemaTests(PostgresCase):
         expected = self.store.list_summaries()
         self.store.close()
         self.schema.execute("DROP TABLE longrun_summaries")
-        self.schema.execute("DELETE FROM longrun_schema WHERE version = 7")
+        self.schema.execute("DROP FUNCTION longrun_commit")
+        self.schema.execute("DELETE FROM longrun_schema WHERE version >= 7")
         with self.assertLogs("longrun", "INFO") as logs:
             migrated = self.open().list_summaries()
         self.assertTrue(any("schema migrated to version 7" in line for line in logs.output), logs.output)
         self.assertEqual([summary.task_id for summary in migrated], ["b", "a", "c"])
         self.assertEqual(migrated, expected)
+
+    def test_a_version_7_database_gets_the_commit_function_on_open_and_commits_in_one_call(self) -> None:
+        lease, state = self.committed()
+        self.store.close()
+        self.schema.execute("DROP FUNCTION longrun_commit")
+        self.schema.execute("DELETE FROM longrun_schema WHERE version = 8")
+        store = self.open()
+        with self.assertLogs("longrun", "INFO") as logs:
+            self.assertEqual(store.load("t", lease=lease).state.to_json(), state.to_json())  # type: ignore[union-attr]
+        self.assertTrue(any("schema migrated to version 8" in line for line in logs.output), logs.output)
+        self.assertEqual(self.schema.execute("SELECT MAX(version) FROM longrun_schema"), [(8,)])
+        self.assertEqual(self.schema.execute("SELECT to_regproc('longrun_commit') IS NOT NULL"), [(True,)])
+        statements: list[str] = []
+        real = store._db.run
+
+        def counting(statement: str, params: Any = ()) -> Any:
+            statements.append(statement)
+            return real(statement, params)
+
+        state.next_action = "committed after the migration"
+        with mock.patch.object(store._db, "run", counting):
+            self.assertEqual(store.commit(lease, state), 2)
+        self.assertEqual(len(statements), 1, statements)
+        self.assertEqual(self.open().load("t").state.next_action, "committed after the migration")  # type: ignore[union-attr]
 
     def test_a_schema_without_longruns_tables_is_refused_without_create_and_nothing_is_created(self) -> None:
         fresh = pg_support.Schema(self.driver, prefix="lr_bare")

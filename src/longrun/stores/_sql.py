@@ -58,7 +58,7 @@ class _Damage:
 
 
 @dataclasses.dataclass
-class _StateWrite:
+class StateWrite:
     """A commit's rows, encoded and checked (``SqlStore._state_write``), not yet written."""
 
     state: RunState
@@ -136,6 +136,10 @@ class SqlStore(BaseStore):
     def _match_sql(self) -> str:
         """A condition true when ``task_id`` matches the regular expression given as its parameter."""
         raise NotImplementedError
+
+    def _routines(self) -> list[str]:
+        """The DDL of the database's server-side routines (schema version 8); none by default."""
+        return []
 
     # -- the connection -----------------------------------------------------------------------
 
@@ -425,7 +429,7 @@ class SqlStore(BaseStore):
         self._write_state_rows(write)
         self._state_written(write)
 
-    def _state_write(self, state: RunState, changed: Collection[str] | None) -> _StateWrite:
+    def _state_write(self, state: RunState, changed: Collection[str] | None) -> StateWrite:
         """Everything a commit writes, encoded and checked before the first statement (a refusal
         writes nothing): the header, the effect rows that changed, the rows to delete, the new
         blobs, the summary and the outline row. Reads nothing from the database."""
@@ -458,7 +462,7 @@ class SqlStore(BaseStore):
         if outline_changed and outline is not None:
             outline_body = canonical_bytes({"task_id": task_id, "plan_outline": outline.to_json()})
             check_loadable(outline_body, f"task {task_id!r}: the plan outline")
-        return _StateWrite(
+        return StateWrite(
             state=state, header=header.decode("utf-8"), header_checksum=row_checksum(header), rows=rows, deleted=deleted,
             blobs=codec.to_write(referenced), summary=summarize(state), outline_changed=outline_changed,
             outline_body=None if outline_body is None else outline_body.decode("utf-8"),
@@ -466,7 +470,7 @@ class SqlStore(BaseStore):
             now_stored=now_stored, full=delta is None,
         )  # fmt: skip
 
-    def _write_state_rows(self, write: _StateWrite) -> None:
+    def _write_state_rows(self, write: StateWrite) -> None:
         """The statements of a commit, in the open transaction (whose task row is locked)."""
         state = write.state
         task_id = state.task_id
@@ -526,7 +530,7 @@ class SqlStore(BaseStore):
         elif write.outline_changed:
             self._db.run("DELETE FROM longrun_plans WHERE task_id = ?", (task_id,))
 
-    def _state_written(self, write: _StateWrite) -> None:
+    def _state_written(self, write: StateWrite) -> None:
         """What this object knows is stored once ``write`` is in the database. Known only once its
         transaction commits; if the commit fails, ``BaseStore`` poisons the task and the repairing
         load it then requires resets this."""

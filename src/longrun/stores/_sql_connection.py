@@ -65,6 +65,10 @@ class SqlDialect(Protocol):
         """An SQL expression for the database's clock, in seconds since the epoch."""
         ...
 
+    def _routines(self) -> list[str]:
+        """The DDL of the database's server-side routines (schema version 8), or none."""
+        ...
+
     def _migrated(self, version: int) -> None:
         """Called in the migration's transaction after the DDL of ``version``: fill what DDL cannot
         (version 6: a summary row from every stored state)."""
@@ -84,7 +88,7 @@ class SqlConnection:
 
     def __init__(self, dialect: SqlDialect) -> None:
         self._dialect = dialect
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self.connection: Any = None
         """The DB-API connection, or None until the first transaction (and after it broke)."""
         self._cursor: Any = None
@@ -126,17 +130,54 @@ class SqlConnection:
     def rows(self, statement: str, params: Sequence[object] = ()) -> list[Any]:
         return list(self.run(statement, params).fetchall())
 
+    def exclusive(self) -> contextlib.AbstractContextManager[bool]:
+        """This object's lock, held by one thread at a time (re-entrant: the sessions and single
+        calls made while it is held take it again), for work that spans more than one of them."""
+        return self._lock
+
+    def _connected(self) -> None:
+        if self.connection is None:
+            try:
+                self.connection = self._dialect._connect()
+            except LongrunError:
+                raise
+            except Exception as exc:  # whatever the driver or the caller's factory raises
+                raise StorageError(f"{self!r}: cannot connect: {describe_exception(exc)}") from exc
+
+    def single(self, statement: str, params: Sequence[object], *, what: str) -> Any:
+        """Run one statement as a transaction of its own, in one round trip, and return its first
+        row: the driver's autocommit mode, so neither a BEGIN nor a COMMIT travels. If it fails, its
+        outcome is unknown (as a failed COMMIT's is): the connection is dropped, ``StorageError`` raised."""
+        with self._lock:
+            self._connected()
+            errors = self._dialect._driver_errors()
+            connection = self.connection
+            try:
+                if not self._schema_checked:
+                    self._ensure_schema()
+                connection.autocommit = True
+                try:
+                    self._cursor = connection.cursor()
+                    return self.one(statement, params)
+                finally:
+                    connection.autocommit = False  # a client-side switch: no round trip
+            except LongrunError:
+                self._drop_connection()
+                raise
+            except errors as exc:
+                self._drop_connection()
+                raise StorageError(f"{self!r}: cannot {what} (whether it committed is not known): {exc}") from exc
+            finally:
+                cursor, self._cursor = self._cursor, None
+                if cursor is not None:
+                    with contextlib.suppress(Exception):  # a cursor of a broken connection
+                        cursor.close()
+
     @contextlib.contextmanager
     def session(self, *, write: bool, what: str) -> Generator[None, None, None]:
         """One database transaction, with the driver's errors translated to ``StorageError``."""
         with self._lock:
-            if self.connection is None:
-                try:
-                    self.connection = self._dialect._connect()
-                except LongrunError:
-                    raise
-                except Exception as exc:  # whatever the driver or the caller's factory raises
-                    raise StorageError(f"{self!r}: cannot connect: {describe_exception(exc)}") from exc
+            self._connected()
             errors = self._dialect._driver_errors()
             try:
                 if not self._schema_checked:
@@ -234,7 +275,7 @@ class SqlConnection:
         return current
 
     def _migrate(self, current: int) -> None:
-        for version, description, statements in migrations(dict(self._dialect.types)):
+        for version, description, statements in migrations(dict(self._dialect.types), self._dialect._routines()):
             if version <= current:
                 continue
             for statement in statements:

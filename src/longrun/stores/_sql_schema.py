@@ -40,6 +40,15 @@ database whose version is newer than this code knows is refused with ``SchemaVer
                            error, next_action (version 7: ``longrun.summary``; indexed by update
                            time, by status, by function and by parent)
 
+The commit routine (version 8; PostgreSQL only: SQLite runs in the process and needs none).
+``longrun_commit(...)`` is a PL/pgSQL function that makes a whole commit in one call, so in one
+round trip and one transaction: it locks the task's row, runs the epoch-conditional ``UPDATE``
+(whose row count it checks: the lease row must hold the writer's epoch and token, and the
+revision must grow) and only then writes the header, effect, blob, summary and outline rows.
+It returns 0 when it wrote, or 1 (it wrote nothing) when the ``UPDATE`` matched no row; the store
+then repeats the commit as statements in a transaction of its own, which raises the same typed
+error as ever (``FencedError``, or a damaged lease record's ``CorruptStateError``), or writes.
+
 The summary row. Every commit upserts the task's summary row in its own transaction (the fence
 checked by the same transaction), so a summary is exactly the committed state's; a task's row is
 created with the task (status ``new``). A database migrated to version 7 has its summaries built
@@ -75,15 +84,18 @@ ends its session, or SQLite's busy timeout ends the wait with ``StorageError``).
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from ..canonical import sha256_hex
 
 __all__ = ["SCHEMA_VERSION", "column_text", "migrations", "quarantine_text", "row_checksum", "utf8_bytes"]
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
-def migrations(types: dict[str, str]) -> list[tuple[int, str, list[str]]]:
-    """Every schema version, in order, as DDL in the dialect's column types."""
+def migrations(types: dict[str, str], routines: Sequence[str] = ()) -> list[tuple[int, str, list[str]]]:
+    """Every schema version, in order, as DDL in the dialect's column types; ``routines`` is the
+    dialect's server-side code (version 8: PostgreSQL's commit function; SQLite has none)."""
     t = types
     return [
         (
@@ -217,6 +229,11 @@ def migrations(types: dict[str, str]) -> list[tuple[int, str, list[str]]]:
                 # Filled from every stored state by the store itself (``SqlStore._migrated``),
                 # in this migration's transaction.
             ],
+        ),
+        (
+            8,
+            "a commit in one call to the server: the database's own routine checks the fence and writes the rows",
+            list(routines),
         ),
     ]
 

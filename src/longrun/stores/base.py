@@ -77,7 +77,7 @@ import contextlib
 import hmac
 import logging
 import secrets
-from typing import Collection, Iterable, NamedTuple, Sequence
+from typing import Collection, Generator, Iterable, NamedTuple, Sequence
 
 from .. import _crashpoints
 from ..approval import Approval
@@ -202,6 +202,16 @@ class BaseStore:
 
     def _get_state(self, task_id: str, *, repair: bool) -> LoadResult:
         raise NotImplementedError
+
+    @contextlib.contextmanager
+    def _commit_transaction(self, lease: Lease) -> Generator[None, None, None]:
+        """Where ``commit`` reads the revision and calls ``_put_state``: the task's exclusive
+        transaction, the lease fenced first (invariant 3). A store whose database checks the fence
+        in the write itself may override this to send the whole commit as one call (PostgreSQL),
+        as long as a fence that does not hold raises what ``_fence`` raises and writes nothing."""
+        with self._transaction(lease.task_id, create=False):
+            self._fence(lease, operation="state write")
+            yield
 
     def _put_state(self, state: RunState, changed: Collection[str] | None) -> None:
         """Write ``state``. Raises ``InvalidInputError`` (or ``SizeLimitError``, naming the limit) for
@@ -669,8 +679,7 @@ class BaseStore:
         previous_revision = state.revision
         writing = False
         try:
-            with self._transaction(task_id, create=False):
-                self._fence(lease, operation="state write")
+            with self._commit_transaction(lease):
                 known = self._revisions.get(task_id)
                 if known is None:
                     stored = self._get_state(task_id, repair=False).state

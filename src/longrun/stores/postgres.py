@@ -20,8 +20,17 @@ Guarantees, on top of ``longrun.stores._sql`` (schema, row checksums, quarantine
   (``transaction_timeout_s``), so a runner frozen inside a transaction (SIGSTOP, a VM pause) loses
   its session and its row lock instead of blocking the task forever; others waiting for the lock
   get ``StorageError`` after the same time instead of hanging.
+- A commit is one round trip: one call of the schema's ``longrun_commit`` function (see
+  ``stores._sql_schema``), sent in the driver's autocommit mode, so the call is its own
+  transaction. The function takes the task's row lock and runs the epoch-conditional ``UPDATE``
+  (the lease row must hold the writer's epoch and token; its row count is checked) before it writes
+  a row; if that ``UPDATE`` matches nothing it writes nothing, and the store repeats the commit as
+  statements in a transaction of its own, which raises ``FencedError`` as before (or writes, if the
+  lease row holds after all). The first commit after a lease is taken without a load, whose
+  revision the store has not read yet, also runs as statements.
 - A broken connection is closed and a new one made on the next call; a commit whose outcome is
-  unknown (the connection died during COMMIT) poisons the task until it is loaded again.
+  unknown (the connection died during the call or during COMMIT) poisons the task until it is
+  loaded again.
 
 Not guaranteed: anything if the database itself loses committed transactions (run it with
 ``fsync=on`` and ``synchronous_commit=on``, the defaults), or exclusion against someone who
@@ -30,15 +39,113 @@ writes to the tables directly.
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Collection, Generator
 
+from ..envelope import RunState
 from ..errors import InvalidInputError, NotAStoreError
-from ._sql import SqlStore
+from ..lease import Lease
+from ._sql import SqlStore, StateWrite
 
 __all__ = ["PostgresStore", "driver_errors"]
 
 _SCHEMA_LOCK = 0x6C6F6E6772756E  # "longrun": serializes schema creation across processes
+
+
+# One commit, in one call (schema version 8). Written without a question mark or a percent sign:
+# statements pass through the driver's parameter syntax. In a volatile function each statement
+# reads the database as committed when it starts (READ COMMITTED), so the UPDATE, run once the
+# task's row lock is held, sees the lease as the last holder of that lock left it.
+_COMMIT_FUNCTION = """CREATE OR REPLACE FUNCTION longrun_commit(
+    p_task TEXT, p_revision BIGINT, p_epoch BIGINT, p_token TEXT,
+    p_plan_digest TEXT, p_status TEXT, p_next_action TEXT, p_effect_count BIGINT,
+    p_header TEXT, p_checksum TEXT, p_updated_at DOUBLE PRECISION,
+    p_steps TEXT[], p_positions BIGINT[], p_records TEXT[], p_record_checksums TEXT[],
+    p_deleted TEXT[], p_prune BOOLEAN, p_blob_digests TEXT[], p_blobs BYTEA[],
+    p_summary_status TEXT, p_summary_revision BIGINT, p_function TEXT, p_parent TEXT,
+    p_created_at DOUBLE PRECISION, p_summary_updated_at DOUBLE PRECISION, p_wake_at DOUBLE PRECISION,
+    p_error TEXT, p_summary_next_action TEXT,
+    p_plan INTEGER, p_plan_body TEXT, p_plan_checksum TEXT
+) RETURNS INTEGER LANGUAGE plpgsql VOLATILE AS $longrun_commit$
+DECLARE
+    fenced_rows BIGINT;
+BEGIN
+    PERFORM 1 FROM longrun_tasks WHERE task_id = p_task FOR UPDATE;
+    UPDATE longrun_tasks SET revision_floor = p_revision
+        WHERE task_id = p_task AND revision_floor < p_revision
+        AND EXISTS (
+            SELECT 1 FROM longrun_leases
+            WHERE task_id = p_task AND epoch = p_epoch AND (token IS NULL OR token = p_token)
+            AND abs(acquired_at) < 'Infinity' AND abs(expires_at) < 'Infinity'
+            AND (monotonic_expires_at IS NULL OR abs(monotonic_expires_at) < 'Infinity'));
+    GET DIAGNOSTICS fenced_rows = ROW_COUNT;
+    IF fenced_rows <> 1 THEN
+        RETURN 1;
+    END IF;
+    INSERT INTO longrun_states (task_id, revision, epoch, plan_digest, status, next_action, effect_count,
+        header, checksum, updated_at)
+    VALUES (p_task, p_revision, p_epoch, p_plan_digest, p_status, p_next_action, p_effect_count,
+        p_header, p_checksum, p_updated_at)
+    ON CONFLICT (task_id) DO UPDATE SET revision = excluded.revision, epoch = excluded.epoch,
+        plan_digest = excluded.plan_digest, status = excluded.status, next_action = excluded.next_action,
+        effect_count = excluded.effect_count, header = excluded.header, checksum = excluded.checksum,
+        updated_at = excluded.updated_at;
+    IF p_prune THEN
+        DELETE FROM longrun_effects WHERE task_id = p_task AND step_id NOT IN (SELECT unnest(p_steps));
+    ELSIF cardinality(p_deleted) > 0 THEN
+        DELETE FROM longrun_effects WHERE task_id = p_task AND step_id = ANY (p_deleted);
+    END IF;
+    IF cardinality(p_blob_digests) > 0 THEN
+        INSERT INTO longrun_blobs (task_id, digest, data)
+        SELECT p_task, b.digest, b.data FROM unnest(p_blob_digests, p_blobs) AS b (digest, data)
+        ON CONFLICT (task_id, digest) DO NOTHING;
+    END IF;
+    IF cardinality(p_steps) > 0 THEN
+        INSERT INTO longrun_effects (task_id, step_id, position, revision, record, checksum)
+        SELECT p_task, e.step_id, e.position, p_revision, e.record, e.checksum
+        FROM unnest(p_steps, p_positions, p_records, p_record_checksums) AS e (step_id, position, record, checksum)
+        ON CONFLICT (task_id, step_id) DO UPDATE SET position = excluded.position,
+            revision = excluded.revision, record = excluded.record, checksum = excluded.checksum;
+    END IF;
+    INSERT INTO longrun_summaries (task_id, status, revision, function, parent, created_at, updated_at,
+        wake_at, error, next_action)
+    VALUES (p_task, p_summary_status, p_summary_revision, p_function, p_parent, p_created_at,
+        p_summary_updated_at, p_wake_at, p_error, p_summary_next_action)
+    ON CONFLICT (task_id) DO UPDATE SET status = excluded.status, revision = excluded.revision,
+        function = excluded.function, parent = excluded.parent, created_at = excluded.created_at,
+        updated_at = excluded.updated_at, wake_at = excluded.wake_at, error = excluded.error,
+        next_action = excluded.next_action;
+    IF p_plan = 1 THEN
+        INSERT INTO longrun_plans (task_id, revision, body, checksum)
+        VALUES (p_task, p_revision, p_plan_body, p_plan_checksum)
+        ON CONFLICT (task_id) DO UPDATE SET revision = excluded.revision, body = excluded.body,
+            checksum = excluded.checksum;
+    ELSIF p_plan = 2 THEN
+        DELETE FROM longrun_plans WHERE task_id = p_task;
+    END IF;
+    RETURN 0;
+END
+$longrun_commit$"""
+
+_COMMIT_TYPES = (
+    "TEXT", "BIGINT", "BIGINT", "TEXT",
+    "TEXT", "TEXT", "TEXT", "BIGINT", "TEXT", "TEXT", "DOUBLE PRECISION",
+    "TEXT[]", "BIGINT[]", "TEXT[]", "TEXT[]", "TEXT[]", "BOOLEAN", "TEXT[]", "BYTEA[]",
+    "TEXT", "BIGINT", "TEXT", "TEXT", "DOUBLE PRECISION", "DOUBLE PRECISION", "DOUBLE PRECISION", "TEXT", "TEXT",
+    "INTEGER", "TEXT", "TEXT",
+)  # fmt: skip
+_COMMIT_CALL = f"SELECT longrun_commit({', '.join(f'CAST(? AS {kind})' for kind in _COMMIT_TYPES)})"
+_WRITTEN = 0
+"""What ``longrun_commit`` returns when it wrote the commit (1: its fenced ``UPDATE`` matched no row; nothing written)."""
+
+
+class _OneCall:
+    """The commit being gathered for one call: the lease it is fenced by, the rows ``_put_state`` encoded."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+        self.write: StateWrite | None = None
 
 
 class PostgresStore(SqlStore):
@@ -72,6 +179,8 @@ class PostgresStore(SqlStore):
         self.connect = connect
         self.transaction_timeout_s = float(transaction_timeout_s)
         self._errors: tuple[type[BaseException], ...] = (OSError,)
+        self._one_call: _OneCall | None = None
+        """Set while ``commit`` gathers a commit for one ``longrun_commit`` call (``_commit_transaction``)."""
 
     def __repr__(self) -> str:
         # Never the factory's arguments: a DSN may hold a password.
@@ -141,6 +250,63 @@ class PostgresStore(SqlStore):
 
     def _now_sql(self) -> str:
         return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+
+    def _routines(self) -> list[str]:
+        return [_COMMIT_FUNCTION]
+
+    @contextlib.contextmanager
+    def _commit_transaction(self, lease: Lease) -> Generator[None, None, None]:
+        """The whole commit in one ``longrun_commit`` call, fenced by the database in that call.
+
+        ``BaseStore.commit`` reads the revision and calls ``_put_state`` inside, while this object's
+        lock is held (as it is for a transaction); ``_put_state`` only encodes the rows, and the
+        call is made once ``commit``'s part is done. Where the revision is not known yet (no load
+        or commit by this object since the lease was taken), the statements of a transaction."""
+        if lease.task_id not in self._revisions:
+            with super()._commit_transaction(lease):
+                yield
+            return
+        with self._db.exclusive():
+            gathering = self._one_call = _OneCall(lease)
+            try:
+                yield
+            finally:
+                self._one_call = None
+            write = gathering.write
+            if write is None:
+                raise AssertionError("BaseStore.commit wrote no state")  # pragma: no cover - a broken caller
+            if self._db.single(_COMMIT_CALL, self._commit_params(write, lease), what=f"commit task {lease.task_id!r}")[0] != _WRITTEN:
+                # Nothing was written. The same commit as statements raises what the fence raises
+                # (FencedError; CorruptStateError for a damaged lease row), or writes.
+                with super()._commit_transaction(lease):
+                    self._write_state_rows(write)
+            self._state_written(write)
+
+    def _put_state(self, state: RunState, changed: Collection[str] | None) -> None:
+        gathering = self._one_call
+        if gathering is None:
+            super()._put_state(state, changed)
+            return
+        if gathering.write is not None or gathering.lease.task_id != state.task_id:
+            raise AssertionError("one commit gathers one state, of its lease's task")  # pragma: no cover - a broken caller
+        gathering.write = self._state_write(state, changed)
+
+    @staticmethod
+    def _commit_params(write: StateWrite, lease: Lease) -> tuple[object, ...]:
+        """The arguments of ``_COMMIT_CALL``, in the order of ``_COMMIT_TYPES``."""
+        state, rows, summary = write.state, write.rows, write.summary
+        plan = 1 if write.outline_body is not None else 2 if write.outline_changed else 0
+        return (
+            state.task_id, state.revision, lease.epoch, lease.token,
+            state.plan_digest, state.status.value, state.next_action, len(state.effects), write.header,
+            write.header_checksum, state.updated_at,
+            [row[0] for row in rows], [row[1] for row in rows], [row[2] for row in rows], [row[3] for row in rows],
+            write.deleted or [], write.deleted is None,
+            [blob.ref.sha256 for blob in write.blobs], [blob.data for blob in write.blobs],
+            summary.status, summary.revision, summary.function, summary.parent, summary.created_at,
+            summary.updated_at, summary.wake_at, summary.error, summary.next_action,
+            plan, write.outline_body, write.outline_checksum,
+        )  # fmt: skip
 
     def _clock(self, now: float) -> float:
         row = self._db.one(f"SELECT {self._now_sql()}")
