@@ -3,12 +3,16 @@
 Needs ``LONGRUN_TEST_POSTGRES_DSN`` (a database it may create throwaway schemas in) and a driver.
 Prints, all measured in this run, on this machine:
 
-- the database's floor: single-row ``INSERT`` + ``COMMIT`` transactions per second, on 1, 2 and 4
-  connections at once (what no fleet on this database can beat, per committed write);
+- the database's floor: single-row ``INSERT`` + ``COMMIT`` transactions per second, on 1, 2, 4 and
+  8 connections at once (what no fleet on this database can beat, per committed write);
 - throughput: tasks and effects per second with 1, 2 and 4 ``longrun worker`` processes
-  (``--concurrency 4`` each) running tasks of 10 effects, from the workers' start until the last
-  task is ``done`` (workers start in well under a second; that is included), and the workers' CPU
-  time per effect (on a machine with few cores, CPU, not the database, bounds the fleet);
+  (``--concurrency 16`` each: 16 tasks at once per worker) running tasks of 10 effects, from the
+  workers' start until the last task is ``done`` (workers start in well under a second; that is
+  included), the workers' CPU time per effect (on a machine with few cores, CPU, not the database,
+  bounds the fleet), and the effects per second as a ratio to the floor's commits per second with
+  as many connections as the workers run tasks at once (at most 8, the floor's widest), measured
+  just before each throughput run (targets for one worker: at least 1,500 effects/s and under
+  0.5 ms of worker CPU per effect);
 - latency, with the workers polling only every 30 s so that only ``NOTIFY`` and the due-time
   index can explain a quick start: a task enqueued while a worker idles (enqueue -> first apply),
   an approval given while a worker idles (approval written -> the gated effect applied), and a
@@ -104,11 +108,13 @@ def floor(schema: Schema, connections: int, seconds: float) -> float:
     return sum(counts) / (time.monotonic() - started)
 
 
-def throughput(spec: str, database: Database, work: str, workers: int, tasks: int, effects: int) -> tuple[float, float, float, float]:
+def throughput(
+    spec: str, database: Database, work: str, workers: int, tasks: int, effects: int, concurrency: int
+) -> tuple[float, float, float, float]:
     """(seconds, tasks/s, effects/s, worker CPU ms per effect) for ``workers`` processes to finish
     ``tasks`` enqueued tasks (CPU: user + system time of the worker processes, start to exit)."""
     helper(spec, work, "enqueue", "effects", str(tasks), f"[{effects}]")
-    fleet = Fleet(spec, work, concurrency=4, claim_ttl_s=10.0, poll_s=1.0, lease_ttl_s=10.0)
+    fleet = Fleet(spec, work, concurrency=concurrency, claim_ttl_s=10.0, poll_s=1.0, lease_ttl_s=10.0)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         started = time.monotonic()
@@ -211,6 +217,9 @@ def main() -> int:
     parser.add_argument("--effects", type=int, default=10, help="effects per task (default 10)")
     parser.add_argument("--rounds", type=int, default=10, help="latency samples of each kind (default 10)")
     parser.add_argument("--sqlite", action="store_true", help="also measure the SQLite store's throughput")
+    parser.add_argument("--concurrency", type=int, default=16, help="tasks at once per worker (default 16)")
+    parser.add_argument("--workers", default="1,2,4", help="worker counts, comma-separated (default 1,2,4)")
+    parser.add_argument("--no-latency", action="store_true", help="skip the latency section")
     args = parser.parse_args()
     url = os.environ.get("LONGRUN_TEST_POSTGRES_DSN")
     if not url:
@@ -219,36 +228,55 @@ def main() -> int:
     began = time.monotonic()
     print(f"longrun fleet benchmark  {time.strftime('%Y-%m-%d %H:%M')}; Python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
     print("(workers, the database server and this script share the machine)\n")
+    worker_counts = [int(count) for count in args.workers.split(",")]
     schema = Schema(url)
     try:
         print("PostgreSQL floor: single-row INSERT + COMMIT")
-        for connections in (1, 2, 4):
+        for connections in (1, 2, 4, 8):
             print(f"  {connections} connection{'s' if connections > 1 else ' '} at once   {floor(schema, connections, 3.0):8.0f} commits/s")
     finally:
         schema.drop()
-    print(f"\nThroughput: {args.tasks} tasks x {args.effects} effects, --concurrency 4 per worker")
-    print(f"  {'store':<11} {'workers':>7} {'seconds':>8} {'tasks/s':>8} {'effects/s':>10} {'worker CPU ms/effect':>21}")
-    for workers in (1, 2, 4):
+    print(f"\nThroughput: {args.tasks} tasks x {args.effects} effects, --concurrency {args.concurrency} per worker")
+    print(
+        f"  {'store':<11} {'workers':>7} {'seconds':>8} {'tasks/s':>8} {'effects/s':>10} {'worker CPU ms/effect':>21} "
+        f"{'floor commits/s':>16} {'x floor':>8}"
+    )
+    for workers in worker_counts:
         schema = Schema(url)
         work = tempfile.mkdtemp(prefix="longrun-fleetbench-")
         try:
+            connections = min(8, workers * args.concurrency)
+            floor_rate = floor(schema, connections, 2.0)
             spec = schema.spec()
             helper(spec, work, "prepare")
-            seconds, tasks_s, effects_s, cpu = throughput(spec, Database(spec, schema), work, workers, args.tasks, args.effects)
-            print(f"  {'PostgreSQL':<11} {workers:>7} {seconds:>8.1f} {tasks_s:>8.1f} {effects_s:>10.0f} {cpu:>21.2f}")
+            seconds, tasks_s, effects_s, cpu = throughput(
+                spec, Database(spec, schema), work, workers, args.tasks, args.effects, args.concurrency
+            )
+            print(
+                f"  {'PostgreSQL':<11} {workers:>7} {seconds:>8.1f} {tasks_s:>8.1f} {effects_s:>10.0f} {cpu:>21.2f} "
+                f"{floor_rate:>16.0f} {effects_s / floor_rate:>7.2f}x"
+            )
+            if workers == 1:
+                print(
+                    f"  one worker: {effects_s:.0f} effects/s (target >= 1,500: {'met' if effects_s >= 1500 else 'missed'}), "
+                    f"{cpu:.2f} ms CPU per effect (target < 0.5: {'met' if cpu < 0.5 else 'missed'})"
+                )
         finally:
             schema.drop()
             shutil.rmtree(work, ignore_errors=True)
     if args.sqlite:
-        for workers in (1, 2, 4):
+        for workers in worker_counts:
             work = tempfile.mkdtemp(prefix="longrun-fleetbench-", dir=ROOT)
             try:
                 spec = "sqlite:" + os.path.join(work, "tasks.db")
                 helper(spec, work, "prepare")
-                seconds, tasks_s, effects_s, cpu = throughput(spec, Database(spec), work, workers, args.tasks, args.effects)
+                seconds, tasks_s, effects_s, cpu = throughput(spec, Database(spec), work, workers, args.tasks, args.effects, args.concurrency)
                 print(f"  {'SQLite':<11} {workers:>7} {seconds:>8.1f} {tasks_s:>8.1f} {effects_s:>10.0f} {cpu:>21.2f}")
             finally:
                 shutil.rmtree(work, ignore_errors=True)
+    if args.no_latency:
+        print(f"\n(took {time.monotonic() - began:.0f} s; command: python benchmarks/fleet.py {' '.join(sys.argv[1:])})".rstrip())
+        return 0
     schema = Schema(url)
     work = tempfile.mkdtemp(prefix="longrun-fleetbench-")
     try:

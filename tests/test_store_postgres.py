@@ -191,6 +191,14 @@ class OneRoundTripTests(PostgresCase):
         rows = self.schema.execute("SELECT status, revision FROM longrun_summaries WHERE task_id = 't'")
         self.assertEqual(rows, [(state.status.value, state.revision)], "the summary row, written by the same call")
 
+    def test_records_with_quotes_backslashes_braces_and_commas_arrive_intact(self) -> None:
+        lease, state = self.committed()
+        nasty = 'a"b\\c\\"{x,y}, NULL "" \\\\ \u00fc\u2028 \\u0000'
+        for number, key in enumerate(list(state.effects)[:2]):
+            state.effects[key] = dataclasses.replace(state.effects[key], evidence=nasty * (number + 1))
+        self.store.commit(lease, state, set(list(state.effects)[:2]))
+        self.assertEqual(self.open().load("t").state.to_json(), state.to_json())  # type: ignore[union-attr]
+
     def test_the_call_itself_refuses_a_stale_epoch_and_a_wrong_token_and_writes_nothing(self) -> None:
         from longrun.stores.postgres import _COMMIT_CALL
 

@@ -146,8 +146,9 @@ class SqlConnection:
 
     def single(self, statement: str, params: Sequence[object], *, what: str) -> Any:
         """Run one statement as a transaction of its own, in one round trip, and return its first
-        row: the driver's autocommit mode, so neither a BEGIN nor a COMMIT travels. If it fails, its
-        outcome is unknown (as a failed COMMIT's is): the connection is dropped, ``StorageError`` raised."""
+        row: the driver's autocommit mode, so neither a BEGIN nor a COMMIT travels, and one
+        statement reads one snapshot. If it fails, the connection is dropped and ``StorageError``
+        raised; the outcome of a write is then unknown, as a failed COMMIT's is."""
         with self._lock:
             self._connected()
             errors = self._dialect._driver_errors()
@@ -166,7 +167,7 @@ class SqlConnection:
                 raise
             except errors as exc:
                 self._drop_connection()
-                raise StorageError(f"{self!r}: cannot {what} (whether it committed is not known): {exc}") from exc
+                raise StorageError(f"{self!r}: cannot {what}: {exc}") from exc
             finally:
                 cursor, self._cursor = self._cursor, None
                 if cursor is not None:

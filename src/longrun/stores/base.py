@@ -17,7 +17,9 @@ Invariants every store built on ``BaseStore`` keeps (the tests are built to brea
    write fails also when the transaction around it fails to commit (a database's COMMIT).
    A commit refused as invalid input (``InvalidInputError``: a field the loader would refuse,
    ``SizeLimitError``: a state it could not read back) writes nothing and is not a failed write:
-   ``_put_state`` encodes and checks everything before its first write.
+   ``_put_state`` encodes and checks everything before its first write. Nor is a commit refused
+   by the fence (``FencedError``, from ``_fence`` or from the database's own check, which refuses
+   before it writes a row).
 6. Lease expiry is judged by ``_clock``, read inside the task's transaction: the caller's ``now``
    unless the store has a better clock (a database server's), so runners on machines whose clocks
    disagree cannot both hold an unexpired lease. If the lease record carries an expiry on a
@@ -699,7 +701,9 @@ class BaseStore:
         except BaseException as exc:
             if writing:
                 state.revision = previous_revision
-                if not isinstance(exc, InvalidInputError):  # refused before any write (see _put_state)
+                # Refused before any write: a state the loader would refuse (see _put_state), or a
+                # fence that does not hold (the database's own check refuses before it writes a row).
+                if not isinstance(exc, (InvalidInputError, FencedError)):
                     self._poisoned[task_id] = exc
             raise
         if state.revision > self._committed.get(task_id, 0):  # its commit returned: a witness may name it
