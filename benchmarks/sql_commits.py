@@ -117,10 +117,15 @@ def postgres_beside_floor(store: Any, factory: Callable[[], Any], rounds: int, e
     floors: list[float] = []
     sequential: list[float] = []
     gathered: list[float] = []
+    cpu = {"sequential": 0.0, "gathered": 0.0}
     for _ in range(rounds):
         floors.append(postgres_floor(factory, effects))
+        started = time.process_time()
         sequential.append(parallel.sequential_per_effect(store, effects, lambda i: {"i": i}))
+        cpu["sequential"] += (time.process_time() - started) / (effects * rounds)
+        started = time.process_time()
         gathered.append(parallel.parallel_per_second(store, 200, 16))
+        cpu["gathered"] += (time.process_time() - started) / (200 * rounds)
     floor_s, sequential_s, gathered_rate = statistics.median(floors), statistics.median(sequential), statistics.median(gathered)
     print(f"\nPostgreSQL beside its floor (medians of {rounds} interleaved rounds)")
     print(f"  floor: one-row INSERT + COMMIT, one connection   {floor_s * 1e6:9.0f} us = {1 / floor_s:7.0f} commits/s")
@@ -135,6 +140,10 @@ def postgres_beside_floor(store: Any, factory: Callable[[], Any], rounds: int, e
     print(
         f"  200 effects gathered (async, max_parallel 16)    {gathered_rate:9.0f} effects/s = "
         f"{gathered_rate * floor_s:5.2f}x the floor's rate (target >= 1x: {'met' if gathered_rate * floor_s >= 1 else 'missed'})"
+    )
+    print(
+        f"  this process's CPU per effect (time.process_time): sequential {cpu['sequential'] * 1e6:.0f} us, "
+        f"gathered {cpu['gathered'] * 1e6:.0f} us"
     )
     print("  per round (sequential / floor, gathered x floor): " + ", ".join(
         f"{s / f:.2f}x / {g * f:.2f}x" for f, s, g in zip(floors, sequential, gathered)
