@@ -65,6 +65,8 @@ class SqliteCase(support.TempDirTest):
     def downgrade(self, version: int) -> None:
         """Make the database look as longrun schema ``version`` left it (its lease rows included)."""
         dropped = {3: ("token", "holder_lock"), 2: ("monotonic_clock", "monotonic_expires_at")}
+        if version < 8:  # version 8 is PostgreSQL's commit function: SQLite records the version only
+            self.sql("DELETE FROM longrun_schema WHERE version = 8")
         if version < 7:
             self.sql("DROP TABLE longrun_summaries")
             self.sql("DELETE FROM longrun_schema WHERE version = 7")
@@ -605,6 +607,18 @@ class SummaryMigrationTests(SqliteCase):
         self.assertIn("does not validate", damaged.error)
         self.assertEqual(self.sql("SELECT MAX(version) FROM longrun_schema"), [(SCHEMA_VERSION,)])
         self.assertEqual(running.status, Status.RUNNING)
+
+    def test_a_version_7_database_is_migrated_to_version_8_and_keeps_committing(self) -> None:
+        lease, state = self.committed()
+        self.store.close()
+        self.downgrade(7)
+        self.assertEqual(self.sql("SELECT MAX(version) FROM longrun_schema"), [(7,)])
+        store = self.open()
+        with self.assertLogs("longrun", "INFO") as logs:
+            self.assertEqual(store.load("t", lease=lease).state.to_json(), state.to_json())  # type: ignore[union-attr]
+        self.assertTrue(any("schema migrated to version 8" in line for line in logs.output), logs.output)
+        self.assertEqual(self.sql("SELECT MAX(version) FROM longrun_schema"), [(8,)])
+        self.assertEqual(store.commit(lease, state), 2)
 
 
 class BlobTests(SqliteCase):
