@@ -680,6 +680,7 @@ class BaseStore:
             ) from poisoned
         previous_revision = state.revision
         writing = False
+        known: int | None = None
         try:
             with self._commit_transaction(lease):
                 known = self._revisions.get(task_id)
@@ -700,11 +701,13 @@ class BaseStore:
             # failure there is a failed write too and must poison the task like one.
         except BaseException as exc:
             if writing:
-                state.revision = previous_revision
+                stamped, state.revision = state.revision, previous_revision
                 # Refused before any write: a state the loader would refuse (see _put_state), or a
                 # fence that does not hold (the database's own check refuses before it writes a row).
                 if not isinstance(exc, (InvalidInputError, FencedError)):
                     self._poisoned[task_id] = exc
+                elif known is not None and self._revisions.get(task_id) == stamped:
+                    self._revisions[task_id] = known  # nothing was written: the next commit counts from there
             raise
         if state.revision > self._committed.get(task_id, 0):  # its commit returned: a witness may name it
             self._committed[task_id] = state.revision
