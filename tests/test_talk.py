@@ -37,7 +37,8 @@ from longrun import (
 from longrun.cli import main as cli_main
 from longrun.engine import RECEIVE_POLL_S
 from longrun.ledger import EffectState
-from longrun.messages import MAX_MESSAGE_BYTES, RECV_ACTION, SEND_ACTION
+from longrun.messages import MAX_MESSAGE_BYTES, RECV_ACTION, SEND_ACTION, Message
+from longrun.outside_messages import pending_messages
 from longrun.task_events import EVENT_ACTION
 from longrun.testing import FakeClock, OutboxAdapter
 
@@ -107,7 +108,10 @@ class StoreCases(TalkCase):
         self.assertEqual(consumer.run("c", 3).result, done.result, "replay returns what was received")
         state = self.store.load("c").state
         received = sorted(record.result["seq"] for record in state.effects.values() if record.action == RECV_ACTION)
-        self.assertEqual(received, [1, 2, 4], "the message on another topic is kept, not consumed")
+        self.assertEqual(received, [1, 2, 3], "numbered as received: a message from outside enters the mailbox then")
+        self.assertEqual(self.messages("c"), [{"n": 0}, {"n": 1}, {"n": 2}])
+        pending, _ = pending_messages(self.store.read_approvals("c"), "c", state.plan_digest, state.consumed_approvals)
+        self.assertEqual([(message.topic, message.value) for _, message in pending], [("other", "not mine")], "kept, not consumed")
 
     def test_a_fork_keeps_the_receives_it_copied_and_receives_its_own_mailbox_from_its_first_message(self) -> None:
         @self.durable()
@@ -135,7 +139,9 @@ class StoreCases(TalkCase):
 
         consumer.run("c")
         producer.run("p1", "c", [1])
-        consumer.send("c", "t", 2)
+        self.clock.advance(1.0)
+        consumer.send("c", "t", 2)  # from outside: a control record, in the order it was sent
+        self.clock.advance(1.0)
         producer.run("p2", "c", [3, 4])
         self.assertEqual(consumer.run("c").result, [1, 2, 3, 4])
 
@@ -163,17 +169,24 @@ class StoreCases(TalkCase):
     def test_a_key_deduplicates_at_the_receiver_whoever_sends(self) -> None:
         @self.durable()
         def receiver(run: longrun.Run) -> Any:
-            return run.recv("t", timeout_s=0)
+            return [run.recv("t"), run.recv("t", timeout_s=0)]
 
         @self.durable()
         def sender(run: longrun.Run) -> list[int]:
             return [run.send("r", "t", "first", key="order-7"), run.send("r", "t", "again", key="order-7")]
 
-        receiver.run("r")  # recorded: it has a mailbox
-        self.assertEqual(receiver.send("r", "t", "from outside", key="order-7"), longrun.Delivery(1))
+        self.assertEqual(receiver.run("r").status, Status.AWAITING_INPUT)
+        first = receiver.send("r", "t", "from outside", key="order-7")
+        self.assertEqual((first.duplicate, first.seq, first.key, first.written_to), (False, 0, "order-7", None))
+        self.assertIsNotNone(first.record_id)
+        again = receiver.send("r", "t", "from outside, again", key="order-7")  # not in the mailbox yet: written
+        self.assertNotEqual(again.record_id, first.record_id)
+        self.assertEqual(receiver.run("r").result, ["from outside", None], "two records with one key: received once")
         self.assertEqual(sender.run("s").result, [1, 1])
         self.assertEqual(self.messages("r"), ["from outside"])
-        self.assertEqual(receiver.send("r", "t", "from outside", key="order-7"), longrun.Delivery(1, duplicate=True))
+        self.assertEqual(receiver.send("r", "t", "from outside", key="order-7"), longrun.Posted("r", "t", "order-7", None, duplicate=True, seq=1))
+        state = self.store.load("r").state
+        self.assertEqual(sorted(state.consumed_approvals), sorted([first.record_id, again.record_id]))
 
     def test_a_timeout_returns_none_and_replay_returns_none_again(self) -> None:
         @self.durable(limits=Limits(max_block_s=30.0))
@@ -440,13 +453,14 @@ class StoreCases(TalkCase):
 
         task.run("t")
         code, out = self.cli("send", spec, "t", "orders", '{"n": 1}', "--key", "k1", "--json")
-        self.assertEqual((code, json.loads(out)["seq"], json.loads(out)["duplicate"]), (0, 1, False))
-        code, out = self.cli("send", spec, "t", "orders", '{"n": 1}', "--key", "k1")
-        self.assertEqual(code, 0)
-        self.assertIn("not sent again", out)
+        sent = json.loads(out)
+        self.assertEqual((code, sent["seq"], sent["duplicate"], sent["key"], sent["written_to"]), (0, None, False, "k1", None))
+        self.assertTrue(sent["record_id"])
         code, out = self.cli("status", spec, "t")
         self.assertIn('phase = {"step": 1}', out)
-        self.assertIn("messages     1 in the mailbox, 0 received; waiting: orders 1", out)
+        self.assertIn("messages     0 in the mailbox, 0 received; from outside, not yet received: orders 1", out)
+        code, out = self.cli("status", spec, "t", "--json")
+        self.assertEqual(json.loads(out)["mailbox"], {"messages": 0, "received": 0, "waiting": {}, "outside": {"orders": 1}})
         code, out = self.cli("event", spec, "t", "phase")
         self.assertEqual((code, json.loads(out)), (0, {"step": 1}))
         code, _ = self.cli("event", spec, "t", "missing", "--wait", "0.1")
@@ -454,6 +468,11 @@ class StoreCases(TalkCase):
         code, _ = self.cli("send", spec, "nobody", "orders", "1")
         self.assertEqual(code, 2)
         self.assertEqual(task.run("t").result, {"n": 1})
+        code, out = self.cli("send", spec, "t", "orders", '{"n": 1}', "--key", "k1")
+        self.assertEqual(code, 0)
+        self.assertIn("not sent again: task t already holds message 1 with key 'k1'", out)
+        code, out = self.cli("status", spec, "t")
+        self.assertIn("messages     1 in the mailbox, 1 received\n", out)
 
     def test_status_of_a_task_with_a_damaged_message_still_shows_the_state_and_names_the_damage(self) -> None:
         if not isinstance(self.store, JsonFileStore):
@@ -464,7 +483,7 @@ class StoreCases(TalkCase):
             return run.recv("orders")
 
         task.run("t")
-        task.send("t", "orders", 1)
+        self.store.send_message(Message.of("t", "orders", 1, key="k", sender="a test", sent_at=self.clock.now()))
         directory = self.path("store", "t", "messages")
         [name] = os.listdir(directory)
         with open(os.path.join(directory, name), "r+b") as handle:

@@ -32,6 +32,7 @@ from ..lease import Lease
 from ..ledger import EffectState
 from ..messages import consumed_messages
 from ..outcome import Status
+from ..outside_messages import pending_messages
 from ..progress import Progress, progress_of
 from ..telemetry import ProgressReport
 from ..protocols import LoadResult, Store, SummaryStore
@@ -200,18 +201,24 @@ def _event_lines(state: RunState) -> list[str]:
 
 
 def mailbox_summary(store: Store, state: RunState | None, task_id: str) -> dict[str, object]:
-    """The task's mailbox: how many messages it holds, and how many of each topic it has not received
-    (``error`` instead, naming the damage, if a message cannot be read: the state is still shown)."""
+    """The task's mailbox: how many messages it holds, how many of each topic it has not received
+    (``waiting``), and how many of each topic wait from outside as control records in the store
+    (``outside``: numbered in the mailbox when received) (``error`` instead, naming the damage, if a message cannot be read: the state is still shown)."""
     try:
         messages = store.read_messages(task_id)
     except CorruptStateError as exc:
-        return {"messages": None, "received": None, "waiting": {}, "error": str(exc)}
+        return {"messages": None, "received": None, "waiting": {}, "outside": {}, "error": str(exc)}
     consumed = consumed_messages(task_id, [(record.action, record.result) for record in state.effects.values()]) if state is not None else set()
     waiting: dict[str, int] = {}
     for message in messages:
         if message.seq not in consumed:
             waiting[message.topic] = waiting.get(message.topic, 0) + 1
-    return {"messages": len(messages), "received": len(messages) - sum(waiting.values()), "waiting": waiting}
+    outside: dict[str, int] = {}
+    if state is not None:  # messages from outside that wait as control records in the store (not a control root's)
+        pending, _ = pending_messages(store.read_approvals(task_id), task_id, state.plan_digest, state.consumed_approvals)
+        for _, message in pending:
+            outside[message.topic] = outside.get(message.topic, 0) + 1
+    return {"messages": len(messages), "received": len(messages) - sum(waiting.values()), "waiting": waiting, "outside": outside}
 
 
 def _mailbox_line(mailbox: dict[str, object]) -> str:
@@ -219,8 +226,14 @@ def _mailbox_line(mailbox: dict[str, object]) -> str:
         return f"  messages     the mailbox cannot be read: {mailbox['error']}"
     waiting = mailbox["waiting"]
     assert isinstance(waiting, dict)
+    outside = mailbox.get("outside") or {}
+    assert isinstance(outside, dict)
     topics = ", ".join(f"{topic} {count}" for topic, count in sorted(waiting.items()))
-    return f"  messages     {mailbox['messages']} in the mailbox, {mailbox['received']} received" + (f"; waiting: {topics}" if topics else "")
+    records = ", ".join(f"{topic} {count}" for topic, count in sorted(outside.items()))
+    return (
+        f"  messages     {mailbox['messages']} in the mailbox, {mailbox['received']} received" + (f"; waiting: {topics}" if topics else "")
+        + (f"; from outside, not yet received: {records}" if records else "")
+    )
 
 
 def render_status(
@@ -303,7 +316,7 @@ def cmd_status(store: Store, label: str, task_id: str, as_json: bool, out: TextI
         lines = render_status(task_id, loaded, lease, now, label, position)
         if version is not None:
             lines.insert(1, f"  code version {version}")
-        if mailbox["messages"] or mailbox.get("error"):
+        if mailbox["messages"] or mailbox.get("outside") or mailbox.get("error"):
             at = next((index for index, line in enumerate(lines) if line.startswith("  next action")), len(lines))
             lines.insert(at, _mailbox_line(mailbox))
         out.write("\n".join(lines) + "\n")

@@ -12,7 +12,6 @@ import copy
 import dataclasses
 import functools
 import inspect
-import secrets
 import threading
 import time
 import weakref
@@ -30,8 +29,8 @@ from ..errors import ForkRefusedError, InvalidInputError, UnknownTaskError
 from ..intervention import ApprovalWriter, Signer, reopen
 from ..outcome import TERMINAL, RunOutcome, Status
 from ..queues import Queue, check_dedup_id, check_queue_name
-from ..messages import Delivery, Message
 from ..names import store_spec_of
+from ..outside_messages import Posted, post_message, requires_signature
 from ..protocols import AnyEffectAdapter, Clock, RecordingStore, Store
 from ..schedules import Schedule
 from ..stores.queue import TaskQueue, open_queue
@@ -512,19 +511,38 @@ class DurableFunction(Generic[R]):
         clock = self._options.get("clock")
         return self._options["store"], clock if clock is not None else SystemClock()
 
-    def send(self, task_id: str, topic: str, value: JSONValue, *, key: str | None = None, sender: str = "outside") -> Delivery:
-        """Send ``value`` to task ``task_id`` on ``topic`` from outside any task, through this
-        function's store; its ``run.recv(topic)`` returns it (a worker running the task is woken).
+    def send(
+        self,
+        task_id: str,
+        topic: str,
+        value: JSONValue,
+        *,
+        key: str | None = None,
+        sender: str = "outside",
+        write_to: ApprovalWriter | None = None,
+        sign: Signer | None = None,
+    ) -> Posted:
+        """Send ``value`` to task ``task_id`` on ``topic`` from outside any task: its ``run.recv(topic)``
+        returns it, once (a waiting run or a worker running the task is woken, as by an answer).
 
-        ``key`` deduplicates: a second send with a key already in the task's mailbox stores nothing
-        (``Delivery.duplicate``); give one when the send itself may be repeated. Without one every
-        call is a new message. ``UnknownTaskError`` for a task the store does not hold,
-        ``SizeLimitError`` for a value over ``messages.MAX_MESSAGE_BYTES``, ``InvalidInputError``
-        for a value that is not JSON; nothing is stored then."""
+        The message travels as a control record (``longrun.outside_messages``), like an answer: written
+        to the store, or to ``write_to`` (a ``FileControlSource``), signed by ``sign`` if given
+        (``functools.partial(longrun.authority.sign_approval, key=key)``); it must be where this
+        function's approval source reads. ``key`` deduplicates at the receiver: of the messages
+        with one key (sent again, or by a task) one is received; when the task's mailbox already
+        holds it, nothing is written (``Posted.duplicate``). Without a key every call is a new
+        message. Refused, with nothing written: ``SignatureRequiredError`` without ``sign`` when the
+        function's approval source accepts only signed records, ``UnknownTaskError`` for a task the
+        store does not hold, ``SizeLimitError`` for a value over ``messages.MAX_MESSAGE_BYTES`` (or
+        a record over ``control.MAX_RECORD_BYTES``), ``InvalidInputError`` for a value that is not JSON."""
         check_task_id(task_id)
         store, clock = self._store_and_clock()
-        message = Message.of(task_id, topic, value, key=key if key is not None else secrets.token_hex(16), sender=sender, sent_at=clock.now())
-        return store.send_message(message)
+        approvals = self._options.get("approvals") or store
+        return post_message(
+            store, task_id, topic, value, key=key, sender=sender, sent_at=clock.now(),
+            write_to=write_to, sign=sign,
+            signature_required=requires_signature(approvals),
+        )  # fmt: skip
 
     def get_event(self, task_id: str, key: str, *, timeout_s: float | None = None) -> JSONValue:
         """The latest value task ``task_id`` set for event ``key`` (``run.set_event``), as committed;
