@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import io
 import json
 import os
@@ -27,6 +28,7 @@ from longrun import (
     LongrunError,
     PostgresStore,
     RetryPolicy,
+    SignatureRequiredError,
     SizeLimitError,
     SqliteStore,
     Status,
@@ -34,11 +36,13 @@ from longrun import (
     TransientError,
     UnknownTaskError,
 )
+from longrun.authority import FileControlSource, SignedApprovals, sign_approval
 from longrun.cli import main as cli_main
 from longrun.engine import RECEIVE_POLL_S
 from longrun.ledger import EffectState
 from longrun.messages import MAX_MESSAGE_BYTES, RECV_ACTION, SEND_ACTION, Message
 from longrun.outside_messages import pending_messages
+from longrun.signing import generate_key_file
 from longrun.task_events import EVENT_ACTION
 from longrun.testing import FakeClock, OutboxAdapter
 
@@ -187,6 +191,94 @@ class StoreCases(TalkCase):
         self.assertEqual(receiver.send("r", "t", "from outside", key="order-7"), longrun.Posted("r", "t", "order-7", None, duplicate=True, seq=1))
         state = self.store.load("r").state
         self.assertEqual(sorted(state.consumed_approvals), sorted([first.record_id, again.record_id]))
+
+    def test_a_message_from_outside_goes_through_a_strict_control_root_and_not_the_store(self) -> None:
+        control = self.path("control")
+        os.makedirs(control)
+        source = FileControlSource(control, approver_uid=os.geteuid())
+
+        @self.durable(approvals=source)
+        def consumer(run: longrun.Run) -> list[Any]:
+            return [run.recv("orders"), run.recv("orders")]
+
+        self.assertEqual(consumer.run("c").status, Status.AWAITING_INPUT)
+        consumer.send("c", "orders", "in the store")  # not where this function reads: not delivered
+        self.assertEqual(consumer.run("c").status, Status.AWAITING_INPUT)
+        writer = FileControlSource(control, strict=False)
+        posted = consumer.send("c", "orders", "through the root", write_to=writer)
+        assert posted.written_to is not None and posted.record_id is not None
+        self.assertTrue(posted.written_to.startswith(control))
+        # A record the strict source refuses (writable by others) is not used, and stays where it is.
+        os.chmod(posted.written_to, 0o666)
+        outcome = consumer.run("c")
+        self.assertEqual(outcome.status, Status.AWAITING_INPUT)
+        self.assertIn("1 control record not used", outcome.next_action)
+        self.assertTrue(any("writable" in item.detail for item in outcome.unknowns), outcome.unknowns)
+        os.chmod(posted.written_to, 0o600)
+        self.assertEqual(consumer.run("c").status, Status.AWAITING_INPUT, "one received, the second receive waits")
+        spec = getattr(self.store, "spec", None)
+        if isinstance(spec, str):
+            code, out = self.cli("send", spec, "c", "orders", '"from the shell"', "--control-root", control, "--json")
+            self.assertEqual((code, json.loads(out)["written_to"].startswith(control)), (0, True))
+        else:
+            consumer.send("c", "orders", "from the shell", write_to=writer)
+        done = consumer.run("c")
+        self.assertEqual((done.status, done.result), (Status.DONE, ["through the root", "from the shell"]))
+        self.assertEqual(self.messages("c"), ["through the root", "from the shell"], "each put in the mailbox once, as received")
+        state = self.store.load("c").state
+        pending, _ = pending_messages(self.store.read_approvals("c"), "c", state.plan_digest, state.consumed_approvals)
+        self.assertEqual([message.value for _, message in pending], ["in the store"], "the store's record is kept, not used")
+
+    def test_signed_only_a_message_is_received_when_signed_and_refused_unsigned_nothing_lost(self) -> None:
+        key_file = self.path("ops.key")
+        key = generate_key_file(key_file)
+        signed_only = SignedApprovals(self.store, key)
+
+        @self.durable(approvals=signed_only)
+        def consumer(run: longrun.Run) -> Any:
+            return run.recv("orders")
+
+        self.assertEqual(consumer.run("c").status, Status.AWAITING_INPUT)
+        with self.assertRaises(SignatureRequiredError):
+            consumer.send("c", "orders", "unsigned")
+        self.assertEqual(self.store.read_approvals("c"), (), "refused before anything was written")
+        # Written unsigned by a writer that does not know (the shell, another function): not delivered.
+        plain = consumer.with_options(approvals=self.store)
+        unsigned = plain.send("c", "orders", "unsigned")
+        outcome = consumer.run("c")
+        self.assertEqual(outcome.status, Status.AWAITING_INPUT)
+        self.assertIn("--sign-key", outcome.next_action)
+        self.assertIn("1 control record not used", outcome.next_action)
+        self.assertTrue(any("not signed" in item.detail for item in outcome.unknowns), outcome.unknowns)
+        self.assertEqual(self.messages("c"), [], "nothing delivered")
+        spec = getattr(self.store, "spec", None)
+        if isinstance(spec, str):
+            code, out = self.cli("send", spec, "c", "orders", '"signed"', "--sign-key", key_file)
+            self.assertEqual(code, 0, out)
+            self.assertIn("signed  hmac-sha256 with key", out)
+        else:
+            consumer.send("c", "orders", "signed", sign=functools.partial(sign_approval, key=key))
+        done = consumer.run("c")
+        self.assertEqual((done.status, done.result), (Status.DONE, "signed"))
+        state = self.store.load("c").state
+        self.assertNotIn(unsigned.record_id, state.consumed_approvals, "the unsigned record is kept, never used")
+        pending, _ = pending_messages(self.store.read_approvals("c"), "c", state.plan_digest, state.consumed_approvals)
+        self.assertEqual([approval.approval_id for approval, _ in pending], [unsigned.record_id], "it is still there: sign it and send again")
+
+    def test_a_message_from_outside_is_refused_with_typed_errors_and_nothing_is_written(self) -> None:
+        @self.durable()
+        def consumer(run: longrun.Run) -> Any:
+            return run.recv("orders")
+
+        consumer.run("c")
+        for value, error in ((float("nan"), InvalidInputError), ("x" * (MAX_MESSAGE_BYTES - 100), SizeLimitError)):
+            with self.subTest(error=error.__name__), self.assertRaises(error):
+                consumer.send("c", "orders", value)
+        with self.assertRaises(InvalidInputError):
+            consumer.send("c", "no spaces", 1)
+        with self.assertRaises(UnknownTaskError):
+            consumer.send("nobody", "orders", 1)
+        self.assertEqual(self.store.read_approvals("c"), ())
 
     def test_a_timeout_returns_none_and_replay_returns_none_again(self) -> None:
         @self.durable(limits=Limits(max_block_s=30.0))
