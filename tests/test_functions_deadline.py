@@ -150,6 +150,64 @@ class DeadlineCases(support.TempDirTest):
         agent.run("t", deadline=later)
         self.assertEqual(self.state("t").deadline, TaskDeadline(start + 400.0, "caller", start))
 
+    def test_start_and_enqueue_record_the_deadline_with_the_task_and_its_first_run_keeps_it(self) -> None:
+        @self.durable()
+        def agent(run: longrun.Run) -> str:
+            run.sleep("nap", 5000.0)
+            return "done"
+
+        start = self.clock.now()
+        when = dt.datetime.fromtimestamp(start + 400.0, tz=dt.timezone.utc)
+        self.assertTrue(agent.start("s", deadline=when))
+        queued = self.state("s")
+        self.assertEqual((queued.status, queued.deadline), (Status.QUEUED, TaskDeadline(start + 400.0, "caller", start)))
+        self.assertTrue(agent.enqueue("e", deadline=when, delay_s=10.0, priority=1))
+        self.assertEqual(self.state("e").deadline, TaskDeadline(start + 400.0, "caller", start))
+        self.assertFalse(agent.start("s", deadline=dt.datetime.fromtimestamp(start + 9000.0, tz=dt.timezone.utc)), "recorded before")
+        self.assertEqual(self.state("s").deadline, TaskDeadline(start + 400.0, "caller", start), "one recorded before keeps its own")
+        self.clock.advance(100.0)
+        outcome = agent.run("s")  # its first run: the recorded deadline bounds the sleep
+        self.assertEqual((outcome.status, outcome.wake_at), (Status.SLEEPING, start + 400.0))
+        self.assertEqual(self.state("s").deadline, TaskDeadline(start + 400.0, "caller", start + 100.0))
+        self.clock.advance(300.0)
+        self.assertEqual(agent.run("s").status, Status.DEADLINE_EXCEEDED)
+        self.assertEqual(agent.run("e").status, Status.DEADLINE_EXCEEDED, "its deadline passed while it was queued")
+
+    def test_a_queued_tasks_deadline_and_the_limits_from_its_first_run_the_earlier_wins(self) -> None:
+        @self.durable(deadline_s=100.0)
+        def agent(run: longrun.Run) -> str:
+            run.sleep("nap", 5000.0)
+            return "done"
+
+        start = self.clock.now()
+        agent.start("late", deadline=dt.datetime.fromtimestamp(start + 500.0, tz=dt.timezone.utc))
+        agent.start("soon", deadline=dt.datetime.fromtimestamp(start + 120.0, tz=dt.timezone.utc))
+        agent.start("none")
+        self.assertIsNone(self.state("none").deadline, "the limits' counts from the first run, not from the start")
+        self.clock.advance(50.0)
+        self.assertEqual(agent.run("late").wake_at, start + 150.0)
+        self.assertEqual(self.state("late").deadline, TaskDeadline(start + 150.0, "limits", start + 50.0))
+        self.assertEqual(agent.run("soon").wake_at, start + 120.0)
+        self.assertEqual(self.state("soon").deadline, TaskDeadline(start + 120.0, "caller", start + 50.0))
+        self.assertEqual(agent.run("none").wake_at, start + 150.0)
+
+    def test_start_and_enqueue_refuse_a_naive_past_or_unreachable_deadline_and_record_nothing(self) -> None:
+        @self.durable()
+        def agent(run: longrun.Run) -> str:
+            return "done"
+
+        now = self.clock.now()
+        for what, call in (
+            ("no time zone", lambda: agent.start("t", deadline=dt.datetime(2030, 1, 1))),
+            ("already passed", lambda: agent.start("t", deadline=dt.datetime.fromtimestamp(now - 1.0, tz=dt.timezone.utc))),
+            ("already passed", lambda: agent.enqueue("t", deadline=dt.datetime.fromtimestamp(now, tz=dt.timezone.utc))),
+            ("before delay_s", lambda: agent.enqueue("t", delay_s=60.0, deadline=dt.datetime.fromtimestamp(now + 30.0, tz=dt.timezone.utc))),
+            ("timezone-aware", lambda: agent.enqueue("t", deadline="tomorrow")),
+        ):
+            with self.subTest(what), self.assertRaisesRegex(InvalidInputError, what):
+                call()
+        self.assertFalse(self._exists("t"), "nothing was recorded")
+
     def test_a_child_inherits_the_parents_deadline_and_a_later_one_of_its_own_is_clamped(self) -> None:
         @self.durable(deadline_s=5000.0)
         def late(run: longrun.Run) -> str:

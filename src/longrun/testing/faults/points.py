@@ -42,6 +42,8 @@ call.returned               the call returned; its value is in memory, committed
 
 ``TALK_POINTS``, reached only by a task that sends, receives or publishes (not in ``POINTS``):
 ``message.sent`` (the receiver's store holds the message, the send's record is in memory),
+``message.imported`` (a message from outside is in the receiver's mailbox, its control record's
+consumption and the receive not yet committed),
 ``message.received`` (the message a receive took is recorded in memory, not yet committed) and
 ``event.set`` (an event's record is in memory, just before its commit).
 
@@ -83,7 +85,7 @@ POINTS: tuple[str, ...] = (
     "call.returned",
 )
 BLOB_POINTS = tuple(f"blob.{stage}" for stage in WRITE_STAGES)
-TALK_POINTS = ("message.sent", "message.received", "event.set")
+TALK_POINTS = ("message.sent", "message.imported", "message.received", "event.set")
 """The moments of a blob's write (``stores.blobs``): only a task with a large value reaches them."""
 CALL_POINTS = frozenset(("call.started", "call.returned"))
 """Points only a durable function reaches (a declared plan has no calls)."""
