@@ -10,6 +10,7 @@ when ``LONGRUN_TEST_POSTGRES_DSN`` is set); the restart test SIGKILLs a real pro
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
 import os
 import subprocess
@@ -308,6 +309,47 @@ class DeadlineCases(support.TempDirTest):
         outcome = agent.run("t")
         self.assertEqual((outcome.status, outcome.result), (Status.DONE, "after"))
         self.assertEqual(self.calls, ["after"])
+
+    def test_status_and_the_console_word_the_deadline_and_json_includes_it(self) -> None:
+        from longrun.cli._console_pages import Console
+        from longrun.cli._common import format_time
+        from longrun.cli._inspect import cmd_status, render_status
+
+        @self.durable()
+        def agent(run: longrun.Run) -> str:
+            run.sleep("nap", 5000.0)
+            return "done"
+
+        start = self.clock.now()
+        agent.start("q", deadline=dt.datetime.fromtimestamp(start + 600.0, tz=dt.timezone.utc))
+        agent.run("r", deadline=dt.datetime.fromtimestamp(start + 600.0, tz=dt.timezone.utc))
+        agent.run("none")
+
+        def status(task_id: str, now: float) -> str:
+            lines = render_status(task_id, self.store.load(task_id), self.store.read_lease(task_id), now)
+            return "\n".join(line for line in lines if line.startswith("  deadline"))
+
+        queued = status("q", start + 60.0)
+        self.assertIn("(asked by the caller): 9m left", queued)
+        self.assertIn("(asked by the caller): passed 40m ago; the task stops deadline-exceeded when it next runs", status("r", start + 3000.0))
+        self.assertEqual(status("none", start), "", "no deadline, no line")
+        self.assertIn(format_time(start + 600.0), queued)
+        self.clock.advance(700.0)
+        self.assertEqual(agent.run("r").status, Status.DEADLINE_EXCEEDED)
+        self.assertIn(": exceeded 2m ago; the task stopped deadline-exceeded", status("r", start + 720.0))
+        out = io.StringIO()
+        cmd_status(self.store, "STORE", "q", True, out)
+        shown = json.loads(out.getvalue())["deadline_status"]
+        self.assertEqual((shown["at"], shown["source"], shown["exceeded"]), (start + 600.0, "caller", False))
+        self.assertIsInstance(shown["left_s"], float)
+        self.assertEqual(shown["passed"], shown["left_s"] <= 0)
+        out = io.StringIO()
+        cmd_status(self.store, "STORE", "none", True, out)
+        self.assertIsNone(json.loads(out.getvalue())["deadline_status"])
+        console = Console(self.store, "store", read_only=True, approver="a", sign_key=None, control_root=None, clock=lambda: start + 60.0)
+        self.assertIn("<dt>deadline</dt><dd>", console.task_page("q", {}))
+        self.assertIn("9m left", console.task_page("q", {}))
+        self.assertNotIn("<dt>deadline</dt>", console.task_page("none", {}))
 
     def test_the_status_is_terminal_and_reopenable_and_old_states_load(self) -> None:
         self.assertIn(Status.DEADLINE_EXCEEDED, TERMINAL)
