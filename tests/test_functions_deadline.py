@@ -29,6 +29,7 @@ from longrun.outcome import ENDED_UNFINISHED, TERMINAL
 from longrun.testing import FakeClock
 
 CHILD = os.path.join(support.HELPERS, "deadline_child.py")
+FAMILY = os.path.join(support.HELPERS, "deadline_family.py")
 
 
 class DeadlineCases(support.TempDirTest):
@@ -437,6 +438,94 @@ class RestartCases(support.TempDirTest):
             self.assertEqual(handle.read().count("work"), 2, "the killed attempt and the one that returned")
 
 
+class FamilyRestartCases(support.TempDirTest):
+    """A parent (``deadline_s`` 1000) and its child, each run in a process of its own
+    (tests/helpers/deadline_family.py): the first process is SIGKILLed inside the child's step, the
+    parent's deadline passes, and the parent stops ``deadline-exceeded`` and cancels the child."""
+
+    spec = RestartCases.spec
+    open = RestartCases.open
+
+    def run_family(self, which: str, later: float, crash_at: str | None = None) -> tuple[int, Any]:
+        env = {**os.environ, "LONGRUN_CRASH_AT": crash_at} if crash_at else {k: v for k, v in os.environ.items() if k != "LONGRUN_CRASH_AT"}
+        process = subprocess.run(
+            [sys.executable, FAMILY, self.spec(), which, str(later), "1000", self.path("calls")],
+            capture_output=True, text=True, timeout=120, env=env,
+        )  # fmt: skip
+        if process.returncode not in (0, -9):
+            self.fail(f"the {which} process exited {process.returncode}: {process.stderr}")
+        return process.returncode, json.loads(process.stdout) if process.stdout.strip() else None
+
+    def calls(self) -> int:
+        with open(self.path("calls"), encoding="ascii") as handle:
+            return handle.read().count("work")
+
+    def killed_while_the_child_runs(self) -> None:
+        code, _ = self.run_family("parent", 0.0)
+        self.assertEqual(code, -9, "killed inside the child's step 'work'")
+        store = self.open()
+        parent, kid = store.load("parent").state, store.load("kid").state
+        assert parent is not None and kid is not None and parent.deadline is not None
+        self.assertEqual((parent.status, kid.status), (Status.RUNNING, Status.RUNNING))
+        assert kid.deadline is not None
+        self.assertEqual((kid.deadline.at, kid.deadline.source), (parent.deadline.at, "parent"), "the child inherited the parent's deadline")
+
+    def check_the_child_is_cancelled_and_starts_nothing(self) -> None:
+        self.assertIsNotNone(self.open().read_cancellation("kid"), "the child's cancellation is written")
+        code, outcome = self.run_family("kid", 4000.0)  # as a worker would run it: it stops, starts nothing
+        self.assertEqual(code, 0)
+        self.assertIn(outcome["status"], ("cancelled", "deadline-exceeded"))
+        self.assertEqual(self.calls(), 1, "the killed attempt only: nothing of the child ran after the deadline")
+        kid = self.open().load("kid").state
+        assert kid is not None
+        self.assertNotIn("after", kid.effects, "the child's next step never started")
+
+    def test_a_deadline_reached_while_a_child_runs_stops_the_parent_and_cancels_the_child(self) -> None:
+        self.killed_while_the_child_runs()
+        code, outcome = self.run_family("parent", 2000.0)  # its deadline (1000 s after its start) has passed
+        self.assertEqual((code, outcome["status"]), (0, "deadline-exceeded"))
+        self.assertTrue(any("children are cancelled" in detail and "kid" in detail for detail in outcome["inferences"]), outcome)
+        self.check_the_child_is_cancelled_and_starts_nothing()
+
+    def test_killed_after_the_parents_stop_before_its_children_are_cancelled_the_next_run_cancels_them(self) -> None:
+        self.killed_while_the_child_runs()
+        code, _ = self.run_family("parent", 2000.0, crash_at="deadline.children:1")
+        self.assertEqual(code, -9, "killed at deadline.children")
+        store = self.open()
+        parent = store.load("parent").state
+        assert parent is not None
+        self.assertEqual(parent.status, Status.DEADLINE_EXCEEDED, "the stop was committed")
+        self.assertIsNone(store.read_cancellation("kid"), "not cancelled yet")
+        code, outcome = self.run_family("parent", 3000.0)
+        self.assertEqual((code, outcome["status"]), (0, "deadline-exceeded"))
+        self.check_the_child_is_cancelled_and_starts_nothing()
+
+
+class JsonFileFamilyRestartTests(FamilyRestartCases):
+    pass
+
+
+class SqliteFamilyRestartTests(FamilyRestartCases):
+    def spec(self) -> str:
+        return "sqlite:" + self.path("longrun.sqlite")
+
+
+class PostgresFamilyRestartTests(FamilyRestartCases):
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        pg_support.check()
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.schema = pg_support.Schema()
+        self.addCleanup(self.schema.drop)
+
+    def spec(self) -> str:
+        separator = "&" if "?" in self.schema.url else "?"
+        return f"{self.schema.url}{separator}options=-csearch_path%3D{self.schema.name}"
+
+
 class JsonFileRestartTests(RestartCases):
     pass
 
@@ -462,7 +551,7 @@ class PostgresRestartTests(RestartCases):
         return f"{self.schema.url}{separator}options=-csearch_path%3D{self.schema.name}"
 
 
-del DeadlineCases, RestartCases  # only their subclasses run
+del DeadlineCases, RestartCases, FamilyRestartCases  # only their subclasses run
 
 if __name__ == "__main__":
     unittest.main()

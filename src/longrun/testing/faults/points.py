@@ -47,6 +47,9 @@ consumption and the receive not yet committed),
 ``message.received`` (the message a receive took is recorded in memory, not yet committed) and
 ``event.set`` (an event's record is in memory, just before its commit).
 
+``deadline.children``, reached only by a durable task that stops ``deadline-exceeded``: its stop
+is committed, its unfinished children not yet cancelled (running the task again cancels them).
+
 ``BLOB_POINTS``, reached only by a task with a payload or result of 64 KiB or more (a blob, see
 ``longrun.stores.blobs``; not in ``POINTS``, which every task reaches): ``blob.temp-opened``,
 ``blob.temp-half-written``, ``blob.temp-written``, ``blob.temp-fsynced`` (its ``fdatasync``),
