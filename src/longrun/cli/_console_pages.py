@@ -43,7 +43,8 @@ from ._control import cmd_approve, cmd_cancel, parse_answer, payload_view
 from ._filters import function_of
 from ._intervene import cmd_resolve, write_reopen
 from ._history import timeline
-from ._inspect import LS_STATUSES, deadline_words, progress_line, reported_line
+from ._deadline import deadline_words
+from ._inspect import LS_STATUSES, progress_line, reported_line
 from ._payload import payload_lines, safe_text
 from ._resume import run_recorded_once
 from ._verify import verify

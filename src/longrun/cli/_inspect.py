@@ -31,7 +31,7 @@ from ..errors import CorruptStateError, LongrunError
 from ..lease import Lease
 from ..ledger import EffectState
 from ..messages import consumed_messages
-from ..outcome import TERMINAL, Status
+from ..outcome import Status
 from ..outside_messages import pending_messages
 from ..progress import Progress, progress_of
 from ..telemetry import ProgressReport
@@ -50,13 +50,14 @@ from ._common import (
     write_json,
 )
 from ._control import payload_view
+from ._deadline import deadline_view, deadline_words
 from ._filters import parse_moment
 from ._payload import payload_lines, safe_text
 from ._what_ran import failure_lines, function_matches, last_run_failed, queue_position, what_ran, what_ran_lines
 
 __all__ = [
-    "LS_STATUSES", "NO_STATE_ACTION", "cmd_ls", "cmd_status", "deadline_view", "deadline_words", "ls_entry", "parse_since", "progress_line",
-    "reported_line", "select", "status_json",
+    "LS_STATUSES", "NO_STATE_ACTION", "cmd_ls", "cmd_status", "ls_entry", "parse_since", "progress_line", "reported_line", "select",
+    "status_json",
 ]  # fmt: skip
 
 NO_STATE_ACTION = "run the task: no revision has been committed yet"
@@ -202,42 +203,6 @@ def _event_lines(state: RunState) -> list[str]:
         text = json.dumps(value, ensure_ascii=False, sort_keys=True)
         lines.append(f"    {key} = {safe_text(text if len(text) <= 200 else text[:197] + '...')}")
     return lines
-
-
-_DEADLINE_SOURCES = {
-    "limits": "from Limits.deadline_s", "caller": "asked by the caller", "parent": "inherited from its parent",
-    "reopen": "moved on by a reopen",
-}  # fmt: skip
-
-
-def deadline_view(state: RunState | None, now: float) -> dict[str, object] | None:
-    """The task's deadline as ``status --json`` shows it: the recorded one (``at``, ``source``,
-    ``recorded_at``), ``left_s`` (negative once passed), ``passed``, ``exceeded`` (the task stopped
-    ``deadline-exceeded``) and ``words`` (``deadline_words``); None without one."""
-    deadline = state.deadline if state is not None else None
-    if state is None or deadline is None:
-        return None
-    return {
-        **deadline.to_json(), "left_s": deadline.at - now, "passed": now >= deadline.at,
-        "exceeded": state.status is Status.DEADLINE_EXCEEDED, "words": deadline_words(state, now),
-    }  # fmt: skip
-
-
-def deadline_words(state: RunState, now: float) -> str | None:
-    """The task's deadline for people: when it is, how long is left or that it passed, and where it
-    came from; None without one."""
-    deadline = state.deadline
-    if deadline is None:
-        return None
-    source = _DEADLINE_SOURCES.get(deadline.source, deadline.source)
-    when = f"{format_time(deadline.at)} ({source})"
-    if state.status is Status.DEADLINE_EXCEEDED:
-        return f"{when}: exceeded {format_duration(now - deadline.at)} ago; the task stopped deadline-exceeded"
-    if state.status in TERMINAL:
-        return f"{when}: the task ended {state.status.value} before it"
-    if now >= deadline.at:
-        return f"{when}: passed {format_duration(now - deadline.at)} ago; the task stops deadline-exceeded when it next runs"
-    return f"{when}: {format_duration(deadline.at - now)} left"
 
 
 def mailbox_summary(store: Store, state: RunState | None, task_id: str) -> dict[str, object]:
