@@ -651,6 +651,22 @@ class StoreCases(TalkCase):
         self.assertEqual(self.store.load("c").state.effects["longrun.function"].result, [{"n": 1}, None])
 
 
+    def test_a_worker_runs_a_receiver_again_when_a_message_arrives_through_a_strict_control_root(self) -> None:
+        control = self.path("control")
+        os.makedirs(control)
+        source = FileControlSource(control, approver_uid=os.geteuid())
+
+        @longrun.durable(store=self.store, lease_ttl_s=5.0, approvals=source)
+        def consumer(run: longrun.Run) -> Any:
+            return run.recv("orders")
+
+        consumer.start("c")
+        self.serve([consumer], lambda: self.status("c") == "awaiting-input")
+        consumer.send("c", "orders", {"n": 1}, write_to=FileControlSource(control, strict=False))
+        self.serve([consumer], lambda: self.status("c") == "done")
+        self.assertEqual(self.store.load("c").state.effects["longrun.function"].result, {"n": 1})
+
+
 class JsonFileStoreTests(StoreCases):
     pass
 
