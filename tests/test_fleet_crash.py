@@ -25,11 +25,6 @@ DEADLINE_S = 1800.0 if FULL else 300.0
 """A liveness guard, not a timing assertion: the fleet must finish; this says when to give up."""
 
 
-def schema_url(schema: pg_support.Schema) -> str:
-    separator = "&" if "?" in schema.url else "?"
-    return f"{schema.url}{separator}options=-csearch_path%3D{schema.name}"
-
-
 class FleetCrashCases:
     tasks = 60
     effects = 5
@@ -167,7 +162,7 @@ class RateFleetCases:
 
 class PostgresRateFleetTests(RateFleetCases, pg_support.SchemaPerTest, support.TempDirTest):
     def fleet_store(self) -> tuple[str, Database]:
-        return schema_url(self.schema), Database("", self.schema)
+        return self.schema.spec, Database("", self.schema)
 
 
 class SqliteRateFleetTests(RateFleetCases, support.TempDirTest):
@@ -185,7 +180,7 @@ class JsonRateFleetTests(RateFleetCases, support.TempDirTest):
 
 class PostgresScheduleFleetTests(ScheduleFleetCases, pg_support.SchemaPerTest, support.TempDirTest):
     def fleet_store(self) -> tuple[str, Database]:
-        return schema_url(self.schema), Database("", self.schema)
+        return self.schema.spec, Database("", self.schema)
 
 
 class SqliteScheduleFleetTests(ScheduleFleetCases, support.TempDirTest):
@@ -208,7 +203,7 @@ class PostgresFleetCrashTests(FleetCrashCases, pg_support.SchemaPerTest, support
     stops = 10 if FULL else scale.scaled(2, 3)
 
     def fleet_store(self) -> tuple[str, Database]:
-        return schema_url(self.schema), Database("", self.schema)
+        return self.schema.spec, Database("", self.schema)
 
     def offsets(self) -> dict[int, float]:
         return {1: 3600.0, 2: -3600.0}
