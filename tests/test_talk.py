@@ -131,7 +131,7 @@ class StoreCases(TalkCase):
         consumer.send("c2", "t", "fork's first")  # number 1 in the fork's own mailbox
         self.assertEqual(consumer.resume("c2").result, ["origin's first", "fork's first"])
 
-    def test_fifo_follows_the_order_the_sends_committed_not_the_senders(self) -> None:
+    def test_fifo_merges_the_tasks_messages_in_commit_order_with_those_from_outside_in_send_order(self) -> None:
         @self.durable()
         def consumer(run: longrun.Run) -> list[Any]:
             return [run.recv("t") for _ in range(4)]
