@@ -73,6 +73,21 @@ class Schema:
         finally:
             connection.close()
 
+    @staticmethod
+    def show(url: str) -> tuple[int, int]:
+        """The server's max_connections and the connections open now."""
+        connection = postgres_connector(url)()
+        try:
+            cursor = connection.cursor()
+            cursor.execute("SELECT CAST(current_setting('max_connections') AS INTEGER)")
+            allowed = int(cursor.fetchone()[0])
+            cursor.execute("SELECT COUNT(*) FROM pg_stat_activity")
+            in_use = int(cursor.fetchone()[0])
+            connection.commit()
+            return allowed, in_use
+        finally:
+            connection.close()
+
     def spec(self) -> str:
         return f"{self.url}{'&' if '?' in self.url else '?'}options=-csearch_path%3D{self.name}"
 
@@ -242,6 +257,16 @@ def main() -> int:
         f"{'floor commits/s':>16} {'x floor':>8}"
     )
     for workers in worker_counts:
+        # Each worker holds a connection per task it runs, plus its queue's, its listener's and the
+        # function module's: a fleet wider than the server's max_connections cannot be measured.
+        needed = workers * (args.concurrency + 4)
+        allowed, in_use = Schema.show(url)
+        if needed > allowed - in_use:
+            print(
+                f"  {'PostgreSQL':<11} {workers:>7}  not run: it needs about {needed} connections, the server has "
+                f"{allowed - in_use} free (max_connections {allowed}, {in_use} in use)"
+            )
+            continue
         schema = Schema(url)
         work = tempfile.mkdtemp(prefix="longrun-fleetbench-")
         try:
