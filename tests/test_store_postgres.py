@@ -237,6 +237,42 @@ class OneRoundTripTests(PostgresCase):
         self.assertEqual(self.schema.execute("SELECT revision FROM longrun_states"), [(1,)])
 
 
+    def test_a_driver_without_an_autocommit_switch_commits_the_call_in_a_transaction(self) -> None:
+        factory = self.schema.factory()
+
+        class Plain:
+            """Only what DB-API 2.0 requires of a connection: no ``autocommit``."""
+
+            def __init__(self) -> None:
+                self._connection = factory()
+                self.commits = 0
+
+            def cursor(self) -> Any:
+                return self._connection.cursor()
+
+            def commit(self) -> None:
+                self.commits += 1
+                self._connection.commit()
+
+            def rollback(self) -> None:
+                self._connection.rollback()
+
+            def close(self) -> None:
+                self._connection.close()
+
+        made: list[Plain] = []
+        store = self.open_with(lambda: made.append(Plain()) or made[-1])
+        lease = store.acquire_lease("t", "me", 30.0, time.time())
+        store.load("t", lease=lease)
+        state = sample_state("t")
+        store.commit(lease, state, set(state.effects))
+        state.next_action = "committed through a plain connection"
+        commits = made[-1].commits
+        self.assertEqual(store.commit(lease, state), 2)
+        self.assertEqual(made[-1].commits, commits + 1, "the call, then its COMMIT")
+        self.assertEqual(self.open().load("t").state.next_action, state.next_action)  # type: ignore[union-attr]
+
+
 class Pg8000OneRoundTripTests(OneRoundTripTests):
     driver = "pg8000"
 

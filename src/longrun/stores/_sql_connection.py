@@ -156,6 +156,11 @@ class SqlConnection:
             try:
                 if not self._schema_checked:
                     self._ensure_schema()
+                if not hasattr(connection, "autocommit"):  # a DB-API driver without the switch: BEGIN and COMMIT travel
+                    self._cursor = connection.cursor()
+                    row = self.one(statement, params)
+                    connection.commit()
+                    return row
                 connection.autocommit = True
                 try:
                     self._cursor = connection.cursor()
