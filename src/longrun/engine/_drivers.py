@@ -250,6 +250,8 @@ class RunIO:
         with self.commit_lock:
             lease = self.current_lease(inv)
             state = inv.state
+            if inv.latencies and inv.stopping is not None:  # a stop's commit carries every latency noted
+                inv.fold_latency()
             state.updated_at = self.config.clock.now()
             state.budget = state.budget.worked(inv.take_work())
             try:
@@ -281,7 +283,8 @@ class RunIO:
     def keep_settled(self, inv: Invocation) -> None:
         """The plan's own code raised (a durable function's bug, say). What is settled so far is
         kept, so a corrected function resumes from it; the error goes to the caller."""
-        if inv.current is not None and inv.dirty and self.keeper is not None and self.keeper.failure is None:
+        if inv.current is not None and (inv.dirty or inv.latencies) and self.keeper is not None and self.keeper.failure is None:
+            inv.fold_latency()
             self.commit(inv)
 
     def settle_stop(self, inv: Invocation, raised: Stop) -> Stop:

@@ -197,7 +197,8 @@ def _execute(inv: Invocation, step: Step, record: EffectRecord) -> Steps[None]:
     cost = checked.cost
     record = record.move(EffectState.ACKNOWLEDGED, inv.clock.now(), receipt=checked.evidence, result=checked.result, cost=record.cost + cost)
     inv.put(record)
-    state.budget = state.budget.spent(cost)
+    if cost:  # most adapters charge nothing: the counters stay the very same record
+        state.budget = state.budget.spent(cost)
     yield from _settle(inv, record)
 
 

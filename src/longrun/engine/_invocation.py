@@ -30,7 +30,7 @@ from ..ledger import EffectRecord, EffectState, VerifiedResults
 from ..outcome import TERMINAL, WAITING, Evidence, RunOutcome, Status
 from ..progress import pending_of
 from ..protocols import AnyEffectAdapter, Clock, MonotonicClock, TimelineClock
-from ..telemetry import EffectLatency
+from ..telemetry import LATENCY_FOLD_S, EffectLatency
 
 __all__ = ["EvidenceLog", "Invocation", "Stop", "Trail"]
 
@@ -217,6 +217,10 @@ class Invocation:
         self.result: JSONValue = None
         self.attempt_started: dict[str, float] = {}
         """When each effect's latest attempt started in this invocation (for ``state.effect_latency``)."""
+        self.latencies: list[tuple[str, float]] = []
+        """Effect latencies (action, seconds) noted since the state's histogram last took them in
+        (``fold_latency``: at most once every ``LATENCY_FOLD_S``, and with the stop's commit)."""
+        self._latency_folded_at = clock.now()
 
     @property
     def current(self) -> RunState | None:
@@ -246,16 +250,30 @@ class Invocation:
         self.dirty = True
 
     def _note_latency(self, previous: EffectRecord, record: EffectRecord) -> None:
-        """Add a verified effect's time from its attempt's start to the state's latency histogram:
-        the start seen in this invocation, else a started record as loaded (its last move was the
-        start). An effect verified without a start known (observed first, found applied) adds nothing."""
+        """Note a verified effect's time from its attempt's start: the start seen in this invocation,
+        else a started record as loaded (its last move was the start). An effect verified without a
+        start known (observed first, found applied) adds nothing. Noted as numbers; the state's
+        histogram takes them in once ``LATENCY_FOLD_S`` passed since it last did (or at the stop)."""
         started = self.attempt_started.pop(record.step_id, None)
         if started is None and previous.state is EffectState.STARTED:
             started = previous.updated_at
         if started is None or is_internal(record.action):
             return
+        now = record.updated_at
+        self.latencies.append((record.action, now - started))
+        if not 0.0 <= now - self._latency_folded_at < LATENCY_FOLD_S:  # due, or the clock went back
+            self.fold_latency()
+
+    def fold_latency(self) -> None:
+        """Add the latencies noted so far to the state's histogram (one new record for all of them);
+        it goes out with the next commit."""
+        if not self.latencies:
+            return
         state = self.state
-        state.effect_latency = (state.effect_latency or EffectLatency()).observed(record.action, record.updated_at - started)
+        state.effect_latency = (state.effect_latency or EffectLatency()).observed_many(self.latencies)
+        self.latencies = []
+        self._latency_folded_at = self.clock.now()
+        self.dirty = True
 
     def monotonic(self) -> float:
         """The clock's ``monotonic()`` if it has one (``FakeClock`` does), else its ``now()``."""
