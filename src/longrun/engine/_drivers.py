@@ -32,6 +32,7 @@ module for every store and control request.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import inspect
 import logging
@@ -438,6 +439,10 @@ class AsyncDriver:
         self._reads: dict[object, asyncio.Future[Any]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._async_functions: dict[Any, bool] = {}
+        self._outcomes: collections.deque[tuple[asyncio.Future[Any], Any, BaseException | None]] = collections.deque()
+        """Outcomes of synchronous adapter calls, handed back from their threads (``_hand_back``)."""
+        self._outcomes_lock = threading.Lock()
+        self._delivery_due = False
         self._applying: set[asyncio.Task[Any]] = set()
         """The step tasks awaiting an async ``apply`` now (``signal_cancelled`` cancels them)."""
         self._interrupted: set[asyncio.Task[Any]] = set()
@@ -598,22 +603,62 @@ class AsyncDriver:
         if self._is_async(fn):
             return await self._awaited_call(fn, request, timeout_s, cancellable=cancellable)
         assert self._loop is not None and self._pool is not None
-        thread = self._pool.submit(fn, request)
-        inner = asyncio.wrap_future(thread)
+        inner = self._loop.create_future()
+        thread = self._pool.submit(self._in_thread, fn, request, inner)
+        limit = asyncio.timeout(timeout_s)
         try:
             # Awaited in this task (``asyncio.timeout``, not ``asyncio.wait``: about half the cost,
             # three times per effect). A timeout or a cancellation of this task cancels ``inner``.
-            async with asyncio.timeout(timeout_s):
+            async with limit:
                 return await inner
         except TimeoutError:
-            if inner.done() and not inner.cancelled():
-                return inner.result()  # it finished as the time ran out: its outcome stands
-            inner.cancel()
+            if not limit.expired():
+                raise  # the adapter's own TimeoutError: its outcome, as it raised it
+            if thread.done() and not thread.cancelled():
+                return thread.result()  # it finished as the time ran out: its outcome stands
             if not thread.done():
                 self.inv.stragglers.append(thread)
                 self._retire_pool()
                 raise ApplyTimedOut(timeout_s or 0.0, pending=thread) from None
             raise ApplyTimedOut(timeout_s or 0.0) from None
+
+    def _in_thread(self, fn: Callable[[Any], T], request: Any, waiter: asyncio.Future[T]) -> T:
+        """``fn(request)`` in a worker thread; its outcome goes back to the loop with those of the
+        other calls that end meanwhile, in one hand-off (``_hand_back``), not a wake-up of the loop
+        and a chain of callbacks per call. Returned (or raised) too, for the thread's own future."""
+        try:
+            result = fn(request)
+        except BaseException as exc:
+            self._hand_back(waiter, None, exc)
+            raise
+        self._hand_back(waiter, result, None)
+        return result
+
+    def _hand_back(self, waiter: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+        self._outcomes.append((waiter, result, error))
+        with self._outcomes_lock:
+            if self._delivery_due:
+                return  # a delivery is scheduled and has not begun: it takes this outcome too
+            self._delivery_due = True
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:  # the loop is closed: nobody awaits the outcome any more
+            pass
+
+    def _deliver(self) -> None:
+        """On the loop: every outcome handed back so far, to the steps that await them."""
+        with self._outcomes_lock:
+            self._delivery_due = False
+        outcomes = self._outcomes
+        while outcomes:
+            waiter, result, error = outcomes.popleft()
+            if waiter.done():  # the step stopped waiting (a timeout, a cancellation)
+                continue
+            if error is not None:
+                waiter.set_exception(error)
+            else:
+                waiter.set_result(result)
 
     def _is_async(self, fn: Callable[[Any], Any]) -> bool:
         """``is_async_callable(fn)``, asked once per adapter method (by its function) in this run."""
