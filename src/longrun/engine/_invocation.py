@@ -34,8 +34,16 @@ from ..telemetry import LATENCY_FOLD_S, EffectLatency
 
 __all__ = ["EvidenceLog", "Invocation", "Stop", "Trail"]
 
-Item = tuple[str, str, float]
-"""An item of a trail as it is noted: source, detail, time (an ``Evidence`` only when it is read)."""
+Item = tuple[str, str, float] | tuple[str, str, float, tuple[object, ...]]
+"""An item of a trail as it is noted: source, detail, time (an ``Evidence`` only when it is read),
+and, for an item noted on every effect's path, the values its detail (a ``str.format`` template)
+is made of: the text is made when the item is read, and never for the items a long trail leaves out."""
+
+
+def _evidence(item: Item) -> Evidence:
+    if len(item) == 3:
+        return Evidence(item[0], item[1], item[2])
+    return Evidence(item[0], item[1].format(*item[3]), item[2])
 
 
 class Trail:
@@ -65,8 +73,8 @@ class Trail:
         self._tail.append(item)
 
     def items(self) -> tuple[Evidence, ...]:
-        head = [Evidence(*item) for item in self.head]
-        tail = [Evidence(*item) for item in self._tail]
+        head = [_evidence(item) for item in self.head]
+        tail = [_evidence(item) for item in self._tail]
         if not self._omitted:
             return (*head, *tail)
         gap = Evidence("runner", f"{self._omitted} more items of this kind are left out here", tail[0].at)
@@ -85,12 +93,15 @@ class EvidenceLog:
         self.inferences = Trail()
         self.unknowns: list[Evidence] = []
 
-    def observed(self, source: str, detail: str) -> None:
+    def observed(self, source: str, detail: str, *values: object) -> None:
+        """Note an observation; with ``values``, ``detail`` is a ``str.format`` template of them,
+        filled in when the outcome reads it (see ``Item``)."""
+        item: Item = (source, detail, self._clock.now(), values) if values else (source, detail, self._clock.now())
         head = self.observations.head
         if len(head) < Trail.HEAD:  # the common case, without a call
-            head.append((source, detail, self._clock.now()))
+            head.append(item)
         else:
-            self.observations.append((source, detail, self._clock.now()))
+            self.observations.append(item)
 
     def noted(self, source: str, detail: str) -> Evidence:
         """``observed``, returning the record (for a state that keeps it too)."""
@@ -98,12 +109,14 @@ class EvidenceLog:
         self.observations.append((item.source, item.detail, item.at))
         return item
 
-    def inferred(self, detail: str) -> None:
+    def inferred(self, detail: str, *values: object) -> None:
+        """Note an inference (``values``: as for ``observed``)."""
+        item: Item = ("runner", detail, self._clock.now(), values) if values else ("runner", detail, self._clock.now())
         head = self.inferences.head
         if len(head) < Trail.HEAD:
-            head.append(("runner", detail, self._clock.now()))
+            head.append(item)
         else:
-            self.inferences.append(("runner", detail, self._clock.now()))
+            self.inferences.append(item)
 
     def unknown(self, source: str, detail: str) -> Evidence:
         item = Evidence(source, detail, self._clock.now())
