@@ -358,8 +358,7 @@ class PostgresRestartTests(RestartCases):
         self.addCleanup(self.schema.drop)
 
     def spec(self) -> str:
-        separator = "&" if "?" in self.schema.url else "?"
-        return f"{self.schema.url}{separator}options=-csearch_path%3D{self.schema.name}"
+        return self.schema.spec
 
 
 del DeadlineCases, RestartCases  # only their subclasses run

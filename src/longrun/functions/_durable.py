@@ -38,7 +38,7 @@ from ..stores.queue import TaskQueue, open_queue
 from ..task_events import read_event
 from ._plan import FunctionPlan, Recording, run_coroutine
 from ._family import cancelled_down
-from ._fork import Forking, check_new_task, record_fork_in_origin, records_to_copy
+from ._fork import Forking, check_new_task, holding_origin, record_fork_in_origin, records_to_copy
 from ._lineage import FUNCTION_STEP, ChildLink, qualified_name
 from ._version import check_version, source_version
 from ._waiting import Waiting, check_wait
@@ -428,24 +428,28 @@ class DurableFunction(Generic[R]):
         check_task_id(task_id)
         check_task_id(new_task_id)
         store = self._options["store"]
-        origin = store.load(task_id).state  # UnknownTaskError for a task the store does not hold
-        if origin is None:
+        if store.load(task_id).state is None:  # UnknownTaskError for a task the store does not hold
             raise UnknownTaskError(f"task {task_id!r} has no committed state; nothing was written")
-        args, kwargs = self._recorded_arguments(origin, ForkRefusedError)
-        check_new_task(store, new_task_id)
-        start_at, copied = records_to_copy(origin, from_step)
-        engine, plan = self._plan(new_task_id, tuple(args), dict(kwargs))
-        record_fork_in_origin(store, task_id, new_task_id, start_at, engine.config.clock.now())
-        forking = Forking(plan, copied, {"task": task_id, "step": start_at})
-        queue = open_queue(engine.config.store)
-        try:
-            queue.ensure()
-            outcome = run_coroutine(engine.arun(forking), f"forking {task_id!r}") if engine.config.asynchronous else engine.run(forking)
-            if outcome.status is not Status.RUNNING:
-                raise InvalidInputError(f"task {new_task_id!r} could not be recorded: {outcome.status.value}: {outcome.next_action}")
-            queue.enqueue(new_task_id, self.name)
-        finally:
-            queue.close()
+        now = (self._options.get("clock") or SystemClock()).now()
+        with holding_origin(store, task_id, now) as (lease, origin):
+            args, kwargs = self._recorded_arguments(origin, ForkRefusedError)
+            made = check_new_task(store, new_task_id, task_id)
+            if made is not None:  # a fork of this origin that stopped before the origin recorded it
+                start_at = str(made["step"])
+            else:
+                start_at, copied = records_to_copy(origin, from_step)
+                engine, plan = self._plan(new_task_id, tuple(args), dict(kwargs))
+                forking = Forking(plan, copied, {"task": task_id, "step": start_at})
+                queue = open_queue(engine.config.store)
+                try:
+                    queue.ensure()
+                    outcome = run_coroutine(engine.arun(forking), f"forking {task_id!r}") if engine.config.asynchronous else engine.run(forking)
+                    if outcome.status is not Status.RUNNING:
+                        raise InvalidInputError(f"task {new_task_id!r} could not be recorded: {outcome.status.value}: {outcome.next_action}")
+                    queue.enqueue(new_task_id, self.name)
+                finally:
+                    queue.close()
+            record_fork_in_origin(store, lease, origin, new_task_id, start_at, now)
         return start_at
 
     def reopen(
