@@ -74,6 +74,16 @@ class AsyncNoop:
         return Observation.absent("not seen")
 
 
+def cpu_seconds() -> float:
+    """This process's CPU time so far: user + system, every thread (``resource.getrusage``)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+LAST_CPU_PER_EFFECT = [0.0]
+"""The CPU seconds per effect of the latest run measured (around the run itself, as its wall time is)."""
+
+
 def _finished(outcome: longrun.RunOutcome) -> None:
     if outcome.status is not Status.DONE:
         raise RuntimeError(f"the benchmark run ended {outcome.status.value}: {outcome.next_action}")
@@ -92,9 +102,10 @@ def parallel_per_second(store: Store, effects: int, max_parallel: int, adapter: 
         return count
 
     gc.collect()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_seconds()
     outcome = fan_out.run(f"bench-{secrets.token_hex(4)}", effects)
     elapsed = time.perf_counter() - started
+    LAST_CPU_PER_EFFECT[0] = (cpu_seconds() - cpu) / effects
     _finished(outcome)
     return effects / elapsed
 
@@ -109,9 +120,10 @@ def sequential_per_effect(store: Store, effects: int, payload: Callable[[int], d
         return count
 
     gc.collect()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_seconds()
     outcome = one_by_one.run(f"bench-{secrets.token_hex(4)}", effects)
     elapsed = time.perf_counter() - started
+    LAST_CPU_PER_EFFECT[0] = (cpu_seconds() - cpu) / effects
     _finished(outcome)
     return elapsed / effects
 
@@ -169,7 +181,7 @@ def pwrite_fdatasync(directory: str, ops: int, size: int) -> float:
 
 
 class Row:
-    def __init__(self, key: str, measure: Callable[[str], float], *, effects: int = 0):
+    def __init__(self, key: str, measure: Callable[[str], float], *, effects: bool = False):
         self.key, self.measure, self.effects = key, measure, effects
         self.samples: list[float] = []
         self.cpu: list[float] = []
@@ -197,22 +209,19 @@ def rows_for(workdir: str, quick: bool, only: str | None = None) -> tuple[list[R
         Row("floor-sqlite", lambda d: floors.sqlite_wal_full(d, ops)),
         Row("floor-1mb", lambda d: pwrite_fdatasync(d, max(4, ops // 50), MEGABYTE)),
         Row("floor-1mb-new", lambda d: new_file_fdatasync(d, max(4, ops // 100), MEGABYTE)),
-        Row("sequential-json", lambda d: sequential_per_effect(json_store, sequential, lambda i: {"i": i}), effects=sequential),
+        Row("sequential-json", lambda d: sequential_per_effect(json_store, sequential, lambda i: {"i": i}), effects=True),
         Row("sequential-1mb", lambda d: sequential_per_effect(json_store, large, megabyte_payload)),
     ]
     if only == "large":
         return [row for row in rows if row.key in ("floor-1mb", "floor-1mb-new", "sequential-1mb")], cleanups
     for name, store in (("json", json_store), ("sqlite", sqlite_store)):
         for level in CONCURRENCY:
-            rows.append(Row(f"{name}-{level}", lambda d, s=store, n=level: parallel_per_second(s, effects, n), effects=effects))
-    rows.append(Row("json-64-plain", lambda d: parallel_per_second(json_store, effects, 64, NoopAdapter()), effects=effects))
+            rows.append(Row(f"{name}-{level}", lambda d, s=store, n=level: parallel_per_second(s, effects, n), effects=True))
+    rows.append(Row("json-64-plain", lambda d: parallel_per_second(json_store, effects, 64, NoopAdapter()), effects=True))
     return rows, cleanups
 
 
-def cpu_seconds() -> float:
-    """This process's CPU time so far: user + system, every thread (``resource.getrusage``)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+
 
 
 def measure(rows: list[Row], workdir: str, rounds: int) -> None:
@@ -221,10 +230,9 @@ def measure(rows: list[Row], workdir: str, rounds: int) -> None:
         for row in order:
             directory = os.path.join(workdir, f"round-{number}-{row.key}")
             os.makedirs(directory)
-            cpu = cpu_seconds()
             row.samples.append(row.measure(directory))
             if row.effects:
-                row.cpu.append((cpu_seconds() - cpu) / row.effects)
+                row.cpu.append(LAST_CPU_PER_EFFECT[0])
             shutil.rmtree(directory, ignore_errors=True)
         print(f"  round {number + 1}/{rounds} done", file=sys.stderr, flush=True)
 
