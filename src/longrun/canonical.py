@@ -20,6 +20,9 @@ integers over Python's digit limit, an escaped lone surrogate (``"\\ud800"``, wh
 encoder can write back), and, with ``unique_keys``, an object that names a key twice (two readers
 could disagree on which one counts). Nothing else escapes it: no ``JSONDecodeError``,
 ``RecursionError``, ``UnicodeError`` or ``OverflowError``.
+
+Longer than most modules: it is one concept, the bytes every digest is over and the reader that
+refuses whatever those bytes could not be; apart, each would restate the other's rules.
 """
 
 from __future__ import annotations
@@ -242,8 +245,7 @@ def canonical_bytes(value: JSONValue, *, what: str = "value") -> bytes:
 
 
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-"""One encoder for every canonical encoding: ``json.dumps`` with these options builds a new one per
-call (half the cost of encoding a small payload). ``encode`` keeps no state between calls."""
+"""Made once: ``json.dumps`` with options builds an encoder per call (half a small value's cost)."""
 
 
 def _dumps(value: object) -> bytes:
