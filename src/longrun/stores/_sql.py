@@ -34,7 +34,7 @@ from ..ledger import EffectRecord
 from ..messages import Message, decode_message, encode_message
 from ..outcome import Evidence
 from ..protocols import LoadResult
-from ..summary import MAX_ERROR_CHARS, NEW, SUMMARY_STATUSES, UNREADABLE, SummaryQuery, TaskSummary, glob_prefix, glob_regex, summarize
+from ..summary import MAX_ERROR_CHARS, NEW, SUMMARY_COLUMNS, SUMMARY_STATUSES, UNREADABLE, SummaryQuery, TaskSummary, summarize
 from .blobs import BlobCodec, BlobFetcher, BlobRef, large_values, resolve_record_json, stored_record_json
 from ._sql_schema import SCHEMA_VERSION, column_text, quarantine_text, row_checksum, utf8_bytes
 from ._sql_connection import SqlConnection
@@ -674,7 +674,7 @@ class SqlStore(BaseStore):
             rows = self._db.rows("SELECT task_id FROM longrun_tasks")
         return sorted(str(row[0]) for row in rows)
 
-    _SUMMARY_COLUMNS = "task_id, status, revision, function, parent, created_at, updated_at, wake_at, error, next_action"
+    _SUMMARY_COLUMNS = SUMMARY_COLUMNS
 
     def _put_summary(self, summary: TaskSummary) -> None:
         """Upsert the task's summary row, in the open transaction (a commit's: see ``_put_state``)."""
@@ -729,42 +729,10 @@ class SqlStore(BaseStore):
         query = SummaryQuery.of(
             statuses=statuses, functions=functions, parent=parent, match=match, since=since, until=until, limit=limit, offset=offset
         )
-        conditions: list[str] = []
-        params: list[object] = []
-        for column, values in (("status", query.statuses), ("function", query.functions)):
-            if values:
-                conditions.append(f"{column} IN ({', '.join('?' * len(values))})")
-                params += values
-        if query.parent is not None:
-            conditions.append("parent = ?")
-            params.append(query.parent)
-        if query.match is not None:
-            prefix = glob_prefix(query.match)
-            if prefix:  # the task id's own index narrows the rows the pattern is tried on
-                conditions.append("task_id >= ? AND task_id < ?")
-                params += [prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)]
-            if query.match != prefix + "*":  # "PREFIX*": the range is the whole pattern
-                conditions.append(self._match_sql())
-                params.append(glob_regex(query.match))
-        if query.since is not None:
-            conditions.append("updated_at >= ?")
-            params.append(query.since)
-        if query.until is not None:
-            conditions.append("updated_at < ?")
-            params.append(query.until)
-        where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-        page = ""
-        if query.limit is not None:
-            page = " LIMIT ? OFFSET ?"
-            params += [query.limit, query.offset]
-        elif query.offset:
-            page = " LIMIT -1 OFFSET ?" if self.placeholder == "?" else " OFFSET ?"
-            params.append(query.offset)
+        tail, params = query.sql(self._match_sql(), desc=self.types["desc"], sqlite=self.placeholder == "?")
         with self._db.session(write=False, what="list task summaries"):
             rows = self._db.rows(
-                f"SELECT {self._SUMMARY_COLUMNS} FROM longrun_summaries{where} "
-                f"ORDER BY updated_at {self.types['desc']}, task_id DESC{page}",
-                params,
+f"SELECT {self._SUMMARY_COLUMNS} FROM longrun_summaries{tail}", params
             )
         names = self._SUMMARY_COLUMNS.split(", ")
         summaries = []

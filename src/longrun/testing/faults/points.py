@@ -45,6 +45,9 @@ call.returned               the call returned; its value is in memory, committed
 ``message.received`` (the message a receive took is recorded in memory, not yet committed) and
 ``event.set`` (an event's record is in memory, just before its commit).
 
+``index.before_write`` (not in ``POINTS``): a JSON-file store's commit is durable, the task's
+summary row not yet written (``stores.jsonfile._index``).
+
 ``BLOB_POINTS``, reached only by a task with a payload or result of 64 KiB or more (a blob, see
 ``longrun.stores.blobs``; not in ``POINTS``, which every task reaches): ``blob.temp-opened``,
 ``blob.temp-half-written``, ``blob.temp-written``, ``blob.temp-fsynced`` (its ``fdatasync``),
