@@ -47,9 +47,9 @@ import sqlite3
 import stat
 import threading
 import time
-from typing import Any, Callable, Iterable, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
-from ...errors import CorruptStateError, InvalidInputError, StorageError
+from ...errors import CorruptStateError, StorageError
 from ...summary import NEW, SUMMARY_COLUMNS, SummaryQuery, TaskSummary
 
 __all__ = ["INDEX_FILE", "SummaryIndex"]
@@ -96,9 +96,12 @@ def _regexp(pattern: str, text: object) -> bool:
 class SummaryIndex:
     """The index file of one store root, one connection per store object (threads take turns)."""
 
-    def __init__(self, root: str, label: str):
+    def __init__(self, root: str, label: str, tasks: Callable[[], list[str]]):
         self.path = os.path.join(root, INDEX_FILE)
         self._label = label
+        self._tasks = tasks
+        """The store's task ids (its directories): an index made where there are none but the
+        one being marked is complete at once, with nothing to build."""
         self._lock = threading.RLock()
         self._connection: sqlite3.Connection | None = None
         self._pid = 0
@@ -111,12 +114,12 @@ class SummaryIndex:
             if connection is not None and self._pid == os.getpid():
                 connection.close()
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, newcomer: str | None = None) -> sqlite3.Connection:
         if self._connection is not None and self._pid == os.getpid():
             return self._connection
         self._connection = None  # one made before a fork is the parent's: never used (nor closed) here
         try:
-            connection = self._open()
+            connection = self._open(newcomer)
         except sqlite3.DatabaseError as exc:
             if isinstance(exc, sqlite3.OperationalError):
                 raise
@@ -128,11 +131,11 @@ class SummaryIndex:
             for suffix in ("-wal", "-shm"):
                 if os.path.lexists(self.path + suffix):
                     os.replace(self.path + suffix, aside + suffix)
-            connection = self._open()
+            connection = self._open(newcomer)
         self._connection, self._pid = connection, os.getpid()
         return connection
 
-    def _open(self) -> sqlite3.Connection:
+    def _open(self, newcomer: str | None) -> sqlite3.Connection:
         if not os.path.lexists(self.path):
             # Owner-only, before SQLite creates it with the umask's mode.
             try:
@@ -142,7 +145,7 @@ class SummaryIndex:
                 pass
         info = os.lstat(self.path)
         if not stat.S_ISREG(info.st_mode):
-            raise InvalidInputError(f"{self._label}: {self.path!r} is not a regular file (symlinks are refused)")
+            raise StorageError(f"{self._label}: the summary index {self.path!r} is not a regular file (symlinks are refused)")
         connection = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
         try:
             connection.execute("PRAGMA busy_timeout=30000")
@@ -160,6 +163,8 @@ class SummaryIndex:
                     for statement in _SCHEMA:
                         connection.execute(statement)
                     connection.execute("INSERT INTO meta (name, value) VALUES ('version', ?) ON CONFLICT (name) DO NOTHING", (VERSION,))
+                    if not set(self._tasks()) - {newcomer}:
+                        connection.execute("INSERT INTO meta (name, value) VALUES ('built', '1') ON CONFLICT (name) DO NOTHING")
                     connection.execute("COMMIT")
                 except BaseException:
                     connection.execute("ROLLBACK")
@@ -169,14 +174,18 @@ class SummaryIndex:
             raise
         return connection
 
-    def _run(self, what: str, work: Callable[[sqlite3.Connection], _T]) -> _T:
+    def _run(self, what: str, work: Callable[[sqlite3.Connection], _T], newcomer: str | None = None) -> _T:
         """``work`` on the connection, in this object's turn; a database error becomes ``StorageError``."""
         with self._lock:
             try:
-                return work(self._connect())
+                return work(self._connect(newcomer))
+            except StorageError:
+                raise
             except (sqlite3.Error, OSError) as exc:
-                if self._connection is not None and self._connection.in_transaction:
-                    self._connection.execute("ROLLBACK")
+                connection = self._connection
+                self._connection = None  # the next call opens it again: whatever state this one is in is dropped
+                if connection is not None:
+                    connection.close()  # rolls back an open transaction
                 raise StorageError(f"{self._label}: cannot {what} in the summary index {self.path}: {exc}") from exc
 
     # -- the writer's side ---------------------------------------------------------------------
@@ -195,7 +204,7 @@ class SummaryIndex:
             finally:
                 connection.execute("PRAGMA synchronous=NORMAL")
 
-        self._run(f"mark task {task_id!r}", work)
+        self._run(f"mark task {task_id!r}", work, task_id)
 
     def put(self, summary: TaskSummary) -> None:
         """Write the task's row from ``summary`` (a new row is dirty; an existing one keeps its mark)."""
@@ -250,16 +259,3 @@ class SummaryIndex:
             return TaskSummary.from_json(dict(zip(_NAMES, row)))
         except CorruptStateError as exc:
             raise CorruptStateError(f"{self._label}: the summary row of task {str(row[0])!r:.80} in {self.path} is damaged: {exc}") from exc
-
-    def known(self, task_ids: Iterable[str]) -> set[str]:
-        """Which of ``task_ids`` have a row."""
-        wanted = list(task_ids)
-        found: set[str] = set()
-        for first in range(0, len(wanted), 500):
-            chunk = wanted[first : first + 500]
-            rows = self._run(
-                "read",
-                lambda connection: connection.execute(f"SELECT task_id FROM summaries WHERE task_id IN ({', '.join('?' * len(chunk))})", chunk).fetchall(),
-            )
-            found.update(str(row[0]) for row in rows)
-        return found
