@@ -13,6 +13,7 @@ and how damage is handled are described in ``stores._sql_schema``.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import itertools
 import logging
@@ -519,46 +520,99 @@ class SqlStore(BaseStore):
         return rows
 
     def record_new(self, states: Sequence[RunState], now: float) -> list[bool]:
-        """``BaseStore.record_new`` in one transaction, whatever the count: for each state whose task
-        row does not exist, the task row, a released lease row at epoch 0 (so the first acquisition
-        issues epoch 1 and the database's fence has a row to check), the state's rows and its summary
-        row, written by the statements a commit uses. A task whose row exists is left as it is.
-        All or nothing: a state refused, or a failure, writes none of them."""
+        """``BaseStore.record_new`` in one transaction, whatever the count, a few statements per
+        table for all the states together (multi-row inserts of ``_BATCH_ROWS``): for each state
+        whose task row does not exist, the task row (its revision floor at 1), a released lease row
+        at epoch 0 (so the first acquisition issues epoch 1 and the database's fence has a row to
+        check), the state's header, effect, blob and outline rows as a commit writes them, and its
+        summary row. A task whose row exists is left as it is. Every state is encoded and checked
+        before the first statement (``InvalidInputError``, ``SizeLimitError``: nothing written);
+        all or nothing: a failure writes none of them."""
         self._check_new(states)
-        created: list[bool] = []
-        written: list[str] = []
-        try:
-            with self._db.session(write=True, what=f"record {len(states)} new tasks"):
-                for state in states:
-                    task_id = state.task_id
-                    cursor = self._db.run(
-                        "INSERT INTO longrun_tasks (task_id, created_at, revision_floor) VALUES (?, ?, 0) ON CONFLICT (task_id) DO NOTHING",
-                        (task_id, now),
-                    )
-                    if cursor.rowcount != 1:
-                        created.append(False)
-                        continue
-                    written.append(task_id)
-                    self._db.run(
-                        "INSERT INTO longrun_leases (task_id, owner, epoch, acquired_at, expires_at, token) VALUES (?, ?, 0, ?, ?, ?)",
-                        (task_id, self.RECORDER, now, RELEASED, secrets.token_hex(16)),
-                    )
-                    state.revision, state.lease_epoch, state.lease_owner, state.lease_expires_at = 1, 0, self.RECORDER, RELEASED
-                    # Nothing is stored for the task: every record is new, no row to delete, no outline row to replace.
-                    self._stored_steps[task_id], self._stored_outlines[task_id] = {}, None
-                    self._put_state(state, state.effects.keys())
-                    created.append(True)
-        except BaseException:
-            for state in states:
-                if state.task_id in written:
-                    state.revision = 0
-            raise
-        finally:
-            for task_id in written:  # this object holds none of them: a run loads them with its lease
-                self._stored_steps.pop(task_id, None)
-                self._stored_outlines.pop(task_id, None)
-                self._blobs.pop(task_id, None)
-        return created
+        if not states:
+            return []
+        encoded = [self._first_rows(state) for state in states]
+        ids = [state.task_id for state in states]
+        with self._db.session(write=True, what=f"record {len(states)} new tasks"):
+            new = self._insert_task_rows(ids, now)
+            chosen = [rows for state, rows in zip(states, encoded) if state.task_id in new]
+            tokens = {task_id: secrets.token_hex(16) for task_id in new}
+            self._insert_rows("longrun_leases", "task_id, owner, epoch, acquired_at, expires_at, token",
+                              [(task_id, self.RECORDER, 0, now, RELEASED, tokens[task_id]) for task_id in ids if task_id in new])  # fmt: skip
+            self._insert_rows("longrun_blobs", "task_id, digest, data", [blob for rows in chosen for blob in rows[2]], " ON CONFLICT (task_id, digest) DO NOTHING")
+            self._insert_rows(
+                "longrun_states", "task_id, revision, epoch, plan_digest, status, next_action, effect_count, header, checksum, updated_at",
+                [rows[0] for rows in chosen],
+            )
+            self._insert_rows("longrun_effects", "task_id, step_id, position, revision, record, checksum", [row for rows in chosen for row in rows[1]])
+            self._insert_rows("longrun_plans", "task_id, revision, body, checksum", [rows[3] for rows in chosen if rows[3] is not None])
+            self._insert_rows("longrun_summaries", self._SUMMARY_COLUMNS, [rows[4] for rows in chosen])
+        for state in states:
+            if state.task_id in new:  # as a commit changes the state it writes
+                state.revision, state.lease_epoch, state.lease_owner, state.lease_expires_at = 1, 0, self.RECORDER, RELEASED
+        return [task_id in new for task_id in ids]
+
+    _BATCH_ROWS = 100
+    """Rows a multi-row insert carries (at most 10 columns: within every SQLite's 999 parameters)."""
+
+    def _insert_task_rows(self, task_ids: list[str], now: float) -> set[str]:
+        """Insert the task rows of ``task_ids`` that do not exist; the ids inserted."""
+        new: set[str] = set()
+        for first in range(0, len(task_ids), self._BATCH_ROWS):
+            chunk = task_ids[first : first + self._BATCH_ROWS]
+            values = ", ".join("(?, ?, 1)" for _ in chunk)
+            params = [value for task_id in chunk for value in (task_id, now)]
+            statement = f"INSERT INTO longrun_tasks (task_id, created_at, revision_floor) VALUES {values} ON CONFLICT (task_id) DO NOTHING"
+            if self.placeholder == "?":
+                # SQLite: the write transaction (BEGIN IMMEDIATE) holds out every other writer, so the
+                # rows not there before the insert are the ones it made (no RETURNING before 3.35).
+                marks = ", ".join("?" * len(chunk))
+                existing = {str(row[0]) for row in self._db.rows(f"SELECT task_id FROM longrun_tasks WHERE task_id IN ({marks})", chunk)}
+                self._db.run(statement, params)
+                new.update(task_id for task_id in chunk if task_id not in existing)
+            else:  # a concurrent transaction may insert one meanwhile: the rows this statement made say which
+                new.update(str(row[0]) for row in self._db.rows(statement + " RETURNING task_id", params))
+        return new
+
+    def _insert_rows(self, table: str, columns: str, rows: Sequence[Sequence[object]], suffix: str = "") -> None:
+        """Insert ``rows`` into ``table``, ``_BATCH_ROWS`` rows a statement."""
+        width = columns.count(",") + 1
+        mark = "(" + ", ".join("?" * width) + ")"
+        for first in range(0, len(rows), self._BATCH_ROWS):
+            chunk = rows[first : first + self._BATCH_ROWS]
+            self._db.run(f"INSERT INTO {table} ({columns}) VALUES {', '.join([mark] * len(chunk))}{suffix}", [value for row in chunk for value in row])
+
+    def _first_rows(
+        self, state: RunState
+    ) -> tuple[tuple[object, ...], list[tuple[object, ...]], list[tuple[object, ...]], tuple[object, ...] | None, tuple[object, ...]]:
+        """The rows of ``state`` as its first revision (1, the recorder's epoch 0): its header row,
+        its effect rows, its blob rows, its outline row (None without an outline) and its summary
+        row, each encoded and checked as ``_put_state`` does, before anything is written."""
+        task_id = state.task_id
+        first = copy.copy(state)  # shallow copies: the state was checked (``_check_new``), nothing to check again
+        first.revision, first.lease_epoch, first.lease_owner, first.lease_expires_at = 1, 0, self.RECORDER, RELEASED
+        bare = copy.copy(first)
+        bare.effects, bare.plan_outline = {}, None
+        header = encode(bare)
+        check_loadable(header, f"task {task_id!r}: the state header")
+        codec = BlobCodec()
+        referenced: list[BlobRef] = []
+        effects = []
+        for position, (step_id, record) in enumerate(state.effects.items()):
+            body = canonical_bytes({"task_id": task_id, "record": stored_record_json(record, codec, referenced)}, what=f"effect record {step_id!r}")
+            check_loadable(body, f"task {task_id!r}: the effect record of step {step_id!r}")
+            effects.append((task_id, step_id, position, 1, body.decode("utf-8"), row_checksum(body)))
+        outline = None
+        if state.plan_outline is not None:
+            body = canonical_bytes({"task_id": task_id, "plan_outline": state.plan_outline.to_json()})
+            check_loadable(body, f"task {task_id!r}: the plan outline")
+            outline = (task_id, 1, body.decode("utf-8"), row_checksum(body))
+        row = (
+            task_id, 1, 0, state.plan_digest, state.status.value, state.next_action, len(state.effects),
+            header.decode("utf-8"), row_checksum(header), state.updated_at,
+        )  # fmt: skip
+        blobs = [(task_id, blob.ref.sha256, blob.data) for blob in codec.to_write(referenced)]
+        return row, effects, blobs, outline, tuple(summarize(first).to_json().values())
 
     # -- control records ----------------------------------------------------------------------
 
