@@ -29,6 +29,7 @@ from ..control import ControlRecord, parse_control_record
 from ..envelope import MAX_STATE_BYTES, PlanOutline, RunState, check_loadable, decode, encode
 from ..errors import (
     CorruptStateError, FencedError, ForeignStateError, LongrunError, SchemaVersionError, StateUnrecoverableError, StorageError,
+    UnknownTaskError,
 )  # fmt: skip
 from ..lease import RELEASED, Lease
 from ..ledger import EffectRecord
@@ -207,15 +208,69 @@ class SqlStore(BaseStore):
     # -- state --------------------------------------------------------------------------------
 
     def _get_state(self, task_id: str, *, repair: bool) -> LoadResult:
-        now = time.time()
         floor_row = self._db.one("SELECT revision_floor FROM longrun_tasks WHERE task_id = ?", (task_id,))
-        floor = floor_row[0] if floor_row is not None and isinstance(floor_row[0], int) else 0
         header_row = self._db.one(
             "SELECT revision, effect_count, header, checksum FROM longrun_states WHERE task_id = ?", (task_id,)
         )
         effect_rows = self._db.rows(
             "SELECT step_id, position, revision, record, checksum FROM longrun_effects WHERE task_id = ?", (task_id,)
         )
+        outline_row = self._db.one("SELECT revision, body, checksum FROM longrun_plans WHERE task_id = ?", (task_id,))
+        return self._state_from_rows(task_id, floor_row, header_row, effect_rows, outline_row, repair=repair)
+
+    def load_many(self, task_ids: Sequence[str]) -> list[LoadResult | LongrunError]:
+        """``BaseStore.load_many`` in one read transaction of a few queries for all the tasks (each
+        kind of row fetched for all of them at once), each state checked as ``load`` checks it."""
+        ids = [check_task_id(task_id) for task_id in task_ids]
+        early = {}
+        if self._reads_take_a_snapshot:  # as ``load``: the witnesses before the snapshot the states are read in
+            early = {task_id: self._witness(task_id) for task_id in ids}
+        results: list[LoadResult | LongrunError] = []
+        with self._db.session(write=False, what=f"load {len(ids)} tasks"):
+            rows: dict[str, dict[str, Any]] = {task_id: {"effects": []} for task_id in ids}
+            for first in range(0, len(ids), self._BATCH_ROWS):
+                chunk = ids[first : first + self._BATCH_ROWS]
+                where = f"WHERE task_id IN ({', '.join('?' * len(chunk))})"
+                for row in self._db.rows(f"SELECT task_id, revision_floor FROM longrun_tasks {where}", chunk):
+                    rows[row[0]]["floor"] = row[1:]
+                for row in self._db.rows(f"SELECT task_id, revision, effect_count, header, checksum FROM longrun_states {where}", chunk):
+                    rows[row[0]]["header"] = row[1:]
+                for row in self._db.rows(f"SELECT task_id, step_id, position, revision, record, checksum FROM longrun_effects {where}", chunk):
+                    rows[row[0]]["effects"].append(row[1:])
+                for row in self._db.rows(f"SELECT task_id, revision, body, checksum FROM longrun_plans {where}", chunk):
+                    rows[row[0]]["outline"] = row[1:]
+            for task_id in ids:
+                found = rows[task_id]
+                try:
+                    if "floor" not in found:
+                        raise UnknownTaskError(f"no task {task_id!r} in {self!r}")
+                    result = self._state_from_rows(
+                        task_id, found["floor"], found.get("header"), found["effects"], found.get("outline"), repair=False
+                    )
+                    self._check_witness(task_id, result, early[task_id] if task_id in early else self._witness(task_id))
+                except StateUnrecoverableError as exc:
+                    self._poisoned[task_id] = exc  # as ``load``: nothing may be written over it
+                    results.append(exc)
+                except LongrunError as exc:
+                    results.append(exc)
+                else:
+                    results.append(result)
+        return results
+
+    def _state_from_rows(
+        self,
+        task_id: str,
+        floor_row: Sequence[Any] | None,
+        header_row: Sequence[Any] | None,
+        effect_rows: list[Any],
+        outline_row: Sequence[Any] | None,
+        *,
+        repair: bool,
+    ) -> LoadResult:
+        """The task's state from its rows (its task row's floor, header, effects, outline), each
+        checked; damage refused with ``StateUnrecoverableError`` (and, repairing, set aside)."""
+        now = time.time()
+        floor = floor_row[0] if floor_row is not None and isinstance(floor_row[0], int) else 0
         if header_row is None:
             quarantined = self._quarantined(task_id)
             if effect_rows or quarantined:
@@ -255,7 +310,7 @@ class SqlStore(BaseStore):
         assert state is not None
         state.effects = {record.step_id: record for _, record in records}
         notes = [Evidence("store", f"state revision {state.revision} validated: header and {len(records)} effect rows in {self!r}", now)]
-        state.plan_outline = self._load_outline(task_id, state.revision, repair=repair, notes=notes, now=now)
+        state.plan_outline = self._load_outline(task_id, outline_row, state.revision, repair=repair, notes=notes, now=now)
         if repair:
             self._stored_steps[task_id] = {record.step_id: position for position, record in records}
             self._stored_outlines[task_id] = state.plan_outline
@@ -271,9 +326,10 @@ class SqlStore(BaseStore):
             revision_floor=max(floor, state.revision),
         )
 
-    def _load_outline(self, task_id: str, revision: int, *, repair: bool, notes: list[Evidence], now: float) -> PlanOutline | None:
+    def _load_outline(
+        self, task_id: str, row: Sequence[Any] | None, revision: int, *, repair: bool, notes: list[Evidence], now: float
+    ) -> PlanOutline | None:
         """The task's plan outline row, validated; a damaged one is noted (and, repairing, set aside)."""
-        row = self._db.one("SELECT revision, body, checksum FROM longrun_plans WHERE task_id = ?", (task_id,))
         if row is None:
             return None
         written_at, body, checksum = row
@@ -597,21 +653,21 @@ class SqlStore(BaseStore):
         check_loadable(header, f"task {task_id!r}: the state header")
         codec = BlobCodec()
         referenced: list[BlobRef] = []
-        effects = []
+        effects: list[tuple[object, ...]] = []
         for position, (step_id, record) in enumerate(state.effects.items()):
             body = canonical_bytes({"task_id": task_id, "record": stored_record_json(record, codec, referenced)}, what=f"effect record {step_id!r}")
             check_loadable(body, f"task {task_id!r}: the effect record of step {step_id!r}")
             effects.append((task_id, step_id, position, 1, body.decode("utf-8"), row_checksum(body)))
-        outline = None
+        outline: tuple[object, ...] | None = None
         if state.plan_outline is not None:
             body = canonical_bytes({"task_id": task_id, "plan_outline": state.plan_outline.to_json()})
             check_loadable(body, f"task {task_id!r}: the plan outline")
             outline = (task_id, 1, body.decode("utf-8"), row_checksum(body))
-        row = (
+        row: tuple[object, ...] = (
             task_id, 1, 0, state.plan_digest, state.status.value, state.next_action, len(state.effects),
             header.decode("utf-8"), row_checksum(header), state.updated_at,
         )  # fmt: skip
-        blobs = [(task_id, blob.ref.sha256, blob.data) for blob in codec.to_write(referenced)]
+        blobs: list[tuple[object, ...]] = [(task_id, blob.ref.sha256, blob.data) for blob in codec.to_write(referenced)]
         return row, effects, blobs, outline, tuple(summarize(first).to_json().values())
 
     # -- control records ----------------------------------------------------------------------

@@ -63,7 +63,8 @@ the control records, the mailbox, the deletion; a store on this machine's file s
 ``_holders``.
 
 Beside the rules, the base gives every store the listing (``list_summaries``, ``status_counts``:
-by loading every state, which a store with a summary index replaces) and the recording of new
+by loading every state, which a store with a summary index replaces; ``load_many``: a load per
+task, which the SQL stores replace with one transaction) and the recording of new
 tasks' first revisions (``record_new``: a lease, a commit and a release per task, which a store
 that can write them in one transaction replaces).
 
@@ -624,6 +625,21 @@ class BaseStore:
             self._revisions[task_id] = max(result.revision_floor, result.state.revision if result.state else 0)
             self._poisoned.pop(task_id, None)
         return result
+
+    def load_many(self, task_ids: Sequence[str]) -> list[LoadResult | LongrunError]:
+        """Read-only loads of ``task_ids``, in order: each task's ``LoadResult``, or the
+        ``LongrunError`` its ``load`` raised (an unknown task's ``UnknownTaskError``, a damaged
+        one's ``StateUnrecoverableError``...). A bad task id raises ``InvalidInputError`` before
+        anything is read. This default loads each; the SQL stores read every task's rows in one
+        transaction of a few queries (what a page of ``longrun ls`` costs)."""
+        ids = [check_task_id(task_id) for task_id in task_ids]
+        results: list[LoadResult | LongrunError] = []
+        for task_id in ids:
+            try:
+                results.append(self.load(task_id))
+            except LongrunError as exc:
+                results.append(exc)
+        return results
 
     @staticmethod
     def _check_witness(task_id: str, result: LoadResult, witness: Witness) -> None:

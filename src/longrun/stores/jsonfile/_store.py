@@ -451,8 +451,13 @@ class JsonFileStore(BaseStore):
             self._index.set_built()
             log.info("%r: summary index built from %d tasks", self, len(tasks))
         for task_id in self._index.dirty():
-            if not self._holders.someone_holds(task_id):
+            if not self._held(task_id):
                 self._verify(task_id)
+
+    def _held(self, task_id: str) -> bool:
+        """Whether a process on this machine holds the task's holder lock (``_holders``): its writer lives."""
+        assert self._holders is not None  # this store always has them (``__init__``)
+        return self._holders.someone_holds(task_id)
 
     def _verify(self, task_id: str) -> None:
         """Write the task's row from its files, under its shared flock (no commit lands meanwhile), and
@@ -478,7 +483,7 @@ class JsonFileStore(BaseStore):
                         lease = None
                     if lease is not None and lease.expires_at != RELEASED:
                         # A lease not released may still write: settled only if its holder is provably gone.
-                        settle = lease.holder_lock is not None and not self._holders.someone_holds(task_id)
+                        settle = lease.holder_lock is not None and not self._held(task_id)
                 self._index.verified(summary, task_id, settle=settle)
         except UnknownTaskError:
             self._index.verified(None, task_id, settle=True)
