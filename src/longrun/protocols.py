@@ -243,6 +243,19 @@ class SummaryStore(Protocol):
 
     def status_counts(self) -> dict[str, int]: ...
 
+    def count_summaries(
+        self,
+        *,
+        statuses: Iterable[str] = (),
+        functions: Iterable[str] = (),
+        parent: str | None = None,
+        match: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> int: ...
+
+    def function_counts(self) -> dict[str, int]: ...
+
 
 @runtime_checkable
 class LoadManyStore(Protocol):

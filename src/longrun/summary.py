@@ -205,12 +205,12 @@ class SummaryQuery:
             return False
         return self.until is None or (summary.updated_at is not None and summary.updated_at < self.until)
 
-    def sql(self, match_sql: str, *, desc: str = "DESC", sqlite: bool = True) -> tuple[str, list[object]]:
+    def sql(self, match_sql: str, *, desc: str = "DESC", sqlite: bool = True, count: bool = False) -> tuple[str, list[object]]:
         """The filters, the order, the offset and the limit as the tail of a ``SELECT`` from a summary
         table (``WHERE ... ORDER BY ... LIMIT``), with ``?`` parameters. ``match_sql`` is the
         condition that tries the task id against the regular expression given as its parameter;
         ``desc`` how the dialect orders update times newest first with NULL last. A glob's literal
-        prefix also seeks the task id's own index."""
+        prefix also seeks the task id's own index. With ``count``, the ``WHERE`` alone (for a count)."""
         conditions: list[str] = []
         params: list[object] = []
         for column, values in (("status", self.statuses), ("function", self.functions)):
@@ -235,6 +235,8 @@ class SummaryQuery:
             conditions.append("updated_at < ?")
             params.append(self.until)
         where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+        if count:
+            return where, params
         page = ""
         if self.limit is not None:
             page = " LIMIT ? OFFSET ?"

@@ -858,3 +858,26 @@ f"SELECT {self._SUMMARY_COLUMNS} FROM longrun_summaries{tail}", params
         with self._db.session(write=False, what="count tasks by status"):
             rows = self._db.rows("SELECT status, COUNT(*) FROM longrun_summaries GROUP BY status")
         return {str(status): int(count) for status, count in rows}
+
+    def count_summaries(
+        self,
+        *,
+        statuses: Iterable[str] = (),
+        functions: Iterable[str] = (),
+        parent: str | None = None,
+        match: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> int:
+        """``BaseStore.count_summaries``, counted on the summary rows and their indexes."""
+        query = SummaryQuery.of(statuses=statuses, functions=functions, parent=parent, match=match, since=since, until=until)
+        where, params = query.sql(self._match_sql(), count=True)
+        with self._db.session(write=False, what="count task summaries"):
+            row = self._db.one(f"SELECT COUNT(*) FROM longrun_summaries{where}", params)
+        return int(row[0])
+
+    def function_counts(self) -> dict[str, int]:
+        """How many tasks each durable function has, counted on the summary rows' function index."""
+        with self._db.session(write=False, what="count tasks by function"):
+            rows = self._db.rows("SELECT function, COUNT(*) FROM longrun_summaries GROUP BY function")
+        return {str(function or ""): int(count) for function, count in rows}

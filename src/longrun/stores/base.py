@@ -256,6 +256,28 @@ class BaseStore:
             counts[summary.status] = counts.get(summary.status, 0) + 1
         return counts
 
+    def count_summaries(
+        self,
+        *,
+        statuses: Iterable[str] = (),
+        functions: Iterable[str] = (),
+        parent: str | None = None,
+        match: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> int:
+        """How many tasks pass the filters of ``list_summaries`` (bad ones: ``InvalidInputError``).
+        This default lists them; a store with a summary index counts its rows."""
+        return len(self.list_summaries(statuses=statuses, functions=functions, parent=parent, match=match, since=since, until=until))
+
+    def function_counts(self) -> dict[str, int]:
+        """How many tasks each durable function has (``""``: declared plans and sessions). This
+        default lists every summary; a store with a summary index counts its rows."""
+        counts: dict[str, int] = {}
+        for summary in self.list_summaries():
+            counts[summary.function or ""] = counts.get(summary.function or "", 0) + 1
+        return counts
+
     RECORDER = "longrun record"
     """The lease owner named by the first revision ``record_new`` writes."""
 

@@ -250,9 +250,15 @@ class SummaryIndex:
         rows = self._run("list", lambda connection: connection.execute(f"SELECT {SUMMARY_COLUMNS} FROM summaries{tail}", params).fetchall())
         return [self._summary(row) for row in rows]
 
-    def counts(self) -> dict[str, int]:
-        rows = self._run("count", lambda connection: connection.execute("SELECT status, COUNT(*) FROM summaries GROUP BY status").fetchall())
-        return {str(status): int(count) for status, count in rows}
+    def counts(self, column: str = "status") -> dict[str, int]:
+        """How many rows have each value of ``column`` (``status`` or ``function``; NULL as ``""``)."""
+        rows = self._run("count", lambda connection: connection.execute(f"SELECT {column}, COUNT(*) FROM summaries GROUP BY {column}").fetchall())
+        return {str(value or ""): int(count) for value, count in rows}
+
+    def count(self, query: SummaryQuery) -> int:
+        where, params = query.sql("task_id REGEXP ?", count=True)
+        row = self._run("count", lambda connection: connection.execute(f"SELECT COUNT(*) FROM summaries{where}", params).fetchone())
+        return int(row[0])
 
     def _summary(self, row: Sequence[Any]) -> TaskSummary:
         try:

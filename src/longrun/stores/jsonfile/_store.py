@@ -442,6 +442,38 @@ class JsonFileStore(BaseStore):
             log.warning("%s; this count loads every task instead", exc)
             return super().status_counts()
 
+    def count_summaries(
+        self,
+        *,
+        statuses: Iterable[str] = (),
+        functions: Iterable[str] = (),
+        parent: str | None = None,
+        match: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> int:
+        """``BaseStore.count_summaries``, counted in the summary index (see ``list_summaries``)."""
+        query = SummaryQuery.of(statuses=statuses, functions=functions, parent=parent, match=match, since=since, until=until)
+        if not os.path.isdir(self.root):
+            return 0
+        try:
+            self._refresh_index()
+            return self._index.count(query)
+        except StorageError as exc:
+            log.warning("%s; this count loads every task instead", exc)
+            return len(query.select(self._summary(task_id) for task_id in self.list_tasks()))
+
+    def function_counts(self) -> dict[str, int]:
+        """How many tasks each durable function has, counted in the summary index."""
+        if not os.path.isdir(self.root):
+            return {}
+        try:
+            self._refresh_index()
+            return self._index.counts("function")
+        except StorageError as exc:
+            log.warning("%s; this count loads every task instead", exc)
+            return super().function_counts()
+
     def _refresh_index(self) -> None:
         """Build the index from every task if it was never built; verify the rows whose writer is gone."""
         if not self._index.built():

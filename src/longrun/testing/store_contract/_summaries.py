@@ -8,7 +8,7 @@ neither skips these tests."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 from ...errors import FencedError, InvalidInputError, UnknownTaskError
 from ...ledger import EffectRecord
@@ -119,6 +119,13 @@ class SummaryContract(ContractBase):
         case.assertEqual(ids(limit=0), [])
         case.assertEqual(ids(statuses=["done"], functions=["jobs:work"], limit=5), ["job-2"])
         case.assertEqual(store.status_counts(), {"running": 2, "done": 2})
+        case.assertEqual(store.count_summaries(), 4)
+        case.assertEqual(store.count_summaries(statuses=["done"], match="job-*"), 2)
+        case.assertEqual(store.count_summaries(functions=["jobs:work"], since=1_700_000_002.0), 1)
+        case.assertEqual(store.count_summaries(match="misc*."), 0)
+        case.assertEqual(store.function_counts(), {"jobs:work": 2, "jobs:other": 1, "": 1})
+        with case.assertRaises(InvalidInputError):
+            store.count_summaries(statuses=["finished"])
 
     def test_contract_bad_listing_filters_are_refused(self) -> None:
         case, store = self._case, self.summary_store()
@@ -150,7 +157,7 @@ class SummaryContract(ContractBase):
 
     def test_contract_record_new_and_load_many_over_many_tasks(self) -> None:
         case, store = self._case, self.recording_store()
-        if not isinstance(store, LoadManyStore):
+        if not isinstance(cast(object, store), LoadManyStore):
             case.skipTest("the store loads no tasks together (LoadManyStore)")
         fresh = [sample_state_at_zero(f"many-{index:03d}") for index in range(230)]  # more than one batch of rows
         case.assertEqual(store.record_new(fresh, self.now()), [True] * len(fresh))
