@@ -261,7 +261,8 @@ class SummaryStore(Protocol):
 class LoadManyStore(Protocol):
     """A store that reads many tasks' states together, read-only (``longrun ls`` loads its page so):
     every store longrun ships (``BaseStore.load_many``; the SQL stores in one transaction). Each item
-    is the task's ``LoadResult``, or the ``LongrunError`` its ``load`` would have raised."""
+    is the task's ``LoadResult`` (whose ``digest`` may be left empty), or the ``LongrunError`` its
+    ``load`` would have raised."""
 
     def load_many(self, task_ids: Sequence[str]) -> list[LoadResult | LongrunError]: ...
 

@@ -34,7 +34,7 @@ from ..outcome import Status
 from ..progress import progress_of
 from ..lease import Lease
 from ..protocols import LoadManyStore, LoadResult, Store, SummaryStore
-from ..summary import TaskSummary
+from ..summary import SUMMARY_STATUSES, UNREADABLE, TaskSummary
 from ..stores.queue import QueueEntry, WorkerRecord, open_queue
 from ._common import name_store, short_digest
 from ._inspect import LS_STATUSES, NO_STATE_ACTION, parse_since, reported_line
@@ -210,11 +210,17 @@ class IndexedPage:
     functions: list[str]
 
 
+_FAILING_SUMMARIES = tuple(sorted((FAILED_STATUSES | {Status.RETRY_SCHEDULED.value, UNREADABLE}) & SUMMARY_STATUSES))
+"""The statuses the band counts as failures from the index: a failed end, or a wait to retry after an error."""
+
+
 def indexed_page(store: Store, listing: "Listing", fleet: "Fleet", now: float) -> IndexedPage | None:
     """The page from the summary index, or None where the listing asks what only reading every row
     can tell (a free-text search, a function glob, ``DAMAGED``/``UNREADABLE``) or the store keeps no
-    index: the caller then reads every row (``read_rows``). Costs the page's loads, the counts on
-    the index, and a load of each task waiting on a person (the band's pending requests)."""
+    index: the caller then reads every row (``read_rows``). Costs the page's loads, counts on the
+    index, and a load of each task waiting on a person (the band's pending requests). The band's
+    failures in the last hour are then the tasks updated in that hour whose status is a failed end
+    or a wait to retry (reading every row also counts a task that recorded an error and went on)."""
     if not _indexed(store) or not isinstance(store, SummaryStore) or listing.search:
         return None
     if any(mark in listing.function for mark in "*?[") or {"DAMAGED", "UNREADABLE"} & set(listing.statuses):
@@ -226,11 +232,10 @@ def indexed_page(store: Store, listing: "Listing", fleet: "Fleet", now: float) -
     matched = store.count_summaries(**filters)  # type: ignore[arg-type]
     counts = store.status_counts()
     waiting = [read_row(store, summary.task_id) for summary in store.list_summaries(statuses=_WAITING_ON_PEOPLE)]
-    recent = [summary_row(summary) for summary in store.list_summaries(since=now - FAILURE_WINDOW_S)]
-    band = Summary.of(waiting + recent, fleet, now)
+    failures = store.count_summaries(statuses=_FAILING_SUMMARIES, since=now - FAILURE_WINDOW_S)
+    pending = Summary.of(waiting, fleet, now)
     by_status = {("UNREADABLE" if status == "unreadable" else status): count for status, count in counts.items()}
-    band = Summary(dict(sorted(by_status.items(), key=lambda item: (-item[1], item[0]))), band.pending, band.oldest_request,
-                   sum(1 for row in recent if row.failed_at is not None and row.failed_at >= now - FAILURE_WINDOW_S), fleet)  # fmt: skip
+    band = Summary(dict(sorted(by_status.items(), key=lambda item: (-item[1], item[0]))), pending.pending, pending.oldest_request, failures, fleet)
     functions = sorted(name for name in store.function_counts() if name)
     return IndexedPage(complete(store, [summary_row(summary) for summary in summaries]), matched, band, functions)
 
@@ -328,6 +333,8 @@ class Fleet:
     entries: tuple[QueueEntry, ...] = ()
     note: str | None = None
     """Why there are no figures, when there are none."""
+    due_now: int | None = None
+    """The queue's depth as the database counted it, for a read without the rows (the band's)."""
 
     @property
     def alive(self) -> int:
@@ -336,6 +343,8 @@ class Fleet:
     @property
     def due(self) -> int:
         """Rows due now and not claimed: the queue's depth."""
+        if self.due_now is not None:
+            return self.due_now
         return sum(1 for entry in self.entries if entry.due_in_s is not None and entry.due_in_s <= 0 and entry.claimed_by is None)
 
     def queues(self) -> dict[str, list[QueueEntry]]:
@@ -346,9 +355,10 @@ class Fleet:
         return dict(sorted(grouped.items()))
 
 
-def read_fleet(store: Store) -> Fleet:
-    """The workers and the queue's rows, from the fleet's tables; for a JSON-file store whose fleet
-    file does not exist, none (it is not created to answer)."""
+def read_fleet(store: Store, *, rows: bool = True) -> Fleet:
+    """The workers and the queue's rows (without ``rows``: only their count due now, for the band),
+    from the fleet's tables; for a JSON-file store whose fleet file does not exist, none (it is not
+    created to answer)."""
     root = getattr(store, "root", None)
     if isinstance(root, str) and not os.path.exists(os.path.join(root, ".fleet.sqlite")):
         return Fleet(note="no worker has used this store")
@@ -357,6 +367,8 @@ def read_fleet(store: Store) -> Fleet:
     except InvalidInputError as exc:
         return Fleet(note=str(exc))
     try:
+        if not rows:
+            return Fleet(tuple(queue.workers()), due_now=queue.due_count())
         return Fleet(tuple(queue.workers()), tuple(queue.entries()))
     except LongrunError as exc:
         return Fleet(note=f"the fleet's tables cannot be read: {exc}")

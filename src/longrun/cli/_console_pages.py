@@ -279,9 +279,10 @@ class Console:
     def task_list(self, query: Mapping[str, list[str]]) -> str:
         now = self.clock()
         listing = Listing.from_query(query, now)
-        fleet = self._fleet()
         with self.lock:
-            indexed = indexed_page(self.store, listing, fleet, now)
+            band_fleet = read_fleet(self.store, rows=False)  # the band's figures: a count, not every queue row
+            indexed = indexed_page(self.store, listing, band_fleet, now)
+        fleet = band_fleet
         if indexed is not None:  # O(page): from the store's summary index
             page, matched, summary, functions = indexed.rows, indexed.matched, indexed.summary, indexed.functions
         else:

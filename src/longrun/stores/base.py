@@ -653,7 +653,8 @@ class BaseStore:
         ``LongrunError`` its ``load`` raised (an unknown task's ``UnknownTaskError``, a damaged
         one's ``StateUnrecoverableError``...). A bad task id raises ``InvalidInputError`` before
         anything is read. This default loads each; the SQL stores read every task's rows in one
-        transaction of a few queries (what a page of ``longrun ls`` costs)."""
+        transaction of a few queries (what a page of ``longrun ls`` costs), and leave each result's
+        ``digest`` empty."""
         ids = [check_task_id(task_id) for task_id in task_ids]
         results: list[LoadResult | LongrunError] = []
         for task_id in ids:
