@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import dataclasses
 import functools
 import inspect
 import secrets

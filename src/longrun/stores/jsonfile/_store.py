@@ -6,6 +6,11 @@ to ``_recovery``, committing to ``_writing``, control records to ``controlfiles`
 timeline to ``_reading``, and the summary index (listings in O(page)) to ``_index``, whose
 protocol it follows: a row marked before a lease lets a process write, written after each commit,
 settled at release, verified from the files by a reader once its writer is gone.
+
+One concept, the store object over its parts, and a long module: each ``stores.base`` primitive
+is a few lines handing over to its part, and the listing's methods (the index read, its rebuild,
+a row verified from the files) sit beside the lease and state writes whose index protocol they
+complete.
 """
 
 from __future__ import annotations
