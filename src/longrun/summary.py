@@ -28,7 +28,7 @@ from .ledger import EffectState
 from .outcome import Status
 
 __all__ = [
-    "FUNCTION_STEP", "MAX_ERROR_CHARS", "NEW", "SUMMARY_COLUMNS", "SUMMARY_STATUSES", "UNREADABLE", "SummaryQuery", "TaskSummary",
+    "FUNCTION_NAMES_SQL", "FUNCTION_STEP", "MAX_ERROR_CHARS", "NEW", "SUMMARY_COLUMNS", "SUMMARY_STATUSES", "UNREADABLE", "SummaryQuery", "TaskSummary",
     "glob_prefix", "glob_regex", "summarize",
 ]  # fmt: skip
 
@@ -46,6 +46,12 @@ _SETTLED = frozenset({EffectState.VERIFIED, EffectState.FAILED})
 _FIELDS = ("task_id", "status", "revision", "function", "parent", "created_at", "updated_at", "wake_at", "error", "next_action")
 SUMMARY_COLUMNS = ", ".join(_FIELDS)
 """The summary's fields as an SQL column list, in ``to_json``'s order (every summary table uses it)."""
+FUNCTION_NAMES_SQL = """WITH RECURSIVE names (name) AS (
+    SELECT MIN(function) FROM {table}
+    UNION ALL SELECT (SELECT MIN(function) FROM {table} WHERE function > names.name) FROM names WHERE names.name IS NOT NULL
+) SELECT name FROM names WHERE name IS NOT NULL"""
+"""The distinct function names of a summary table (``{table}``), each found by one seek on the
+function index from the last (a loose index scan): O(functions), not O(rows), in SQLite and PostgreSQL."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

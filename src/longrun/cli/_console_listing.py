@@ -229,14 +229,17 @@ def indexed_page(store: Store, listing: "Listing", fleet: "Fleet", now: float) -
         statuses=listing.statuses, functions=[listing.function] if listing.function else [], match=listing.match or None, since=listing.since
     )
     summaries = store.list_summaries(**filters, limit=PAGE_SIZE, offset=(listing.page - 1) * PAGE_SIZE)  # type: ignore[arg-type]
-    matched = store.count_summaries(**filters)  # type: ignore[arg-type]
     counts = store.status_counts()
+    if listing.function or listing.match or listing.since is not None:
+        matched = store.count_summaries(**filters)  # type: ignore[arg-type]
+    else:  # by status alone: the counts say it
+        matched = sum(count for status, count in counts.items() if not listing.statuses or status in listing.statuses)
     waiting = [read_row(store, summary.task_id) for summary in store.list_summaries(statuses=_WAITING_ON_PEOPLE)]
     failures = store.count_summaries(statuses=_FAILING_SUMMARIES, since=now - FAILURE_WINDOW_S)
     pending = Summary.of(waiting, fleet, now)
     by_status = {("UNREADABLE" if status == "unreadable" else status): count for status, count in counts.items()}
     band = Summary(dict(sorted(by_status.items(), key=lambda item: (-item[1], item[0]))), pending.pending, pending.oldest_request, failures, fleet)
-    functions = sorted(name for name in store.function_counts() if name)
+    functions = store.function_names()
     return IndexedPage(complete(store, [summary_row(summary) for summary in summaries]), matched, band, functions)
 
 

@@ -36,7 +36,7 @@ from ..ledger import EffectRecord
 from ..messages import Message, decode_message, encode_message
 from ..outcome import Evidence
 from ..protocols import LoadResult
-from ..summary import MAX_ERROR_CHARS, NEW, SUMMARY_COLUMNS, SUMMARY_STATUSES, UNREADABLE, SummaryQuery, TaskSummary, summarize
+from ..summary import FUNCTION_NAMES_SQL, MAX_ERROR_CHARS, NEW, SUMMARY_COLUMNS, SUMMARY_STATUSES, UNREADABLE, SummaryQuery, TaskSummary, summarize
 from .blobs import BlobCodec, BlobFetcher, BlobRef, large_values, resolve_record_json, stored_record_json
 from ._sql_schema import SCHEMA_VERSION, column_text, quarantine_text, row_checksum, utf8_bytes
 from ._sql_connection import SqlConnection
@@ -879,8 +879,9 @@ f"SELECT {self._SUMMARY_COLUMNS} FROM longrun_summaries{tail}", params
             row = self._db.one(f"SELECT COUNT(*) FROM longrun_summaries{where}", params)
         return int(row[0])
 
-    def function_counts(self) -> dict[str, int]:
-        """How many tasks each durable function has, counted on the summary rows' function index."""
-        with self._db.session(write=False, what="count tasks by function"):
-            rows = self._db.rows("SELECT function, COUNT(*) FROM longrun_summaries GROUP BY function")
-        return {str(function or ""): int(count) for function, count in rows}
+    def function_names(self) -> list[str]:
+        """``BaseStore.function_names`` from the summary rows' function index: one seek a name
+        (``FUNCTION_NAMES_SQL``), not a scan of every row."""
+        with self._db.session(write=False, what="list the functions"):
+            rows = self._db.rows(FUNCTION_NAMES_SQL.format(table="longrun_summaries"))
+        return sorted(str(row[0]) for row in rows)

@@ -270,13 +270,10 @@ class BaseStore:
         This default lists them; a store with a summary index counts its rows."""
         return len(self.list_summaries(statuses=statuses, functions=functions, parent=parent, match=match, since=since, until=until))
 
-    def function_counts(self) -> dict[str, int]:
-        """How many tasks each durable function has (``""``: declared plans and sessions). This
-        default lists every summary; a store with a summary index counts its rows."""
-        counts: dict[str, int] = {}
-        for summary in self.list_summaries():
-            counts[summary.function or ""] = counts.get(summary.function or "", 0) + 1
-        return counts
+    def function_names(self) -> list[str]:
+        """The durable functions the tasks run (``module:name``), sorted, once each. This default
+        lists every summary; a store with a summary index walks its function index, one seek a name."""
+        return sorted({summary.function for summary in self.list_summaries() if summary.function})
 
     RECORDER = "longrun record"
     """The lease owner named by the first revision ``record_new`` writes."""

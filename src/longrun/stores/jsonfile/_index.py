@@ -50,7 +50,7 @@ import time
 from typing import Any, Callable, Sequence, TypeVar
 
 from ...errors import CorruptStateError, StorageError
-from ...summary import NEW, SUMMARY_COLUMNS, SummaryQuery, TaskSummary
+from ...summary import FUNCTION_NAMES_SQL, NEW, SUMMARY_COLUMNS, SummaryQuery, TaskSummary
 
 __all__ = ["INDEX_FILE", "SummaryIndex"]
 
@@ -250,10 +250,13 @@ class SummaryIndex:
         rows = self._run("list", lambda connection: connection.execute(f"SELECT {SUMMARY_COLUMNS} FROM summaries{tail}", params).fetchall())
         return [self._summary(row) for row in rows]
 
-    def counts(self, column: str = "status") -> dict[str, int]:
-        """How many rows have each value of ``column`` (``status`` or ``function``; NULL as ``""``)."""
-        rows = self._run("count", lambda connection: connection.execute(f"SELECT {column}, COUNT(*) FROM summaries GROUP BY {column}").fetchall())
-        return {str(value or ""): int(count) for value, count in rows}
+    def counts(self) -> dict[str, int]:
+        rows = self._run("count", lambda connection: connection.execute("SELECT status, COUNT(*) FROM summaries GROUP BY status").fetchall())
+        return {str(value): int(count) for value, count in rows}
+
+    def function_names(self) -> list[str]:
+        rows = self._run("list the functions", lambda connection: connection.execute(FUNCTION_NAMES_SQL.format(table="summaries")).fetchall())
+        return sorted(str(row[0]) for row in rows)
 
     def count(self, query: SummaryQuery) -> int:
         where, params = query.sql("task_id REGEXP ?", count=True)

@@ -468,16 +468,16 @@ class JsonFileStore(BaseStore):
             log.warning("%s; this count loads every task instead", exc)
             return len(query.select(self._summary(task_id) for task_id in self.list_tasks()))
 
-    def function_counts(self) -> dict[str, int]:
-        """How many tasks each durable function has, counted in the summary index."""
+    def function_names(self) -> list[str]:
+        """``BaseStore.function_names`` from the summary index's function index."""
         if not os.path.isdir(self.root):
-            return {}
+            return []
         try:
             self._refresh_index()
-            return self._index.counts("function")
+            return self._index.function_names()
         except StorageError as exc:
-            log.warning("%s; this count loads every task instead", exc)
-            return super().function_counts()
+            log.warning("%s; this listing loads every task instead", exc)
+            return super().function_names()
 
     def _refresh_index(self) -> None:
         """Build the index from every task if it was never built; verify the rows whose writer is gone."""
