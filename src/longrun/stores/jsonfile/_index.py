@@ -50,6 +50,7 @@ import time
 from typing import Any, Callable, Sequence, TypeVar
 
 from ...errors import CorruptStateError, StorageError
+from .._fileio import FileIO
 from ...summary import FUNCTION_NAMES_SQL, NEW, SUMMARY_COLUMNS, SummaryQuery, TaskSummary
 
 __all__ = ["INDEX_FILE", "SummaryIndex"]
@@ -96,8 +97,10 @@ def _regexp(pattern: str, text: object) -> bool:
 class SummaryIndex:
     """The index file of one store root, one connection per store object (threads take turns)."""
 
-    def __init__(self, root: str, label: str, tasks: Callable[[], list[str]]):
+    def __init__(self, root: str, label: str, tasks: Callable[[], list[str]], io: FileIO):
         self.path = os.path.join(root, INDEX_FILE)
+        self._io = io
+        """The store's file calls (made, checked, moved aside); SQLite's own reads and writes are its."""
         self._label = label
         self._tasks = tasks
         """The store's task ids (its directories): an index made where there are none but the
@@ -127,23 +130,23 @@ class SummaryIndex:
             # set aside for whoever wants to look, and made again from the task files.
             aside = f"{self.path}.damaged.{time.time_ns()}"
             log.warning("%s: the summary index %s is damaged (%s); moved to %s and rebuilt from the task files", self._label, self.path, exc, aside)
-            os.replace(self.path, aside)
+            self._io.replace(self.path, aside)
             for suffix in ("-wal", "-shm"):
-                if os.path.lexists(self.path + suffix):
-                    os.replace(self.path + suffix, aside + suffix)
+                if self._lstat(self.path + suffix) is not None:
+                    self._io.replace(self.path + suffix, aside + suffix)
             connection = self._open(newcomer)
         self._connection, self._pid = connection, os.getpid()
         return connection
 
     def _open(self, newcomer: str | None) -> sqlite3.Connection:
-        if not os.path.lexists(self.path):
+        info = self._lstat(self.path)
+        if info is None:
             # Owner-only, before SQLite creates it with the umask's mode.
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-                os.close(fd)
+                self._io.close(self._io.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600))
             except FileExistsError:
                 pass
-        info = os.lstat(self.path)
+            info = self._io.lstat(self.path)
         if not stat.S_ISREG(info.st_mode):
             raise StorageError(f"{self._label}: the summary index {self.path!r} is not a regular file (symlinks are refused)")
         connection = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
@@ -173,6 +176,12 @@ class SummaryIndex:
             connection.close()
             raise
         return connection
+
+    def _lstat(self, path: str) -> os.stat_result | None:
+        try:
+            return self._io.lstat(path)
+        except FileNotFoundError:
+            return None
 
     def _run(self, what: str, work: Callable[[sqlite3.Connection], _T], newcomer: str | None = None) -> _T:
         """``work`` on the connection, in this object's turn; a database error becomes ``StorageError``."""

@@ -113,7 +113,7 @@ class JsonFileStore(BaseStore):
         self._deleting: dict[str, str] = {}
         """Task id -> the directory its deletion set aside, between ``_delete_task`` and ``_after_delete``."""
         self._holders = HolderLocks(lambda task_id: os.path.join(self.task_dir(task_id), HOLDER_LOCK))
-        self._index = SummaryIndex(self.root, repr(self), self.list_tasks)
+        self._index = SummaryIndex(self.root, repr(self), self.list_tasks, self.io)
         self._index_marked: dict[str, int] = {}
         """Per task, the lease epoch whose writes this object marked in the index (``_index``, step 1)."""
         self._index_synced: dict[str, int] = {}
