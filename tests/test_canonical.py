@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import random
 import unittest
+from typing import Any
 
 import helpers  # noqa: F401  (puts src on sys.path)
 from longrun import CorruptStateError, InvalidInputError
@@ -184,6 +185,21 @@ class LongStringTests(unittest.TestCase):
         with self.assertRaisesRegex(InvalidInputError, "lone surrogate"):
             canonical_bytes({"s": "\ud800" + "x" * 20_000})
 
+    def test_the_pieces_of_an_encoding_join_to_its_bytes_and_hash_to_its_digest(self) -> None:
+        from longrun.canonical import canonical_pieces, digest_of
+
+        long = "x" * 20_000
+        values: list[Any] = [
+            {"i": 1}, [1, 2.5, None], "text", {"a": long, "b": [long, "y" + long], "c": {"d": long}},
+            {"quoted": '"' + long}, {"many": [long] * 40}, {"\u00e9": "\u00e9" * 20_000},
+        ]  # fmt: skip
+        for value in values:
+            with self.subTest(value=str(value)[:40]):
+                pieces = canonical_pieces(value)
+                self.assertEqual(b"".join(pieces), self.reference(value))
+                self.assertEqual(digest_of(value), "sha256:" + hashlib.sha256(self.reference(value)).hexdigest())
+        self.assertEqual(len(canonical_pieces(values[3])), 9, "each long string near the top is a piece of its own")
+
     def test_digest_of_hands_a_large_encoding_over_once(self) -> None:
         from longrun.canonical import LARGE_VALUE_BYTES, digest_of, remembered_encoding
 
@@ -191,7 +207,8 @@ class LongStringTests(unittest.TestCase):
         digest = digest_of(payload, checked=True)
         found = remembered_encoding(payload)
         assert found is not None
-        self.assertEqual(found[0], self.reference(payload))
+        self.assertEqual(b"".join(found[0]), self.reference(payload))
+        self.assertIn(payload["blob"].encode(), found[0], "the long string's bytes are a piece of their own, never joined")
         self.assertEqual("sha256:" + found[1], digest)
         self.assertIsNone(remembered_encoding(payload), "handed over once")
         small = {"i": 1}
