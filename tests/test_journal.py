@@ -754,6 +754,15 @@ class SnapshotDecodeTests(unittest.TestCase):
                 replay.apply_record({"rev": replay.revision + 1, "epoch": 0, "effects": {step_id: _journal.row_of(record)}})
                 self.assertEqual(replay.build().effects[step_id], record, "the bad row was replaced: never read")
 
+    def test_the_highest_epoch_is_read_from_a_column_of_one_value_or_of_many(self) -> None:
+        state = base_state()
+        state.effects = {step_id: record.with_changes(epoch=3) for step_id, record in state.effects.items()}
+        self.assertIn(b'{"all":3}', b"".join(_journal.encode_snapshot(state)))
+        self.assertEqual(_journal.highest_epoch(b"".join(_journal.encode_snapshot(state))), 3)
+        state.effects["s1"] = state.effects["s1"].with_changes(epoch=9)
+        self.assertEqual(_journal.highest_epoch(b"".join(_journal.encode_snapshot(state))), 9)
+        self.assertEqual(_journal.highest_epoch(b"".join(rows_format(_journal.encode_snapshot(state)))), 9)
+
     def test_a_snapshot_of_rows_as_version_1_wrote_it_loads(self) -> None:
         lines = rows_format(self.snapshot_lines(2500))
         self.assertEqual(json.loads(lines[0])["schema_version"], 1)

@@ -20,6 +20,14 @@ integers over Python's digit limit, an escaped lone surrogate (``"\\ud800"``, wh
 encoder can write back), and, with ``unique_keys``, an object that names a key twice (two readers
 could disagree on which one counts). Nothing else escapes it: no ``JSONDecodeError``,
 ``RecursionError``, ``UnicodeError`` or ``OverflowError``.
+
+A large value (``LARGE_VALUE_BYTES``) is encoded as pieces (``canonical_pieces``: a long string's
+UTF-8 bytes apart), hashed piece by piece by ``digest_of`` and remembered for the store that writes
+it as a blob (``remembered_encoding``), so its megabytes are encoded once and never joined.
+
+Longer than most modules: it is one concept, the encoding every digest is computed over, with the
+decoder that must refuse exactly what it could not have written; split, the two halves' rules
+would drift apart.
 """
 
 from __future__ import annotations

@@ -11,10 +11,17 @@ work on them::
 
 A snapshot (format ``longrun.snapshot``) holds one whole ``RunState``. Its meta names the revision
 and how many effect records and row lines follow; line 2 is the header (every field but the effect
-records, as a flat object: ``budget.attempts_total`` and so on); each further line is a list of up
-to ``ROWS_PER_LINE`` effect records, each a row of values in ``EFFECT_FIELDS`` order, in plan order.
-Files written before rows had a ``backoff`` (their meta's ``fields`` say so, a journal row is one
-value shorter) and before the header had the budget's worked time still load, those values absent.
+records, as a flat object: ``budget.attempts_total`` and so on); each further line holds up to
+``ROWS_PER_LINE`` effect records, in plan order, as columns (schema version 2)::
+
+    {"n": count, "columns": [column per field the meta names, in EFFECT_FIELDS order]}
+    column: [value, ...] (count values)  or  {"all": value} (every record that one scalar)
+
+so a load parses a state, an action, an epoch or a null once a line, not once a record, and checks
+each column in a pass (``EffectColumns``). A version 1 snapshot holds each line as a list of rows
+(a row: the values in ``EFFECT_FIELDS`` order) and still loads. Files written before rows had a
+``backoff`` (their meta's ``fields`` say so, a journal row is one value shorter) and before the
+header had the budget's worked time still load, those values absent.
 The header holds ``plan_outline`` only when the state has one (a declared plan's, see
 ``envelope.PlanOutline``); a journal record sets it only when it changed, compared by identity.
 
@@ -38,7 +45,7 @@ Invariants (the tests in ``tests/test_journal.py`` are built to break them):
 3. ``scan`` calls the last line *torn* only if it is incomplete (no newline yet) and not a whole,
    valid frame that lost only its newline to damage. Anything else that fails is *damaged*.
 4. Decoding validates every field through the records' own rules (``RunState.from_json``, typed
-   field checks for rows) after parsing with ``canonical.parse_json`` (no NaN, no nesting deeper
+   field checks for rows and columns) after parsing with ``canonical.parse_json`` (no NaN, no nesting deeper
    than ``MAX_JSON_DEPTH``, strict UTF-8; a meta line is at most ``MAX_META_BYTES`` and has no
    duplicate keys); no ``JSONDecodeError``, ``KeyError``, ``TypeError``, ``RecursionError`` or
    ``OverflowError`` escapes, only ``CorruptStateError`` and its subclasses. A header or row field
@@ -49,8 +56,8 @@ Not guaranteed here: anything about files, order of writes or recovery. ``jsonfi
 The module, in order: the lines (format names and limits, ``no_gc``, ``checksum`` and ``frame``,
 meta lines, ``scan``, which tells a torn last line from damage), the rows (``EFFECT_FIELDS`` and the
 older and blob-carrying widths, ``row_of`` and ``record_from_row``, ``record_changes``, the header
-and ``build_state``), the snapshot file (``encode_snapshot``, ``decode_snapshot`` into a
-``RawSnapshot``, ``snapshot_revision``), and the journal file (its meta, ``Shadow``, the writer's
+and ``build_state``), the snapshot file (its columns, ``EffectColumns``, ``encode_snapshot``,
+``decode_snapshot`` into a ``RawSnapshot``, ``snapshot_revision``), and the journal file (its meta, ``Shadow``, the writer's
 side that names what a commit changed, ``Replay``, the reader's side that applies records to a
 snapshot's raw header and rows, ``describe_record`` and ``highest_epoch``).
 

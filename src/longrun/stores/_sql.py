@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import operator
 import secrets
 import time
 from typing import Any, Collection, Generator, Iterable, Mapping, Self, Sequence
@@ -55,6 +56,10 @@ class _Damage:
     reason: str
     key: tuple[str, ...]
     data: str | None
+
+
+_position = operator.itemgetter(1)
+"""An effect row's position (``SELECT step_id, position, revision, record, checksum``)."""
 
 
 class SqlStore(BaseStore):
@@ -261,7 +266,8 @@ class SqlStore(BaseStore):
             codec = self._blobs[task_id] = BlobCodec()
             for value, ref in fetch.seen:
                 codec.read(value, ref)
-        digest = row_checksum(encode(state))
+        # What the rows hold, named by the checksums just verified (not by encoding the state again).
+        digest = row_checksum("\n".join([str(header_row[3]), *(str(row[4]) for row in sorted(effect_rows, key=_position))]).encode())
         return LoadResult(
             state=state,
             source="primary",
