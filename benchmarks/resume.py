@@ -168,7 +168,9 @@ def open_stores(names: list[str], base: str) -> list[tuple[str, Callable[[], Any
             if made is None:
                 continue
             first, cleanup = made
-            opened.append(("PostgresStore", lambda first=first: type(first)(first.connect), cleanup))
+            # One transaction writes (and one reads) all of a task's rows: more than the default
+            # 10 s a transaction may idle on a loaded machine.
+            opened.append(("PostgresStore", lambda first=first: type(first)(first.connect, transaction_timeout_s=600.0), cleanup))
         else:
             raise SystemExit(f"unknown store {name!r}: json, sqlite or postgres")
     return opened
