@@ -77,7 +77,7 @@ import json
 import math
 import operator
 import threading
-from typing import Any, Callable, Collection, Generator, Mapping
+from typing import Any, Callable, Collection, Generator, Mapping, Sequence
 
 from .._fields import MAX_INT, finite_float
 from ..budget import Backoff, BudgetCounters
@@ -731,7 +731,7 @@ class EffectColumns:
         step_ids = columns[_STEP_AT][start:]
         if not _texts(step_ids):
             raise CorruptStateError("snapshot effect row is malformed: a step id is not text")
-        states: list[EffectState | None] | None = None
+        states: Sequence[EffectState | None] | None = None
         if passed:
             raw = line[_STATE_AT]
             if type(raw) is dict:
