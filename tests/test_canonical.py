@@ -200,6 +200,33 @@ class LongStringTests(unittest.TestCase):
                 self.assertEqual(digest_of(value), "sha256:" + hashlib.sha256(self.reference(value)).hexdigest())
         self.assertEqual(len(canonical_pieces(values[3])), 9, "each long string near the top is a piece of its own")
 
+    def test_a_large_step_payload_is_encoded_once_and_its_blob_is_its_pieces(self) -> None:
+        from unittest import mock
+
+        from longrun import Step, canonical
+        from longrun.stores.blobs import BlobCodec
+
+        encodings: list[int] = []
+        real = canonical._spliced_pieces
+
+        def counted(value: Any) -> Any:
+            encodings.append(1)
+            return real(value)
+
+        with mock.patch.object(canonical, "_spliced_pieces", counted):
+            step = Step("s", "write", {"blob": "x" * (1 << 20), "n": 1})
+            static = step.static_payload
+            assert static is not None
+            codec = BlobCodec()
+            ref = codec.ref_of(static[0])
+            assert ref is not None
+            (blob,) = codec.to_write([ref])
+        self.assertEqual(len(encodings), 1, "the step's encoding is the one its digest hashes and its blob writes")
+        self.assertEqual(len(blob.pieces), 3, "the megabyte is a piece of its own, never joined")
+        self.assertEqual(b"".join(blob.pieces), self.reference(static[0]))
+        self.assertEqual("sha256:" + ref.sha256, static[1])
+        self.assertEqual(static[1], "sha256:" + hashlib.sha256(self.reference(static[0])).hexdigest())
+
     def test_digest_of_hands_a_large_encoding_over_once(self) -> None:
         from longrun.canonical import LARGE_VALUE_BYTES, digest_of, remembered_encoding
 
