@@ -59,7 +59,8 @@ class FirstApply(NoopAdapter):
 
 
 TARGET_S = 0.3
-"""Resume of 100,000 verified effects to the first new apply."""
+TARGET_SIZE = 100_000
+"""The target: a resume of ``TARGET_SIZE`` verified effects to the first new apply in under ``TARGET_S``."""
 
 
 def build(store: Any, task_id: str, size: int) -> tuple[RunContract, list[Step]]:
@@ -190,12 +191,16 @@ def measure(name: str, new_store: Callable[[], Any], size: int) -> None:
     run_s = statistics.median(sample[1] for sample in samples)
     total_s = statistics.median(sample[0] + sample[1] for sample in samples)
     cpu_s = statistics.median(sample[2] for sample in samples)
-    verdict = "met" if total_s < TARGET_S else "missed"
+    def verdict(seconds: float) -> str:
+        if size != TARGET_SIZE:
+            return f"(the target is for {TARGET_SIZE:,} effects)"
+        return "met" if seconds < TARGET_S else "missed"
+
     print(f"{name}: resume of a task with {size:,} verified effects to its first new apply (median of 3)")
     print(f"  Runner built (plan checked and digested)   {build_s:8.3f} s")
     print(f"  run() to the first new apply                {run_s:8.3f} s")
-    print(f"  total                                       {total_s:8.3f} s   target < {TARGET_S} s: {verdict}")
-    print(f"  total, CPU time of this process             {cpu_s:8.3f} s   target < {TARGET_S} s: {'met' if cpu_s < TARGET_S else 'missed'}")
+    print(f"  total                                       {total_s:8.3f} s   target < {TARGET_S} s: {verdict(total_s)}")
+    print(f"  total, CPU time of this process             {cpu_s:8.3f} s   target < {TARGET_S} s: {verdict(cpu_s)}")
     if name == "JsonFileStore":
         tracemalloc.start()
         before = tracemalloc.get_traced_memory()[0]
