@@ -25,9 +25,8 @@ A large value (``LARGE_VALUE_BYTES``) is encoded as pieces (``canonical_pieces``
 UTF-8 bytes apart), hashed piece by piece by ``digest_of`` and remembered for the store that writes
 it as a blob (``remembered_encoding``), so its megabytes are encoded once and never joined.
 
-Longer than most modules: it is one concept, the encoding every digest is computed over, with the
-decoder that must refuse exactly what it could not have written; split, the two halves' rules
-would drift apart.
+Longer than most modules: it is one concept, the bytes every digest is over and the reader that
+refuses whatever those bytes could not be; apart, each would restate the other's rules.
 """
 
 from __future__ import annotations
@@ -265,8 +264,12 @@ def canonical_pieces(value: JSONValue, *, what: str = "value") -> tuple[bytes, .
         raise InvalidInputError(f"{what} cannot be encoded as JSON: {type(exc).__name__}: {printable(str(exc)):.200}") from None
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+"""Made once: ``json.dumps`` with options builds an encoder per call (half a small value's cost)."""
+
+
 def _dumps(value: object) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    return _CANONICAL.encode(value).encode("utf-8")
 
 
 _LONG_STRING = 16 * 1024

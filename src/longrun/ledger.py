@@ -320,9 +320,11 @@ def check_receipt(receipt: object, *, key: str, step_id: str, already_spent: flo
         problems.append(f"receipt for {key} reports an invalid cost {cost!r}; not charged")
         cost = 0.0
     assert isinstance(cost, (int, float))
-    result, omitted = recordable_result(receipt.result, what=f"the result of step {step_id!r}")
-    if omitted is not None:
-        problems.append(omitted)
+    result: JSONValue = receipt.result
+    if result is not None:  # most receipts carry none: nothing to measure, no message to make
+        result, omitted = recordable_result(result, what=f"the result of step {step_id!r}")
+        if omitted is not None:
+            problems.append(omitted)
     return CheckedReceipt(float(cost), result, receipt.evidence or "acknowledged", tuple(problems))
 
 
