@@ -17,7 +17,7 @@ from helpers import support
 from longrun import JsonFileStore, RunState, StorageError
 from longrun.budget import BudgetCounters
 from longrun.outcome import Status
-from longrun.stores.jsonfile._index import INDEX_FILE
+from longrun.stores.jsonfile._index import INDEX_FILE, SummaryIndex
 
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 NOW = 1_700_000_000.0
@@ -59,6 +59,36 @@ class SummaryIndexTests(support.TempDirTest):
         self.store.release_lease(lease, NOW)
         self.assertEqual(self.rows()["b"], ("sleeping", 1, 0))
         self.assertEqual(self.store.status_counts(), {"done": 1, "sleeping": 1})
+
+    def test_a_running_holder_writes_its_row_at_most_once_an_interval_and_catches_up_at_release(self) -> None:
+        lease = self.store.acquire_lease("r", "tester", 30.0, NOW)
+        self.store.load("r", lease=lease)
+        self.store.commit(lease, state("r"), None)
+        with (
+            mock.patch("longrun.stores.jsonfile._store.INDEX_ROW_INTERVAL_S", 3600.0),
+            mock.patch.object(SummaryIndex, "put", autospec=True, side_effect=SummaryIndex.put) as puts,
+        ):
+            for step in range(20):
+                current = self.store.load("r", lease=lease).state
+                assert current is not None
+                current.updated_at, current.next_action = NOW + step, f"step {step}"
+                self.store.commit(lease, current, None)
+            self.assertEqual((puts.call_count, self.rows()["r"]), (0, ("running", 1, 1)), "no row write per running commit")
+            self.assertEqual([s.status for s in self.store.list_summaries()], ["running"])
+            current = self.store.load("r", lease=lease).state
+            assert current is not None
+            current.status = Status.SLEEPING
+            self.store.commit(lease, current, None)
+            self.assertEqual((puts.call_count, self.rows()["r"]), (1, ("sleeping", 22, 1)), "a status change is written at once")
+            current = self.store.load("r", lease=lease).state
+            assert current is not None
+            current.status, current.next_action = Status.RUNNING, "again"
+            self.store.commit(lease, current, None)
+            self.store.commit(lease, current, None)  # running, as the row says: not written yet
+            self.assertEqual(self.rows()["r"], ("running", 23, 1))
+            self.store.release_lease(lease, NOW)
+        self.assertEqual(self.rows()["r"], ("running", 24, 0), "the release wrote the last commit's row and settled it")
+        self.assertEqual(self.store.list_summaries()[0].next_action, "again")
 
     def test_a_listing_loads_no_task_once_the_index_is_built(self) -> None:
         for index in range(30):

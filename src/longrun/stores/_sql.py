@@ -17,6 +17,7 @@ import copy
 import dataclasses
 import itertools
 import logging
+import operator
 import secrets
 import time
 from typing import Any, Collection, Generator, Iterable, Mapping, Self, Sequence
@@ -79,6 +80,17 @@ class StateWrite:
     now_stored: dict[str, int]
     full: bool
     """Every record is written (what changed was not known)."""
+
+
+_position = operator.itemgetter(1)
+"""An effect row's position (``SELECT step_id, position, revision, record, checksum``)."""
+
+
+def _rows_digest(header_row: Sequence[Any], effect_rows: list[Any]) -> str:
+    """What a task's rows hold, named by the checksums a load just verified (the header's, then
+    each effect row's in position order), not by encoding the state again."""
+    checksums = [str(header_row[3]), *(str(row[4]) for row in sorted(effect_rows, key=_position))]
+    return row_checksum("\n".join(checksums).encode())
 
 
 class SqlStore(BaseStore):
@@ -297,8 +309,8 @@ class SqlStore(BaseStore):
     ) -> LoadResult:
         """The task's state from its rows (its task row's floor, header, effects, outline), each
         checked; damage refused with ``StateUnrecoverableError`` (and, repairing, set aside).
-        Without ``digest``, the result's digest is left empty (encoding the state again for it
-        costs as much as decoding it; a read for a listing does not compare digests)."""
+        Without ``digest``, the result's digest is left empty (a read for a listing does not
+        compare digests)."""
         now = time.time()
         floor = floor_row[0] if floor_row is not None and isinstance(floor_row[0], int) else 0
         if header_row is None:
@@ -350,7 +362,7 @@ class SqlStore(BaseStore):
         return LoadResult(
             state=state,
             source="primary",
-            digest=row_checksum(encode(state)) if digest else "",
+            digest=_rows_digest(header_row, effect_rows) if digest else "",
             observations=tuple(notes),
             revision_floor=max(floor, state.revision),
         )

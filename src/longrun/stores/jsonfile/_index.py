@@ -12,22 +12,26 @@ The protocol (the store calls these, each inside the task's exclusive flock):
    dirty (made if missing, status ``new``) in a transaction synced to disk (``synchronous=FULL``).
    It fails the lease write with ``StorageError`` if it cannot be made: no file write is ever
    made that a dirty mark does not precede.
-2. ``put``: after each commit's journal line is durable, the row takes the committed state's
+2. ``put``: after a commit's journal line is durable, the row takes the committed state's
    summary (not synced: the dirty mark already is). If that fails, it is logged, and the row
-   stays dirty.
-3. ``settle``: when the holder releases its lease, the row's mark is cleared if the holder wrote
-   the row after each of its commits in that lease (nothing failed).
+   stays dirty. A commit that leaves the task running, as its row already says, is written at
+   most once a second (``INDEX_ROW_INTERVAL_S``): the commits between are written by the next
+   one due, the next lease renewal or the release, whichever comes first; so an effect costs no
+   index write.
+3. ``settle``: when the holder releases its lease, the row takes the last commit's summary and
+   its mark is cleared if the holder wrote the row after each of its commits in that lease (nothing failed).
 4. A reader first verifies each dirty row whose holder is gone (no process on this machine holds
    the task's holder lock, ``_holders``): under the task's shared flock it reads the files,
    writes the row from them and clears the mark (or deletes the row of a task whose directory is
-   gone). A row whose holder lives is the one that holder wrote after its last commit.
+   gone). A row whose holder lives is the one that holder wrote last (step 2).
 
 What this guarantees: a commit that returned is in its task's row, or the row is dirty. A crash
 (SIGKILL, power loss) between a commit's journal write and its row write leaves the row dirty and
-at most that commit behind; the first listing after the crashed process is gone (its holder lock
+behind by at most a second of running commits, or by that stop; the first listing after the crashed process is gone (its holder lock
 is freed by the kernel when it dies) reads the task's files and shows the committed status. While
-the writer lives, its row trails its files only for the moment between the two writes of one
-commit, as a reader that came a moment earlier would have seen. An index that is missing, of
+the writer lives, its row's status is its last commit's (a status change is written at once); a
+running task's revision, time and next action may trail by up to a second, or until its next
+lease renewal if it commits nothing more. An index that is missing, of
 another version, or damaged (moved aside as ``.summaries.sqlite.damaged.<time>``) is rebuilt from
 every task's files by the next listing, once: O(tasks).
 

@@ -16,9 +16,11 @@ complete.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 import secrets
+import time
 from typing import Collection, Iterable
 
 from ...approval import Approval
@@ -31,6 +33,7 @@ from ...errors import CorruptStateError, ForeignStateError, LongrunError, Schema
 from ...lease import RELEASED, Lease
 from ...messages import Message
 from ...protocols import LoadResult
+from ...outcome import Status
 from ...summary import MAX_ERROR_CHARS, NEW, UNREADABLE, SummaryQuery, TaskSummary, summarize
 from .. import _journal as journal
 from .._fileio import FileIO, read_small, read_small_fd, remove_tree, write_atomic
@@ -48,6 +51,9 @@ from ._writing import Writer, Writers
 __all__ = ["JsonFileStore"]
 
 log = logging.getLogger("longrun")
+
+INDEX_ROW_INTERVAL_S = 1.0
+"""How often, at most, a running task's summary row is written while its holder lives and commits."""
 
 
 def _checked_lease(document: object) -> object:
@@ -117,6 +123,10 @@ class JsonFileStore(BaseStore):
         self._index_marked: dict[str, int] = {}
         """Per task, the lease epoch whose writes this object marked in the index (``_index``, step 1)."""
         self._index_synced: dict[str, int] = {}
+        self._index_rows: dict[str, tuple[TaskSummary, float]] = {}
+        """Per task, the row this object last wrote and when (``time.monotonic``) the next one is due."""
+        self._index_behind: dict[str, tuple[int, float, str]] = {}
+        """Per task, the revision, time and next action of a running commit whose row is not yet written."""
         """Per task, the lease epoch in which this object's last commit also wrote the task's row."""
 
     def __repr__(self) -> str:
@@ -246,9 +256,13 @@ class JsonFileStore(BaseStore):
             self._index.mark(task_id)
             self._index_marked[task_id] = lease.epoch
             self._index_synced.pop(task_id, None)
+            self._index_rows.pop(task_id, None)
+            self._index_behind.pop(task_id, None)
         self._write_lease(lease)
+        self._index_catch_up(task_id, lease.epoch)  # a renewal or the release: the row catches up with the last commit
         if released:
             self._index_marked.pop(task_id, None)
+            self._index_rows.pop(task_id, None)
             if self._index_synced.pop(task_id, None) == lease.epoch:
                 try:
                     self._index.settle(task_id)
@@ -287,17 +301,40 @@ class JsonFileStore(BaseStore):
 
     def _put_state(self, state: RunState, changed: Collection[str] | None) -> None:
         self._writing.commit(state, changed)
-        # The commit is durable: a failure to index it is logged, never raised, and leaves the row marked.
         task_id = state.task_id
+        written = self._index_rows.get(task_id)
+        if (
+            written is not None and state.status is Status.RUNNING and written[0].status == Status.RUNNING.value
+            and time.monotonic() < written[1] and state.lease_epoch == self._index_marked.get(task_id)
+        ):  # fmt: skip
+            # A running task's row is written at most once per INDEX_ROW_INTERVAL_S while its holder
+            # lives (it stays marked; the release writes the last commit's): no index write per effect.
+            self._index_behind[task_id] = (state.revision, state.updated_at, state.next_action)
+            return
+        self._index_put(task_id, summarize(state), state.lease_epoch)
+
+    def _index_put(self, task_id: str, summary: TaskSummary, epoch: int) -> None:
+        """Write the task's row after a durable commit: a failure is logged, never raised, and leaves the row marked."""
+        self._index_behind.pop(task_id, None)
         if _crashpoints.ARMED:
-            _crashpoints.hit("index.before_write", state.revision)
+            _crashpoints.hit("index.before_write", summary.revision)
         try:
-            self._index.put(summarize(state))
+            self._index.put(summary)
         except StorageError as exc:
             self._index_synced.pop(task_id, None)
+            self._index_rows.pop(task_id, None)
             log.warning("%s (the row stays marked: the next listing reads the task's files)", exc, extra={"task": task_id})
         else:
-            self._index_synced[task_id] = state.lease_epoch
+            self._index_synced[task_id] = epoch
+            self._index_rows[task_id] = (summary, time.monotonic() + INDEX_ROW_INTERVAL_S)
+
+    def _index_catch_up(self, task_id: str, epoch: int) -> None:
+        """Write the row of the last commit a running holder left unwritten (before its release)."""
+        behind = self._index_behind.get(task_id)
+        written = self._index_rows.get(task_id)
+        if behind is not None and written is not None:
+            revision, updated_at, next_action = behind
+            self._index_put(task_id, dataclasses.replace(written[0], revision=revision, updated_at=updated_at, next_action=next_action), epoch)
 
     # -- control records ----------------------------------------------------------------------
 
@@ -372,6 +409,8 @@ class JsonFileStore(BaseStore):
         self._leases.pop(task_id, None)
         self._index_marked.pop(task_id, None)
         self._index_synced.pop(task_id, None)
+        self._index_rows.pop(task_id, None)
+        self._index_behind.pop(task_id, None)
         if trash is not None:
             try:
                 remove_tree(self.io, trash)
