@@ -19,6 +19,8 @@ Layout under ``root`` (directories 0700, files 0600)::
         control/approvals/<approval id>.json
         messages/<seq>.<key digest>.json    the task's mailbox, one file per message (``_mailbox``)
         quarantine/         damaged files, moved aside with a timestamp, never deleted
+    .summaries.sqlite       the summary index (``INDEX_FILE``): a row per task, derived from the
+                            task files, so listings cost O(page) (``_index``)
     .deleted.<task id>.<random>/
                             a task being deleted (``delete_task``): renamed here in one step, then
                             removed; never listed or loaded (a dot name is never a task id)
@@ -161,9 +163,10 @@ from ._layout import (
     STATE as STATE,
     journal_name as journal_name,
 )
+from ._index import INDEX_FILE
 from ._store import JsonFileStore
 
-__all__ = ["JsonFileStore"]
+__all__ = ["INDEX_FILE", "JsonFileStore"]
 
 _TUNABLES = frozenset(
     {"MAX_STATE_BYTES", "MAX_JOURNAL_BYTES", "COMPACT_MIN_BYTES", "COMPACT_RATIO", "MAX_OPEN_JOURNALS", "PREALLOCATE_MIN", "PREALLOCATE_MAX"}

@@ -12,9 +12,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
+import tempfile
 import time
 from typing import Any, Callable
 
@@ -23,7 +25,7 @@ from ...cancellation import Cancellation
 from ...envelope import RunState
 from ...errors import FencedError
 from ...outcome import Evidence, Status
-from ...stores.jsonfile import JsonFileStore
+from ...stores.jsonfile import INDEX_FILE, JsonFileStore
 from ...stores.sqlite import SqliteStore
 from ..store_contract import sample_state
 from .checks import check_final
@@ -35,12 +37,24 @@ __all__ = ["run"]
 
 
 def _tree_bytes(root: str) -> dict[str, bytes]:
+    """Every file under ``root``, byte for byte; the JSON-file store's summary index (an SQLite
+    database whose write-ahead log SQLite folds into the file when its last connection closes) by
+    its rows, read from a copy so that reading it changes nothing."""
     out = {}
     for directory, _, names in os.walk(root):
         for name in names:
             path = os.path.join(directory, name)
+            relative = os.path.relpath(path, root)
+            if directory == root and name.startswith(INDEX_FILE):
+                continue
             with open(path, "rb") as handle:
-                out[os.path.relpath(path, root)] = handle.read()
+                out[relative] = handle.read()
+    if os.path.exists(os.path.join(root, INDEX_FILE)):
+        with tempfile.TemporaryDirectory() as copy:
+            for suffix in ("", "-wal"):
+                if os.path.exists(os.path.join(root, INDEX_FILE + suffix)):
+                    shutil.copyfile(os.path.join(root, INDEX_FILE + suffix), os.path.join(copy, INDEX_FILE + suffix))
+            out[INDEX_FILE] = _sqlite_dump(os.path.join(copy, INDEX_FILE)).encode()
     return out
 
 
