@@ -80,7 +80,9 @@ def _become(request: dict[str, Any], stdin: BinaryIO, stdout: BinaryIO, stderr: 
     os.environ.clear()
     os.environ.update(request["env"])
     first = os.path.dirname(request["script"]) if request.get("script") else os.getcwd()
-    sys.path[:] = list(dict.fromkeys([first, *request["python_path"], *_BASE_PATH]))  # as site leaves it: no duplicates
+    # As a start leaves it: site drops the duplicates among PYTHONPATH's entries and its own, and
+    # then the interpreter puts the script's directory (or the cwd, for -m) in front of them.
+    sys.path[:] = [first, *dict.fromkeys([*request["python_path"], *_BASE_PATH])]
     importlib.reload(_crashpoints)  # armed (or not) from the command's environment, as at a start
     streams = (_stream(0, sys.stdin, write=False), _stream(1, sys.stdout, write=True), _stream(2, sys.stderr, write=True))
     sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams
