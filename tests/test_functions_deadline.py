@@ -12,12 +12,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import subprocess
-import sys
 import unittest
 from typing import Any
 
 from helpers import pg_support, support
+from helpers.cli_process import run_script
 import longrun
 from longrun import InvalidInputError, JsonFileStore, Limits, PostgresStore, SqliteStore, Status, Store
 from longrun.deadline import TaskDeadline
@@ -309,10 +308,8 @@ class RestartCases(support.TempDirTest):
         return store
 
     def run_child(self, later: float, deadline_s: float) -> tuple[int, Any]:
-        process = subprocess.run(
-            [sys.executable, CHILD, self.spec(), "t", str(later), str(deadline_s), self.path("calls")],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+        # A process of its own, forked from the fork server (longrun imported once for all runs).
+        process = run_script(CHILD, [self.spec(), "t", str(later), str(deadline_s), self.path("calls")], cwd=None, timeout=120)
         if process.returncode not in (0, -9):
             self.fail(f"the child exited {process.returncode}: {process.stderr}")
         return process.returncode, json.loads(process.stdout) if process.stdout.strip() else None
