@@ -125,9 +125,9 @@ class Server:
         return reply
 
 
-WORKERS = 3
-"""How many tasks ``concurrently`` drives at once: enough to keep two cores busy while some children
-wait, few enough that a loaded machine still gives each child its time."""
+WORKERS = 2
+"""How many tasks ``concurrently`` drives at once: the two cores of a small machine; each is a
+server process more to start (an interpreter and ``import longrun``), so no more than that."""
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
