@@ -163,7 +163,7 @@ def concurrently(job: Callable[[_T], _R], items: Iterable[_T], *, workers: int =
         try:
             while True:
                 while len(pending) < workers and (item := next(remaining, _END)) is not _END:
-                    pending.append(pool.submit(job, item))  # type: ignore[arg-type]
+                    pending.append(pool.submit(job, item))
                 if not pending:
                     return
                 yield pending.popleft().result()
