@@ -173,7 +173,7 @@ class PostgresStoreKillTests(AsyncKillCase):
     def make_spec(self) -> str:
         schema = pg_support.Schema()
         self.addCleanup(schema.drop)
-        return schema.url + ("&" if "?" in schema.url else "?") + f"options=-csearch_path%3D{schema.name}"
+        return schema.spec
 
 
 del AsyncKillCase  # only its subclasses run

@@ -225,7 +225,7 @@ class PostgresStoreTests(ControlCases):
         self.addCleanup(schema.drop)
         store = PostgresStore(schema.factory())
         self.addCleanup(store.close)
-        url = schema.url + ("&" if "?" in schema.url else "?") + f"options=-csearch_path%3D{schema.name}"
+        url = schema.spec
         return store, url
 
 

@@ -179,8 +179,7 @@ class PostgresFailureCliTests(FailureCliCases):
         super().setUp()
 
     def spec(self) -> str:
-        separator = "&" if "?" in self.schema.url else "?"
-        return f"{self.schema.url}{separator}options=-csearch_path%3D{self.schema.name}"
+        return self.schema.spec
 
 
 del FailureCliCases  # only its subclasses run

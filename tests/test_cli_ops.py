@@ -418,7 +418,7 @@ class PostgresStoreTest(OpsCase):
         self.finished_task("finished", store=store)
         self.awaiting_task("gated", store=store)
         self.password = urllib.parse.urlsplit(schema.url).password
-        self.url = schema.url + ("&" if "?" in schema.url else "?") + f"options=-csearch_path%3D{schema.name}"
+        self.url = schema.spec
 
     def test_ls_status_history_verify_approve_on_a_postgresql_url(self) -> None:
         outputs = []

@@ -25,11 +25,6 @@ DEADLINE_S = 1800.0 if FULL else 300.0
 """A liveness guard, not a timing assertion: the fleet must finish; this says when to give up."""
 
 
-def schema_url(schema: pg_support.Schema) -> str:
-    separator = "&" if "?" in schema.url else "?"
-    return f"{schema.url}{separator}options=-csearch_path%3D{schema.name}"
-
-
 class FleetCrashCases:
     tasks = 60
     effects = 5
@@ -167,7 +162,7 @@ class RateFleetCases:
 
 class PostgresRateFleetTests(RateFleetCases, pg_support.SchemaPerTest, support.TempDirTest):
     def fleet_store(self) -> tuple[str, Database]:
-        return schema_url(self.schema), Database("", self.schema)
+        return self.schema.spec, Database("", self.schema)
 
 
 class SqliteRateFleetTests(RateFleetCases, support.TempDirTest):
@@ -185,7 +180,7 @@ class JsonRateFleetTests(RateFleetCases, support.TempDirTest):
 
 class PostgresScheduleFleetTests(ScheduleFleetCases, pg_support.SchemaPerTest, support.TempDirTest):
     def fleet_store(self) -> tuple[str, Database]:
-        return schema_url(self.schema), Database("", self.schema)
+        return self.schema.spec, Database("", self.schema)
 
 
 class SqliteScheduleFleetTests(ScheduleFleetCases, support.TempDirTest):
@@ -208,7 +203,7 @@ class PostgresFleetCrashTests(FleetCrashCases, pg_support.SchemaPerTest, support
     stops = 10 if FULL else scale.scaled(2, 3)
 
     def fleet_store(self) -> tuple[str, Database]:
-        return schema_url(self.schema), Database("", self.schema)
+        return self.schema.spec, Database("", self.schema)
 
     def offsets(self) -> dict[int, float]:
         return {1: 3600.0, 2: -3600.0}
@@ -239,6 +234,30 @@ class JsonFleetCrashTests(FleetCrashCases, support.TempDirTest):
         spec = os.path.join(self.tmp, "store")
         os.makedirs(spec)
         return spec, Database(spec)
+
+
+class LeaseLogCheckTests(unittest.TestCase):
+    """The overlap check judges as the store does: on a shared monotonic timeline when the grants have one."""
+
+    def test_a_renewal_stamped_late_on_the_wall_clock_is_not_an_overlap(self) -> None:
+        # Epoch 1 renewed at monotonic 100 (wall expiry stamped 0.5 s later, after a lock wait);
+        # epoch 2 acquired at monotonic 130.1, after epoch 1's monotonic expiry of 130.
+        rows = [
+            ("t", 1, "a", 1000.0, 1030.0, "boot:x", 100.0),
+            ("t", 1, "a", 1000.0, 1060.5, "boot:x", 130.0),
+            ("t", 2, "b", 1060.2, 1090.2, "boot:x", 160.1),
+        ]
+        self.assertEqual(overlapping_leases(rows), [])
+        self.assertEqual(len(overlapping_leases([row[:5] + (None, None) for row in rows])), 1)
+
+    def test_an_acquisition_before_the_monotonic_expiry_is_an_overlap(self) -> None:
+        rows = [("t", 1, "a", 1000.0, 1030.0, "boot:x", 130.0), ("t", 2, "b", 1031.0, 1061.0, "boot:x", 159.0)]
+        self.assertIn("monotonic boot:x", overlapping_leases(rows)[0])
+
+    def test_a_released_lease_and_a_shrinking_epoch(self) -> None:
+        released = [("t", 1, "a", 1000.0, 1030.0, "boot:x", 130.0), ("t", 1, "a", 1000.0, 0.0, None, None)]
+        self.assertEqual(overlapping_leases(released + [("t", 2, "b", 1001.0, 1031.0, "boot:x", 101.0)]), [])
+        self.assertIn("epoch 1 after 2", overlapping_leases([("t", 2, "a", 1, 2, None, None), ("t", 1, "b", 3, 4, None, None)])[0])
 
 
 if __name__ == "__main__":

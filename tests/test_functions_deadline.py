@@ -10,6 +10,7 @@ when ``LONGRUN_TEST_POSTGRES_DSN`` is set); the restart test SIGKILLs a real pro
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
 import os
 import unittest
@@ -27,6 +28,7 @@ from longrun.outcome import ENDED_UNFINISHED, TERMINAL
 from longrun.testing import FakeClock
 
 CHILD = os.path.join(support.HELPERS, "deadline_child.py")
+FAMILY = os.path.join(support.HELPERS, "deadline_family.py")
 
 
 class DeadlineCases(support.TempDirTest):
@@ -149,6 +151,64 @@ class DeadlineCases(support.TempDirTest):
         agent.run("t", deadline=later)
         self.assertEqual(self.state("t").deadline, TaskDeadline(start + 400.0, "caller", start))
 
+    def test_start_and_enqueue_record_the_deadline_with_the_task_and_its_first_run_keeps_it(self) -> None:
+        @self.durable()
+        def agent(run: longrun.Run) -> str:
+            run.sleep("nap", 5000.0)
+            return "done"
+
+        start = self.clock.now()
+        when = dt.datetime.fromtimestamp(start + 400.0, tz=dt.timezone.utc)
+        self.assertTrue(agent.start("s", deadline=when))
+        queued = self.state("s")
+        self.assertEqual((queued.status, queued.deadline), (Status.QUEUED, TaskDeadline(start + 400.0, "caller", start)))
+        self.assertTrue(agent.enqueue("e", deadline=when, delay_s=10.0, priority=1))
+        self.assertEqual(self.state("e").deadline, TaskDeadline(start + 400.0, "caller", start))
+        self.assertFalse(agent.start("s", deadline=dt.datetime.fromtimestamp(start + 9000.0, tz=dt.timezone.utc)), "recorded before")
+        self.assertEqual(self.state("s").deadline, TaskDeadline(start + 400.0, "caller", start), "one recorded before keeps its own")
+        self.clock.advance(100.0)
+        outcome = agent.run("s")  # its first run: the recorded deadline bounds the sleep
+        self.assertEqual((outcome.status, outcome.wake_at), (Status.SLEEPING, start + 400.0))
+        self.assertEqual(self.state("s").deadline, TaskDeadline(start + 400.0, "caller", start + 100.0))
+        self.clock.advance(300.0)
+        self.assertEqual(agent.run("s").status, Status.DEADLINE_EXCEEDED)
+        self.assertEqual(agent.run("e").status, Status.DEADLINE_EXCEEDED, "its deadline passed while it was queued")
+
+    def test_a_queued_tasks_deadline_and_the_limits_from_its_first_run_the_earlier_wins(self) -> None:
+        @self.durable(deadline_s=100.0)
+        def agent(run: longrun.Run) -> str:
+            run.sleep("nap", 5000.0)
+            return "done"
+
+        start = self.clock.now()
+        agent.start("late", deadline=dt.datetime.fromtimestamp(start + 500.0, tz=dt.timezone.utc))
+        agent.start("soon", deadline=dt.datetime.fromtimestamp(start + 120.0, tz=dt.timezone.utc))
+        agent.start("none")
+        self.assertIsNone(self.state("none").deadline, "the limits' counts from the first run, not from the start")
+        self.clock.advance(50.0)
+        self.assertEqual(agent.run("late").wake_at, start + 150.0)
+        self.assertEqual(self.state("late").deadline, TaskDeadline(start + 150.0, "limits", start + 50.0))
+        self.assertEqual(agent.run("soon").wake_at, start + 120.0)
+        self.assertEqual(self.state("soon").deadline, TaskDeadline(start + 120.0, "caller", start + 50.0))
+        self.assertEqual(agent.run("none").wake_at, start + 150.0)
+
+    def test_start_and_enqueue_refuse_a_naive_past_or_unreachable_deadline_and_record_nothing(self) -> None:
+        @self.durable()
+        def agent(run: longrun.Run) -> str:
+            return "done"
+
+        now = self.clock.now()
+        for what, call in (
+            ("no time zone", lambda: agent.start("t", deadline=dt.datetime(2030, 1, 1))),
+            ("already passed", lambda: agent.start("t", deadline=dt.datetime.fromtimestamp(now - 1.0, tz=dt.timezone.utc))),
+            ("already passed", lambda: agent.enqueue("t", deadline=dt.datetime.fromtimestamp(now, tz=dt.timezone.utc))),
+            ("before delay_s", lambda: agent.enqueue("t", delay_s=60.0, deadline=dt.datetime.fromtimestamp(now + 30.0, tz=dt.timezone.utc))),
+            ("timezone-aware", lambda: agent.enqueue("t", deadline="tomorrow")),
+        ):
+            with self.subTest(what), self.assertRaisesRegex(InvalidInputError, what):
+                call()
+        self.assertFalse(self._exists("t"), "nothing was recorded")
+
     def test_a_child_inherits_the_parents_deadline_and_a_later_one_of_its_own_is_clamped(self) -> None:
         @self.durable(deadline_s=5000.0)
         def late(run: longrun.Run) -> str:
@@ -250,6 +310,47 @@ class DeadlineCases(support.TempDirTest):
         self.assertEqual((outcome.status, outcome.result), (Status.DONE, "after"))
         self.assertEqual(self.calls, ["after"])
 
+    def test_status_and_the_console_word_the_deadline_and_json_includes_it(self) -> None:
+        from longrun.cli._console_pages import Console
+        from longrun.cli._common import format_time
+        from longrun.cli._inspect import cmd_status, render_status
+
+        @self.durable()
+        def agent(run: longrun.Run) -> str:
+            run.sleep("nap", 5000.0)
+            return "done"
+
+        start = self.clock.now()
+        agent.start("q", deadline=dt.datetime.fromtimestamp(start + 600.0, tz=dt.timezone.utc))
+        agent.run("r", deadline=dt.datetime.fromtimestamp(start + 600.0, tz=dt.timezone.utc))
+        agent.run("none")
+
+        def status(task_id: str, now: float) -> str:
+            lines = render_status(task_id, self.store.load(task_id), self.store.read_lease(task_id), now)
+            return "\n".join(line for line in lines if line.startswith("  deadline"))
+
+        queued = status("q", start + 60.0)
+        self.assertIn("(asked by the caller): 9m left", queued)
+        self.assertIn("(asked by the caller): passed 40m ago; the task stops deadline-exceeded when it next runs", status("r", start + 3000.0))
+        self.assertEqual(status("none", start), "", "no deadline, no line")
+        self.assertIn(format_time(start + 600.0), queued)
+        self.clock.advance(700.0)
+        self.assertEqual(agent.run("r").status, Status.DEADLINE_EXCEEDED)
+        self.assertIn(": exceeded 2m ago; the task stopped deadline-exceeded", status("r", start + 720.0))
+        out = io.StringIO()
+        cmd_status(self.store, "STORE", "q", True, out)
+        shown = json.loads(out.getvalue())["deadline_status"]
+        self.assertEqual((shown["at"], shown["source"], shown["exceeded"]), (start + 600.0, "caller", False))
+        self.assertIsInstance(shown["left_s"], float)
+        self.assertEqual(shown["passed"], shown["left_s"] <= 0)
+        out = io.StringIO()
+        cmd_status(self.store, "STORE", "none", True, out)
+        self.assertIsNone(json.loads(out.getvalue())["deadline_status"])
+        console = Console(self.store, "store", read_only=True, approver="a", sign_key=None, control_root=None, clock=lambda: start + 60.0)
+        self.assertIn("<dt>deadline</dt><dd>", console.task_page("q", {}))
+        self.assertIn("9m left", console.task_page("q", {}))
+        self.assertNotIn("<dt>deadline</dt>", console.task_page("none", {}))
+
     def test_the_status_is_terminal_and_reopenable_and_old_states_load(self) -> None:
         self.assertIn(Status.DEADLINE_EXCEEDED, TERMINAL)
         self.assertIn(Status.DEADLINE_EXCEEDED, ENDED_UNFINISHED)
@@ -334,6 +435,94 @@ class RestartCases(support.TempDirTest):
             self.assertEqual(handle.read().count("work"), 2, "the killed attempt and the one that returned")
 
 
+class FamilyRestartCases(support.TempDirTest):
+    """A parent (``deadline_s`` 1000) and its child, each run in a process of its own
+    (tests/helpers/deadline_family.py): the first process is SIGKILLed inside the child's step, the
+    parent's deadline passes, and the parent stops ``deadline-exceeded`` and cancels the child."""
+
+    spec = RestartCases.spec
+    open = RestartCases.open
+
+    def run_family(self, which: str, later: float, crash_at: str | None = None) -> tuple[int, Any]:
+        env = {**os.environ, "LONGRUN_CRASH_AT": crash_at} if crash_at else {k: v for k, v in os.environ.items() if k != "LONGRUN_CRASH_AT"}
+        process = subprocess.run(
+            [sys.executable, FAMILY, self.spec(), which, str(later), "1000", self.path("calls")],
+            capture_output=True, text=True, timeout=120, env=env,
+        )  # fmt: skip
+        if process.returncode not in (0, -9):
+            self.fail(f"the {which} process exited {process.returncode}: {process.stderr}")
+        return process.returncode, json.loads(process.stdout) if process.stdout.strip() else None
+
+    def calls(self) -> int:
+        with open(self.path("calls"), encoding="ascii") as handle:
+            return handle.read().count("work")
+
+    def killed_while_the_child_runs(self) -> None:
+        code, _ = self.run_family("parent", 0.0)
+        self.assertEqual(code, -9, "killed inside the child's step 'work'")
+        store = self.open()
+        parent, kid = store.load("parent").state, store.load("kid").state
+        assert parent is not None and kid is not None and parent.deadline is not None
+        self.assertEqual((parent.status, kid.status), (Status.RUNNING, Status.RUNNING))
+        assert kid.deadline is not None
+        self.assertEqual((kid.deadline.at, kid.deadline.source), (parent.deadline.at, "parent"), "the child inherited the parent's deadline")
+
+    def check_the_child_is_cancelled_and_starts_nothing(self) -> None:
+        self.assertIsNotNone(self.open().read_cancellation("kid"), "the child's cancellation is written")
+        code, outcome = self.run_family("kid", 4000.0)  # as a worker would run it: it stops, starts nothing
+        self.assertEqual(code, 0)
+        self.assertIn(outcome["status"], ("cancelled", "deadline-exceeded"))
+        self.assertEqual(self.calls(), 1, "the killed attempt only: nothing of the child ran after the deadline")
+        kid = self.open().load("kid").state
+        assert kid is not None
+        self.assertNotIn("after", kid.effects, "the child's next step never started")
+
+    def test_a_deadline_reached_while_a_child_runs_stops_the_parent_and_cancels_the_child(self) -> None:
+        self.killed_while_the_child_runs()
+        code, outcome = self.run_family("parent", 2000.0)  # its deadline (1000 s after its start) has passed
+        self.assertEqual((code, outcome["status"]), (0, "deadline-exceeded"))
+        self.assertTrue(any("children are cancelled" in detail and "kid" in detail for detail in outcome["inferences"]), outcome)
+        self.check_the_child_is_cancelled_and_starts_nothing()
+
+    def test_killed_after_the_parents_stop_before_its_children_are_cancelled_the_next_run_cancels_them(self) -> None:
+        self.killed_while_the_child_runs()
+        code, _ = self.run_family("parent", 2000.0, crash_at="deadline.children:1")
+        self.assertEqual(code, -9, "killed at deadline.children")
+        store = self.open()
+        parent = store.load("parent").state
+        assert parent is not None
+        self.assertEqual(parent.status, Status.DEADLINE_EXCEEDED, "the stop was committed")
+        self.assertIsNone(store.read_cancellation("kid"), "not cancelled yet")
+        code, outcome = self.run_family("parent", 3000.0)
+        self.assertEqual((code, outcome["status"]), (0, "deadline-exceeded"))
+        self.check_the_child_is_cancelled_and_starts_nothing()
+
+
+class JsonFileFamilyRestartTests(FamilyRestartCases):
+    pass
+
+
+class SqliteFamilyRestartTests(FamilyRestartCases):
+    def spec(self) -> str:
+        return "sqlite:" + self.path("longrun.sqlite")
+
+
+class PostgresFamilyRestartTests(FamilyRestartCases):
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        pg_support.check()
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.schema = pg_support.Schema()
+        self.addCleanup(self.schema.drop)
+
+    def spec(self) -> str:
+        separator = "&" if "?" in self.schema.url else "?"
+        return f"{self.schema.url}{separator}options=-csearch_path%3D{self.schema.name}"
+
+
 class JsonFileRestartTests(RestartCases):
     pass
 
@@ -355,11 +544,10 @@ class PostgresRestartTests(RestartCases):
         self.addCleanup(self.schema.drop)
 
     def spec(self) -> str:
-        separator = "&" if "?" in self.schema.url else "?"
-        return f"{self.schema.url}{separator}options=-csearch_path%3D{self.schema.name}"
+        return self.schema.spec
 
 
-del DeadlineCases, RestartCases  # only their subclasses run
+del DeadlineCases, RestartCases, FamilyRestartCases  # only their subclasses run
 
 if __name__ == "__main__":
     unittest.main()

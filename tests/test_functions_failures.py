@@ -337,8 +337,7 @@ class PostgresCrashLoopTests(CrashLoopCases):
         self.addCleanup(self.schema.drop)
 
     def spec(self) -> str:
-        separator = "&" if "?" in self.schema.url else "?"
-        return f"{self.schema.url}{separator}options=-csearch_path%3D{self.schema.name}"
+        return self.schema.spec
 
 
 del FailureCases, CrashLoopCases  # only their subclasses run

@@ -15,6 +15,7 @@ import json
 import os
 import time
 import unittest
+from unittest import mock
 from typing import Any
 
 from helpers import ops_tasks, pg_support, support
@@ -325,6 +326,32 @@ class OperatorCases(support.TempDirTest):
         self.assertEqual(function.run("f2", 1).status, Status.DONE)
         self.assertEqual(function.fork("f2", "f2c", from_step="charge"), "charge")
 
+    def test_a_fork_that_fails_before_it_exists_leaves_the_origin_unchanged(self) -> None:
+        self.target.reset(self.path("outbox.jsonl"), broken={"ship"})
+        function = self.fn(ops_tasks.order)
+        self.assertEqual(function.run("f3", 1).status, Status.BLOCKED)
+        before = self.state("f3").revision
+        with mock.patch("longrun.functions._fork.Forking.initial", side_effect=OSError("disk gone")):
+            with self.assertRaises(OSError):
+                function.fork("f3", "f3b", from_step="charge")
+        self.assertEqual((self.state("f3").revision, self.state("f3").effects.keys() & {"longrun.fork/f3b"}), (before, set()))
+        self.assertEqual(function.fork("f3", "f3b", from_step="charge"), "charge", "the fork can be made afterwards")
+        self.assertIn("longrun.fork/f3b", self.state("f3").effects)
+
+    def test_a_fork_stopped_before_the_origin_recorded_it_is_completed_by_running_it_again(self) -> None:
+        self.target.reset(self.path("outbox.jsonl"), broken={"ship"})
+        function = self.fn(ops_tasks.order)
+        self.assertEqual(function.run("f4", 1).status, Status.BLOCKED)
+        with mock.patch("longrun.functions._durable.record_fork_in_origin", side_effect=RuntimeError("stopped")):
+            with self.assertRaises(RuntimeError):
+                function.fork("f4", "f4b", from_step="charge")
+        self.assertNotIn("longrun.fork/f4b", self.state("f4").effects)
+        self.assertEqual(self.state("f4b").effects["longrun.function"].payload["forked_from"], {"task": "f4", "step": "charge"})
+        self.assertEqual(function.fork("f4", "f4b", from_step="charge"), "charge")
+        self.assertEqual(self.state("f4").effects["longrun.fork/f4b"].payload, {"task": "f4b", "step": "charge"})
+        with self.assertRaises(TaskExistsError):
+            function.fork("f4", "f4", from_step="charge")
+
 
 class _Discard:
     """A writer that keeps nothing: to build a record without writing it."""
@@ -353,7 +380,7 @@ class PostgresStoreTests(OperatorCases):
         self.addCleanup(schema.drop)
         store = PostgresStore(schema.factory())
         self.addCleanup(store.close)
-        url = schema.url + ("&" if "?" in schema.url else "?") + f"options=-csearch_path%3D{schema.name}"
+        url = schema.spec
         return store, url
 
 

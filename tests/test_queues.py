@@ -220,8 +220,7 @@ class PostgresQueueTests(QueueCases, pg_support.SchemaPerTest, support.TempDirTe
         return PostgresStore(self.schema.factory())
 
     def spec(self) -> str:
-        separator = "&" if "?" in self.schema.url else "?"
-        return f"{self.schema.url}{separator}options=-csearch_path%3D{self.schema.name}"
+        return self.schema.spec
 
 
 if __name__ == "__main__":

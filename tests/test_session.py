@@ -344,7 +344,7 @@ class OtherStoreTests(FollowNext):
         pg_support.check("psycopg")  # the URL carries the schema as a libpq option, which pg8000 cannot take
         schema = pg_support.Schema("psycopg", prefix="lr_session")
         self.addCleanup(schema.drop)
-        spec = schema.url + ("&" if "?" in schema.url else "?") + f"options=-csearch_path%3D{schema.name}"
+        spec = schema.spec
         self.cli_json("init", spec, "t1", "--contract", self.contract, "--create-store")
         self.assertEqual(self.follow(store=spec)["kind"], "finished")
         self.assertEqual(self.lines(), ["a", "b"])

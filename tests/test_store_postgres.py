@@ -343,7 +343,7 @@ class SchemaTests(PostgresCase):
 
 class OpenStoreTests(PostgresCase):
     def test_a_url_opens_a_store_with_each_driver(self) -> None:
-        url = (pg_support.dsn() or "") + ("&" if "?" in (pg_support.dsn() or "") else "?") + f"options=-csearch_path%3D{self.schema.name}"
+        url = self.schema.spec
         for driver in pg_support.available_drivers():
             with self.subTest(driver=driver):
                 with mock.patch("longrun.stores._spec._DRIVERS", (driver,)):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import io
 import json
 import os
@@ -27,6 +28,7 @@ from longrun import (
     LongrunError,
     PostgresStore,
     RetryPolicy,
+    SignatureRequiredError,
     SizeLimitError,
     SqliteStore,
     Status,
@@ -34,10 +36,13 @@ from longrun import (
     TransientError,
     UnknownTaskError,
 )
+from longrun.authority import FileControlSource, SignedApprovals, sign_approval
 from longrun.cli import main as cli_main
 from longrun.engine import RECEIVE_POLL_S
 from longrun.ledger import EffectState
-from longrun.messages import MAX_MESSAGE_BYTES, RECV_ACTION, SEND_ACTION
+from longrun.messages import MAX_MESSAGE_BYTES, RECV_ACTION, SEND_ACTION, Message
+from longrun.outside_messages import pending_messages
+from longrun.signing import generate_key_file
 from longrun.task_events import EVENT_ACTION
 from longrun.testing import FakeClock, OutboxAdapter
 
@@ -107,7 +112,10 @@ class StoreCases(TalkCase):
         self.assertEqual(consumer.run("c", 3).result, done.result, "replay returns what was received")
         state = self.store.load("c").state
         received = sorted(record.result["seq"] for record in state.effects.values() if record.action == RECV_ACTION)
-        self.assertEqual(received, [1, 2, 4], "the message on another topic is kept, not consumed")
+        self.assertEqual(received, [1, 2, 3], "numbered as received: a message from outside enters the mailbox then")
+        self.assertEqual(self.messages("c"), [{"n": 0}, {"n": 1}, {"n": 2}])
+        pending, _ = pending_messages(self.store.read_approvals("c"), "c", state.plan_digest, state.consumed_approvals)
+        self.assertEqual([(message.topic, message.value) for _, message in pending], [("other", "not mine")], "kept, not consumed")
 
     def test_a_fork_keeps_the_receives_it_copied_and_receives_its_own_mailbox_from_its_first_message(self) -> None:
         @self.durable()
@@ -123,7 +131,7 @@ class StoreCases(TalkCase):
         consumer.send("c2", "t", "fork's first")  # number 1 in the fork's own mailbox
         self.assertEqual(consumer.resume("c2").result, ["origin's first", "fork's first"])
 
-    def test_fifo_follows_the_order_the_sends_committed_not_the_senders(self) -> None:
+    def test_fifo_merges_the_tasks_messages_in_commit_order_with_those_from_outside_in_send_order(self) -> None:
         @self.durable()
         def consumer(run: longrun.Run) -> list[Any]:
             return [run.recv("t") for _ in range(4)]
@@ -135,7 +143,9 @@ class StoreCases(TalkCase):
 
         consumer.run("c")
         producer.run("p1", "c", [1])
-        consumer.send("c", "t", 2)
+        self.clock.advance(1.0)
+        consumer.send("c", "t", 2)  # from outside: a control record, in the order it was sent
+        self.clock.advance(1.0)
         producer.run("p2", "c", [3, 4])
         self.assertEqual(consumer.run("c").result, [1, 2, 3, 4])
 
@@ -163,17 +173,112 @@ class StoreCases(TalkCase):
     def test_a_key_deduplicates_at_the_receiver_whoever_sends(self) -> None:
         @self.durable()
         def receiver(run: longrun.Run) -> Any:
-            return run.recv("t", timeout_s=0)
+            return [run.recv("t"), run.recv("t", timeout_s=0)]
 
         @self.durable()
         def sender(run: longrun.Run) -> list[int]:
             return [run.send("r", "t", "first", key="order-7"), run.send("r", "t", "again", key="order-7")]
 
-        receiver.run("r")  # recorded: it has a mailbox
-        self.assertEqual(receiver.send("r", "t", "from outside", key="order-7"), longrun.Delivery(1))
+        self.assertEqual(receiver.run("r").status, Status.AWAITING_INPUT)
+        first = receiver.send("r", "t", "from outside", key="order-7")
+        self.assertEqual((first.duplicate, first.seq, first.key, first.written_to), (False, 0, "order-7", None))
+        self.assertIsNotNone(first.record_id)
+        again = receiver.send("r", "t", "from outside, again", key="order-7")  # not in the mailbox yet: written
+        self.assertNotEqual(again.record_id, first.record_id)
+        self.assertEqual(receiver.run("r").result, ["from outside", None], "two records with one key: received once")
         self.assertEqual(sender.run("s").result, [1, 1])
         self.assertEqual(self.messages("r"), ["from outside"])
-        self.assertEqual(receiver.send("r", "t", "from outside", key="order-7"), longrun.Delivery(1, duplicate=True))
+        self.assertEqual(receiver.send("r", "t", "from outside", key="order-7"), longrun.Posted("r", "t", "order-7", None, duplicate=True, seq=1))
+        state = self.store.load("r").state
+        self.assertEqual(sorted(state.consumed_approvals), sorted([first.record_id, again.record_id]))
+
+    def test_a_message_from_outside_goes_through_a_strict_control_root_and_not_the_store(self) -> None:
+        control = self.path("control")
+        os.makedirs(control)
+        source = FileControlSource(control, approver_uid=os.geteuid())
+
+        @self.durable(approvals=source)
+        def consumer(run: longrun.Run) -> list[Any]:
+            return [run.recv("orders"), run.recv("orders")]
+
+        self.assertEqual(consumer.run("c").status, Status.AWAITING_INPUT)
+        consumer.send("c", "orders", "in the store")  # not where this function reads: not delivered
+        self.assertEqual(consumer.run("c").status, Status.AWAITING_INPUT)
+        writer = FileControlSource(control, strict=False)
+        posted = consumer.send("c", "orders", "through the root", write_to=writer)
+        assert posted.written_to is not None and posted.record_id is not None
+        self.assertTrue(posted.written_to.startswith(control))
+        # A record the strict source refuses (writable by others) is not used, and stays where it is.
+        os.chmod(posted.written_to, 0o666)
+        outcome = consumer.run("c")
+        self.assertEqual(outcome.status, Status.AWAITING_INPUT)
+        self.assertIn("1 control record not used", outcome.next_action)
+        self.assertTrue(any("writable" in item.detail for item in outcome.unknowns), outcome.unknowns)
+        os.chmod(posted.written_to, 0o600)
+        self.assertEqual(consumer.run("c").status, Status.AWAITING_INPUT, "one received, the second receive waits")
+        spec = getattr(self.store, "spec", None)
+        if isinstance(spec, str):
+            code, out = self.cli("send", spec, "c", "orders", '"from the shell"', "--control-root", control, "--json")
+            self.assertEqual((code, json.loads(out)["written_to"].startswith(control)), (0, True))
+        else:
+            consumer.send("c", "orders", "from the shell", write_to=writer)
+        done = consumer.run("c")
+        self.assertEqual((done.status, done.result), (Status.DONE, ["through the root", "from the shell"]))
+        self.assertEqual(self.messages("c"), ["through the root", "from the shell"], "each put in the mailbox once, as received")
+        state = self.store.load("c").state
+        pending, _ = pending_messages(self.store.read_approvals("c"), "c", state.plan_digest, state.consumed_approvals)
+        self.assertEqual([message.value for _, message in pending], ["in the store"], "the store's record is kept, not used")
+
+    def test_signed_only_a_message_is_received_when_signed_and_refused_unsigned_nothing_lost(self) -> None:
+        key_file = self.path("ops.key")
+        key = generate_key_file(key_file)
+        signed_only = SignedApprovals(self.store, key)
+
+        @self.durable(approvals=signed_only)
+        def consumer(run: longrun.Run) -> Any:
+            return run.recv("orders")
+
+        self.assertEqual(consumer.run("c").status, Status.AWAITING_INPUT)
+        with self.assertRaises(SignatureRequiredError):
+            consumer.send("c", "orders", "unsigned")
+        self.assertEqual(self.store.read_approvals("c"), (), "refused before anything was written")
+        # Written unsigned by a writer that does not know (the shell, another function): not delivered.
+        plain = consumer.with_options(approvals=self.store)
+        unsigned = plain.send("c", "orders", "unsigned")
+        outcome = consumer.run("c")
+        self.assertEqual(outcome.status, Status.AWAITING_INPUT)
+        self.assertIn("--sign-key", outcome.next_action)
+        self.assertIn("1 control record not used", outcome.next_action)
+        self.assertTrue(any("not signed" in item.detail for item in outcome.unknowns), outcome.unknowns)
+        self.assertEqual(self.messages("c"), [], "nothing delivered")
+        spec = getattr(self.store, "spec", None)
+        if isinstance(spec, str):
+            code, out = self.cli("send", spec, "c", "orders", '"signed"', "--sign-key", key_file)
+            self.assertEqual(code, 0, out)
+            self.assertIn("signed  hmac-sha256 with key", out)
+        else:
+            consumer.send("c", "orders", "signed", sign=functools.partial(sign_approval, key=key))
+        done = consumer.run("c")
+        self.assertEqual((done.status, done.result), (Status.DONE, "signed"))
+        state = self.store.load("c").state
+        self.assertNotIn(unsigned.record_id, state.consumed_approvals, "the unsigned record is kept, never used")
+        pending, _ = pending_messages(self.store.read_approvals("c"), "c", state.plan_digest, state.consumed_approvals)
+        self.assertEqual([approval.approval_id for approval, _ in pending], [unsigned.record_id], "it is still there: sign it and send again")
+
+    def test_a_message_from_outside_is_refused_with_typed_errors_and_nothing_is_written(self) -> None:
+        @self.durable()
+        def consumer(run: longrun.Run) -> Any:
+            return run.recv("orders")
+
+        consumer.run("c")
+        for value, error in ((float("nan"), InvalidInputError), ("x" * (MAX_MESSAGE_BYTES - 100), SizeLimitError)):
+            with self.subTest(error=error.__name__), self.assertRaises(error):
+                consumer.send("c", "orders", value)
+        with self.assertRaises(InvalidInputError):
+            consumer.send("c", "no spaces", 1)
+        with self.assertRaises(UnknownTaskError):
+            consumer.send("nobody", "orders", 1)
+        self.assertEqual(self.store.read_approvals("c"), ())
 
     def test_a_timeout_returns_none_and_replay_returns_none_again(self) -> None:
         @self.durable(limits=Limits(max_block_s=30.0))
@@ -440,13 +545,14 @@ class StoreCases(TalkCase):
 
         task.run("t")
         code, out = self.cli("send", spec, "t", "orders", '{"n": 1}', "--key", "k1", "--json")
-        self.assertEqual((code, json.loads(out)["seq"], json.loads(out)["duplicate"]), (0, 1, False))
-        code, out = self.cli("send", spec, "t", "orders", '{"n": 1}', "--key", "k1")
-        self.assertEqual(code, 0)
-        self.assertIn("not sent again", out)
+        sent = json.loads(out)
+        self.assertEqual((code, sent["seq"], sent["duplicate"], sent["key"], sent["written_to"]), (0, None, False, "k1", None))
+        self.assertTrue(sent["record_id"])
         code, out = self.cli("status", spec, "t")
         self.assertIn('phase = {"step": 1}', out)
-        self.assertIn("messages     1 in the mailbox, 0 received; waiting: orders 1", out)
+        self.assertIn("messages     0 in the mailbox, 0 received; from outside, not yet received: orders 1", out)
+        code, out = self.cli("status", spec, "t", "--json")
+        self.assertEqual(json.loads(out)["mailbox"], {"messages": 0, "received": 0, "waiting": {}, "outside": {"orders": 1}})
         code, out = self.cli("event", spec, "t", "phase")
         self.assertEqual((code, json.loads(out)), (0, {"step": 1}))
         code, _ = self.cli("event", spec, "t", "missing", "--wait", "0.1")
@@ -454,6 +560,11 @@ class StoreCases(TalkCase):
         code, _ = self.cli("send", spec, "nobody", "orders", "1")
         self.assertEqual(code, 2)
         self.assertEqual(task.run("t").result, {"n": 1})
+        code, out = self.cli("send", spec, "t", "orders", '{"n": 1}', "--key", "k1")
+        self.assertEqual(code, 0)
+        self.assertIn("not sent again: task t already holds message 1 with key 'k1'", out)
+        code, out = self.cli("status", spec, "t")
+        self.assertIn("messages     1 in the mailbox, 1 received\n", out)
 
     def test_status_of_a_task_with_a_damaged_message_still_shows_the_state_and_names_the_damage(self) -> None:
         if not isinstance(self.store, JsonFileStore):
@@ -464,7 +575,7 @@ class StoreCases(TalkCase):
             return run.recv("orders")
 
         task.run("t")
-        task.send("t", "orders", 1)
+        self.store.send_message(Message.of("t", "orders", 1, key="k", sender="a test", sent_at=self.clock.now()))
         directory = self.path("store", "t", "messages")
         [name] = os.listdir(directory)
         with open(os.path.join(directory, name), "r+b") as handle:
@@ -538,6 +649,22 @@ class StoreCases(TalkCase):
         consumer.send("c", "orders", {"n": 1})
         self.serve([consumer], lambda: self.status("c") == "done")
         self.assertEqual(self.store.load("c").state.effects["longrun.function"].result, [{"n": 1}, None])
+
+
+    def test_a_worker_runs_a_receiver_again_when_a_message_arrives_through_a_strict_control_root(self) -> None:
+        control = self.path("control")
+        os.makedirs(control)
+        source = FileControlSource(control, approver_uid=os.geteuid())
+
+        @longrun.durable(store=self.store, lease_ttl_s=5.0, approvals=source)
+        def consumer(run: longrun.Run) -> Any:
+            return run.recv("orders")
+
+        consumer.start("c")
+        self.serve([consumer], lambda: self.status("c") == "awaiting-input")
+        consumer.send("c", "orders", {"n": 1}, write_to=FileControlSource(control, strict=False))
+        self.serve([consumer], lambda: self.status("c") == "done")
+        self.assertEqual(self.store.load("c").state.effects["longrun.function"].result, {"n": 1})
 
 
 class JsonFileStoreTests(StoreCases):

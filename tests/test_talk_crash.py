@@ -1,18 +1,20 @@
 """Tasks that talk, SIGKILLed at every named crash point: each message is stored once, each is
 received once, each event is set once.
 
-A producer sends three messages to a consumer, which receives them one by one, ships each through
-an effect and publishes its progress as an event (tests/helpers/talk_child.py). A clean run is
-traced first to learn every named point it passes (``message.sent``, ``message.received`` and
-``event.set`` among them) and how often; then, for each point and occurrence, a fresh store is run
+A message is sent to a consumer from outside (a control record, sent again by every run with one
+key), then a producer sends it three messages; the consumer receives the four one by one, ships
+each through an effect and publishes its progress as an event (tests/helpers/talk_child.py). A clean run is
+traced first to learn every named point it passes (``message.sent``, ``message.imported``,
+``message.received`` and ``event.set`` among them) and how often; then, for each point and occurrence, a fresh store is run
 with ``LONGRUN_CRASH_AT=point:N``, the process dies there, and the tasks are run again until the
 consumer is done, on the JSON-file, SQLite and PostgreSQL stores, and with the tasks written
 ``async def`` (the async driver). Afterwards:
 
-- the consumer's mailbox holds exactly the three messages, in send order, each with the key its
-  send step derives (a send repeated after a kill is a duplicate, never a second message);
-- its receives record the messages 1, 2, 3 once each, and it returns their values in that order
-  (FIFO, consumed once);
+- the consumer's mailbox holds exactly the four messages: the producer's in send order, each with
+  the key its send step derives (a send repeated after a kill is a duplicate, never a second
+  message), and the one from outside once, however often it was sent or taken in;
+- its receives record the messages 1-4 once each, and it returns their values in the order sent
+  (FIFO across both kinds, consumed once), each control record consumed at most once;
 - each shipment was applied exactly once at the target, with the value received;
 - each task's event records are numbered 1..k with no gap or repeat (one per set step), and the
   latest value is the last one set.
@@ -29,6 +31,7 @@ from typing import Any
 from helpers import forked, pg_support, scale, support
 from longrun import JsonFileStore, SqliteStore, Store
 from longrun.messages import RECV_ACTION
+from longrun.outside_messages import MESSAGE_ACTION
 from longrun.stores import PostgresStore
 from longrun.task_events import EVENT_ACTION, events_of
 from longrun.testing import read_outbox
@@ -88,20 +91,30 @@ class TalkCrashCase(support.TempDirTest):
 
     def check(self, case: dict[str, Any], outcome: dict[str, Any], what: str) -> None:
         store = self.store(case)
-        expected = [{"n": i} for i in range(3)]
+        sent = [{"n": i} for i in range(3)]
+        expected = [{"n": "outside"}, *sent]
         messages = store.read_messages("consumer")
-        self.assertEqual([message.value for message in messages], expected, f"{what}: each message stored once, in send order")
-        self.assertEqual([message.seq for message in messages], [1, 2, 3], what)
-        self.assertEqual([message.key for message in messages], [f"producer:longrun.send:consumer/orders@{i}" for i in (1, 2, 3)], what)
-        self.assertEqual(outcome["result"], expected, f"{what}: received in order, once each")
+        produced = [message for message in messages if message.key != "outside-1"]
+        self.assertEqual([message.value for message in produced], sent, f"{what}: each message stored once, in send order")
+        self.assertEqual([message.key for message in produced], [f"producer:longrun.send:consumer/orders@{i}" for i in (1, 2, 3)], what)
+        self.assertEqual([message.value for message in messages if message.key == "outside-1"], [{"n": "outside"}], f"{what}: sent twice or more, one message")
+        self.assertEqual([message.seq for message in messages], [1, 2, 3, 4], what)
+        self.assertEqual(outcome["result"], expected, f"{what}: received in the order sent, once each")
         consumer = store.load("consumer").state
         assert consumer is not None
         received = [record.result["seq"] for record in consumer.effects.values() if record.action == RECV_ACTION]
-        self.assertEqual(sorted(received), [1, 2, 3], f"{what}: each message consumed by exactly one receive")
+        self.assertEqual(sorted(received), [1, 2, 3, 4], f"{what}: each message consumed by exactly one receive")
+        records = [raw for raw in store.read_approvals("consumer") if isinstance(raw.body, dict) and raw.body.get("action") == MESSAGE_ACTION]
+        self.assertGreaterEqual(len(records), 1, what)
+        self.assertLessEqual(set(consumer.consumed_approvals), {raw.body["approval_id"] for raw in records}, what)
+        self.assertEqual(len(consumer.consumed_approvals), len(set(consumer.consumed_approvals)), f"{what}: each record consumed once")
         shipped = read_outbox(os.path.join(case["work"], "outbox.jsonl"))
-        self.assertEqual(sorted(line["key"] for line in shipped), [f"consumer/ship/{i}" for i in range(3)], f"{what}: each shipment once")
-        self.assertEqual(sorted((line["key"], line["payload"]["order"]["n"]) for line in shipped), [(f"consumer/ship/{i}", i) for i in range(3)], what)
-        for task, count, latest in (("consumer", 3, {"progress": {"received": 3}}), ("producer", 1, {"sent": 3})):
+        self.assertEqual(sorted(line["key"] for line in shipped), [f"consumer/ship/{i}" for i in range(4)], f"{what}: each shipment once")
+        self.assertEqual(
+            sorted((line["key"], str(line["payload"]["order"]["n"])) for line in shipped),
+            [(f"consumer/ship/{i}", str(value["n"])) for i, value in enumerate(expected)], what,
+        )  # fmt: skip
+        for task, count, latest in (("consumer", 4, {"progress": {"received": 4}}), ("producer", 1, {"sent": 3})):
             state = store.load(task).state
             assert state is not None
             numbers = sorted(record.result["seq"] for record in state.effects.values() if record.action == EVENT_ACTION)
@@ -123,7 +136,8 @@ class TalkCrashCase(support.TempDirTest):
 
     def test_a_run_passes_every_new_point_as_often_as_it_sends_receives_and_sets(self) -> None:
         counts = self.traced()
-        self.assertEqual((counts.get("message.sent"), counts.get("message.received"), counts.get("event.set")), (3, 3, 4))
+        points = ("message.sent", "message.imported", "message.received", "event.set")
+        self.assertEqual(tuple(counts.get(point) for point in points), (3, 1, 4, 5))
 
     def test_killed_at_every_named_point_each_message_is_stored_once_received_once_and_each_event_set_once(self) -> None:
         counts = self.traced()

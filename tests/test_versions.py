@@ -135,8 +135,7 @@ class PostgresVersionTests(VersionCases, pg_support.SchemaPerTest, support.TempD
         return PostgresStore(self.schema.factory())
 
     def spec(self) -> str:
-        separator = "&" if "?" in self.schema.url else "?"
-        return f"{self.schema.url}{separator}options=-csearch_path%3D{self.schema.name}"
+        return self.schema.spec
 
 
 if __name__ == "__main__":

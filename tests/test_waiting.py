@@ -179,6 +179,24 @@ class WaitCases(support.TempDirTest):
         outcome = consumer.run("c", wait=True, timeout_s=LIVENESS_S)
         self.assertEqual((outcome.status, outcome.result), (Status.DONE, {"n": 1}))
 
+    def test_a_message_sent_through_a_control_root_by_another_process_ends_the_wait(self) -> None:
+        control = self.path("control")
+        os.makedirs(control)
+        source = FileControlSource(control, approver_uid=os.geteuid())
+
+        @self.durable(clock=SystemClock(), approvals=source)
+        def consumer(run: longrun.Run) -> Any:
+            return run.recv("orders")
+
+        def send_from_another_process() -> None:
+            done = support.run_python(["-m", "longrun", "send", self.spec, "c", "orders", '{"n": 2}', "--control-root", control])
+            self.assertEqual(done.returncode, 0, done.stderr)
+
+        self.when("c", Status.AWAITING_INPUT, send_from_another_process)
+        outcome = consumer.run("c", wait=True, timeout_s=LIVENESS_S)
+        self.assertEqual((outcome.status, outcome.result), (Status.DONE, {"n": 2}))
+        self.assertEqual(len(source.read_approvals("c")), 1, "the message came from the control root")
+
     def test_a_child_that_finishes_ends_the_parents_wait(self) -> None:
         ship = self.shipper(clock=SystemClock())
 
@@ -324,7 +342,7 @@ class PostgresStoreTests(WaitCases):
         self.addCleanup(schema.drop)
         store = PostgresStore(schema.factory())
         self.addCleanup(store.close)
-        url = schema.url + ("&" if "?" in schema.url else "?") + f"options=-csearch_path%3D{schema.name}"
+        url = schema.spec
         return store, url
 
 

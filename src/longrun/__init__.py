@@ -34,6 +34,7 @@ from .errors import (
     PayloadError,
     PermanentError,
     SchemaVersionError,
+    SignatureRequiredError,
     SizeLimitError,
     StateUnrecoverableError,
     StorageError,
@@ -44,6 +45,7 @@ from .errors import (
 )
 from .lease import Lease
 from .messages import Delivery, Message
+from .outside_messages import Posted
 from .queues import Queue
 from .schedules import Schedule, ScheduleError
 from .ledger import EffectRecord, EffectState
@@ -111,6 +113,7 @@ __all__ = [
     "PayloadError",
     "PendingRequest",
     "PermanentError",
+    "Posted",
     "PostgresStore",
     "Queue",
     "Receipt",
@@ -124,6 +127,7 @@ __all__ = [
     "Schedule",
     "ScheduleError",
     "SchemaVersionError",
+    "SignatureRequiredError",
     "SizeLimitError",
     "SqliteStore",
     "StateUnrecoverableError",

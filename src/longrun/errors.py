@@ -22,6 +22,7 @@
     |   +-- ZoneNotFoundError         a time-zone name this machine does not know (install tzdata)
     |   +-- ScheduleError(LookupError) no schedule by that name, or one with another definition
     |   +-- DuplicateTaskError        an enqueue whose dedup_id another task that has not ended holds (names it)
+    |   +-- SignatureRequiredError    an unsigned control record for a reader that accepts only signed ones
     +-- StorageError(OSError)         the store could not read or write; __cause__ holds the OSError
     |   +-- FencedError               a write carried an epoch other than the store's current one
     |   +-- LeaseHeldError            another live owner holds the task's lease
@@ -72,6 +73,7 @@ __all__ = [
     "ResolveRefusedError",
     "ScheduleError",
     "SchemaVersionError",
+    "SignatureRequiredError",
     "SizeLimitError",
     "StateUnrecoverableError",
     "StorageError",
@@ -215,6 +217,11 @@ class DuplicateTaskError(InvalidInputError):
     def __init__(self, message: str, *, holder: str):
         super().__init__(message)
         self.holder = holder
+
+
+class SignatureRequiredError(InvalidInputError):
+    """A control record (a message from outside) written unsigned for a task whose configuration
+    accepts only signed records: it would never be used. Nothing was written."""
 
 
 class ScheduleError(InvalidInputError, LookupError):

@@ -7,6 +7,10 @@ one message per key: a second send with a key already in the mailbox stores noth
 with the first one's number (``Delivery.duplicate``). A durable function's ``run.send`` derives its
 key from the sending task and the step id, so a send repeated after a crash is that duplicate.
 
+A message from outside any task (``fn.send``, ``longrun send``) travels as a control record, like an
+answer (``outside_messages``), and enters the receiver's mailbox, under its key, when a receive
+takes it.
+
 The store never marks a message consumed: the receiver records, in its own state, which messages
 its receives returned (each ``run.recv`` record names the message's ``seq``), in the same fenced
 commit as the rest of its progress. A receive returns the oldest message of its topic that no

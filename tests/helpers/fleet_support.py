@@ -166,22 +166,34 @@ class Fleet:
 
 
 def overlapping_leases(rows: list[tuple[Any, ...]], *, by_time: bool = True) -> list[str]:
-    """From ``fleet_lease_log`` rows (task, epoch, owner, acquired_at, expires_at) in the database's
-    order: every acquisition whose predecessor was neither released nor expired by then (by the
-    store's lease clock), and every epoch that did not grow."""
+    """From ``fleet_lease_log`` rows (task, epoch, owner, acquired_at, expires_at, monotonic_clock,
+    monotonic_expires_at) in the database's order: every acquisition whose predecessor was neither
+    released nor expired by then, and every epoch that did not grow.
+
+    Expiry is judged as the store judges it: on the monotonic timeline both grants share when they
+    share one (the acquirer's reading is its expiry less the TTL), else by the wall times. The two
+    can disagree by the time a renewal waited for the task's row lock: its monotonic reading is taken
+    before the wait, its wall expiry stamped after it."""
     problems = []
-    last: dict[str, tuple[int, float, str]] = {}
-    for task_id, epoch, owner, acquired_at, expires_at in rows:
+    last: dict[str, tuple[int, float, str, str | None, float | None]] = {}
+    for task_id, epoch, owner, acquired_at, expires_at, monotonic_clock, monotonic_expires_at in rows:
         previous = last.get(task_id)
         if previous is not None and epoch != previous[0]:
             if epoch < previous[0]:
                 problems.append(f"{task_id}: epoch {epoch} after {previous[0]}")
-            elif by_time and previous[1] != 0.0 and previous[1] > acquired_at:
-                problems.append(
-                    f"{task_id}: epoch {epoch} ({owner}) acquired at {acquired_at:.3f} while epoch {previous[0]} "
-                    f"({previous[2]}) ran until {previous[1]:.3f}"
-                )
-        last[task_id] = (int(epoch), float(expires_at), str(owner))
+            elif by_time and previous[1] != 0.0:
+                shared = monotonic_clock is not None and monotonic_clock == previous[3] and previous[4] is not None
+                if shared:
+                    acquired, ran_until = monotonic_expires_at - (expires_at - acquired_at), previous[4]
+                    timeline = f"monotonic {monotonic_clock}"
+                else:
+                    acquired, ran_until, timeline = acquired_at, previous[1], "wall clock"
+                if ran_until > acquired + 1e-6:
+                    problems.append(
+                        f"{task_id}: epoch {epoch} ({owner}) acquired at {acquired:.3f} while epoch {previous[0]} "
+                        f"({previous[2]}) ran until {ran_until:.3f} ({timeline})"
+                    )
+        last[task_id] = (int(epoch), float(expires_at), str(owner), monotonic_clock, monotonic_expires_at)
     return problems
 
 
@@ -224,4 +236,7 @@ class Database:
         """None for the JSON-file store: no trigger can log its lease writes."""
         if self.json:
             return None
-        return self.rows("SELECT task_id, epoch, owner, acquired_at, expires_at FROM fleet_lease_log ORDER BY seq")
+        return self.rows(
+            "SELECT task_id, epoch, owner, acquired_at, expires_at, monotonic_clock, monotonic_expires_at "
+            "FROM fleet_lease_log ORDER BY seq"
+        )

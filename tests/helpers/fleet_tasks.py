@@ -235,23 +235,26 @@ START_LOG_SQL = {
 LEASE_LOG_SQL = {
     "postgresql": [
         """CREATE TABLE IF NOT EXISTS fleet_lease_log (seq BIGSERIAL PRIMARY KEY, task_id TEXT, epoch BIGINT, owner TEXT,
-            acquired_at DOUBLE PRECISION, expires_at DOUBLE PRECISION,
-            logged_at DOUBLE PRECISION DEFAULT EXTRACT(EPOCH FROM clock_timestamp()))""",
+            acquired_at DOUBLE PRECISION, expires_at DOUBLE PRECISION, monotonic_clock TEXT,
+            monotonic_expires_at DOUBLE PRECISION, logged_at DOUBLE PRECISION DEFAULT EXTRACT(EPOCH FROM clock_timestamp()))""",
         """CREATE OR REPLACE FUNCTION fleet_log_lease() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
-            INSERT INTO fleet_lease_log (task_id, epoch, owner, acquired_at, expires_at)
-            VALUES (NEW.task_id, NEW.epoch, NEW.owner, NEW.acquired_at, NEW.expires_at); RETURN NULL; END $$""",
+            INSERT INTO fleet_lease_log (task_id, epoch, owner, acquired_at, expires_at, monotonic_clock, monotonic_expires_at)
+            VALUES (NEW.task_id, NEW.epoch, NEW.owner, NEW.acquired_at, NEW.expires_at, NEW.monotonic_clock,
+                    NEW.monotonic_expires_at); RETURN NULL; END $$""",
         "DROP TRIGGER IF EXISTS fleet_log_lease ON longrun_leases",
         "CREATE TRIGGER fleet_log_lease AFTER INSERT OR UPDATE ON longrun_leases FOR EACH ROW EXECUTE FUNCTION fleet_log_lease()",
     ],
     "sqlite": [
         """CREATE TABLE IF NOT EXISTS fleet_lease_log (seq INTEGER PRIMARY KEY AUTOINCREMENT, task_id TEXT, epoch INTEGER,
-            owner TEXT, acquired_at REAL, expires_at REAL, logged_at REAL)""",
+            owner TEXT, acquired_at REAL, expires_at REAL, monotonic_clock TEXT, monotonic_expires_at REAL, logged_at REAL)""",
         """CREATE TRIGGER IF NOT EXISTS fleet_log_lease_insert AFTER INSERT ON longrun_leases BEGIN
-            INSERT INTO fleet_lease_log (task_id, epoch, owner, acquired_at, expires_at)
-            VALUES (NEW.task_id, NEW.epoch, NEW.owner, NEW.acquired_at, NEW.expires_at); END""",
+            INSERT INTO fleet_lease_log (task_id, epoch, owner, acquired_at, expires_at, monotonic_clock, monotonic_expires_at)
+            VALUES (NEW.task_id, NEW.epoch, NEW.owner, NEW.acquired_at, NEW.expires_at, NEW.monotonic_clock,
+                    NEW.monotonic_expires_at); END""",
         """CREATE TRIGGER IF NOT EXISTS fleet_log_lease_update AFTER UPDATE ON longrun_leases BEGIN
-            INSERT INTO fleet_lease_log (task_id, epoch, owner, acquired_at, expires_at)
-            VALUES (NEW.task_id, NEW.epoch, NEW.owner, NEW.acquired_at, NEW.expires_at); END""",
+            INSERT INTO fleet_lease_log (task_id, epoch, owner, acquired_at, expires_at, monotonic_clock, monotonic_expires_at)
+            VALUES (NEW.task_id, NEW.epoch, NEW.owner, NEW.acquired_at, NEW.expires_at, NEW.monotonic_clock,
+                    NEW.monotonic_expires_at); END""",
     ],
 }
 """A test-only log of every lease write, in the database's own order (``seq``), for the check that

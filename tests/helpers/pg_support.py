@@ -72,6 +72,12 @@ class Schema:
     def factory(self) -> Callable[[], Any]:
         return self.connect
 
+    @property
+    def spec(self) -> str:
+        """The store URL whose connections use this schema (``options=-csearch_path=...``)."""
+        separator = "&" if "?" in self.url else "?"
+        return f"{self.url}{separator}options=-csearch_path%3D{self.name}"
+
     def execute(self, statement: str, params: tuple = (), *, schema: bool = True) -> list[tuple]:
         """Run one statement in its own transaction; the rows it returned, if any."""
         connection = self.connect(schema=schema)

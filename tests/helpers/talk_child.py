@@ -8,7 +8,9 @@ runs resume both tasks.
 
 - The producer sends ``N`` messages on topic ``orders`` to the consumer (``run.send``, keys derived
   from its task and step ids), then sets its event ``sent``.
-- The consumer receives ``N`` messages (``run.recv``); for each it ships the order through an
+- Before the consumer's first run, one message is sent from outside (``fn.send``, a control record
+  in the store, key ``outside-1``), again by every request: the key makes it one message.
+- The consumer receives ``N + 1`` messages (``run.recv``); for each it ships the order through an
   ``OutboxAdapter`` effect (``WORK/outbox.jsonl``: exactly once per message, payload the value)
   and sets its event ``progress``. It returns the values in the order received.
 
@@ -35,6 +37,15 @@ from helpers.clocks import LaterClock  # noqa: E402
 
 N = 3
 CONSUMER, PRODUCER = "consumer", "producer"
+OUTSIDE, OUTSIDE_KEY = {"n": "outside"}, "outside-1"
+
+
+def _recorded(store: longrun.Store) -> bool:
+    """Whether the consumer has a state yet (a message is sent only to a task the store holds)."""
+    try:
+        return store.load(CONSUMER).state is not None
+    except longrun.UnknownTaskError:
+        return False
 
 
 def consume(run: longrun.Run, n: int) -> list[Any]:
@@ -109,9 +120,11 @@ def run_request(request: dict[str, Any]) -> longrun.RunOutcome:
     consumer = longrun.durable(adapters={"ship": outbox}, allowed_actions=("ship",), **options)(consume_async if asynchronous else consume)
     producer = longrun.durable(**options)(produce_async if asynchronous else produce)
     try:
-        consumer.run(CONSUMER, N)
+        consumer.send(CONSUMER, "orders", OUTSIDE, key=OUTSIDE_KEY) if _recorded(store) else None
+        consumer.run(CONSUMER, N + 1)
+        consumer.send(CONSUMER, "orders", OUTSIDE, key=OUTSIDE_KEY)  # sent again: one message
         producer.run(PRODUCER, CONSUMER, N)
-        return consumer.run(CONSUMER, N)
+        return consumer.run(CONSUMER, N + 1)
     finally:
         close = getattr(store, "close", None)
         if callable(close):

@@ -9,6 +9,7 @@ the reader ("your code"); the ``assert_type`` lines pin the types a user gets.
 
 from __future__ import annotations
 
+import datetime
 from typing import Any, assert_type
 
 import longrun
@@ -360,10 +361,13 @@ def tasks_that_talk(store: Store) -> None:
         await run.set_event("phase", "sent")
         return await run.recv("served", timeout_s=60)
 
-    delivery = kitchen.send("kitchen-1", "orders", {"dish": "tea"}, key="tea-1")
-    assert_type(delivery, longrun.Delivery)
-    assert_type(delivery.seq, int)
-    assert_type(delivery.duplicate, bool)
+    posted = kitchen.send("kitchen-1", "orders", {"dish": "tea"}, key="tea-1")
+    assert_type(posted, longrun.Posted)
+    assert_type(posted.seq, int)
+    assert_type(posted.duplicate, bool)
+    assert_type(posted.record_id, str | None)
+    assert_type(posted.written_to, str | None)
+    assert_type(kitchen.start("kitchen-2", 1, deadline=datetime.datetime.now(datetime.timezone.utc)), bool)
     assert_type(waiter.get_event("waiter-7", "phase", timeout_s=5.0), JSONValue)
     assert_type(store.read_messages("kitchen-1", "orders"), tuple[longrun.Message, ...])
 

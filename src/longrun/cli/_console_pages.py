@@ -43,6 +43,7 @@ from ._control import cmd_approve, cmd_cancel, parse_answer, payload_view
 from ._filters import function_of
 from ._intervene import cmd_resolve, write_reopen
 from ._history import timeline
+from ._deadline import deadline_words
 from ._inspect import LS_STATUSES, progress_line, reported_line
 from ._payload import payload_lines, safe_text
 from ._resume import run_recorded_once
@@ -511,6 +512,9 @@ class Console:
             ("plan digest", f'<span class="mono">{e(state.plan_digest)}</span>'),
             ("lease", e(lease_summary(lease, now))),
         ]
+        words = deadline_words(state, now)
+        if words is not None:
+            facts.append(("deadline", e(words)))
         if current is not None:
             facts.append(
                 ("current", e(f"{kind_of(current.action)} {safe_text(current.step_id)} ({safe_text(current.action)}): "

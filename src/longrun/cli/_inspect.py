@@ -32,6 +32,7 @@ from ..lease import Lease
 from ..ledger import EffectState
 from ..messages import consumed_messages
 from ..outcome import Status
+from ..outside_messages import pending_messages
 from ..progress import Progress, progress_of
 from ..telemetry import ProgressReport
 from ..protocols import LoadResult, Store, SummaryStore
@@ -49,11 +50,15 @@ from ._common import (
     write_json,
 )
 from ._control import payload_view
+from ._deadline import deadline_view, deadline_words
 from ._filters import parse_moment
 from ._payload import payload_lines, safe_text
 from ._what_ran import failure_lines, function_matches, last_run_failed, queue_position, what_ran, what_ran_lines
 
-__all__ = ["LS_STATUSES", "NO_STATE_ACTION", "cmd_ls", "cmd_status", "ls_entry", "parse_since", "progress_line", "reported_line", "select", "status_json"]
+__all__ = [
+    "LS_STATUSES", "NO_STATE_ACTION", "cmd_ls", "cmd_status", "ls_entry", "parse_since", "progress_line", "reported_line", "select",
+    "status_json",
+]  # fmt: skip
 
 NO_STATE_ACTION = "run the task: no revision has been committed yet"
 
@@ -92,6 +97,7 @@ def status_json(task_id: str, loaded: LoadResult, lease: Lease | None, now: floa
     body["events"] = events_of(state)
     body["forked_from"] = origin_of(state)
     body["forks"] = forks_of(state)
+    body["deadline_status"] = deadline_view(state, now)
     return body
 
 
@@ -200,18 +206,24 @@ def _event_lines(state: RunState) -> list[str]:
 
 
 def mailbox_summary(store: Store, state: RunState | None, task_id: str) -> dict[str, object]:
-    """The task's mailbox: how many messages it holds, and how many of each topic it has not received
-    (``error`` instead, naming the damage, if a message cannot be read: the state is still shown)."""
+    """The task's mailbox: how many messages it holds, how many of each topic it has not received
+    (``waiting``), and how many of each topic wait from outside as control records in the store
+    (``outside``: numbered in the mailbox when received) (``error`` instead, naming the damage, if a message cannot be read: the state is still shown)."""
     try:
         messages = store.read_messages(task_id)
     except CorruptStateError as exc:
-        return {"messages": None, "received": None, "waiting": {}, "error": str(exc)}
+        return {"messages": None, "received": None, "waiting": {}, "outside": {}, "error": str(exc)}
     consumed = consumed_messages(task_id, [(record.action, record.result) for record in state.effects.values()]) if state is not None else set()
     waiting: dict[str, int] = {}
     for message in messages:
         if message.seq not in consumed:
             waiting[message.topic] = waiting.get(message.topic, 0) + 1
-    return {"messages": len(messages), "received": len(messages) - sum(waiting.values()), "waiting": waiting}
+    outside: dict[str, int] = {}
+    if state is not None:  # messages from outside that wait as control records in the store (not a control root's)
+        pending, _ = pending_messages(store.read_approvals(task_id), task_id, state.plan_digest, state.consumed_approvals)
+        for _, message in pending:
+            outside[message.topic] = outside.get(message.topic, 0) + 1
+    return {"messages": len(messages), "received": len(messages) - sum(waiting.values()), "waiting": waiting, "outside": outside}
 
 
 def _mailbox_line(mailbox: dict[str, object]) -> str:
@@ -219,8 +231,14 @@ def _mailbox_line(mailbox: dict[str, object]) -> str:
         return f"  messages     the mailbox cannot be read: {mailbox['error']}"
     waiting = mailbox["waiting"]
     assert isinstance(waiting, dict)
+    outside = mailbox.get("outside") or {}
+    assert isinstance(outside, dict)
     topics = ", ".join(f"{topic} {count}" for topic, count in sorted(waiting.items()))
-    return f"  messages     {mailbox['messages']} in the mailbox, {mailbox['received']} received" + (f"; waiting: {topics}" if topics else "")
+    records = ", ".join(f"{topic} {count}" for topic, count in sorted(outside.items()))
+    return (
+        f"  messages     {mailbox['messages']} in the mailbox, {mailbox['received']} received" + (f"; waiting: {topics}" if topics else "")
+        + (f"; from outside, not yet received: {records}" if records else "")
+    )
 
 
 def render_status(
@@ -247,6 +265,9 @@ def render_status(
         f"  lease        {lease_summary(lease, now)}",
         f"  progress     {progress_line(progress_of(state))}",
     ]
+    words = deadline_words(state, now)
+    if words is not None:
+        lines.append(f"  deadline     {words}")
     lines += what_ran_lines(what_ran(state))
     if state.last_failure is not None:
         lines += failure_lines(state.last_failure, now, traceback=True)
@@ -303,7 +324,7 @@ def cmd_status(store: Store, label: str, task_id: str, as_json: bool, out: TextI
         lines = render_status(task_id, loaded, lease, now, label, position)
         if version is not None:
             lines.insert(1, f"  code version {version}")
-        if mailbox["messages"] or mailbox.get("error"):
+        if mailbox["messages"] or mailbox.get("outside") or mailbox.get("error"):
             at = next((index for index, line in enumerate(lines) if line.startswith("  next action")), len(lines))
             lines.insert(at, _mailbox_line(mailbox))
         out.write("\n".join(lines) + "\n")

@@ -347,7 +347,8 @@ def _store_command(args: argparse.Namespace, store: Store, label: str, out: Text
         from ._talk import cmd_send
 
         return cmd_send(
-            store, args.task, args.topic, args.value, key=args.key, sender=args.sender or login_name(), out=out, as_json=args.json
+            store, args.task, args.topic, args.value, key=args.key, sender=args.sender or login_name(), out=out, as_json=args.json,
+            sign_key=args.sign_key, control_root=args.control_root,
         )
     if args.command == "event":
         from ._talk import cmd_event

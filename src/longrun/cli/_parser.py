@@ -186,18 +186,21 @@ def build_parser() -> argparse.ArgumentParser:
     send = add(
         "send",
         "send a message to a task on a topic: its run.recv(TOPIC) returns it (once)",
-        "Put one message in the task's mailbox through the store: the task's next run.recv(TOPIC) that "
-        "finds no older unreceived message of that topic returns it, and a worker running the task is woken. "
+        "Send one message as a control record, like an answer (into the store, or --control-root, signed "
+        "with --sign-key): the task's next run.recv(TOPIC) that finds no older unreceived message of that "
+        "topic returns it, once, and a waiting run or a worker running the task is woken. "
         'VALUE is read as JSON if it parses (42, true, "text", {"a": 1}), else as a plain string; at most '
-        "64 KiB encoded. --key deduplicates: a second send with a key already in the mailbox stores nothing "
-        "(say so, exit 0). Takes no lease and touches no state.",
+        "64 KiB encoded. --key deduplicates at the receiver: of the messages with one key one is received, "
+        "and when the mailbox already holds it nothing is written (say so, exit 0). Takes no lease and "
+        "touches no state.",
     )
     add_store(send, task=True)
     send.add_argument("topic", metavar="TOPIC", type=topic_name, help="the topic: 1-100 of [A-Za-z0-9._:/@+=-]")
     send.add_argument("value", metavar="VALUE", help="the value: JSON, or else plain text")
     send.add_argument("--key", metavar="KEY", type=non_empty, help="a deduplication key (default: a new random one)")
     send.add_argument("--sender", metavar="NAME", type=non_empty, help="who sends (default: the login name)")
-    add_json(send, "{task_id, topic, key, seq, duplicate}")
+    add_authority_options(send, "message")
+    add_json(send, "{task_id, topic, key, duplicate, seq, record_id, written_to, signed_with_key}")
 
     event = add(
         "event",

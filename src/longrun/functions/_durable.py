@@ -12,7 +12,6 @@ import copy
 import dataclasses
 import functools
 import inspect
-import secrets
 import threading
 import time
 import weakref
@@ -30,15 +29,15 @@ from ..errors import ForkRefusedError, InvalidInputError, UnknownTaskError
 from ..intervention import ApprovalWriter, Signer, reopen
 from ..outcome import TERMINAL, RunOutcome, Status
 from ..queues import Queue, check_dedup_id, check_queue_name
-from ..messages import Delivery, Message
 from ..names import store_spec_of
+from ..outside_messages import Posted, post_message, requires_signature
 from ..protocols import AnyEffectAdapter, Clock, RecordingStore, Store
 from ..schedules import Schedule
 from ..stores.queue import TaskQueue, open_queue
 from ..task_events import read_event
 from ._plan import FunctionPlan, Recording, run_coroutine
 from ._family import cancelled_down
-from ._fork import Forking, check_new_task, record_fork_in_origin, records_to_copy
+from ._fork import Forking, check_new_task, holding_origin, record_fork_in_origin, records_to_copy
 from ._lineage import FUNCTION_STEP, ChildLink, qualified_name
 from ._version import check_version, source_version
 from ._waiting import Waiting, check_wait
@@ -215,15 +214,30 @@ class DurableFunction(Generic[R]):
         ahead of the first run binds to (the contract, the function's name and the arguments)."""
         return self._plan(task_id, args, kwargs)[1].digest
 
-    def start(self, task_id: str, *args: Any, **kwargs: Any) -> bool:
+    def start(self, task_id: str, *args: Any, deadline: datetime | None = None, **kwargs: Any) -> bool:
         """Record the task with these arguments without running it, for a worker to pick up
-        (``longrun worker``); ``enqueue`` with priority 0."""
-        return self.enqueue(task_id, args, kwargs)
+        (``longrun worker``); ``enqueue`` with priority 0. ``deadline`` is this method's, never the
+        function's: see ``enqueue``."""
+        return self.enqueue(task_id, args, kwargs, deadline=deadline)
 
-    async def astart(self, task_id: str, *args: Any, **kwargs: Any) -> bool:
+    async def astart(self, task_id: str, *args: Any, deadline: datetime | None = None, **kwargs: Any) -> bool:
         """``start`` from async code: the store's calls block, so they run in a worker thread."""
         checked = _calls([(task_id, args, kwargs)])
-        return (await asyncio.to_thread(self._enqueue_many, checked, 0))[0]
+        deadline_at = self._queued_deadline(deadline, 0)
+        return (await asyncio.to_thread(self._enqueue_many, checked, 0, deadline_at))[0]
+
+    def _queued_deadline(self, deadline: datetime | None, delay_s: float) -> float | None:
+        """The epoch seconds of a deadline given to ``start``/``enqueue``; ``InvalidInputError`` for a
+        naive datetime, one already past, or one before the delay ends (the task could never run)."""
+        if deadline is None:
+            return None
+        at = deadline_timestamp(deadline)
+        now = self._store_and_clock()[1].now()
+        if at <= now:
+            raise InvalidInputError(f"deadline {deadline.isoformat()} has already passed; nothing was recorded")
+        if delay_s and at <= now + delay_s:
+            raise InvalidInputError(f"deadline {deadline.isoformat()} comes before delay_s={delay_s:g} ends; nothing was recorded")
+        return at
 
     def start_many(self, calls: Iterable[StartCall], *, priority: int = 0) -> list[bool]:
         """``start`` for many tasks at once: each call is ``(task_id, args)`` or ``(task_id, args,
@@ -263,6 +277,7 @@ class DurableFunction(Generic[R]):
         delay_s: float = 0,
         dedup_id: str | None = None,
         priority: int = 0,
+        deadline: datetime | None = None,
     ) -> bool:
         """Record the task (its first revision, as a first run would commit it, without calling the
         function) and put it in the store's fleet queue with ``priority`` (higher runs first).
@@ -271,17 +286,23 @@ class DurableFunction(Generic[R]):
         defined, its limits replacing those stored) whose limits bound when a worker starts it.
         ``delay_s``: not started before that many seconds from now. ``dedup_id``: refused with
         ``DuplicateTaskError`` (naming the holder) while another task enqueued with that id in the
-        same queue has not ended. Queue, delay and dedup id apply to a task this call records.
+        same queue has not ended. ``deadline``: a timezone-aware ``datetime``, the task's wall-clock
+        deadline, recorded with it now (``status`` shows it while it is queued); when its first run
+        starts, ``Limits.deadline_s`` from then is recorded instead if it comes first. A naive
+        datetime, one already past or one before ``delay_s`` ends is refused with
+        ``InvalidInputError``, nothing recorded. Queue, delay, dedup id and deadline apply to a task
+        this call records (one recorded before keeps its own).
 
         True if this call recorded it; False if it was recorded before with the same function and
         arguments (its priority is set, nothing else changes). Other arguments, or another function
         or plan under the same task id, are refused with ``InvalidInputError``, changing nothing."""
         self._refuse_on_a_loop(f"starting task {task_id!r}", "`await fn.astart(...)`")
         calls = _calls([(task_id, args, dict(kwargs or {}))])
-        if queue is None and not delay_s and dedup_id is None:
-            return self._enqueue_many(calls, priority)[0]
         if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)) or not 0 <= delay_s <= 366 * 86400:
             raise InvalidInputError(f"delay_s is a number of seconds in [0, one year], got {delay_s!r}")
+        deadline_at = self._queued_deadline(deadline, delay_s)
+        if queue is None and not delay_s and dedup_id is None:
+            return self._enqueue_many(calls, priority, deadline_at)[0]
         queue_name = queue.name if isinstance(queue, Queue) else queue
         if queue_name is not None:
             check_queue_name(queue_name)
@@ -303,7 +324,7 @@ class DurableFunction(Generic[R]):
                 fleet.place(task_id, self.name, queue_name, not_before_s=float(delay_s), priority=priority)
             elif new:
                 fleet.delay(task_id, self.name, float(delay_s), priority=priority)
-            created = self._enqueue_many(calls, priority)[0]
+            created = self._enqueue_many(calls, priority, deadline_at)[0]
         except BaseException:
             if reserved:
                 assert dedup_id is not None
@@ -330,8 +351,10 @@ class DurableFunction(Generic[R]):
                 weakref.finalize(self, queue.close)
         return queue
 
-    def _enqueue_many(self, calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]], priority: int) -> list[bool]:
-        plans = [self._recording_plan(task_id, args, kwargs) for task_id, args, kwargs in calls]
+    def _enqueue_many(
+        self, calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]], priority: int, deadline_at: float | None = None
+    ) -> list[bool]:
+        plans = [self._recording_plan(task_id, args, kwargs, deadline_at) for task_id, args, kwargs in calls]
         if not plans:
             return []
         store = self._options["store"]
@@ -349,7 +372,7 @@ class DurableFunction(Generic[R]):
         for index, made in enumerate(created):
             if not made:  # it exists (or a store that cannot record): read it, check its plan, or record it as a run
                 task_id, args, kwargs = calls[index]
-                engine, plan = self._plan(task_id, args, kwargs)
+                engine, plan = self._plan(task_id, args, kwargs, deadline_at=deadline_at)
                 try:
                     outcomes[index] = self._record(engine, plan)
                 except InvalidInputError as exc:
@@ -361,13 +384,13 @@ class DurableFunction(Generic[R]):
             raise refused[0]
         return [bool(made) for made in outcomes]
 
-    def _recording_plan(self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> FunctionPlan:
+    def _recording_plan(self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any], deadline_at: float | None = None) -> FunctionPlan:
         """``_plan`` without the engine: what recording a first revision needs."""
         contract = self.contract_for(task_id)
         self.check_arguments(args, kwargs)
         arguments = ensure_json({"args": list(args), "kwargs": dict(kwargs)}, what=f"arguments of {self.name}")
         assert isinstance(arguments, dict)
-        return FunctionPlan(self, arguments, contract)
+        return FunctionPlan(self, arguments, contract, deadline_at=deadline_at)
 
     def _record(self, engine: Engine, plan: FunctionPlan) -> bool:
         """Commit the task's first revision unless it has one; True if this call did. Refuses another plan."""
@@ -428,24 +451,28 @@ class DurableFunction(Generic[R]):
         check_task_id(task_id)
         check_task_id(new_task_id)
         store = self._options["store"]
-        origin = store.load(task_id).state  # UnknownTaskError for a task the store does not hold
-        if origin is None:
+        if store.load(task_id).state is None:  # UnknownTaskError for a task the store does not hold
             raise UnknownTaskError(f"task {task_id!r} has no committed state; nothing was written")
-        args, kwargs = self._recorded_arguments(origin, ForkRefusedError)
-        check_new_task(store, new_task_id)
-        start_at, copied = records_to_copy(origin, from_step)
-        engine, plan = self._plan(new_task_id, tuple(args), dict(kwargs))
-        record_fork_in_origin(store, task_id, new_task_id, start_at, engine.config.clock.now())
-        forking = Forking(plan, copied, {"task": task_id, "step": start_at})
-        queue = open_queue(engine.config.store)
-        try:
-            queue.ensure()
-            outcome = run_coroutine(engine.arun(forking), f"forking {task_id!r}") if engine.config.asynchronous else engine.run(forking)
-            if outcome.status is not Status.RUNNING:
-                raise InvalidInputError(f"task {new_task_id!r} could not be recorded: {outcome.status.value}: {outcome.next_action}")
-            queue.enqueue(new_task_id, self.name)
-        finally:
-            queue.close()
+        now = (self._options.get("clock") or SystemClock()).now()
+        with holding_origin(store, task_id, now) as (lease, origin):
+            args, kwargs = self._recorded_arguments(origin, ForkRefusedError)
+            made = check_new_task(store, new_task_id, task_id)
+            if made is not None:  # a fork of this origin that stopped before the origin recorded it
+                start_at = str(made["step"])
+            else:
+                start_at, copied = records_to_copy(origin, from_step)
+                engine, plan = self._plan(new_task_id, tuple(args), dict(kwargs))
+                forking = Forking(plan, copied, {"task": task_id, "step": start_at})
+                queue = open_queue(engine.config.store)
+                try:
+                    queue.ensure()
+                    outcome = run_coroutine(engine.arun(forking), f"forking {task_id!r}") if engine.config.asynchronous else engine.run(forking)
+                    if outcome.status is not Status.RUNNING:
+                        raise InvalidInputError(f"task {new_task_id!r} could not be recorded: {outcome.status.value}: {outcome.next_action}")
+                    queue.enqueue(new_task_id, self.name)
+                finally:
+                    queue.close()
+            record_fork_in_origin(store, lease, origin, new_task_id, start_at, now)
         return start_at
 
     def reopen(
@@ -512,19 +539,38 @@ class DurableFunction(Generic[R]):
         clock = self._options.get("clock")
         return self._options["store"], clock if clock is not None else SystemClock()
 
-    def send(self, task_id: str, topic: str, value: JSONValue, *, key: str | None = None, sender: str = "outside") -> Delivery:
-        """Send ``value`` to task ``task_id`` on ``topic`` from outside any task, through this
-        function's store; its ``run.recv(topic)`` returns it (a worker running the task is woken).
+    def send(
+        self,
+        task_id: str,
+        topic: str,
+        value: JSONValue,
+        *,
+        key: str | None = None,
+        sender: str = "outside",
+        write_to: ApprovalWriter | None = None,
+        sign: Signer | None = None,
+    ) -> Posted:
+        """Send ``value`` to task ``task_id`` on ``topic`` from outside any task: its ``run.recv(topic)``
+        returns it, once (a waiting run or a worker running the task is woken, as by an answer).
 
-        ``key`` deduplicates: a second send with a key already in the task's mailbox stores nothing
-        (``Delivery.duplicate``); give one when the send itself may be repeated. Without one every
-        call is a new message. ``UnknownTaskError`` for a task the store does not hold,
-        ``SizeLimitError`` for a value over ``messages.MAX_MESSAGE_BYTES``, ``InvalidInputError``
-        for a value that is not JSON; nothing is stored then."""
+        The message travels as a control record (``longrun.outside_messages``), like an answer: written
+        to the store, or to ``write_to`` (a ``FileControlSource``), signed by ``sign`` if given
+        (``functools.partial(longrun.authority.sign_approval, key=key)``); it must be where this
+        function's approval source reads. ``key`` deduplicates at the receiver: of the messages
+        with one key (sent again, or by a task) one is received; when the task's mailbox already
+        holds it, nothing is written (``Posted.duplicate``). Without a key every call is a new
+        message. Refused, with nothing written: ``SignatureRequiredError`` without ``sign`` when the
+        function's approval source accepts only signed records, ``UnknownTaskError`` for a task the
+        store does not hold, ``SizeLimitError`` for a value over ``messages.MAX_MESSAGE_BYTES`` (or
+        a record over ``control.MAX_RECORD_BYTES``), ``InvalidInputError`` for a value that is not JSON."""
         check_task_id(task_id)
         store, clock = self._store_and_clock()
-        message = Message.of(task_id, topic, value, key=key if key is not None else secrets.token_hex(16), sender=sender, sent_at=clock.now())
-        return store.send_message(message)
+        approvals = self._options.get("approvals") or store
+        return post_message(
+            store, task_id, topic, value, key=key, sender=sender, sent_at=clock.now(),
+            write_to=write_to, sign=sign,
+            signature_required=requires_signature(approvals),
+        )  # fmt: skip
 
     def get_event(self, task_id: str, key: str, *, timeout_s: float | None = None) -> JSONValue:
         """The latest value task ``task_id`` set for event ``key`` (``run.set_event``), as committed;

@@ -17,6 +17,7 @@ import dataclasses
 import logging
 from typing import Callable, Iterator
 
+from .. import _crashpoints
 from ..cancellation import Cancellation, judge_cancellation
 from ..envelope import RunState
 from ..errors import CorruptStateError, LongrunError, UnknownTaskError
@@ -162,6 +163,8 @@ def _deadline_down(engine: Engine, outcome: RunOutcome) -> RunOutcome:
     config = engine.config
     task_id = config.task_id
     now = config.clock.now()
+    if _crashpoints.ARMED:  # the stop is committed, the children not cancelled yet: running the task again cancels them
+        _crashpoints.hit("deadline.children", task_id)
     cause = Cancellation(task_id, now, "longrun", "its deadline passed")
     cancelled = cancel_children(config.store, task_id, cause)
     if not cancelled:

@@ -10,9 +10,11 @@ not verified.
 
 The fork's function record names its origin (``forked_from``: the task and the step), beside the
 function and its recorded arguments (not part of the plan digest, as a child's parent is not). The
-origin records the fork as a verified record of its own (``FORK_PREFIX`` + the new task id, action
-``FORK_ACTION``), committed under its lease before the fork's first revision, so ``longrun status``
-of the origin lists it.
+fork holds the origin's lease from the check of its records to the end, so the origin cannot move
+meanwhile. The origin records the fork as a verified record of its own (``FORK_PREFIX`` + the new
+task id, action ``FORK_ACTION``), committed after the fork's first revision, so ``longrun status``
+of the origin lists only forks that exist. A fork stopped between the two (a crash) is completed by
+running the same fork again: a new task that is already a fork of this origin is recorded, not refused.
 
 Refused before anything is written: an origin that is not a durable function's task or not this
 function's (``ForkRefusedError``), a step the origin does not record (``UnknownStepError``), an
@@ -26,15 +28,17 @@ even if the fixed code would now compute them otherwise).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from ..canonical import JSONValue, digest_of
 from ..engine import Engine, Stop
 from ..envelope import RunState
 from ..errors import ForkRefusedError, TaskExistsError, UnknownStepError, UnknownTaskError
 from ..intervention import FORK_ACTION, FORK_PREFIX
+from ..lease import Lease
 from ..ledger import EffectRecord, EffectState
 from ..outcome import Status
 from ..protocols import Store
@@ -43,7 +47,7 @@ from ._lineage import CALL_ACTION, FUNCTION_STEP
 if TYPE_CHECKING:
     from ._plan import FunctionPlan
 
-__all__ = ["Forking", "check_new_task", "records_to_copy", "record_fork_in_origin"]
+__all__ = ["Forking", "check_new_task", "holding_origin", "records_to_copy", "record_fork_in_origin"]
 
 _LEASE_TTL_S = 30.0
 
@@ -80,34 +84,51 @@ def records_to_copy(origin: RunState, from_step: str | None) -> tuple[str, list[
     return from_step, [record for record in before if _copied(record)]
 
 
-def check_new_task(store: Store, task_id: str) -> None:
+def check_new_task(store: Store, task_id: str, origin: str) -> dict[str, JSONValue] | None:
+    """None when the store does not hold ``task_id``; its ``forked_from`` when it is already a fork of
+    ``origin`` (made by a fork that stopped before the origin recorded it); else ``TaskExistsError``."""
     try:
         state = store.load(task_id).state
     except UnknownTaskError:
-        return
-    if state is not None:
-        raise TaskExistsError(f"task {task_id!r} already exists in this store: a fork needs a new task id; nothing was written")
+        return None
+    if state is None:
+        return None
+    function = state.effects.get(FUNCTION_STEP)
+    forked_from = function.payload.get("forked_from") if function is not None and isinstance(function.payload, dict) else None
+    if isinstance(forked_from, dict) and forked_from.get("task") == origin and isinstance(forked_from.get("step"), str):
+        return forked_from
+    raise TaskExistsError(f"task {task_id!r} already exists in this store: a fork needs a new task id; nothing was written")
 
 
-def record_fork_in_origin(store: Store, origin: str, fork: str, from_step: str, now: float) -> None:
-    """Commit, under the origin's lease, its record of the fork (``LeaseHeldError`` while it runs)."""
+@contextlib.contextmanager
+def holding_origin(store: Store, origin: str, now: float) -> Iterator[tuple[Lease, RunState]]:
+    """The origin's lease and its state loaded under it, for the whole fork: the origin cannot move
+    (start an effect the fork would make again) between the check and the fork's records
+    (``LeaseHeldError`` while it runs)."""
     owner = f"longrun fork {socket.gethostname()}:{os.getpid()}"
     lease = store.acquire_lease(origin, owner, _LEASE_TTL_S, now)
     try:
         state = store.load(origin, lease=lease).state
         if state is None:
             raise UnknownTaskError(f"task {origin!r} has no committed state; nothing was written")
-        step_id = FORK_PREFIX + fork
-        if step_id not in state.effects:
-            payload: dict[str, JSONValue] = {"task": fork, "step": from_step}
-            state.effects[step_id] = EffectRecord(
-                key=f"{origin}/{step_id}", step_id=step_id, action=FORK_ACTION, payload=payload, payload_digest=digest_of(payload),
-                state=EffectState.VERIFIED, updated_at=now,
-            )  # fmt: skip
-            state.updated_at = now
-            store.commit(lease, state, frozenset({step_id}))
+        yield lease, state
     finally:
         store.release_lease(lease, now)
+
+
+def record_fork_in_origin(store: Store, lease: Lease, state: RunState, fork: str, from_step: str, now: float) -> None:
+    """Commit the origin's record of ``fork``, under the lease ``holding_origin`` took, once the fork
+    exists: a fork that failed before its first revision leaves the origin unchanged."""
+    step_id = FORK_PREFIX + fork
+    if step_id in state.effects:
+        return
+    payload: dict[str, JSONValue] = {"task": fork, "step": from_step}
+    state.effects[step_id] = EffectRecord(
+        key=f"{state.task_id}/{step_id}", step_id=step_id, action=FORK_ACTION, payload=payload, payload_digest=digest_of(payload),
+        state=EffectState.VERIFIED, updated_at=now,
+    )  # fmt: skip
+    state.updated_at = now
+    store.commit(lease, state, frozenset({step_id}))
 
 
 class Forking:

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..canonical import JSONValue, digest_of, ensure_json
 from ..contract import INTERNAL_PREFIX, RunContract, Step
-from ..deadline import earliest
+from ..deadline import TaskDeadline, earliest
 from ..engine import Engine, Stop, procedures
 from ..envelope import RunState
 from ..errors import InvalidInputError
@@ -87,6 +87,7 @@ class FunctionPlan:
             key=step.effect_key(task_id), step_id=FUNCTION_STEP, action=FUNCTION_STEP, payload=payload,
             payload_digest=digest, updated_at=now,
         )  # fmt: skip
+        asked = self._deadline_asked
         return RunState(
             task_id=task_id,
             plan_digest=self.digest,
@@ -96,12 +97,19 @@ class FunctionPlan:
             status=Status.QUEUED,
             next_action=queued_action(store_spec, task_id),
             effects={FUNCTION_STEP: record},
+            deadline=TaskDeadline(asked[0], asked[1], now) if asked is not None else None,
         )
 
     def accept(self, engine: Engine, state: RunState) -> None:
         engine.invocation.cancelled_with = cancelled_with(state)  # as recorded: a resumed child names no parent in its call
         engine.invocation.counts_failures = True
         engine.invocation.deadline_asked = self._deadline_asked  # recorded only by the first run (a queued task's)
+        if state.status is Status.QUEUED and state.deadline is not None:
+            # A deadline recorded when the task was queued (fn.start or enqueue with deadline=) is
+            # recorded again as its first run starts, with the limits' from now: the earliest wins.
+            queued = (state.deadline.at, state.deadline.source) if state.deadline.source != "limits" else None
+            engine.invocation.deadline_asked = earliest(self._deadline_asked, queued)
+            state.deadline = None
         if state.plan_digest == self.digest:
             return
         recorded = state.effects.get(FUNCTION_STEP)

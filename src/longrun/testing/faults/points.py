@@ -42,8 +42,13 @@ call.returned               the call returned; its value is in memory, committed
 
 ``TALK_POINTS``, reached only by a task that sends, receives or publishes (not in ``POINTS``):
 ``message.sent`` (the receiver's store holds the message, the send's record is in memory),
+``message.imported`` (a message from outside is in the receiver's mailbox, its control record's
+consumption and the receive not yet committed),
 ``message.received`` (the message a receive took is recorded in memory, not yet committed) and
 ``event.set`` (an event's record is in memory, just before its commit).
+
+``deadline.children``, reached only by a durable task that stops ``deadline-exceeded``: its stop
+is committed, its unfinished children not yet cancelled (running the task again cancels them).
 
 ``BLOB_POINTS``, reached only by a task with a payload or result of 64 KiB or more (a blob, see
 ``longrun.stores.blobs``; not in ``POINTS``, which every task reaches): ``blob.temp-opened``,
@@ -83,7 +88,7 @@ POINTS: tuple[str, ...] = (
     "call.returned",
 )
 BLOB_POINTS = tuple(f"blob.{stage}" for stage in WRITE_STAGES)
-TALK_POINTS = ("message.sent", "message.received", "event.set")
+TALK_POINTS = ("message.sent", "message.imported", "message.received", "event.set")
 """The moments of a blob's write (``stores.blobs``): only a task with a large value reaches them."""
 CALL_POINTS = frozenset(("call.started", "call.returned"))
 """Points only a durable function reaches (a declared plan has no calls)."""
