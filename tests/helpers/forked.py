@@ -2,10 +2,10 @@
 longrun once and forks one child per run, armed with crash points, which is much cheaper than
 starting a Python process each time; ``Server`` is the test's side of it.
 
-The kill loops' tasks are independent of each other, and their children spend much of their time
-waiting (on a flush, a sleep, a signal from outside): ``Servers`` keeps a few servers so that
-``concurrently`` can drive several tasks at once, one thread and one server each, every task in its
-own store directory."""
+The kill loops' tasks are independent of each other, while each loop drives its task's runs one
+after another, one core at a time: ``Servers`` keeps a server per worker so that ``concurrently``
+can drive several tasks at once (one thread each, every task in its own store directory), which
+keeps the cores of a small machine busy."""
 
 from __future__ import annotations
 
@@ -134,8 +134,8 @@ _R = TypeVar("_R")
 
 
 class Servers:
-    """``WORKERS`` fork servers of ``child`` for one test: ``with servers.one() as server`` lends one
-    to a thread until its run is over (each server answers one request at a time)."""
+    """``WORKERS`` fork servers of ``child`` for one test, each started on first use: ``run`` sends
+    a request to one that is free (each answers one request at a time), so threads may share them."""
 
     def __init__(self, case: unittest.TestCase, child: str, errors_prefix: str, *, workers: int = WORKERS, timeout_s: float = 120.0):
         self._idle: queue.SimpleQueue[Server] = queue.SimpleQueue()
