@@ -11,7 +11,8 @@ stores, in two shapes of call:
 - resume: a call that continues a task whose earlier steps are done and applies one more effect
   (the shape of a recovery trigger that fires every few minutes).
 
-"without" is the same Runner with that one observe skipped (a subclass; nothing else differs).
+"without" is the same Runner with that one observe skipped (its engine's invocations start with
+``observe_next`` off; nothing else differs).
 The target is ``stores.NoopAdapter`` (a set lookup), so the difference is the runner's own cost of
 the extra observe; at a real target add one ``observe`` call (a read, or a network round trip).
 Rounds are interleaved and the table shows medians. Nothing here asserts a time.
@@ -35,14 +36,16 @@ sys.path.insert(0, os.path.join(ROOT, "src"))
 import stores  # noqa: E402
 
 from longrun import Approval, JsonFileStore, Limits, RunContract, Runner, SqliteStore, Status, Step  # noqa: E402
-from longrun.engine import Engine  # noqa: E402
-from longrun.ledger import EffectRecord  # noqa: E402
+from longrun.engine import Engine, Invocation  # noqa: E402
 
 
 class _EngineWithoutEntryObserve(Engine):
-    def _observe_before_apply(self, step: Step, record: EffectRecord) -> EffectRecord:
-        self._observe_next = False
-        return record
+    """An engine whose invocations start as if the entry observe had found its effect absent."""
+
+    def _begin(self, digest: str) -> Invocation:
+        inv = super()._begin(digest)
+        inv.observe_next = False  # the one flag that asks for the observe before the first apply
+        return inv
 
 
 class WithoutEntryObserve(Runner):
@@ -86,8 +89,8 @@ def resume(kind: type[Runner], store: Any, number: int) -> tuple[float, int]:
 
 def measure(workdir: str, calls: int, where: str) -> None:
     makers: dict[str, Callable[[], Any]] = {
-        "JsonFileStore": lambda: JsonFileStore(os.path.join(workdir, "json")),
-        "SqliteStore": lambda: SqliteStore(os.path.join(workdir, "longrun.db")),
+        "JsonFileStore": lambda: JsonFileStore(os.path.join(workdir, "json"), create=True),
+        "SqliteStore": lambda: SqliteStore(os.path.join(workdir, "longrun.db"), create=True),
     }
     for name, make in makers.items():
         store = make()

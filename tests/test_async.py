@@ -743,6 +743,50 @@ class DeadlineCases(AsyncCase):
         self.assertEqual(target.applied, Counter({f"slow/e/{i}": 1 for i in range(1, 4)} | {"slow/slow": 1}))
         self.assertEqual(self.state("slow").effects["slow"].attempts, 2)
 
+    def test_an_adapters_own_timeout_error_is_its_outcome_not_the_runs_timeout(self) -> None:
+        class RaisesTimeout(Target):
+            """Its first apply takes the effect and then raises the builtin ``TimeoutError`` at once."""
+
+            def apply_once(self, request: EffectRequest) -> Receipt:
+                self._enter(request)
+                try:
+                    receipt = self._record(request)
+                    if self.calls[request.key] == 1:
+                        raise TimeoutError("the target's own client timed out")
+                    return receipt
+                finally:
+                    self._leave()
+
+        class AsyncRaises(RaisesTimeout):
+            async def apply(self, request: EffectRequest) -> Receipt:
+                return self.apply_once(request)
+
+            async def observe(self, request: EffectRequest) -> Observation:
+                return self._look(request)
+
+        class PlainRaises(RaisesTimeout):
+            def apply(self, request: EffectRequest) -> Receipt:
+                return self.apply_once(request)
+
+            def observe(self, request: EffectRequest) -> Observation:
+                return self._look(request)
+
+        for target in (AsyncRaises(), PlainRaises()):
+            with self.subTest(adapter=type(target).__name__):
+
+                @self.durable({"t": target}, timeout_s=30)
+                async def agent(run: longrun.AsyncRun) -> Any:
+                    return await run.effect("e", "t", {"n": 1})
+
+                task = f"own-timeout-{type(target).__name__}"
+                with self.assertLogs("longrun", "WARNING") as logs:
+                    outcome = agent.run(task)
+                self.assertEqual(outcome.status, Status.DONE, outcome.next_action)
+                self.assertIn("raised TimeoutError", "\n".join(logs.output))  # the adapter's exception, observed
+                self.assertEqual(target.calls[f"{task}/e"], 1, "found applied by observation, never applied again")
+                record = self.state(task).effects["e"]
+                self.assertNotIn("timeout:", record.last_error or "", "not the run's timeout of 30 s")
+
     def test_a_cancellation_while_an_async_effect_runs_cancels_it_and_reconciles_it(self) -> None:
         target = CancelledMidway(self.store)
 

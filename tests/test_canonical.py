@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import random
 import unittest
+from typing import Any
 
 import helpers  # noqa: F401  (puts src on sys.path)
 from longrun import CorruptStateError, InvalidInputError
@@ -184,6 +185,48 @@ class LongStringTests(unittest.TestCase):
         with self.assertRaisesRegex(InvalidInputError, "lone surrogate"):
             canonical_bytes({"s": "\ud800" + "x" * 20_000})
 
+    def test_the_pieces_of_an_encoding_join_to_its_bytes_and_hash_to_its_digest(self) -> None:
+        from longrun.canonical import canonical_pieces, digest_of
+
+        long = "x" * 20_000
+        values: list[Any] = [
+            {"i": 1}, [1, 2.5, None], "text", {"a": long, "b": [long, "y" + long], "c": {"d": long}},
+            {"quoted": '"' + long}, {"many": [long] * 40}, {"\u00e9": "\u00e9" * 20_000},
+        ]  # fmt: skip
+        for value in values:
+            with self.subTest(value=str(value)[:40]):
+                pieces = canonical_pieces(value)
+                self.assertEqual(b"".join(pieces), self.reference(value))
+                self.assertEqual(digest_of(value), "sha256:" + hashlib.sha256(self.reference(value)).hexdigest())
+        self.assertEqual(len(canonical_pieces(values[3])), 9, "each long string near the top is a piece of its own")
+
+    def test_a_large_step_payload_is_encoded_once_and_its_blob_is_its_pieces(self) -> None:
+        from unittest import mock
+
+        from longrun import Step, canonical
+        from longrun.stores.blobs import BlobCodec
+
+        encodings: list[int] = []
+        real = canonical._spliced_pieces
+
+        def counted(value: Any) -> Any:
+            encodings.append(1)
+            return real(value)
+
+        with mock.patch.object(canonical, "_spliced_pieces", counted):
+            step = Step("s", "write", {"blob": "x" * (1 << 20), "n": 1})
+            static = step.static_payload
+            assert static is not None
+            codec = BlobCodec()
+            ref = codec.ref_of(static[0])
+            assert ref is not None
+            (blob,) = codec.to_write([ref])
+        self.assertEqual(len(encodings), 1, "the step's encoding is the one its digest hashes and its blob writes")
+        self.assertEqual(len(blob.pieces), 3, "the megabyte is a piece of its own, never joined")
+        self.assertEqual(b"".join(blob.pieces), self.reference(static[0]))
+        self.assertEqual("sha256:" + ref.sha256, static[1])
+        self.assertEqual(static[1], "sha256:" + hashlib.sha256(self.reference(static[0])).hexdigest())
+
     def test_digest_of_hands_a_large_encoding_over_once(self) -> None:
         from longrun.canonical import LARGE_VALUE_BYTES, digest_of, remembered_encoding
 
@@ -191,7 +234,8 @@ class LongStringTests(unittest.TestCase):
         digest = digest_of(payload, checked=True)
         found = remembered_encoding(payload)
         assert found is not None
-        self.assertEqual(found[0], self.reference(payload))
+        self.assertEqual(b"".join(found[0]), self.reference(payload))
+        self.assertIn(payload["blob"].encode(), found[0], "the long string's bytes are a piece of their own, never joined")
         self.assertEqual("sha256:" + found[1], digest)
         self.assertIsNone(remembered_encoding(payload), "handed over once")
         small = {"i": 1}

@@ -294,3 +294,31 @@ class VerboseLogTests(OpsCase):
         debug = cli("-vv", "resume", "--path", support.HELPERS, "cli_tasks:gated")  # a new task: it commits
         self.assertIn("DEBUG longrun: lease on gated acquired", debug.stderr)
         self.assertIn("DEBUG longrun: task gated: revision 1 committed", debug.stderr)
+
+
+def _ls_job(run: Run, n: int) -> int:
+    return n
+
+
+class LsPageLoadTests(support.TempDirTest):
+    """``ls --limit`` takes its page from the summary index and loads the page's tasks together
+    (``load_many``: one read transaction on SQLite), never each task on its own."""
+
+    def test_a_page_of_ls_is_loaded_in_one_read(self) -> None:
+        from unittest import mock
+
+        from longrun import SqliteStore
+        from longrun.cli._inspect import cmd_ls
+
+        store = SqliteStore(self.path("tasks.sqlite"), create=True)
+        self.addCleanup(store.close)
+        job = durable(store=store)(_ls_job)
+        job.start_many([(f"job-{n:03d}", (n,)) for n in range(80)])
+        out = io.StringIO()
+        with mock.patch.object(SqliteStore, "load", autospec=True, side_effect=SqliteStore.load) as loads, \
+                mock.patch.object(SqliteStore, "load_many", autospec=True, side_effect=SqliteStore.load_many) as together:  # fmt: skip
+            self.assertEqual(cmd_ls(store, "sqlite:tasks", False, out, limit=50), 0)
+        self.assertEqual(sum(line.startswith("job-") for line in out.getvalue().splitlines()), 50)
+        self.assertEqual(loads.call_count, 0)
+        self.assertEqual([len(call.args[1]) for call in together.call_args_list], [50])
+        self.assertIn("queued", out.getvalue())

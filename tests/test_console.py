@@ -949,6 +949,36 @@ class ListingScaleTests(ConsoleCase):
         self.assertEqual(page.count('<td class="mono task"'), 50)
         self.assertLess(elapsed, 1.0)
 
+    def test_a_page_reads_the_index_and_loads_only_its_own_tasks_together(self) -> None:
+        from unittest import mock
+
+        store = self.store()
+
+        @longrun.durable(store=store, clock=self.clock)
+        def job(run: longrun.Run, n: int) -> int:
+            return n
+
+        job.start_many([(f"job-{n:03d}", (n,)) for n in range(120)])
+        server = self.serve(refresh_s=0)
+        kind = type(server.console.store)
+        listed: list[dict[str, Any]] = []
+        real_list = kind.list_summaries
+
+        def list_summaries(this: Any, **filters: Any) -> Any:
+            listed.append(filters)
+            return real_list(this, **filters)
+
+        with mock.patch.object(kind, "load", autospec=True, side_effect=kind.load) as loads, \
+                mock.patch.object(kind, "load_many", autospec=True, side_effect=kind.load_many) as together, \
+                mock.patch.object(kind, "list_summaries", autospec=True, side_effect=list_summaries):  # fmt: skip
+            page = server.console.task_list({"page": ["2"]})
+        self.assertIn("51–100 of 120", page)
+        self.assertEqual(page.count('<td class="mono task"'), 50)
+        # No task loaded but the page's (none waits on a person); the JSON-file store's load_many loads each.
+        self.assertEqual(loads.call_count, 50 if self.store_kind == "json" else 0)
+        self.assertEqual([len(call.args[1]) for call in together.call_args_list], [50], "the page's tasks, in one read")
+        self.assertTrue(all(filters.get("limit") in (0, 50) or filters.get("statuses") for filters in listed), "never every row")
+
 
 class SqliteListingScaleTests(ListingScaleTests):
     store_kind = "sqlite"

@@ -624,8 +624,24 @@ class RoundTripTests(JournalCase):
 
 
 
+def row_line(value: dict[str, Any]) -> list[list[Any]]:
+    """A snapshot's line of effect records as columns, as the rows a version 1 snapshot holds."""
+    columns = [column if isinstance(column, list) else [column["all"]] * value["n"] for column in value["columns"]]
+    return [list(row) for row in zip(*columns)]
+
+
+def rows_format(lines: list[bytes]) -> list[bytes]:
+    """A snapshot's lines as version 1 wrote them: effect records as rows, one JSON list each."""
+    meta = json.loads(lines[0])
+    del meta["checksum"]
+    meta["schema_version"] = 1
+    rows = [_journal.frame(row_line(json.loads(_journal.line_body(line.rstrip(b"\n"))))) for line in lines[2:]]
+    return [_journal.meta_line(meta), lines[1], *rows]
+
+
 def first_format(data: bytes, *, snapshot: bool) -> bytes:
-    """A snapshot or journal as written before effect rows had a backoff and budgets worked time."""
+    """A snapshot or journal as written before effect rows had a backoff and budgets worked time
+    (a snapshot's records as rows, as version 1 wrote them)."""
     later = ("budget.worked_s", "budget.worked_at_progress_s")
     content = data.rstrip(b"\0")
     lines = content.split(b"\n")
@@ -633,13 +649,14 @@ def first_format(data: bytes, *, snapshot: bool) -> bytes:
     if snapshot:
         del meta["checksum"]
         meta["fields"] = meta["fields"][:-1]
+        meta["schema_version"] = 1
         lines[0] = _journal.meta_line(meta).rstrip(b"\n")
     for index in range(1, len(lines) - 1):
         value = json.loads(_journal.line_body(lines[index]))
         if snapshot and index == 1:
             value = {key: item for key, item in value.items() if key not in later}
         elif snapshot:
-            value = [row[:-1] for row in value]
+            value = [row[:-1] for row in row_line(value)]
         else:
             value["set"] = {key: item for key, item in value.get("set", {}).items() if key not in later}
             value["effects"] = {key: row[:-1] if isinstance(row, list) else row for key, row in value.get("effects", {}).items()}
@@ -662,14 +679,99 @@ class SnapshotDecodeTests(unittest.TestCase):
         state.revision = 4
         return _journal.encode_snapshot(state)
 
-    def decode_with(self, lines: list[bytes], line: int, change: Callable[[list[Any]], None]) -> _journal.RawSnapshot:
+    def decode_with(self, lines: list[bytes], line: int, change: Callable[[Any], None]) -> _journal.RawSnapshot:
         body = json.loads(lines[line].split(b" ", 1)[1])
         change(body)
         changed = [*lines[:line], _journal.frame(body), *lines[line + 1 :]]
         return _journal.decode_snapshot(b"".join(changed), task_id=TASK)
 
-    def test_a_malformed_row_or_a_step_named_twice_is_refused_in_any_row_line(self) -> None:
-        lines = self.snapshot_lines(2500)  # meta, header, then row lines of 1000, 1000 and 500 rows
+    def test_a_malformed_column_or_a_step_named_twice_is_refused_in_any_row_line(self) -> None:
+        lines = self.snapshot_lines(2500)  # meta, header, then lines of 1000, 1000 and 500 records as columns
+        self.assertEqual(len(lines), 5)
+        self.assertEqual(json.loads(lines[0])["schema_version"], _journal.SNAPSHOT_SCHEMA_VERSION)
+        raw = _journal.decode_snapshot(b"".join(lines), task_id=TASK)
+        self.assertEqual(_journal.Replay(raw).build().effects, self.state_of(2500).effects)
+        steps = 1  # the step id column
+        cases: dict[str, tuple[Callable[[Any], None], str]] = {
+            "a line without its columns": (lambda line: line.pop("columns"), "must be a JSON object"),
+            "a line with a key more": (lambda line: line.__setitem__("rows", 1), "must be a JSON object"),
+            "a count that is not the columns'": (lambda line: line.__setitem__("n", line["n"] + 1), "holds"),
+            "a count that is not a number": (lambda line: line.__setitem__("n", "1000"), "malformed"),
+            "a column one value short": (lambda line: line["columns"][steps].pop(), "holds"),
+            "a column too few": (lambda line: line["columns"].pop(), "malformed"),
+            "a column neither values nor one value": (lambda line: line["columns"].__setitem__(2, "write"), "malformed"),
+            "a one-value column with a key more": (lambda line: line["columns"][2].__setitem__("n", 1), "malformed"),
+            "a step id that is not text": (lambda line: line["columns"][steps].__setitem__(7, 7), "malformed"),
+            "one step id for every record": (lambda line: line["columns"].__setitem__(steps, {"all": "s7"}), "two effect records for step"),
+            "a step id twice in one line": (lambda line: line["columns"][steps].__setitem__(9, line["columns"][steps][3]), "two effect records for step"),
+            "a step id of an earlier line": (lambda line: line["columns"][steps].__setitem__(-1, "s0"), "two effect records for step 's0'"),
+        }
+        for line in (2, 3, 4):
+            for case, (change, message) in cases.items():
+                with self.subTest(line=line, case=case), self.assertRaises(CorruptStateError) as caught:
+                    self.decode_with(lines, line, change)
+                self.assertIn(message, str(caught.exception))
+        with self.assertRaises(CorruptStateError):
+            self.decode_with(lines, 3, lambda line: line.update(n=0, columns=[[] for _ in line["columns"]]))  # fewer than the meta says
+
+    def state_of(self, effects: int) -> RunState:
+        raw = _journal.decode_snapshot(b"".join(self.snapshot_lines(effects)), task_id=TASK)
+        return _journal.Replay(raw).build()
+
+    def test_a_bad_value_in_a_column_is_refused_naming_its_field_unless_a_journal_record_replaced_it(self) -> None:
+        lines = self.snapshot_lines(1500)
+        self.assertIn(b'{"all":"write"}', lines[3], "a column of one value is written once")
+        cases: dict[str, tuple[int, Any, str]] = {
+            "attempts below zero": (6, -1, "attempts"),
+            "attempts a bool": (6, True, "attempts"),
+            "an epoch of a float": (7, 1.0, "epoch"),
+            "a state that is none": (5, "lost", "state"),
+            "a payload that is a list": (3, [1], "payload"),
+            "a cost that is text": (9, "0", "cost"),
+            "a receipt that is a number": (10, 5, "receipt"),
+            "a backoff that is not one": (16, {"seconds": -1}, "backoff"),
+        }
+        for case, (column, value, field) in cases.items():
+            for as_one_value in (False, True):
+                def change(line: Any) -> None:
+                    if as_one_value:
+                        line["columns"][column] = {"all": value}
+                    else:
+                        values = line["columns"][column]
+                        values = values if isinstance(values, list) else [values["all"]] * line["n"]
+                        values[7] = value
+                        line["columns"][column] = values
+
+                raw = self.decode_with(lines, 3, change)  # a checksum-valid line: refused when built
+                with self.subTest(case=case, as_one_value=as_one_value), self.assertRaises(CorruptStateError) as caught:
+                    _journal.Replay(raw).build()
+                self.assertIn(field, str(caught.exception))
+                step_id = f"s{1000 + 7}"
+                replay = _journal.Replay(self.decode_with(lines, 3, change))
+                if as_one_value:
+                    continue  # every record of the line is bad: replacing one leaves the others
+                record = self.state_of(1500).effects[step_id]
+                replay.apply_record({"rev": replay.revision + 1, "epoch": 0, "effects": {step_id: _journal.row_of(record)}})
+                self.assertEqual(replay.build().effects[step_id], record, "the bad row was replaced: never read")
+
+    def test_the_highest_epoch_is_read_from_a_column_of_one_value_or_of_many(self) -> None:
+        state = base_state()
+        state.effects = {step_id: record.with_changes(epoch=3) for step_id, record in state.effects.items()}
+        self.assertIn(b'{"all":3}', b"".join(_journal.encode_snapshot(state)))
+        self.assertEqual(_journal.highest_epoch(b"".join(_journal.encode_snapshot(state))), 3)
+        state.effects["s1"] = state.effects["s1"].with_changes(epoch=9)
+        self.assertEqual(_journal.highest_epoch(b"".join(_journal.encode_snapshot(state))), 9)
+        self.assertEqual(_journal.highest_epoch(b"".join(rows_format(_journal.encode_snapshot(state)))), 9)
+
+    def test_a_snapshot_of_rows_as_version_1_wrote_it_loads(self) -> None:
+        lines = rows_format(self.snapshot_lines(2500))
+        self.assertEqual(json.loads(lines[0])["schema_version"], 1)
+        self.assertIsInstance(json.loads(lines[2].split(b" ", 1)[1])[0], list)
+        raw = _journal.decode_snapshot(b"".join(lines), task_id=TASK)
+        self.assertEqual(_journal.Replay(raw).build().effects, self.state_of(2500).effects)
+
+    def test_a_malformed_row_or_a_step_named_twice_is_refused_in_any_row_line_of_a_version_1_snapshot(self) -> None:
+        lines = rows_format(self.snapshot_lines(2500))  # meta, header, then row lines of 1000, 1000 and 500 rows
         self.assertEqual(len(lines), 5)
         self.assertEqual(len(_journal.decode_snapshot(b"".join(lines), task_id=TASK).rows), 2500)
         cases: dict[str, tuple[Callable[[list[Any]], None], str]] = {
@@ -690,15 +792,17 @@ class SnapshotDecodeTests(unittest.TestCase):
 
     def test_an_effect_filed_under_a_step_id_that_is_not_one_or_not_its_own_is_refused(self) -> None:
         raw = _journal.decode_snapshot(b"".join(self.snapshot_lines(1500)), task_id=TASK)
-        self.assertEqual(len(_journal.build_state(raw.header, raw.revision, raw.rows).effects), 1500)
+        self.assertEqual(len(_journal.build_state(raw.header, raw.revision, raw.rows, columns=raw.columns).effects), 1500)
+        as_rows = {step_id: raw.columns.row(position) for step_id, position in raw.rows.items()}
+        self.assertEqual(len(_journal.build_state(raw.header, raw.revision, as_rows).effects), 1500)
         for bad in ("", "-s", "s\n1", "s" * 257, "tâche"):
-            rows = dict(raw.rows)
+            rows = dict(as_rows)
             rows[bad] = [*rows.pop("s1200")]
             rows[bad][1] = bad
             with self.subTest(step_id=bad), self.assertRaises(CorruptStateError) as caught:
                 _journal.build_state(raw.header, raw.revision, rows)
             self.assertIn("is not valid", str(caught.exception))
-        rows = dict(raw.rows)
+        rows = dict(as_rows)
         rows["s1200"] = rows["s1201"]
         with self.assertRaises(CorruptStateError) as caught:
             _journal.build_state(raw.header, raw.revision, rows)

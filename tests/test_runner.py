@@ -9,6 +9,7 @@ import os
 import shutil
 import threading
 import unittest
+import unittest.mock
 from typing import Any
 
 from helpers.runner_case import RecordingAdapter, RunnerCase, SpyStore
@@ -58,6 +59,19 @@ class LifecycleTests(RunnerCase):
         self.assertEqual(record.receipt, "recorded")
         self.assertEqual(record.attempts, 1)
         self.assertEqual(record.evidence, "in the record")
+
+    def test_the_evidence_noted_on_every_effect_reads_as_written_and_a_long_trail_keeps_its_head_and_tail(self) -> None:
+        from longrun.engine._invocation import Trail
+
+        plan = [Step(f"s{i}", "write", {"n": i}) for i in range(8)]
+        with unittest.mock.patch.object(Trail, "HEAD", 3), unittest.mock.patch.object(Trail, "TAIL", 4):
+            outcome = self.runner(plan).run()
+        self.assertEqual(outcome.status, Status.DONE)
+        receipts = [item.detail for item in outcome.observations if item.detail.startswith("receipt for ")]
+        self.assertIn("receipt for task-1/s7 attempt 1: outbox line 7", receipts)  # made from its values when read
+        self.assertEqual(len(outcome.observations), 3 + 1 + 4)
+        self.assertRegex(outcome.observations[3].detail, r"^\d+ more items of this kind are left out here$")
+        self.assertIn("task-1/s7 verified by observation; it will not be applied again", [item.detail for item in outcome.inferences])
 
     def test_uncertain_apply_is_observed_and_verified_without_a_second_apply(self) -> None:
         outbox = OutboxAdapter(self.path("outbox.jsonl"), raise_after_apply={"s1"})

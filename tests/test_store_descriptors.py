@@ -127,7 +127,9 @@ class HeldDescriptorTests(support.TempDirTest):
         store.read_cancellation("t")
         store.release_lease(lease, time.time())
         held = descriptors_under(self.path("dropped"))
-        self.assertEqual(len(held), 3, held)  # journal, lock, control (the lease pin went with the release)
+        # journal, lock, control (the lease pin went with the release), and the summary index's
+        # connection (its file, WAL and shared memory: one per store object, whatever the tasks)
+        self.assertEqual(len(held), 6, held)
         del store
         self.assertEqual(descriptors_under(self.path("dropped")), [], "all closed when the store object is collected")
 
@@ -137,9 +139,10 @@ class HeldDescriptorTests(support.TempDirTest):
             for task in ("a", "b", "c", "d", "e"):
                 self.started(task)
             self.assertLessEqual(len(self.store._handles), 2)
-            # Two tasks' journal, lock file, lease file and control directory, and each held lease's
-            # holder lock (held for the lease's life, whatever the bound).
-            self.assertLessEqual(open_descriptors() - before, 2 * 4 + 5)
+            # Two tasks' journal, lock file, lease file and control directory, each held lease's
+            # holder lock (held for the lease's life, whatever the bound), and the summary index's
+            # connection (three: one per store object).
+            self.assertLessEqual(open_descriptors() - before, 2 * 4 + 5 + 3)
 
     def test_a_failed_write_drops_the_held_descriptors_so_the_next_transaction_opens_the_files_by_name(self) -> None:
         lease, state = self.started()

@@ -174,6 +174,29 @@ class StoreCases(ProgressCase):
         self.assertAlmostEqual(latency.sums["mail.send"], 63.0, places=3)  # from the recorded start
         self.assertEqual(latency.counts["mail.send"][LATENCY_BOUNDS.index(300.0)], 1)
 
+    def test_latencies_reach_the_state_at_most_once_a_second_and_all_of_them_with_the_stop(self) -> None:
+        clock = self.clock
+        seen: list[int] = []
+
+        def committed() -> int:
+            latency = self.state("f-1").effect_latency
+            return latency.count("mail.send") if latency is not None else 0
+
+        @self.durable()
+        def job(run: longrun.Run) -> None:
+            run.effect("a", "mail.send", {"n": 1})
+            run.effect("b", "mail.send", {"n": 2})
+            seen.append(committed())  # two verified, no time passed: noted, not yet in the state
+            clock.advance(1.0)
+            run.effect("c", "mail.send", {"n": 3})  # its verification is a second later: all three taken in
+            run.effect("d", "mail.send", {"n": 4})  # its start's commit carries them
+            seen.append(committed())
+            run.effect("e", "mail.send", {"n": 5})
+
+        self.assertIs(job.run("f-1").status, Status.DONE)
+        self.assertEqual(seen, [0, 3])
+        self.assertEqual(committed(), 5)  # the stop's commit carries the last ones
+
     def test_watch_ls_and_status_show_the_reported_progress_with_rate_and_time_left(self) -> None:
         @self.durable()
         def job(run: longrun.Run) -> None:

@@ -20,6 +20,13 @@ integers over Python's digit limit, an escaped lone surrogate (``"\\ud800"``, wh
 encoder can write back), and, with ``unique_keys``, an object that names a key twice (two readers
 could disagree on which one counts). Nothing else escapes it: no ``JSONDecodeError``,
 ``RecursionError``, ``UnicodeError`` or ``OverflowError``.
+
+A large value (``LARGE_VALUE_BYTES``) is encoded as pieces (``canonical_pieces``: a long string's
+UTF-8 bytes apart), hashed piece by piece by ``digest_of`` and remembered for the store that writes
+it as a blob (``remembered_encoding``), so its megabytes are encoded once and never joined.
+
+Longer than most modules: it is one concept, the bytes every digest is over and the reader that
+refuses whatever those bytes could not be; apart, each would restate the other's rules.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ __all__ = [
     "MAX_VALUE_BYTES",
     "REFUSED",
     "canonical_bytes",
+    "canonical_pieces",
     "digest_of",
     "ensure_json",
     "json_too_deep",
@@ -232,17 +240,36 @@ def canonical_bytes(value: JSONValue, *, what: str = "value") -> bytes:
     path) if it is not one."""
     try:
         if type(value) is dict or type(value) is list:
-            spliced = _with_long_strings_spliced(value)
+            spliced = _spliced_pieces(value)
             if spliced is not None:
-                return spliced
+                return b"".join(spliced)
         return _dumps(value)
     except (ValueError, TypeError, RecursionError) as exc:  # UnicodeEncodeError is a ValueError
         ensure_json(value, what=what)  # names the offending part, if the rules above catch it
         raise InvalidInputError(f"{what} cannot be encoded as JSON: {type(exc).__name__}: {printable(str(exc)):.200}") from None
 
 
+def canonical_pieces(value: JSONValue, *, what: str = "value") -> tuple[bytes, ...]:
+    """``canonical_bytes`` as the pieces that, joined, make it: a long string's UTF-8 bytes are a
+    piece of their own, never copied into one buffer with the rest, so that a large value is
+    hashed and written piece by piece (``digest_of``, the stores' blobs)."""
+    try:
+        if type(value) is dict or type(value) is list:
+            spliced = _spliced_pieces(value)
+            if spliced is not None:
+                return tuple(spliced)
+        return (_dumps(value),)
+    except (ValueError, TypeError, RecursionError) as exc:  # UnicodeEncodeError is a ValueError
+        ensure_json(value, what=what)  # names the offending part, if the rules above catch it
+        raise InvalidInputError(f"{what} cannot be encoded as JSON: {type(exc).__name__}: {printable(str(exc)):.200}") from None
+
+
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+"""Made once: ``json.dumps`` with options builds an encoder per call (half a small value's cost)."""
+
+
 def _dumps(value: object) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    return _CANONICAL.encode(value).encode("utf-8")
 
 
 _LONG_STRING = 16 * 1024
@@ -268,8 +295,8 @@ def _has_long_string(container: dict[str, Any] | list[Any], depth: int) -> bool:
     return False
 
 
-def _with_long_strings_spliced(value: dict[str, Any] | list[Any]) -> bytes | None:
-    """The canonical encoding of ``value``, built without passing its long strings through the
+def _spliced_pieces(value: dict[str, Any] | list[Any]) -> list[bytes] | None:
+    """The canonical encoding of ``value`` as pieces, built without passing its long strings through the
     JSON encoder (whose escaping scans a string character by character: about 3 ms a megabyte);
     None if ``value`` has none near its top (the caller encodes it the ordinary way).
 
@@ -316,30 +343,30 @@ def _with_long_strings_spliced(value: dict[str, Any] | list[Any]) -> bytes | Non
             return None
         out.append(pieces[index])
         out.append(rest)
-    return b"".join(out)
+    return out
 
 
-_remembered: collections.OrderedDict[int, tuple[object, bytes, str]] = collections.OrderedDict()
+_remembered: collections.OrderedDict[int, tuple[object, tuple[bytes, ...], str, int]] = collections.OrderedDict()
 _remembered_lock = threading.Lock()
 _REMEMBER_COUNT = 8
 _REMEMBER_BYTES = 32 * 1024 * 1024
 
 
-def _remember(value: object, data: bytes, hex_digest: str) -> None:
-    """Keep the encoding and digest of a large value for ``remembered_encoding`` (the most recent
-    few, at most ``_REMEMBER_BYTES`` in all). The entry holds the value itself, so its ``id`` is not
-    reused while the entry lives."""
+def _remember(value: object, pieces: tuple[bytes, ...], hex_digest: str, size: int) -> None:
+    """Keep the encoding (its pieces, ``size`` bytes in all) and digest of a large value for
+    ``remembered_encoding`` (the most recent few, at most ``_REMEMBER_BYTES`` in all). The entry
+    holds the value itself, so its ``id`` is not reused while the entry lives."""
     with _remembered_lock:
-        _remembered[id(value)] = (value, data, hex_digest)
+        _remembered[id(value)] = (value, pieces, hex_digest, size)
         _remembered.move_to_end(id(value))
-        total = sum(len(entry[1]) for entry in _remembered.values())
+        total = sum(entry[3] for entry in _remembered.values())
         while _remembered and (len(_remembered) > _REMEMBER_COUNT or total > _REMEMBER_BYTES):
-            _, (_, dropped, _) = _remembered.popitem(last=False)
-            total -= len(dropped)
+            _, (_, _, _, dropped) = _remembered.popitem(last=False)
+            total -= dropped
 
 
-def remembered_encoding(value: object) -> tuple[bytes, str] | None:
-    """The canonical encoding and SHA-256 (hex) that ``digest_of`` computed for this very object,
+def remembered_encoding(value: object) -> tuple[tuple[bytes, ...], str] | None:
+    """The canonical encoding (as ``canonical_pieces``) and SHA-256 (hex) that ``digest_of`` computed for this very object,
     if it was large (``LARGE_VALUE_BYTES``) and is among the last few; the entry is handed over
     (removed). A store uses it to write a large payload without encoding or hashing it again; the
     value must not have been changed since it was digested (the engine never changes a payload)."""
@@ -386,23 +413,35 @@ def sha256_hex(data: bytes) -> str:
 
 
 def digest_of(
-    value: object, *, what: str = "value", max_bytes: int | None = None, limit_name: str = "MAX_VALUE_BYTES", checked: bool = False
+    value: object,
+    *,
+    what: str = "value",
+    max_bytes: int | None = None,
+    limit_name: str = "MAX_VALUE_BYTES",
+    checked: bool = False,
+    pieces: tuple[bytes, ...] | None = None,
 ) -> str:
     """SHA-256 over the canonical JSON of ``value`` (validated first, unless ``checked`` says it is
-    the plain JSON ``ensure_json`` returned). With ``max_bytes``, an encoding longer than that
-    raises ``SizeLimitError`` naming ``limit_name``."""
-    data = canonical_bytes(value if checked else ensure_json(value, what=what), what=what)  # type: ignore[arg-type]
-    if max_bytes is not None and len(data) > max_bytes:
+    the plain JSON ``ensure_json`` returned; ``pieces``, its ``canonical_pieces`` if the caller
+    made them already). With ``max_bytes``, an encoding longer than that raises ``SizeLimitError``
+    naming ``limit_name``. The pieces are hashed one after another, never joined."""
+    if pieces is None:
+        pieces = canonical_pieces(value if checked else ensure_json(value, what=what), what=what)  # type: ignore[arg-type]
+    size = len(pieces[0]) if len(pieces) == 1 else sum(map(len, pieces))
+    if max_bytes is not None and size > max_bytes:
         raise SizeLimitError(
-            f"{what} is {len(data)} bytes encoded, over the {max_bytes}-byte limit ({limit_name}); "
+            f"{what} is {size} bytes encoded, over the {max_bytes}-byte limit ({limit_name}); "
             "keep large data outside the run's state and pass a reference to it",
-            size=len(data),
+            size=size,
             limit=max_bytes,
             limit_name=limit_name,
         )
-    hex_digest = sha256_hex(data)
-    if checked and len(data) >= LARGE_VALUE_BYTES:  # ``value`` itself was encoded: a store may write it as is
-        _remember(value, data, hex_digest)
+    hasher = hashlib.sha256(pieces[0])
+    for piece in pieces[1:]:
+        hasher.update(piece)
+    hex_digest = hasher.hexdigest()
+    if checked and size >= LARGE_VALUE_BYTES:  # ``value`` itself was encoded: a store may write it as is
+        _remember(value, pieces, hex_digest, size)
     return "sha256:" + hex_digest
 
 

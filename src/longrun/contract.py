@@ -24,7 +24,7 @@ from itertools import repeat
 from json.encoder import encode_basestring
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
-from .canonical import LARGE_VALUE_BYTES, MAX_VALUE_BYTES, JSONValue, canonical_bytes, digest_of, ensure_json, sha256_hex
+from .canonical import LARGE_VALUE_BYTES, MAX_VALUE_BYTES, JSONValue, canonical_bytes, canonical_pieces, digest_of, ensure_json, sha256_hex
 from .errors import InvalidInputError
 from .names import SAFE_NAME, STEP_ID_PATTERN, check_step_id, check_task_id
 
@@ -182,12 +182,14 @@ class Step:
             # run. The payload is captured now: the plain copy and its digest serve every planning.
             what = f"step {self.step_id!r} payload"
             plain = ensure_json(self.payload, what=what)
-            encoded = canonical_bytes(plain, what=what)
-            if len(encoded) < LARGE_VALUE_BYTES:  # under the size limit, and too small for a store to reuse
+            pieces = canonical_pieces(plain, what=what)
+            if len(pieces) == 1 and len(pieces[0]) < LARGE_VALUE_BYTES:  # under the size limit, and too small for a store to reuse
+                encoded = pieces[0]
                 digest = "sha256:" + sha256_hex(encoded)
-            else:  # encoded again, to be size-checked and remembered for the store that writes it as a blob
-                digest = digest_of(plain, what=what, max_bytes=MAX_VALUE_BYTES, checked=True)
-            head, tail = _pinned_parts(self, encoded) if len(encoded) <= _PINNED_PAYLOAD_BYTES else (None, None)
+            else:  # size-checked, hashed piece by piece and remembered for the store that writes it as a blob
+                encoded = b"".join(pieces) if sum(map(len, pieces)) <= _PINNED_PAYLOAD_BYTES else b""
+                digest = digest_of(plain, what=what, max_bytes=MAX_VALUE_BYTES, checked=True, pieces=pieces)
+            head, tail = _pinned_parts(self, encoded) if 0 < len(encoded) <= _PINNED_PAYLOAD_BYTES else (None, None)
             object.__setattr__(self, "_static", (plain, digest, head, tail))
 
     @property

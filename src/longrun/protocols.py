@@ -14,6 +14,7 @@ from .approval import Approval
 from .cancellation import Cancellation
 from .control import ControlRecord
 from .envelope import RunState
+from .errors import LongrunError
 from .lease import Lease, LeaseRepair, MonotonicReading
 from .messages import Delivery, Message
 from .outcome import Evidence
@@ -21,7 +22,7 @@ from .summary import TaskSummary
 
 __all__ = [
     "AnyEffectAdapter", "ApprovalSource", "AsyncEffectAdapter", "CancellationSource", "Clock", "ClosableStore",
-    "EffectAdapter", "HistoryStore", "LoadResult", "MonotonicClock", "PausingSource", "RecordingStore", "RepairableStore",
+    "EffectAdapter", "HistoryStore", "LoadManyStore", "LoadResult", "MonotonicClock", "PausingSource", "RecordingStore", "RepairableStore",
     "SigningSource", "Store", "SummaryStore", "TaskDeletion", "TimelineClock", "WatchedSource",
 ]  # fmt: skip
 
@@ -223,8 +224,9 @@ class HistoryStore(Protocol):
 class SummaryStore(Protocol):
     """A store that lists its tasks' summaries (``longrun.summary``) with filters, newest first, and
     counts them by status: every store longrun ships (``BaseStore``). The SQL stores keep a summary
-    row per task in each commit's own transaction, indexed, so a page costs O(page); the default
-    loads every state. ``longrun ls``, the console and the metrics read these."""
+    row per task in each commit's own transaction, indexed, and the JSON-file store one in its
+    SQLite side file, so a page costs O(page); the default loads every state. ``longrun ls``, the
+    console and the metrics read these."""
 
     def list_summaries(
         self,
@@ -240,6 +242,29 @@ class SummaryStore(Protocol):
     ) -> list[TaskSummary]: ...
 
     def status_counts(self) -> dict[str, int]: ...
+
+    def count_summaries(
+        self,
+        *,
+        statuses: Iterable[str] = (),
+        functions: Iterable[str] = (),
+        parent: str | None = None,
+        match: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> int: ...
+
+    def function_names(self) -> list[str]: ...
+
+
+@runtime_checkable
+class LoadManyStore(Protocol):
+    """A store that reads many tasks' states together, read-only (``longrun ls`` loads its page so):
+    every store longrun ships (``BaseStore.load_many``; the SQL stores in one transaction). Each item
+    is the task's ``LoadResult`` (whose ``digest`` may be left empty), or the ``LongrunError`` its
+    ``load`` would have raised."""
+
+    def load_many(self, task_ids: Sequence[str]) -> list[LoadResult | LongrunError]: ...
 
 
 @runtime_checkable

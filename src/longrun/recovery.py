@@ -114,7 +114,9 @@ def settle(record: EffectRecord, observation: Observation, deduplicates: bool, n
     record's ``last_error``, so a run that retries it until its attempts are spent says why."""
     if observation.state is ObservedState.APPLIED:
         result = observation.result if observation.result is not None else record.result
-        result, omitted = recordable_result(result, what=f"the result of step {record.step_id!r}")
+        omitted = None
+        if result is not None:  # most effects have none: nothing to measure, no message to make
+            result, omitted = recordable_result(result, what=f"the result of step {record.step_id!r}")
         evidence = observation.evidence
         if omitted is not None:  # the effect took place and is recorded; its result is too large to keep
             log.warning("step %s: %s: %s", record.step_id, record.key, omitted, extra={"step": record.step_id, "key": record.key, "action": record.action})

@@ -27,7 +27,10 @@ from .errors import CorruptStateError, InvalidInputError
 from .ledger import EffectState
 from .outcome import Status
 
-__all__ = ["FUNCTION_STEP", "MAX_ERROR_CHARS", "NEW", "SUMMARY_STATUSES", "UNREADABLE", "SummaryQuery", "TaskSummary", "glob_prefix", "glob_regex", "summarize"]
+__all__ = [
+    "FUNCTION_NAMES_SQL", "FUNCTION_STEP", "MAX_ERROR_CHARS", "NEW", "SUMMARY_COLUMNS", "SUMMARY_STATUSES", "UNREADABLE", "SummaryQuery", "TaskSummary",
+    "glob_prefix", "glob_regex", "summarize",
+]  # fmt: skip
 
 FUNCTION_STEP = INTERNAL_PREFIX + "function"
 """The step id of a durable function's own record (``longrun.functions.FUNCTION_STEP``)."""
@@ -41,6 +44,14 @@ MAX_ERROR_CHARS = 2000
 """A summary's error is cut to this many characters (the state keeps it whole)."""
 _SETTLED = frozenset({EffectState.VERIFIED, EffectState.FAILED})
 _FIELDS = ("task_id", "status", "revision", "function", "parent", "created_at", "updated_at", "wake_at", "error", "next_action")
+SUMMARY_COLUMNS = ", ".join(_FIELDS)
+"""The summary's fields as an SQL column list, in ``to_json``'s order (every summary table uses it)."""
+FUNCTION_NAMES_SQL = """WITH RECURSIVE names (name) AS (
+    SELECT MIN(function) FROM {table}
+    UNION ALL SELECT (SELECT MIN(function) FROM {table} WHERE function > names.name) FROM names WHERE names.name IS NOT NULL
+) SELECT name FROM names WHERE name IS NOT NULL"""
+"""The distinct function names of a summary table (``{table}``), each found by one seek on the
+function index from the last (a loose index scan): O(functions), not O(rows), in SQLite and PostgreSQL."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -199,6 +210,47 @@ class SummaryQuery:
         if self.since is not None and (summary.updated_at is None or summary.updated_at < self.since):
             return False
         return self.until is None or (summary.updated_at is not None and summary.updated_at < self.until)
+
+    def sql(self, match_sql: str, *, desc: str = "DESC", sqlite: bool = True, count: bool = False) -> tuple[str, list[object]]:
+        """The filters, the order, the offset and the limit as the tail of a ``SELECT`` from a summary
+        table (``WHERE ... ORDER BY ... LIMIT``), with ``?`` parameters. ``match_sql`` is the
+        condition that tries the task id against the regular expression given as its parameter;
+        ``desc`` how the dialect orders update times newest first with NULL last. A glob's literal
+        prefix also seeks the task id's own index. With ``count``, the ``WHERE`` alone (for a count)."""
+        conditions: list[str] = []
+        params: list[object] = []
+        for column, values in (("status", self.statuses), ("function", self.functions)):
+            if values:
+                conditions.append(f"{column} IN ({', '.join('?' * len(values))})")
+                params += values
+        if self.parent is not None:
+            conditions.append("parent = ?")
+            params.append(self.parent)
+        if self.match is not None:
+            prefix = glob_prefix(self.match)
+            if prefix:  # the task id's own index narrows the rows the pattern is tried on
+                conditions.append("task_id >= ? AND task_id < ?")
+                params += [prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)]
+            if self.match != prefix + "*":  # "PREFIX*": the range is the whole pattern
+                conditions.append(match_sql)
+                params.append(glob_regex(self.match))
+        if self.since is not None:
+            conditions.append("updated_at >= ?")
+            params.append(self.since)
+        if self.until is not None:
+            conditions.append("updated_at < ?")
+            params.append(self.until)
+        where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+        if count:
+            return where, params
+        page = ""
+        if self.limit is not None:
+            page = " LIMIT ? OFFSET ?"
+            params += [self.limit, self.offset]
+        elif self.offset:
+            page = " LIMIT -1 OFFSET ?" if sqlite else " OFFSET ?"
+            params.append(self.offset)
+        return f"{where} ORDER BY updated_at {desc}, task_id DESC{page}", params
 
     def select(self, summaries: Iterable[TaskSummary]) -> list[TaskSummary]:
         """The filters, the order, the offset and the limit, in Python (for a store with no index)."""

@@ -16,10 +16,14 @@ down (a new pass) starts the measure again. The time left is what remains of ``t
 verification (fixed bounds, ``LATENCY_BOUNDS`` seconds). A task adds one observation per verified
 effect whose start it saw: the engine measures from the attempt's start as recorded; after a
 restart, from the record's last recorded move (a lower bound). Summed over tasks it is what
-``longrun metrics`` exports as ``longrun_effect_latency_seconds``.
+``longrun metrics`` exports as ``longrun_effect_latency_seconds``. A run notes its latencies as
+plain numbers and adds them to the state's histogram at most once every ``LATENCY_FOLD_S``, and at
+its stop: the histogram is built and written once a second, not on every effect's commit.
 
 Not guaranteed: a rate that means much for a function whose units of work take very different
-times, or across a pause of the run (the rate counts calendar time between the two points).
+times, or across a pause of the run (the rate counts calendar time between the two points); the
+latencies a run noted in the last ``LATENCY_FOLD_S`` before its process died (they are telemetry,
+not the ledger: the effects themselves are recorded with every commit).
 """
 
 from __future__ import annotations
@@ -27,13 +31,13 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from . import _fields as f
 from .canonical import JSONValue
 from .errors import CorruptStateError, InvalidInputError
 
-__all__ = ["LATENCY_BOUNDS", "MAX_NOTE_CHARS", "RATE_SPAN_S", "EffectLatency", "ProgressReport"]
+__all__ = ["LATENCY_BOUNDS", "LATENCY_FOLD_S", "MAX_NOTE_CHARS", "RATE_SPAN_S", "EffectLatency", "ProgressReport"]
 
 RATE_SPAN_S = 5.0
 """How old the latest reported point must be before it becomes the one the rate is measured from."""
@@ -41,6 +45,8 @@ MAX_NOTE_CHARS = 500
 """The longest note ``run.progress`` records."""
 LATENCY_BOUNDS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 """The upper bounds (seconds) of the effect latency buckets; a last bucket holds what is above."""
+LATENCY_FOLD_S = 1.0
+"""How often, at most, a run adds the latencies it noted to its state's histogram (and at its stop)."""
 MAX_ACTIONS = 1000
 """The most actions one task's latency histogram holds (a state stays bounded)."""
 
@@ -187,27 +193,41 @@ class EffectLatency:
 
     def observed(self, action: str, seconds: float) -> "EffectLatency":
         """This histogram with one more observation (a new record: the state's is replaced)."""
-        seconds = max(0.0, float(seconds)) if math.isfinite(seconds) else 0.0
-        if action not in self.counts and len(self.counts) >= MAX_ACTIONS:
-            return self
-        if not isinstance(action, str) or not action:
-            raise InvalidInputError("effect latency: an action must be a non-empty string")
+        return self.observed_many(((action, seconds),))
+
+    def observed_many(self, observations: Iterable[tuple[str, float]]) -> "EffectLatency":
+        """This histogram with each ``(action, seconds)`` of ``observations`` added: one new record
+        however many there are (a run adds those it noted since the last time at once)."""
+        bounds = self.bounds
         counts = dict(self.counts)
-        row = list(counts.get(action, (0,) * (len(self.bounds) + 1)))
-        bucket = bisect.bisect_left(self.bounds, seconds)
-        if row[bucket] >= f.MAX_INT:
-            raise InvalidInputError(f"effect latency: action {action!r:.60}: counts must be integers >= 0")
-        row[bucket] += 1
-        counts[action] = tuple(row)
         sums = dict(self.sums)
-        sums[action] = total = sums.get(action, 0.0) + seconds
-        if not math.isfinite(total):
-            raise InvalidInputError(f"effect latency: action {action!r:.60}: sum must be a finite number >= 0")
-        # This record was checked when it was made; the one step above keeps every rule
+        rows: dict[str, list[int]] = {}
+        for action, seconds in observations:
+            seconds = max(0.0, float(seconds)) if math.isfinite(seconds) else 0.0
+            row = rows.get(action)
+            if row is None:
+                if action not in counts and len(counts) >= MAX_ACTIONS:
+                    continue
+                if not isinstance(action, str) or not action:
+                    raise InvalidInputError("effect latency: an action must be a non-empty string")
+                row = rows[action] = list(counts.get(action, (0,) * (len(bounds) + 1)))
+                counts[action] = ()  # a placeholder until the row is done, so MAX_ACTIONS counts it
+            bucket = bisect.bisect_left(bounds, seconds)
+            if row[bucket] >= f.MAX_INT:
+                raise InvalidInputError(f"effect latency: action {action!r:.60}: counts must be integers >= 0")
+            row[bucket] += 1
+            sums[action] = total = sums.get(action, 0.0) + seconds
+            if not math.isfinite(total):
+                raise InvalidInputError(f"effect latency: action {action!r:.60}: sum must be a finite number >= 0")
+        if not rows:
+            return self
+        for action, row in rows.items():
+            counts[action] = tuple(row)
+        # This record was checked when it was made; the steps above keep every rule
         # ``_latency_problem`` checks (a count one more, a finite sum larger by a finite seconds >= 0),
-        # so the copy is not checked again over every bucket of every action on every effect.
+        # so the copy is not checked again over every bucket of every action.
         made = object.__new__(EffectLatency)
-        object.__setattr__(made, "bounds", self.bounds)
+        object.__setattr__(made, "bounds", bounds)
         object.__setattr__(made, "counts", counts)
         object.__setattr__(made, "sums", sums)
         return made

@@ -4,7 +4,8 @@ filters, the pages, and the counts an operator glances at.
 ``read_rows`` reads every task once (without a lease: it moves nothing; from the store's index of
 task summaries where it keeps one, else by loading each task, but for those at rest that a
 ``RowCache`` kept since the last render) and keeps what the list, its filters and the summary band
-need (``TaskRow``); ``complete`` loads the tasks of the page shown; ``Listing`` applies a search
+need (``TaskRow``); ``indexed_page`` reads one page, its count and the band from a store's summary
+index instead (O(page)) where the filters allow; ``complete`` loads the tasks of the page shown; ``Listing`` applies a search
 (a task id or a function, case-insensitive, a part of it is enough), the filters (status; function
 and task id as globs, as ``ls --function`` and ``--match`` take them; updated since) and cuts the
 page (``PAGE_SIZE`` rows, most recently updated first); ``Summary`` counts tasks by
@@ -32,14 +33,15 @@ from ..ledger import EffectState
 from ..outcome import Status
 from ..progress import progress_of
 from ..lease import Lease
-from ..protocols import Store
+from ..protocols import LoadManyStore, LoadResult, Store, SummaryStore
+from ..summary import SUMMARY_STATUSES, UNREADABLE, TaskSummary
 from ..stores.queue import QueueEntry, WorkerRecord, open_queue
 from ._common import name_store, short_digest
 from ._inspect import LS_STATUSES, NO_STATE_ACTION, parse_since, reported_line
 
 __all__ = [
-    "FAILED_STATUSES", "FAILURE_WINDOW_S", "PAGE_SIZE", "Fleet", "Listing", "RowCache", "Summary", "TaskRow", "complete", "read_fleet", "read_rows",
-    "short_action",
+    "FAILED_STATUSES", "FAILURE_WINDOW_S", "PAGE_SIZE", "Fleet", "IndexedPage", "Listing", "RowCache", "Summary", "TaskRow", "complete",
+    "indexed_page", "read_fleet", "read_rows", "short_action", "summary_row",
 ]  # fmt: skip
 
 PAGE_SIZE = 50
@@ -78,10 +80,15 @@ class TaskRow:
     last_error: str | None = None
 
 
-def read_row(store: Store, task_id: str) -> TaskRow:
-    """One task's row, read without a lease; a task that cannot be read is DAMAGED or UNREADABLE."""
+def read_row(store: Store, task_id: str, loaded: LoadResult | LongrunError | None = None) -> TaskRow:
+    """One task's row, read without a lease (or from ``loaded``, its load or the error that raised);
+    a task that cannot be read is DAMAGED or UNREADABLE."""
     try:
-        state = store.load(task_id).state
+        if loaded is None:
+            loaded = store.load(task_id)
+        elif isinstance(loaded, LongrunError):
+            raise loaded
+        state = loaded.state
     except CorruptStateError as exc:
         return TaskRow(task_id, "DAMAGED", None, 0, f"run `longrun verify` on the task ({exc})", last_error=str(exc))
     except LongrunError as exc:
@@ -165,28 +172,75 @@ def read_rows(store: Store, cache: RowCache | None = None) -> list[TaskRow]:
     load finds (damage, progress)."""
     if not _indexed(store):
         return (cache or RowCache()).rows(store)
-    rows = []
-    for summary in store.list_summaries():  # type: ignore[attr-defined]
-        if summary.status in _WAITING_ON_PEOPLE:
-            rows.append(read_row(store, summary.task_id))
-            continue
-        status = "UNREADABLE" if summary.status == "unreadable" else str(summary.status)
-        if status == Status.RUNNING.value and summary.revision == 1 and summary.next_action == _RECORDED_ACTION:
-            status = Status.QUEUED.value  # recorded for a worker and never run: as ``recorded_before_queued`` reads it
-        failed = summary.updated_at if summary.error or status in FAILED_STATUSES else None
-        rows.append(
-            TaskRow(
-                summary.task_id, status, summary.updated_at, summary.revision, summary.next_action, function=summary.function,
-                failed_at=failed, last_error=summary.error,
-            )  # fmt: skip
-        )
-    return rows
+    return [
+        read_row(store, summary.task_id) if summary.status in _WAITING_ON_PEOPLE else summary_row(summary)
+        for summary in store.list_summaries()  # type: ignore[attr-defined]
+    ]
 
 
 def complete(store: Store, rows: Sequence[TaskRow]) -> list[TaskRow]:
     """``rows`` as a load of each task finds them now (what a summary or a kept row may lack:
-    progress, damage found since)."""
-    return [read_row(store, row.task_id) for row in rows]
+    progress, damage found since): loaded together where the store can (``LoadManyStore``)."""
+    ids = [row.task_id for row in rows]
+    if isinstance(store, LoadManyStore):
+        return [read_row(store, task_id, loaded) for task_id, loaded in zip(ids, store.load_many(ids))]
+    return [read_row(store, task_id) for task_id in ids]
+
+
+def summary_row(summary: TaskSummary) -> TaskRow:
+    """A task's row from its summary (what the index keeps; ``complete`` adds what a load finds)."""
+    status = "UNREADABLE" if summary.status == "unreadable" else str(summary.status)
+    if status == Status.RUNNING.value and summary.revision == 1 and summary.next_action == _RECORDED_ACTION:
+        status = Status.QUEUED.value  # recorded for a worker and never run: as ``recorded_before_queued`` reads it
+    failed = summary.updated_at if summary.error or status in FAILED_STATUSES else None
+    return TaskRow(
+        summary.task_id, status, summary.updated_at, summary.revision, summary.next_action, function=summary.function,
+        failed_at=failed, last_error=summary.error,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class IndexedPage:
+    """What the task list shows, read from the store's summary index in O(page): the page's rows
+    (loaded), how many tasks match, the band and the functions the filter offers."""
+
+    rows: list[TaskRow]
+    matched: int
+    summary: "Summary"
+    functions: list[str]
+
+
+_FAILING_SUMMARIES = tuple(sorted((FAILED_STATUSES | {Status.RETRY_SCHEDULED.value, UNREADABLE}) & SUMMARY_STATUSES))
+"""The statuses the band counts as failures from the index: a failed end, or a wait to retry after an error."""
+
+
+def indexed_page(store: Store, listing: "Listing", fleet: "Fleet", now: float) -> IndexedPage | None:
+    """The page from the summary index, or None where the listing asks what only reading every row
+    can tell (a free-text search, a function glob, ``DAMAGED``/``UNREADABLE``) or the store keeps no
+    index: the caller then reads every row (``read_rows``). Costs the page's loads, counts on the
+    index, and a load of each task waiting on a person (the band's pending requests). The band's
+    failures in the last hour are then the tasks updated in that hour whose status is a failed end
+    or a wait to retry (reading every row also counts a task that recorded an error and went on)."""
+    if not _indexed(store) or not isinstance(store, SummaryStore) or listing.search:
+        return None
+    if any(mark in listing.function for mark in "*?[") or {"DAMAGED", "UNREADABLE"} & set(listing.statuses):
+        return None
+    filters: dict[str, object] = dict(
+        statuses=listing.statuses, functions=[listing.function] if listing.function else [], match=listing.match or None, since=listing.since
+    )
+    summaries = store.list_summaries(**filters, limit=PAGE_SIZE, offset=(listing.page - 1) * PAGE_SIZE)  # type: ignore[arg-type]
+    counts = store.status_counts()
+    if listing.function or listing.match or listing.since is not None:
+        matched = store.count_summaries(**filters)  # type: ignore[arg-type]
+    else:  # by status alone: the counts say it
+        matched = sum(count for status, count in counts.items() if not listing.statuses or status in listing.statuses)
+    waiting = [read_row(store, summary.task_id) for summary in store.list_summaries(statuses=_WAITING_ON_PEOPLE)]
+    failures = store.count_summaries(statuses=_FAILING_SUMMARIES, since=now - FAILURE_WINDOW_S)
+    pending = Summary.of(waiting, fleet, now)
+    by_status = {("UNREADABLE" if status == "unreadable" else status): count for status, count in counts.items()}
+    band = Summary(dict(sorted(by_status.items(), key=lambda item: (-item[1], item[0]))), pending.pending, pending.oldest_request, failures, fleet)
+    functions = store.function_names()
+    return IndexedPage(complete(store, [summary_row(summary) for summary in summaries]), matched, band, functions)
 
 
 def short_action(text: str, label: str, *, limit: int | None = SHORT_ACTION) -> str:
@@ -282,6 +336,8 @@ class Fleet:
     entries: tuple[QueueEntry, ...] = ()
     note: str | None = None
     """Why there are no figures, when there are none."""
+    due_now: int | None = None
+    """The queue's depth as the database counted it, for a read without the rows (the band's)."""
 
     @property
     def alive(self) -> int:
@@ -290,6 +346,8 @@ class Fleet:
     @property
     def due(self) -> int:
         """Rows due now and not claimed: the queue's depth."""
+        if self.due_now is not None:
+            return self.due_now
         return sum(1 for entry in self.entries if entry.due_in_s is not None and entry.due_in_s <= 0 and entry.claimed_by is None)
 
     def queues(self) -> dict[str, list[QueueEntry]]:
@@ -300,9 +358,10 @@ class Fleet:
         return dict(sorted(grouped.items()))
 
 
-def read_fleet(store: Store) -> Fleet:
-    """The workers and the queue's rows, from the fleet's tables; for a JSON-file store whose fleet
-    file does not exist, none (it is not created to answer)."""
+def read_fleet(store: Store, *, rows: bool = True) -> Fleet:
+    """The workers and the queue's rows (without ``rows``: only their count due now, for the band),
+    from the fleet's tables; for a JSON-file store whose fleet file does not exist, none (it is not
+    created to answer)."""
     root = getattr(store, "root", None)
     if isinstance(root, str) and not os.path.exists(os.path.join(root, ".fleet.sqlite")):
         return Fleet(note="no worker has used this store")
@@ -311,6 +370,8 @@ def read_fleet(store: Store) -> Fleet:
     except InvalidInputError as exc:
         return Fleet(note=str(exc))
     try:
+        if not rows:
+            return Fleet(tuple(queue.workers()), due_now=queue.due_count())
         return Fleet(tuple(queue.workers()), tuple(queue.entries()))
     except LongrunError as exc:
         return Fleet(note=f"the fleet's tables cannot be read: {exc}")

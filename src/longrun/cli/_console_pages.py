@@ -38,7 +38,9 @@ from ..protocols import LoadResult, Store
 from ..stores.queue import QueueEntry, WorkerRecord, open_queue
 from ..task_events import events_of
 from ._common import format_time, lease_summary, relative, short_digest
-from ._console_listing import FAILED_STATUSES, PAGE_SIZE, Fleet, Listing, RowCache, Summary, TaskRow, complete, read_fleet, read_rows, short_action
+from ._console_listing import (
+    FAILED_STATUSES, PAGE_SIZE, Fleet, Listing, RowCache, Summary, TaskRow, complete, indexed_page, read_fleet, read_rows, short_action,
+)  # fmt: skip
 from ._control import cmd_approve, cmd_cancel, parse_answer, payload_view
 from ._filters import function_of
 from ._intervene import cmd_resolve, write_reopen
@@ -278,17 +280,24 @@ class Console:
     def task_list(self, query: Mapping[str, list[str]]) -> str:
         now = self.clock()
         listing = Listing.from_query(query, now)
-        rows = self._rows()
-        summary = Summary.of(rows, self._fleet(), now)
-        page, matched = listing.select(rows)
         with self.lock:
-            page = complete(self.store, page)
+            band_fleet = read_fleet(self.store, rows=False)  # the band's figures: a count, not every queue row
+            indexed = indexed_page(self.store, listing, band_fleet, now)
+        fleet = band_fleet
+        if indexed is not None:  # O(page): from the store's summary index
+            page, matched, summary, functions = indexed.rows, indexed.matched, indexed.summary, indexed.functions
+        else:
+            rows = self._rows()
+            summary = Summary.of(rows, fleet, now)
+            page, matched = listing.select(rows)
+            functions = sorted({row.function for row in rows if row.function})
+            with self.lock:
+                page = complete(self.store, page)
         body = ["<h1>Tasks</h1>", self._band(summary, now)]
         body += [f'<p class="error">{e(problem)}</p>' for problem in listing.problems]
         options = "".join(
             f'<option value="{e(value)}"{" selected" if value in listing.statuses else ""}>{e(value)}</option>' for value in LS_STATUSES
         )
-        functions = sorted({row.function for row in rows if row.function})
         function_options = f'<option value=""{"" if listing.function else " selected"}>any</option>' + "".join(
             f'<option value="{e(name)}"{" selected" if name == listing.function else ""}>{e(name)}</option>' for name in functions
         )

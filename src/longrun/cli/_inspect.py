@@ -35,7 +35,7 @@ from ..outcome import Status
 from ..outside_messages import pending_messages
 from ..progress import Progress, progress_of
 from ..telemetry import ProgressReport
-from ..protocols import LoadResult, Store, SummaryStore
+from ..protocols import LoadManyStore, LoadResult, Store, SummaryStore
 from ..task_events import events_of
 from ._common import (
     STORE_PLACEHOLDER,
@@ -331,16 +331,20 @@ def cmd_status(store: Store, label: str, task_id: str, as_json: bool, out: TextI
     return 0
 
 
-def ls_entry(store: Store, task_id: str) -> dict[str, object]:
+def ls_entry(store: Store, task_id: str, loaded: LoadResult | LongrunError | None = None) -> dict[str, object]:
     """One task's row: status (or DAMAGED / UNREADABLE), revision, next action, where it was read
-    from, when it was last updated and its progress (``Progress.to_json()``, with ``label``)."""
+    from, when it was last updated and its progress (``Progress.to_json()``, with ``label``).
+    ``loaded``: the task's load (or the error it raised) when the caller loaded it already."""
     entry: dict[str, object] = {
         "task_id": task_id, "status": None, "revision": 0, "next_action": "", "source": None, "error": None,
         "updated_at": None, "progress": None, "function": None, "last_error": None, "last_run_failed": False,
         "what_ran": what_ran(None),
     }  # fmt: skip
     try:
-        loaded = store.load(task_id)
+        if loaded is None:
+            loaded = store.load(task_id)
+        elif isinstance(loaded, LongrunError):
+            raise loaded
     except CorruptStateError as exc:
         return {**entry, "status": "DAMAGED", "next_action": f"run `longrun verify` on the task ({exc})", "error": str(exc)}
     except LongrunError as exc:
@@ -416,14 +420,18 @@ def list_entries(
     """``ls``'s rows, newest first. A store that lists summaries (``SummaryStore``) picks the page
     from its index and only the page's tasks are loaded (each row shows what its load finds, so a
     damaged task still shows ``DAMAGED``): O(page). Asked for ``DAMAGED`` or ``UNREADABLE``, which
-    only a load can tell, for a function by its qualname or a glob, or for more than one id glob,
+    only a load can tell (the page is loaded together where the store can: ``LoadManyStore``), for
+    a function by its qualname or a glob, or for more than one id glob,
     or on a store that lists no summaries, every task (whose id matches) is loaded: O(tasks)."""
     whole_names = all(":" in name and not any(mark in name for mark in "*?[") for name in functions)
     if isinstance(store, SummaryStore) and not {"DAMAGED", "UNREADABLE"} & set(statuses) and whole_names and len(match) <= 1:
         page = store.list_summaries(
             statuses=statuses, functions=functions, match=match[0] if match else None, since=since, limit=limit
         )
-        return [ls_entry(store, summary.task_id) for summary in page]
+        ids = [summary.task_id for summary in page]
+        if isinstance(store, LoadManyStore):  # the page's states in one go (one transaction on the SQL stores)
+            return [ls_entry(store, task_id, loaded) for task_id, loaded in zip(ids, store.load_many(ids))]
+        return [ls_entry(store, task_id) for task_id in ids]
     tasks = store.list_tasks()
     if match:  # read only the tasks whose ids match
         tasks = [task_id for task_id in tasks if any(fnmatch.fnmatchcase(task_id, pattern) for pattern in match)]

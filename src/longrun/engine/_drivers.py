@@ -32,6 +32,7 @@ module for every store and control request.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import inspect
 import logging
@@ -250,6 +251,8 @@ class RunIO:
         with self.commit_lock:
             lease = self.current_lease(inv)
             state = inv.state
+            if inv.latencies and inv.stopping is not None:  # a stop's commit carries every latency noted
+                inv.fold_latency()
             state.updated_at = self.config.clock.now()
             state.budget = state.budget.worked(inv.take_work())
             try:
@@ -281,7 +284,8 @@ class RunIO:
     def keep_settled(self, inv: Invocation) -> None:
         """The plan's own code raised (a durable function's bug, say). What is settled so far is
         kept, so a corrected function resumes from it; the error goes to the caller."""
-        if inv.current is not None and inv.dirty and self.keeper is not None and self.keeper.failure is None:
+        if inv.current is not None and (inv.dirty or inv.latencies) and self.keeper is not None and self.keeper.failure is None:
+            inv.fold_latency()
             self.commit(inv)
 
     def settle_stop(self, inv: Invocation, raised: Stop) -> Stop:
@@ -434,7 +438,15 @@ class AsyncDriver:
         self._committing: asyncio.Future[None] | None = None
         self._reads: dict[object, asyncio.Future[Any]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._applying: set[asyncio.Future[Any]] = set()
+        self._async_functions: dict[Any, bool] = {}
+        self._outcomes: collections.deque[tuple[asyncio.Future[Any], Any, BaseException | None]] = collections.deque()
+        """Outcomes of synchronous adapter calls, handed back from their threads (``_hand_back``)."""
+        self._outcomes_lock = threading.Lock()
+        self._delivery_due = False
+        self._applying: set[asyncio.Task[Any]] = set()
+        """The step tasks awaiting an async ``apply`` now (``signal_cancelled`` cancels them)."""
+        self._interrupted: set[asyncio.Task[Any]] = set()
+        """Those of them that ``signal_cancelled`` cancelled (and nobody else, unless they say so)."""
 
     async def __aenter__(self) -> "AsyncDriver":
         self._loop = asyncio.get_running_loop()
@@ -588,39 +600,106 @@ class AsyncDriver:
     async def _bounded(self, fn: Callable[[Any], Any], request: Any, timeout_s: float | None, *, cancellable: bool) -> Any:
         """``fn(request)``: awaited if async, else in a worker thread; ``ApplyTimedOut`` past
         ``timeout_s``; ``ApplyInterrupted`` if a cancellation cancelled it."""
+        if self._is_async(fn):
+            return await self._awaited_call(fn, request, timeout_s, cancellable=cancellable)
         assert self._loop is not None and self._pool is not None
-        thread: concurrent.futures.Future[Any] | None = None
-        inner: asyncio.Future[Any]
-        if is_async_callable(fn):
-            inner = asyncio.ensure_future(fn(request))
-            if cancellable:  # a thread cannot be cancelled: it sees EffectRequest.cancelled() instead
-                self._applying.add(inner)
-        else:
-            thread = self._pool.submit(fn, request)
-            inner = asyncio.wrap_future(thread)
+        inner = self._loop.create_future()
+        thread = self._pool.submit(self._in_thread, fn, request, inner)
+        limit = asyncio.timeout(timeout_s)
         try:
             # Awaited in this task (``asyncio.timeout``, not ``asyncio.wait``: about half the cost,
             # three times per effect). A timeout or a cancellation of this task cancels ``inner``.
-            async with asyncio.timeout(timeout_s):
+            async with limit:
                 return await inner
         except TimeoutError:
-            if inner.done() and not inner.cancelled():
-                return inner.result()  # it finished as the time ran out: its outcome stands
-            inner.cancel()
-            if thread is not None and not thread.done():
+            if not limit.expired():
+                raise  # the adapter's own TimeoutError: its outcome, as it raised it
+            if thread.done() and not thread.cancelled():
+                return thread.result()  # it finished as the time ran out: its outcome stands
+            if not thread.done():
                 self.inv.stragglers.append(thread)
                 self._retire_pool()
                 raise ApplyTimedOut(timeout_s or 0.0, pending=thread) from None
             raise ApplyTimedOut(timeout_s or 0.0) from None
+
+    def _in_thread(self, fn: Callable[[Any], T], request: Any, waiter: asyncio.Future[T]) -> T:
+        """``fn(request)`` in a worker thread; its outcome goes back to the loop with those of the
+        other calls that end meanwhile, in one hand-off (``_hand_back``), not a wake-up of the loop
+        and a chain of callbacks per call. Returned (or raised) too, for the thread's own future."""
+        try:
+            result = fn(request)
+        except BaseException as exc:
+            self._hand_back(waiter, None, exc)
+            raise
+        self._hand_back(waiter, result, None)
+        return result
+
+    def _hand_back(self, waiter: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+        self._outcomes.append((waiter, result, error))
+        with self._outcomes_lock:
+            if self._delivery_due:
+                return  # a delivery is scheduled and has not begun: it takes this outcome too
+            self._delivery_due = True
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:  # the loop is closed: nobody awaits the outcome any more
+            pass
+
+    def _deliver(self) -> None:
+        """On the loop: every outcome handed back so far, to the steps that await them."""
+        with self._outcomes_lock:
+            self._delivery_due = False
+        outcomes = self._outcomes
+        while outcomes:
+            waiter, result, error = outcomes.popleft()
+            if waiter.done():  # the step stopped waiting (a timeout, a cancellation)
+                continue
+            if error is not None:
+                waiter.set_exception(error)
+            else:
+                waiter.set_result(result)
+
+    def _is_async(self, fn: Callable[[Any], Any]) -> bool:
+        """``is_async_callable(fn)``, asked once per adapter method (by its function) in this run."""
+        key = getattr(fn, "__func__", fn)
+        try:
+            known = self._async_functions.get(key)
+        except TypeError:  # an unhashable callable: asked each time
+            return is_async_callable(fn)
+        if known is None:
+            known = self._async_functions[key] = is_async_callable(fn)
+        return known
+
+    async def _awaited_call(self, fn: Callable[[Any], Any], request: Any, timeout_s: float | None, *, cancellable: bool) -> Any:
+        """An async ``fn(request)``, awaited in the step's own task (no task of its own to create,
+        schedule and wait for, three times per effect): a timeout cancels this task's await of it,
+        and a cancellation of the run (``signal_cancelled``) cancels this task while it awaits an
+        apply, which comes out as ``ApplyInterrupted`` (a cancellation from anywhere else goes on)."""
+        task = asyncio.current_task()
+        assert task is not None
+        limit = asyncio.timeout(timeout_s)
+        if cancellable:
+            self._applying.add(task)
+        try:
+            async with limit:
+                return await fn(request)
+        except TimeoutError:
+            if not limit.expired():
+                raise  # the adapter's own TimeoutError: its outcome, as it raised it
+            raise ApplyTimedOut(timeout_s or 0.0) from None
         except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if inner.cancelled() and current is not None and current.cancelling() == 0:
-                # Not this task: a cancellation of the run reached the apply (``signal_cancelled``).
-                raise ApplyInterrupted("the apply was cancelled: the task was cancelled while it ran") from None
-            inner.cancel()
+            if task in self._interrupted:
+                self._interrupted.discard(task)
+                if task.uncancel() == 0:  # nobody else cancelled this task: the run's cancellation did
+                    raise ApplyInterrupted("the apply was cancelled: the task was cancelled while it ran") from None
             raise
         finally:
-            self._applying.discard(inner)
+            if cancellable:
+                self._applying.discard(task)
+                if task in self._interrupted:  # the adapter swallowed the cancellation: withdrawn
+                    self._interrupted.discard(task)
+                    task.uncancel()
 
     def _retire_pool(self) -> None:
         """A timed-out call goes on in its worker thread, which the pool cannot have back: the
@@ -688,8 +767,9 @@ class AsyncDriver:
             loop.call_soon_threadsafe(self._cancel_applies)
 
     def _cancel_applies(self) -> None:
-        for inner in list(self._applying):
-            inner.cancel()
+        for task in self._applying - self._interrupted:
+            self._interrupted.add(task)
+            task.cancel()
 
 
 def _pass_on(done: asyncio.Future[Any], to: asyncio.Future[Any]) -> None:

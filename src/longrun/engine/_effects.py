@@ -193,11 +193,12 @@ def _execute(inv: Invocation, step: Step, record: EffectRecord) -> Steps[None]:
     for problem in checked.problems:  # an adapter bug, or a result too large to keep: evidence, never dropped
         log.warning("task %s: step %s: %s: %s", inv.task_id, step.step_id, record.key, problem, extra={"task": inv.task_id, **record_fields(record)})
         inv.evidence.unknown(f"adapter:{step.action}", problem)
-    inv.evidence.observed(f"adapter:{step.action}", f"receipt for {record.key} attempt {attempt}: {checked.evidence}")
+    inv.evidence.observed(f"adapter:{step.action}", "receipt for {} attempt {}: {}", record.key, attempt, checked.evidence)
     cost = checked.cost
     record = record.move(EffectState.ACKNOWLEDGED, inv.clock.now(), receipt=checked.evidence, result=checked.result, cost=record.cost + cost)
     inv.put(record)
-    state.budget = state.budget.spent(cost)
+    if cost:  # most adapters charge nothing: the counters stay the very same record
+        state.budget = state.budget.spent(cost)
     yield from _settle(inv, record)
 
 
@@ -259,10 +260,11 @@ def reconcile(inv: Invocation, record: EffectRecord) -> Steps[Reconciled]:
     else:
         observed = yield Observe(adapter, inv.request(record, max(record.attempts, 1)), inv.timeouts.get(record.step_id, inv.timeout_s))
         settled = settle(record, observed, adapter.deduplicates, inv.clock.now(), observer=f"{type(adapter).__name__}.observe")
-    inv.evidence.observed(f"target:{record.action}", f"{record.key}: {settled.observation.state.value} ({settled.observation.evidence})")
+    observation = settled.observation
+    inv.evidence.observed(f"target:{record.action}", "{}: {} ({})", record.key, observation.state.value, observation.evidence)
     record = settled.record
     if settled.verdict is Verdict.VERIFIED:
-        inv.evidence.inferred(f"{record.key} verified by observation; it will not be applied again")
+        inv.evidence.inferred("{} verified by observation; it will not be applied again", record.key)
         inv.state.budget = inv.state.budget.progressed(inv.clock.now(), inv.take_work())
     elif settled.verdict is Verdict.RETRY:
         inv.evidence.inferred(f"{record.key} may be applied again: {settled.reason}")

@@ -30,12 +30,20 @@ from ..ledger import EffectRecord, EffectState, VerifiedResults
 from ..outcome import TERMINAL, WAITING, Evidence, RunOutcome, Status
 from ..progress import pending_of
 from ..protocols import AnyEffectAdapter, Clock, MonotonicClock, TimelineClock
-from ..telemetry import EffectLatency
+from ..telemetry import LATENCY_FOLD_S, EffectLatency
 
 __all__ = ["EvidenceLog", "Invocation", "Stop", "Trail"]
 
-Item = tuple[str, str, float]
-"""An item of a trail as it is noted: source, detail, time (an ``Evidence`` only when it is read)."""
+Item = tuple[str, str, float] | tuple[str, str, float, tuple[object, ...]]
+"""An item of a trail as it is noted: source, detail, time (an ``Evidence`` only when it is read),
+and, for an item noted on every effect's path, the values its detail (a ``str.format`` template)
+is made of: the text is made when the item is read, and never for the items a long trail leaves out."""
+
+
+def _evidence(item: Item) -> Evidence:
+    if len(item) == 3:
+        return Evidence(item[0], item[1], item[2])
+    return Evidence(item[0], item[1].format(*item[3]), item[2])
 
 
 class Trail:
@@ -65,8 +73,8 @@ class Trail:
         self._tail.append(item)
 
     def items(self) -> tuple[Evidence, ...]:
-        head = [Evidence(*item) for item in self.head]
-        tail = [Evidence(*item) for item in self._tail]
+        head = [_evidence(item) for item in self.head]
+        tail = [_evidence(item) for item in self._tail]
         if not self._omitted:
             return (*head, *tail)
         gap = Evidence("runner", f"{self._omitted} more items of this kind are left out here", tail[0].at)
@@ -85,12 +93,15 @@ class EvidenceLog:
         self.inferences = Trail()
         self.unknowns: list[Evidence] = []
 
-    def observed(self, source: str, detail: str) -> None:
+    def observed(self, source: str, detail: str, *values: object) -> None:
+        """Note an observation; with ``values``, ``detail`` is a ``str.format`` template of them,
+        filled in when the outcome reads it (see ``Item``)."""
+        item: Item = (source, detail, self._clock.now(), values) if values else (source, detail, self._clock.now())
         head = self.observations.head
         if len(head) < Trail.HEAD:  # the common case, without a call
-            head.append((source, detail, self._clock.now()))
+            head.append(item)
         else:
-            self.observations.append((source, detail, self._clock.now()))
+            self.observations.append(item)
 
     def noted(self, source: str, detail: str) -> Evidence:
         """``observed``, returning the record (for a state that keeps it too)."""
@@ -98,12 +109,14 @@ class EvidenceLog:
         self.observations.append((item.source, item.detail, item.at))
         return item
 
-    def inferred(self, detail: str) -> None:
+    def inferred(self, detail: str, *values: object) -> None:
+        """Note an inference (``values``: as for ``observed``)."""
+        item: Item = ("runner", detail, self._clock.now(), values) if values else ("runner", detail, self._clock.now())
         head = self.inferences.head
         if len(head) < Trail.HEAD:
-            head.append(("runner", detail, self._clock.now()))
+            head.append(item)
         else:
-            self.inferences.append(("runner", detail, self._clock.now()))
+            self.inferences.append(item)
 
     def unknown(self, source: str, detail: str) -> Evidence:
         item = Evidence(source, detail, self._clock.now())
@@ -217,6 +230,10 @@ class Invocation:
         self.result: JSONValue = None
         self.attempt_started: dict[str, float] = {}
         """When each effect's latest attempt started in this invocation (for ``state.effect_latency``)."""
+        self.latencies: list[tuple[str, float]] = []
+        """Effect latencies (action, seconds) noted since the state's histogram last took them in
+        (``fold_latency``: at most once every ``LATENCY_FOLD_S``, and with the stop's commit)."""
+        self._latency_folded_at = clock.now()
 
     @property
     def current(self) -> RunState | None:
@@ -246,16 +263,30 @@ class Invocation:
         self.dirty = True
 
     def _note_latency(self, previous: EffectRecord, record: EffectRecord) -> None:
-        """Add a verified effect's time from its attempt's start to the state's latency histogram:
-        the start seen in this invocation, else a started record as loaded (its last move was the
-        start). An effect verified without a start known (observed first, found applied) adds nothing."""
+        """Note a verified effect's time from its attempt's start: the start seen in this invocation,
+        else a started record as loaded (its last move was the start). An effect verified without a
+        start known (observed first, found applied) adds nothing. Noted as numbers; the state's
+        histogram takes them in once ``LATENCY_FOLD_S`` passed since it last did (or at the stop)."""
         started = self.attempt_started.pop(record.step_id, None)
         if started is None and previous.state is EffectState.STARTED:
             started = previous.updated_at
         if started is None or is_internal(record.action):
             return
+        now = record.updated_at
+        self.latencies.append((record.action, now - started))
+        if not 0.0 <= now - self._latency_folded_at < LATENCY_FOLD_S:  # due, or the clock went back
+            self.fold_latency()
+
+    def fold_latency(self) -> None:
+        """Add the latencies noted so far to the state's histogram (one new record for all of them);
+        it goes out with the next commit."""
+        if not self.latencies:
+            return
         state = self.state
-        state.effect_latency = (state.effect_latency or EffectLatency()).observed(record.action, record.updated_at - started)
+        state.effect_latency = (state.effect_latency or EffectLatency()).observed_many(self.latencies)
+        self.latencies = []
+        self._latency_folded_at = self.clock.now()
+        self.dirty = True
 
     def monotonic(self) -> float:
         """The clock's ``monotonic()`` if it has one (``FakeClock`` does), else its ``now()``."""

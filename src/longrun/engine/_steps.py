@@ -176,12 +176,7 @@ def read_store(inv: Invocation, read: Callable[[Any], T]) -> Steps[T]:
 def check_cancellation(inv: Invocation) -> Steps[None]:
     """Read the task's cancellation record fresh (and its ancestors') and stop if it says so, or
     cannot be trusted; stop ``retry-scheduled`` between two steps when the source asks for a pause;
-    then stop ``deadline-exceeded`` if the task's deadline passed (``check_deadline``)."""
-    yield from _check_cancellation_record(inv)
-    yield from check_deadline(inv)
-
-
-def _check_cancellation_record(inv: Invocation) -> Steps[None]:
+    then stop ``deadline-exceeded`` if the task has a deadline and it passed (``check_deadline``)."""
     state = inv.state
     found: CancellationRead = yield ReadCancellation(inv.cancelled_with)
     if _crashpoints.ARMED:
@@ -193,12 +188,16 @@ def _check_cancellation_record(inv: Invocation) -> Steps[None]:
         if not inv.cancellation_checked:
             inv.evidence.inferred("no cancellation record: new effects are allowed (read again before each one)")
             inv.cancellation_checked = True
+        if state.deadline is not None:  # most tasks have none: no call on their every step
+            yield from check_deadline(inv)
         return
     whose = found.whose
     if raw.digest and superseded_cancellation(raw.digest) in state.consumed_approvals:
         if not inv.cancellation_checked:
             inv.evidence.inferred(f"cancellation record {raw.name} was superseded by a reopen: it does not cancel the task again")
             inv.cancellation_checked = True
+        if state.deadline is not None:
+            yield from check_deadline(inv)
         return
     named = "cancellation record" if whose == inv.task_id else f"cancellation record of ancestor task {whose!r}"
     item = inv.evidence.noted("control", _describe(named, raw))
@@ -396,7 +395,7 @@ def ready(
             return failed, True
         if record is None:
             record = plan(inv, step, now)
-        if not (yield from _backing_off(inv, record, now)):
+        if record.not_before is None or not (yield from _backing_off(inv, record, now)):
             return record, False
 
 
@@ -424,9 +423,7 @@ def _check_budget(inv: Invocation, record: EffectRecord | None, exhausted_fails:
 
 
 def _backing_off(inv: Invocation, record: EffectRecord, now: float) -> Steps[bool]:
-    """True after waiting out a short backoff (the caller starts over); stops for a long one."""
-    if record.not_before is None:
-        return False
+    """True after waiting out ``record``'s short backoff (the caller starts over); stops for a long one."""
     wait_s, record = inv.backoff_wait(record, now)
     if wait_s < _MIN_WAIT_S:
         # Over, or as good as over: a remainder this small can be below what a clock reading near

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import dataclasses
 import functools
 import inspect
 import threading
@@ -83,7 +82,11 @@ class DurableFunction(Generic[R]):
         self._signature_read: tuple[inspect.Signature | None] | None = None
 
     def contract_for(self, task_id: str) -> RunContract:
-        return dataclasses.replace(self._contract, task_id=check_task_id(task_id))
+        """The function's contract for ``task_id`` (checked). The rest of the contract was validated
+        when the function was decorated and is frozen: copied as it is, not validated per task."""
+        contract = copy.copy(self._contract)
+        object.__setattr__(contract, "task_id", check_task_id(task_id))
+        return contract
 
     def _plan(
         self,

@@ -31,7 +31,8 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Generator
+from typing import TYPE_CHECKING
 
 from ..canonical import JSONValue, digest_of
 from ..engine import Engine, Stop
@@ -101,7 +102,7 @@ def check_new_task(store: Store, task_id: str, origin: str) -> dict[str, JSONVal
 
 
 @contextlib.contextmanager
-def holding_origin(store: Store, origin: str, now: float) -> Iterator[tuple[Lease, RunState]]:
+def holding_origin(store: Store, origin: str, now: float) -> Generator[tuple[Lease, RunState], None, None]:
     """The origin's lease and its state loaded under it, for the whole fork: the origin cannot move
     (start an effect the fork would make again) between the check and the fork's records
     (``LeaseHeldError`` while it runs)."""

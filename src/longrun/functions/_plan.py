@@ -66,7 +66,9 @@ class FunctionPlan:
         self._payload: dict[str, JSONValue] = {"function": function.name, **arguments, "version": function.version}
         if link is not None:  # a child task names its family; the links are not part of the plan digest
             self._payload.update(link.recorded())
-        self.digest = digest_of({"contract": contract.to_json(), "function": function.name, "arguments": arguments})
+        # ``arguments`` is the plain JSON ``ensure_json`` returned (``DurableFunction._plan``), and a
+        # contract's JSON is plain: validated once, not again for the digest.
+        self.digest = digest_of({"contract": contract.to_json(), "function": function.name, "arguments": arguments}, checked=True)
 
     def initial(self, engine: Engine, state: RunState) -> None:
         engine.record(procedures.plan, Step(FUNCTION_STEP, FUNCTION_STEP, self._payload))

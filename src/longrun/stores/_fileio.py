@@ -336,8 +336,9 @@ def write_atomic(
     io.fsync_dir(directory)
 
 
-def write_new_files(io: FileIO, directory: str, files: Sequence[tuple[str, bytes]]) -> None:
-    """Durably create each ``directory/name`` with its bytes, then ``fsync`` the directory once.
+def write_new_files(io: FileIO, directory: str, files: Sequence[tuple[str, bytes | Sequence[bytes]]]) -> None:
+    """Durably create each ``directory/name`` with its bytes (or the pieces they are made of,
+    written in order, never joined), then ``fsync`` the directory once.
 
     For immutable, content-addressed files (blobs): each is written to a temporary file,
     ``fdatasync``-ed and renamed to its name, so a name never holds less than its whole content;
@@ -352,7 +353,8 @@ def write_new_files(io: FileIO, directory: str, files: Sequence[tuple[str, bytes
         fd = io.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             try:
-                write_all(io, fd, data)
+                for piece in (data,) if isinstance(data, (bytes, bytearray)) else data:
+                    write_all(io, fd, piece)
                 io.fdatasync(fd)
             finally:
                 io.close(fd)

@@ -11,10 +11,17 @@ work on them::
 
 A snapshot (format ``longrun.snapshot``) holds one whole ``RunState``. Its meta names the revision
 and how many effect records and row lines follow; line 2 is the header (every field but the effect
-records, as a flat object: ``budget.attempts_total`` and so on); each further line is a list of up
-to ``ROWS_PER_LINE`` effect records, each a row of values in ``EFFECT_FIELDS`` order, in plan order.
-Files written before rows had a ``backoff`` (their meta's ``fields`` say so, a journal row is one
-value shorter) and before the header had the budget's worked time still load, those values absent.
+records, as a flat object: ``budget.attempts_total`` and so on); each further line holds up to
+``ROWS_PER_LINE`` effect records, in plan order, as columns (schema version 2)::
+
+    {"n": count, "columns": [column per field the meta names, in EFFECT_FIELDS order]}
+    column: [value, ...] (count values)  or  {"all": value} (every record that one scalar)
+
+so a load parses a state, an action, an epoch or a null once a line, not once a record, and checks
+each column in a pass (``EffectColumns``). A version 1 snapshot holds each line as a list of rows
+(a row: the values in ``EFFECT_FIELDS`` order) and still loads. Files written before rows had a
+``backoff`` (their meta's ``fields`` say so, a journal row is one value shorter) and before the
+header had the budget's worked time still load, those values absent.
 The header holds ``plan_outline`` only when the state has one (a declared plan's, see
 ``envelope.PlanOutline``); a journal record sets it only when it changed, compared by identity.
 
@@ -38,7 +45,7 @@ Invariants (the tests in ``tests/test_journal.py`` are built to break them):
 3. ``scan`` calls the last line *torn* only if it is incomplete (no newline yet) and not a whole,
    valid frame that lost only its newline to damage. Anything else that fails is *damaged*.
 4. Decoding validates every field through the records' own rules (``RunState.from_json``, typed
-   field checks for rows) after parsing with ``canonical.parse_json`` (no NaN, no nesting deeper
+   field checks for rows and columns) after parsing with ``canonical.parse_json`` (no NaN, no nesting deeper
    than ``MAX_JSON_DEPTH``, strict UTF-8; a meta line is at most ``MAX_META_BYTES`` and has no
    duplicate keys); no ``JSONDecodeError``, ``KeyError``, ``TypeError``, ``RecursionError`` or
    ``OverflowError`` escapes, only ``CorruptStateError`` and its subclasses. A header or row field
@@ -49,8 +56,8 @@ Not guaranteed here: anything about files, order of writes or recovery. ``jsonfi
 The module, in order: the lines (format names and limits, ``no_gc``, ``checksum`` and ``frame``,
 meta lines, ``scan``, which tells a torn last line from damage), the rows (``EFFECT_FIELDS`` and the
 older and blob-carrying widths, ``row_of`` and ``record_from_row``, ``record_changes``, the header
-and ``build_state``), the snapshot file (``encode_snapshot``, ``decode_snapshot`` into a
-``RawSnapshot``, ``snapshot_revision``), and the journal file (its meta, ``Shadow``, the writer's
+and ``build_state``), the snapshot file (its columns, ``EffectColumns``, ``encode_snapshot``,
+``decode_snapshot`` into a ``RawSnapshot``, ``snapshot_revision``), and the journal file (its meta, ``Shadow``, the writer's
 side that names what a commit changed, ``Replay``, the reader's side that applies records to a
 snapshot's raw header and rows, ``describe_record`` and ``highest_epoch``).
 
@@ -70,7 +77,7 @@ import json
 import math
 import operator
 import threading
-from typing import Any, Callable, Collection, Generator, Mapping
+from typing import Any, Callable, Collection, Generator, Mapping, Sequence
 
 from .._fields import MAX_INT, finite_float
 from ..budget import Backoff, BudgetCounters
@@ -89,7 +96,9 @@ __all__ = [
     "JOURNAL_FORMAT",
     "MIN_RECORD_BYTES",
     "SNAPSHOT_FORMAT",
+    "SNAPSHOT_SCHEMA_VERSION",
     "BlobFetch",
+    "EffectColumns",
     "RawSnapshot",
     "Replay",
     "Scan",
@@ -118,6 +127,12 @@ __all__ = [
 SNAPSHOT_FORMAT = "longrun.snapshot"
 JOURNAL_FORMAT = "longrun.journal"
 SCHEMA_VERSION = 1
+"""The journal's schema version, and the snapshot's first (effect records as rows)."""
+SNAPSHOT_SCHEMA_VERSION = 2
+"""The snapshot's schema version as written: effect records as columns (see ``encode_snapshot``).
+Version 1 snapshots (rows) still load; code that reads only version 1 refuses a version 2
+snapshot with ``SchemaVersionError`` rather than calling it damaged."""
+SNAPSHOT_VERSIONS = (SCHEMA_VERSION, SNAPSHOT_SCHEMA_VERSION)
 ROWS_PER_LINE = 1000
 CHECKSUM_HEX = 16
 MIN_RECORD_BYTES = 32
@@ -189,8 +204,11 @@ def meta_line(fields: dict[str, Any]) -> bytes:
     return canonical_bytes(document) + b"\n"
 
 
-def parse_meta(line: bytes, *, expected_format: str, task_id: str) -> dict[str, Any]:
-    """Validate a file's first line (without its newline) and return its fields.
+def parse_meta(
+    line: bytes, *, expected_format: str, task_id: str, versions: tuple[int, ...] = (SCHEMA_VERSION,)
+) -> dict[str, Any]:
+    """Validate a file's first line (without its newline) and return its fields; its
+    ``schema_version`` must be one of ``versions``.
 
     Order matters: a well-formed meta of a schema this code does not know raises
     ``SchemaVersionError`` even though its checksum (over the newer fields) cannot match here.
@@ -199,9 +217,10 @@ def parse_meta(line: bytes, *, expected_format: str, task_id: str) -> dict[str, 
     if not isinstance(document, dict) or document.get("format") != expected_format:
         raise CorruptStateError(f"not a {expected_format} file (its first line is not a {expected_format} meta)")
     version = document.get("schema_version")
-    if type(version) is not int or version != SCHEMA_VERSION:
+    if type(version) is not int or version not in versions:
+        known = " and ".join(map(str, versions))
         raise SchemaVersionError(
-            f"{expected_format} schema version {version!r:.20} is not supported (this code reads version {SCHEMA_VERSION})"
+            f"{expected_format} schema version {version!r:.20} is not supported (this code reads version {known})"
         )
     fields = {key: value for key, value in document.items() if key != "checksum"}
     try:
@@ -390,6 +409,7 @@ _isfinite = math.isfinite
 
 _WIDTH = len(EFFECT_FIELDS)
 _from_checked = EffectRecord.from_checked
+_from_checked_columns = EffectRecord.from_checked_columns
 
 
 def record_from_row(row: object, fetch: BlobFetch | None = None) -> EffectRecord:
@@ -538,10 +558,16 @@ def header_of(state: RunState) -> dict[str, Any]:
 
 
 def build_state(
-    header: Mapping[str, Any], revision: int, rows: Mapping[str, list[Any]], fetch: BlobFetch | None = None
+    header: Mapping[str, Any],
+    revision: int,
+    rows: Mapping[str, Any],
+    fetch: BlobFetch | None = None,
+    *,
+    columns: EffectColumns | None = None,
 ) -> RunState:
     """Validate a flat header and effect rows and build the ``RunState`` they describe (blob
-    references resolved with ``fetch``)."""
+    references resolved with ``fetch``). ``rows`` maps each step id, in order, to its row, or to
+    its position in ``columns`` (a snapshot's row a journal record left as it was)."""
     keys = header.keys()
     if keys != HEADER_KEYS and not _FIRST_HEADER_KEYS <= keys <= HEADER_KEYS:
         missing = sorted(_FIRST_HEADER_KEYS - keys)
@@ -563,7 +589,10 @@ def build_state(
         if header.get(key) is not None:
             document[key] = header[key]
     state = RunState.from_json(document)
-    effects = {step_id: record_from_row(row, fetch) for step_id, row in rows.items()}
+    if columns is None:
+        effects = {step_id: record_from_row(row, fetch) for step_id, row in rows.items()}
+    else:
+        effects = columns.records(rows, fetch)
     if not are_step_ids(list(effects)):  # check_step_id's rule, in one match for all of them
         for step_id in effects:
             try:
@@ -583,13 +612,178 @@ def build_state(
 _LISTS = frozenset((list,))
 _STRINGS = frozenset((str,))
 _row_step_id = operator.itemgetter(1)  # EFFECT_FIELDS[1]
+_STEP_AT = EFFECT_FIELDS.index("step_id")
+_STATE_AT = EFFECT_FIELDS.index("state")
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+_LINE_KEYS = frozenset(("n", "columns"))
+_copysign = math.copysign
+
+
+def _column_of(values: tuple[Any, ...]) -> Any:
+    """A column of a snapshot's row line as written: ``{"all": v}`` when every value encodes as
+    the same scalar ``v`` (a state, an action, attempts, a null, most often), else the values."""
+    first = values[0]
+    kind = type(first)
+    if (
+        len(values) < 2 or kind not in _SCALARS or values.count(first) != len(values)
+        or set(map(type, values)) != {kind}  # count() calls 1 == 1.0 == True equal; JSON does not
+    ):  # fmt: skip
+        return values
+    if kind is float and first == 0.0 and len(set(map(_copysign, itertools.repeat(1.0), values))) != 1:
+        return values  # 0.0 and -0.0 are equal, and encode apart
+    return {"all": first}
+
+
+# The checks of one column of one row line, with the rules of ``EffectRecord``'s spec (as
+# ``record_from_row`` applies them to a row), each a pass in C over the column: True if every
+# value passes. A line with a column that fails is checked again row by row when its rows are
+# built (``EffectColumns.records``), which names the bad field, and only for the rows still in use.
+def _texts(values: list[Any]) -> bool:
+    return _STRINGS.issuperset(map(type, values))
+
+
+def _objects(values: list[Any]) -> bool:
+    return {dict}.issuperset(map(type, values))
+
+
+def _counts(values: list[Any]) -> bool:
+    return {int}.issuperset(map(type, values)) and (not values or (min(values) >= 0 and max(values) <= MAX_INT))
+
+
+def _numbers(values: list[Any]) -> bool:
+    return {float}.issuperset(map(type, values)) and _isfinite(sum(values))  # a NaN or infinity makes the sum one
+
+
+def _optional_texts(values: list[Any]) -> bool:
+    return {str, type(None)}.issuperset(map(type, values))
+
+
+def _optional_numbers(values: list[Any]) -> bool:
+    return {float, type(None)}.issuperset(map(type, values)) and _isfinite(sum(filter(None, values)))
+
+
+def _nulls(values: list[Any]) -> bool:
+    return {type(None)}.issuperset(map(type, values))
+
+
+def _any(values: list[Any]) -> bool:
+    return True
+
+
+_COLUMN_CHECKS: tuple[Callable[[list[Any]], bool], ...] = (
+    _texts, _texts, _texts, _objects, _texts, _texts, _counts, _counts, _any, _numbers,
+    _optional_texts, _optional_texts, _optional_texts, _optional_numbers, _optional_texts, _numbers,
+    _nulls,  # backoff: a record with one is built row by row (``Backoff.from_json``)
+    _nulls,  # blob references: resolved row by row
+)  # fmt: skip
+"""One per ``BLOB_ROW_FIELDS`` field (the state's column is also checked against its choices)."""
+if len(_COLUMN_CHECKS) != len(BLOB_ROW_FIELDS):
+    raise ImportError("_COLUMN_CHECKS must name one check per BLOB_ROW_FIELDS field")
+
+
+class EffectColumns:
+    """A snapshot's effect records as read: one list per ``BLOB_ROW_FIELDS`` field, values as
+    parsed (a field the snapshot's rows lack holds nulls), in the snapshot's order.
+
+    Each row line's columns are checked as they are added (``add_line``): the shape (every column
+    as long as the line's count, step ids text) raises at once; the values are checked with the
+    record's rules in passes over each column, and a line whose values all pass has its records
+    built together, without a check or a call per row. A line that does not pass is checked row
+    by row, as ``record_from_row`` checks any row, only when its rows are built (a row a journal
+    record replaced is never read)."""
+
+    def __init__(self, width: int):
+        self.width = max(width, len(EFFECT_FIELDS))
+        """The width of a row as ``row`` returns it: with a backoff, and blob references if the
+        snapshot's rows have them."""
+        self.columns: list[list[Any]] = [[] for _ in BLOB_ROW_FIELDS]
+        self.states: list[EffectState | None] = []
+        """The state column as ``EffectState`` members (None in a line that did not pass)."""
+        self.unchecked: list[range] = []
+        """The positions of the lines whose values did not all pass."""
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    @property
+    def step_ids(self) -> list[str]:
+        return self.columns[_STEP_AT]
+
+    def add_line(self, count: int, line: list[Any]) -> list[str]:
+        """Add one row line's columns (``width`` of them, each a list of ``count`` values or
+        ``{"all": value}``); return its step ids. ``CorruptStateError`` if the line is malformed."""
+        start = len(self.states)
+        columns, passed = self.columns, True
+        for index, column in enumerate(line):
+            if type(column) is list:
+                if len(column) != count:
+                    raise CorruptStateError(f"snapshot row line: column {BLOB_ROW_FIELDS[index]} holds {len(column)} values, the line {count}")
+                values = column
+            elif type(column) is dict and column.keys() == {"all"}:
+                values = [column["all"]] * count
+            else:
+                raise CorruptStateError(f"snapshot row line: column {BLOB_ROW_FIELDS[index]} is malformed")
+            if passed and not _COLUMN_CHECKS[index](values if type(column) is list else values[:1]):
+                passed = False
+            columns[index].extend(values)
+        for index in range(len(line), len(BLOB_ROW_FIELDS)):  # a field the snapshot's rows lack
+            columns[index].extend([None] * count)
+        step_ids = columns[_STEP_AT][start:]
+        if not _texts(step_ids):
+            raise CorruptStateError("snapshot effect row is malformed: a step id is not text")
+        states: Sequence[EffectState | None] | None = None
+        if passed:
+            raw = line[_STATE_AT]
+            if type(raw) is dict:
+                state = _STATES.get(raw["all"]) if type(raw["all"]) is str else None
+                states = [state] * count if state is not None else None
+            elif _texts(raw) and None not in (converted := list(map(_STATES.get, raw))):
+                states = converted
+        if states is None:
+            self.unchecked.append(range(start, start + count))
+            states = [None] * count
+        self.states.extend(states)
+        return step_ids
+
+    def add_rows(self, rows: list[list[Any]]) -> list[str]:
+        """Add a line of rows as a version 1 snapshot holds them (each already ``width`` long)."""
+        if not rows:
+            return []
+        return self.add_line(len(rows), [list(column) for column in zip(*rows)])
+
+    def row(self, position: int) -> list[Any]:
+        """The row at ``position``, as a snapshot of this width holds it (a journal record changes it)."""
+        return [column[position] for column in self.columns[: self.width]]
+
+    def records(self, rows: Mapping[str, Any], fetch: BlobFetch | None) -> dict[str, EffectRecord]:
+        """The records ``rows`` names, in its order: a position is this table's record, built with
+        the lines that passed their checks; a row (a journal record's) is built by ``record_from_row``."""
+        columns = self.columns
+        records = list(_from_checked_columns((*columns[:_STATE_AT], self.states, *columns[_STATE_AT + 1 : len(EFFECT_FIELDS)])))
+        step_ids = self.step_ids
+        for lines in self.unchecked:
+            for position in lines:
+                if rows.get(step_ids[position]) == position:  # still in use (a row is a list, never equal)
+                    records[position] = record_from_row(self.row(position), fetch)
+        index = dict(rows)
+        if not {int}.issuperset(map(type, index.values())):
+            for step_id, row in index.items():
+                if type(row) is not int:
+                    records.append(record_from_row(row, fetch))
+                    index[step_id] = len(records) - 1  # the key stays where it is
+        return dict(zip(index, map(records.__getitem__, index.values())))
 
 
 def encode_snapshot(state: RunState, blobs: BlobCodec | None = None, introduced: list[BlobRef] | None = None) -> list[bytes]:
     """The lines of a snapshot of ``state`` (at ``state.revision``); raises before any I/O if a
     value cannot be encoded (``InvalidInputError``) or if the snapshot would be over
     ``MAX_STATE_BYTES``, the most a load reads (``SizeLimitError``). With ``blobs``, large values
-    are written as references (each one added to ``introduced``), never as their bytes."""
+    are written as references (each one added to ``introduced``), never as their bytes.
+
+    Each row line holds up to ``ROWS_PER_LINE`` records as columns, ``{"n": count, "columns":
+    [...]}``, one column per field the meta names: the values in order, or ``{"all": value}``
+    when they are all one scalar. A load parses a column of a few distinct values as one value,
+    and checks a column in a pass, not a value at a time."""
     records = list(state.effects.values())
     chunks = (len(records) + ROWS_PER_LINE - 1) // ROWS_PER_LINE
     rows = [row_of(record, blobs, introduced) for record in records]
@@ -603,7 +797,7 @@ def encode_snapshot(state: RunState, blobs: BlobCodec | None = None, introduced:
         meta_line(
             {
                 "format": SNAPSHOT_FORMAT,
-                "schema_version": SCHEMA_VERSION,
+                "schema_version": SNAPSHOT_SCHEMA_VERSION,
                 "task_id": state.task_id,
                 "revision": state.revision,
                 "effects": len(records),
@@ -615,7 +809,8 @@ def encode_snapshot(state: RunState, blobs: BlobCodec | None = None, introduced:
     ]
     size = sum(map(len, lines))
     for start in range(0, len(rows), ROWS_PER_LINE):
-        lines.append(frame(rows[start : start + ROWS_PER_LINE]))
+        chunk = rows[start : start + ROWS_PER_LINE]
+        lines.append(frame({"n": len(chunk), "columns": [_column_of(column) for column in zip(*chunk)]}))
         size += len(lines[-1])
         if size > MAX_STATE_BYTES:
             raise SizeLimitError(
@@ -635,9 +830,12 @@ class RawSnapshot:
 
     revision: int
     header: dict[str, Any]
-    rows: dict[str, list[Any]]
+    rows: dict[str, Any]
+    """Each step id, in order, to its position in ``columns`` (a ``Replay`` puts a row in its place
+    when a journal record writes or changes it)."""
     meta: bytes
     line_checksums: list[bytes]
+    columns: EffectColumns
 
 
 def _meta_int(meta: Mapping[str, Any], name: str, minimum: int) -> int:
@@ -652,7 +850,7 @@ def decode_snapshot(data: bytes, *, task_id: str) -> RawSnapshot:
     found = scan(data)
     if found.meta is None:
         raise CorruptStateError("snapshot is empty or has no complete first line")
-    meta = parse_meta(found.meta, expected_format=SNAPSHOT_FORMAT, task_id=task_id)
+    meta = parse_meta(found.meta, expected_format=SNAPSHOT_FORMAT, task_id=task_id, versions=SNAPSHOT_VERSIONS)
     if found.problem is not None:
         raise CorruptStateError(f"snapshot line at byte {found.problem_at} is {found.problem} (checksum or framing)")
     revision, count, chunks = _meta_int(meta, "revision", 1), _meta_int(meta, "effects", 0), _meta_int(meta, "row_lines", 0)
@@ -661,6 +859,7 @@ def decode_snapshot(data: bytes, *, task_id: str) -> RawSnapshot:
     if type(fields) is not list or widths.get(len(fields)) != tuple(fields):
         raise CorruptStateError("snapshot meta: the effect record fields are not ones this code reads")
     width = len(fields)
+    as_columns = meta["schema_version"] >= SNAPSHOT_SCHEMA_VERSION
     if len(found.bodies) != 1 + chunks:
         raise CorruptStateError(f"snapshot has {len(found.bodies)} lines after its meta, its meta says {1 + chunks}")
     header = loads(found.bodies[0], "snapshot header")
@@ -668,23 +867,29 @@ def decode_snapshot(data: bytes, *, task_id: str) -> RawSnapshot:
         raise CorruptStateError("snapshot header must be a JSON object")
     if header.get("task_id") != task_id:
         raise CorruptStateError(f"snapshot header names task {header.get('task_id')!r:.80}, its meta names {task_id!r}")
-    rows: dict[str, list[Any]] = {}
+    table = EffectColumns(width)
+    rows: dict[str, int] = {}
     for body in found.bodies[1:]:
         chunk = loads(body, "snapshot row line")
-        if type(chunk) is not list:
-            raise CorruptStateError("snapshot row line must be a JSON list")
-        # Each check a pass in C over the line's rows (a thousand of them): lists, as wide as the
-        # meta says, each naming its step id, none named twice.
-        if not _LISTS.issuperset(map(type, chunk)) or not {width}.issuperset(map(len, chunk)):
-            raise CorruptStateError("snapshot effect row is malformed")
-        step_ids = list(map(_row_step_id, chunk))
-        if not _STRINGS.issuperset(map(type, step_ids)):
-            raise CorruptStateError("snapshot effect row is malformed")
-        if width == len(FIRST_EFFECT_FIELDS):
-            for row in chunk:
-                row.append(None)  # written before the row had a backoff
+        if as_columns:
+            if type(chunk) is not dict or chunk.keys() != _LINE_KEYS:
+                raise CorruptStateError('snapshot row line must be a JSON object of "n" and "columns"')
+            lines, columns = chunk["n"], chunk["columns"]
+            if type(lines) is not int or lines < 0 or type(columns) is not list or len(columns) != width:
+                raise CorruptStateError(f"snapshot effect row line is malformed: {width} columns of n values each")
+            step_ids = table.add_line(lines, columns)
+        else:
+            if type(chunk) is not list:
+                raise CorruptStateError("snapshot row line must be a JSON list")
+            # Each check a pass in C over the line's rows: lists, as wide as the meta says, each
+            # naming its step id as text.
+            if not _LISTS.issuperset(map(type, chunk)) or not {width}.issuperset(map(len, chunk)):
+                raise CorruptStateError("snapshot effect row is malformed")
+            if not _texts(list(map(_row_step_id, chunk))):
+                raise CorruptStateError("snapshot effect row is malformed")
+            step_ids = table.add_rows(chunk)
         before = len(rows)
-        rows.update(zip(step_ids, chunk))
+        rows.update(zip(step_ids, range(before, before + len(step_ids))))
         if len(rows) != before + len(step_ids):  # a step id named twice: find it (the first ``before`` keys came earlier)
             seen = set(itertools.islice(rows, before))
             for step_id in step_ids:
@@ -693,12 +898,12 @@ def decode_snapshot(data: bytes, *, task_id: str) -> RawSnapshot:
                 seen.add(step_id)
     if len(rows) != count:
         raise CorruptStateError(f"snapshot holds {len(rows)} effect records, its meta says {count}")
-    return RawSnapshot(revision, header, rows, found.meta, found.checksums)
+    return RawSnapshot(revision, header, rows, found.meta, found.checksums, table)
 
 
 def snapshot_revision(first_line: bytes, *, task_id: str) -> int:
     """The revision a snapshot's meta line names (validated), without reading the rest."""
-    meta = parse_meta(first_line, expected_format=SNAPSHOT_FORMAT, task_id=task_id)
+    meta = parse_meta(first_line, expected_format=SNAPSHOT_FORMAT, task_id=task_id, versions=SNAPSHOT_VERSIONS)
     revision = meta.get("revision")
     if type(revision) is not int or revision < 1:
         raise CorruptStateError("snapshot meta: revision must be an integer >= 1")
@@ -789,7 +994,14 @@ def highest_epoch(data: bytes) -> int:
                         candidates.append(change[epoch_index])
                     elif isinstance(change, dict):
                         candidates.append(change.get("epoch"))
-        elif isinstance(value, list):  # a snapshot's line of effect rows
+        if isinstance(value, dict) and isinstance(value.get("columns"), list):  # a snapshot's line of effect records
+            columns = value["columns"]
+            epochs = columns[epoch_index] if len(columns) > epoch_index else None
+            if isinstance(epochs, list):
+                candidates += epochs
+            elif isinstance(epochs, dict):
+                candidates.append(epochs.get("all"))
+        elif isinstance(value, list):  # a version 1 snapshot's line of effect rows
             candidates += [
                 row[epoch_index] for row in value if isinstance(row, list) and len(row) in (len(EFFECT_FIELDS), len(BLOB_ROW_FIELDS))
             ]
@@ -818,6 +1030,7 @@ class Replay:
         self.revision = snapshot.revision
         self.header = snapshot.header
         self.rows = snapshot.rows
+        self.columns = snapshot.columns
         epoch = self.header.get("lease_epoch")
         self.epoch = epoch if type(epoch) is int else 0
 
@@ -900,6 +1113,8 @@ class Replay:
                 rows[step_id] = change if len(change) != len(FIRST_EFFECT_FIELDS) else [*change, None]
             else:
                 row = rows[step_id]
+                if type(row) is int:  # the snapshot's row, changed for the first time
+                    row = rows[step_id] = self.columns.row(row)
                 if BLOBS_KEY in change and len(row) == BLOBS_AT:
                     row.append(None)
                 for name, value in change.items():
@@ -907,7 +1122,7 @@ class Replay:
         self.revision, self.epoch = revision, epoch
 
     def build(self, fetch: BlobFetch | None = None) -> RunState:
-        return build_state(self.header, self.revision, self.rows, fetch)
+        return build_state(self.header, self.revision, self.rows, fetch, columns=self.columns)
 
 
 class Shadow:

@@ -13,9 +13,11 @@ and how damage is handled are described in ``stores._sql_schema``.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import itertools
 import logging
+import operator
 import secrets
 import time
 from typing import Any, Collection, Generator, Iterable, Mapping, Self, Sequence
@@ -28,13 +30,14 @@ from ..control import ControlRecord, parse_control_record
 from ..envelope import MAX_STATE_BYTES, PlanOutline, RunState, check_loadable, decode, encode
 from ..errors import (
     CorruptStateError, FencedError, ForeignStateError, LongrunError, SchemaVersionError, StateUnrecoverableError, StorageError,
+    UnknownTaskError,
 )  # fmt: skip
 from ..lease import RELEASED, Lease
 from ..ledger import EffectRecord
 from ..messages import Message, decode_message, encode_message
 from ..outcome import Evidence
 from ..protocols import LoadResult
-from ..summary import MAX_ERROR_CHARS, NEW, SUMMARY_STATUSES, UNREADABLE, SummaryQuery, TaskSummary, glob_prefix, glob_regex, summarize
+from ..summary import FUNCTION_NAMES_SQL, MAX_ERROR_CHARS, NEW, SUMMARY_COLUMNS, SUMMARY_STATUSES, UNREADABLE, SummaryQuery, TaskSummary, summarize
 from .blobs import BlobCodec, BlobFetcher, BlobRef, large_values, resolve_record_json, stored_record_json
 from ._sql_schema import SCHEMA_VERSION, column_text, quarantine_text, row_checksum, utf8_bytes
 from ._sql_connection import SqlConnection
@@ -55,6 +58,17 @@ class _Damage:
     reason: str
     key: tuple[str, ...]
     data: str | None
+
+
+_position = operator.itemgetter(1)
+"""An effect row's position (``SELECT step_id, position, revision, record, checksum``)."""
+
+
+def _rows_digest(header_row: Sequence[Any], effect_rows: list[Any]) -> str:
+    """What a task's rows hold, named by the checksums a load just verified (the header's, then
+    each effect row's in position order), not by encoding the state again."""
+    checksums = [str(header_row[3]), *(str(row[4]) for row in sorted(effect_rows, key=_position))]
+    return row_checksum("\n".join(checksums).encode())
 
 
 class SqlStore(BaseStore):
@@ -206,15 +220,73 @@ class SqlStore(BaseStore):
     # -- state --------------------------------------------------------------------------------
 
     def _get_state(self, task_id: str, *, repair: bool) -> LoadResult:
-        now = time.time()
         floor_row = self._db.one("SELECT revision_floor FROM longrun_tasks WHERE task_id = ?", (task_id,))
-        floor = floor_row[0] if floor_row is not None and isinstance(floor_row[0], int) else 0
         header_row = self._db.one(
             "SELECT revision, effect_count, header, checksum FROM longrun_states WHERE task_id = ?", (task_id,)
         )
         effect_rows = self._db.rows(
             "SELECT step_id, position, revision, record, checksum FROM longrun_effects WHERE task_id = ?", (task_id,)
         )
+        outline_row = self._db.one("SELECT revision, body, checksum FROM longrun_plans WHERE task_id = ?", (task_id,))
+        return self._state_from_rows(task_id, floor_row, header_row, effect_rows, outline_row, repair=repair)
+
+    def load_many(self, task_ids: Sequence[str]) -> list[LoadResult | LongrunError]:
+        """``BaseStore.load_many`` in one read transaction of a few queries for all the tasks (each
+        kind of row fetched for all of them at once), each state checked as ``load`` checks it; the
+        results' ``digest`` is left empty (see ``_state_from_rows``)."""
+        ids = [check_task_id(task_id) for task_id in task_ids]
+        early = {}
+        if self._reads_take_a_snapshot:  # as ``load``: the witnesses before the snapshot the states are read in
+            early = {task_id: self._witness(task_id) for task_id in ids}
+        results: list[LoadResult | LongrunError] = []
+        with self._db.session(write=False, what=f"load {len(ids)} tasks"):
+            rows: dict[str, dict[str, Any]] = {task_id: {"effects": []} for task_id in ids}
+            for first in range(0, len(ids), self._BATCH_ROWS):
+                chunk = ids[first : first + self._BATCH_ROWS]
+                where = f"WHERE task_id IN ({', '.join('?' * len(chunk))})"
+                for row in self._db.rows(f"SELECT task_id, revision_floor FROM longrun_tasks {where}", chunk):
+                    rows[row[0]]["floor"] = row[1:]
+                for row in self._db.rows(f"SELECT task_id, revision, effect_count, header, checksum FROM longrun_states {where}", chunk):
+                    rows[row[0]]["header"] = row[1:]
+                for row in self._db.rows(f"SELECT task_id, step_id, position, revision, record, checksum FROM longrun_effects {where}", chunk):
+                    rows[row[0]]["effects"].append(row[1:])
+                for row in self._db.rows(f"SELECT task_id, revision, body, checksum FROM longrun_plans {where}", chunk):
+                    rows[row[0]]["outline"] = row[1:]
+            for task_id in ids:
+                found = rows[task_id]
+                try:
+                    if "floor" not in found:
+                        raise UnknownTaskError(f"no task {task_id!r} in {self!r}")
+                    result = self._state_from_rows(
+                        task_id, found["floor"], found.get("header"), found["effects"], found.get("outline"), repair=False, digest=False
+                    )
+                    self._check_witness(task_id, result, early[task_id] if task_id in early else self._witness(task_id))
+                except StateUnrecoverableError as exc:
+                    self._poisoned[task_id] = exc  # as ``load``: nothing may be written over it
+                    results.append(exc)
+                except LongrunError as exc:
+                    results.append(exc)
+                else:
+                    results.append(result)
+        return results
+
+    def _state_from_rows(
+        self,
+        task_id: str,
+        floor_row: Sequence[Any] | None,
+        header_row: Sequence[Any] | None,
+        effect_rows: list[Any],
+        outline_row: Sequence[Any] | None,
+        *,
+        repair: bool,
+        digest: bool = True,
+    ) -> LoadResult:
+        """The task's state from its rows (its task row's floor, header, effects, outline), each
+        checked; damage refused with ``StateUnrecoverableError`` (and, repairing, set aside).
+        Without ``digest``, the result's digest is left empty (a read for a listing does not
+        compare digests)."""
+        now = time.time()
+        floor = floor_row[0] if floor_row is not None and isinstance(floor_row[0], int) else 0
         if header_row is None:
             quarantined = self._quarantined(task_id)
             if effect_rows or quarantined:
@@ -254,25 +326,25 @@ class SqlStore(BaseStore):
         assert state is not None
         state.effects = {record.step_id: record for _, record in records}
         notes = [Evidence("store", f"state revision {state.revision} validated: header and {len(records)} effect rows in {self!r}", now)]
-        state.plan_outline = self._load_outline(task_id, state.revision, repair=repair, notes=notes, now=now)
+        state.plan_outline = self._load_outline(task_id, outline_row, state.revision, repair=repair, notes=notes, now=now)
         if repair:
             self._stored_steps[task_id] = {record.step_id: position for position, record in records}
             self._stored_outlines[task_id] = state.plan_outline
             codec = self._blobs[task_id] = BlobCodec()
             for value, ref in fetch.seen:
                 codec.read(value, ref)
-        digest = row_checksum(encode(state))
         return LoadResult(
             state=state,
             source="primary",
-            digest=digest,
+            digest=_rows_digest(header_row, effect_rows) if digest else "",
             observations=tuple(notes),
             revision_floor=max(floor, state.revision),
         )
 
-    def _load_outline(self, task_id: str, revision: int, *, repair: bool, notes: list[Evidence], now: float) -> PlanOutline | None:
+    def _load_outline(
+        self, task_id: str, row: Sequence[Any] | None, revision: int, *, repair: bool, notes: list[Evidence], now: float
+    ) -> PlanOutline | None:
         """The task's plan outline row, validated; a damaged one is noted (and, repairing, set aside)."""
-        row = self._db.one("SELECT revision, body, checksum FROM longrun_plans WHERE task_id = ?", (task_id,))
         if row is None:
             return None
         written_at, body, checksum = row
@@ -519,46 +591,99 @@ class SqlStore(BaseStore):
         return rows
 
     def record_new(self, states: Sequence[RunState], now: float) -> list[bool]:
-        """``BaseStore.record_new`` in one transaction, whatever the count: for each state whose task
-        row does not exist, the task row, a released lease row at epoch 0 (so the first acquisition
-        issues epoch 1 and the database's fence has a row to check), the state's rows and its summary
-        row, written by the statements a commit uses. A task whose row exists is left as it is.
-        All or nothing: a state refused, or a failure, writes none of them."""
+        """``BaseStore.record_new`` in one transaction, whatever the count, a few statements per
+        table for all the states together (multi-row inserts of ``_BATCH_ROWS``): for each state
+        whose task row does not exist, the task row (its revision floor at 1), a released lease row
+        at epoch 0 (so the first acquisition issues epoch 1 and the database's fence has a row to
+        check), the state's header, effect, blob and outline rows as a commit writes them, and its
+        summary row. A task whose row exists is left as it is. Every state is encoded and checked
+        before the first statement (``InvalidInputError``, ``SizeLimitError``: nothing written);
+        all or nothing: a failure writes none of them."""
         self._check_new(states)
-        created: list[bool] = []
-        written: list[str] = []
-        try:
-            with self._db.session(write=True, what=f"record {len(states)} new tasks"):
-                for state in states:
-                    task_id = state.task_id
-                    cursor = self._db.run(
-                        "INSERT INTO longrun_tasks (task_id, created_at, revision_floor) VALUES (?, ?, 0) ON CONFLICT (task_id) DO NOTHING",
-                        (task_id, now),
-                    )
-                    if cursor.rowcount != 1:
-                        created.append(False)
-                        continue
-                    written.append(task_id)
-                    self._db.run(
-                        "INSERT INTO longrun_leases (task_id, owner, epoch, acquired_at, expires_at, token) VALUES (?, ?, 0, ?, ?, ?)",
-                        (task_id, self.RECORDER, now, RELEASED, secrets.token_hex(16)),
-                    )
-                    state.revision, state.lease_epoch, state.lease_owner, state.lease_expires_at = 1, 0, self.RECORDER, RELEASED
-                    # Nothing is stored for the task: every record is new, no row to delete, no outline row to replace.
-                    self._stored_steps[task_id], self._stored_outlines[task_id] = {}, None
-                    self._put_state(state, state.effects.keys())
-                    created.append(True)
-        except BaseException:
-            for state in states:
-                if state.task_id in written:
-                    state.revision = 0
-            raise
-        finally:
-            for task_id in written:  # this object holds none of them: a run loads them with its lease
-                self._stored_steps.pop(task_id, None)
-                self._stored_outlines.pop(task_id, None)
-                self._blobs.pop(task_id, None)
-        return created
+        if not states:
+            return []
+        encoded = [self._first_rows(state) for state in states]
+        ids = [state.task_id for state in states]
+        with self._db.session(write=True, what=f"record {len(states)} new tasks"):
+            new = self._insert_task_rows(ids, now)
+            chosen = [rows for state, rows in zip(states, encoded) if state.task_id in new]
+            tokens = {task_id: secrets.token_hex(16) for task_id in new}
+            self._insert_rows("longrun_leases", "task_id, owner, epoch, acquired_at, expires_at, token",
+                              [(task_id, self.RECORDER, 0, now, RELEASED, tokens[task_id]) for task_id in ids if task_id in new])  # fmt: skip
+            self._insert_rows("longrun_blobs", "task_id, digest, data", [blob for rows in chosen for blob in rows[2]], " ON CONFLICT (task_id, digest) DO NOTHING")
+            self._insert_rows(
+                "longrun_states", "task_id, revision, epoch, plan_digest, status, next_action, effect_count, header, checksum, updated_at",
+                [rows[0] for rows in chosen],
+            )
+            self._insert_rows("longrun_effects", "task_id, step_id, position, revision, record, checksum", [row for rows in chosen for row in rows[1]])
+            self._insert_rows("longrun_plans", "task_id, revision, body, checksum", [rows[3] for rows in chosen if rows[3] is not None])
+            self._insert_rows("longrun_summaries", self._SUMMARY_COLUMNS, [rows[4] for rows in chosen])
+        for state in states:
+            if state.task_id in new:  # as a commit changes the state it writes
+                state.revision, state.lease_epoch, state.lease_owner, state.lease_expires_at = 1, 0, self.RECORDER, RELEASED
+        return [task_id in new for task_id in ids]
+
+    _BATCH_ROWS = 100
+    """Rows a multi-row insert carries (at most 10 columns: within every SQLite's 999 parameters)."""
+
+    def _insert_task_rows(self, task_ids: list[str], now: float) -> set[str]:
+        """Insert the task rows of ``task_ids`` that do not exist; the ids inserted."""
+        new: set[str] = set()
+        for first in range(0, len(task_ids), self._BATCH_ROWS):
+            chunk = task_ids[first : first + self._BATCH_ROWS]
+            values = ", ".join("(?, ?, 1)" for _ in chunk)
+            params = [value for task_id in chunk for value in (task_id, now)]
+            statement = f"INSERT INTO longrun_tasks (task_id, created_at, revision_floor) VALUES {values} ON CONFLICT (task_id) DO NOTHING"
+            if self.placeholder == "?":
+                # SQLite: the write transaction (BEGIN IMMEDIATE) holds out every other writer, so the
+                # rows not there before the insert are the ones it made (no RETURNING before 3.35).
+                marks = ", ".join("?" * len(chunk))
+                existing = {str(row[0]) for row in self._db.rows(f"SELECT task_id FROM longrun_tasks WHERE task_id IN ({marks})", chunk)}
+                self._db.run(statement, params)
+                new.update(task_id for task_id in chunk if task_id not in existing)
+            else:  # a concurrent transaction may insert one meanwhile: the rows this statement made say which
+                new.update(str(row[0]) for row in self._db.rows(statement + " RETURNING task_id", params))
+        return new
+
+    def _insert_rows(self, table: str, columns: str, rows: Sequence[Sequence[object]], suffix: str = "") -> None:
+        """Insert ``rows`` into ``table``, ``_BATCH_ROWS`` rows a statement."""
+        width = columns.count(",") + 1
+        mark = "(" + ", ".join("?" * width) + ")"
+        for first in range(0, len(rows), self._BATCH_ROWS):
+            chunk = rows[first : first + self._BATCH_ROWS]
+            self._db.run(f"INSERT INTO {table} ({columns}) VALUES {', '.join([mark] * len(chunk))}{suffix}", [value for row in chunk for value in row])
+
+    def _first_rows(
+        self, state: RunState
+    ) -> tuple[tuple[object, ...], list[tuple[object, ...]], list[tuple[object, ...]], tuple[object, ...] | None, tuple[object, ...]]:
+        """The rows of ``state`` as its first revision (1, the recorder's epoch 0): its header row,
+        its effect rows, its blob rows, its outline row (None without an outline) and its summary
+        row, each encoded and checked as ``_put_state`` does, before anything is written."""
+        task_id = state.task_id
+        first = copy.copy(state)  # shallow copies: the state was checked (``_check_new``), nothing to check again
+        first.revision, first.lease_epoch, first.lease_owner, first.lease_expires_at = 1, 0, self.RECORDER, RELEASED
+        bare = copy.copy(first)
+        bare.effects, bare.plan_outline = {}, None
+        header = encode(bare)
+        check_loadable(header, f"task {task_id!r}: the state header")
+        codec = BlobCodec()
+        referenced: list[BlobRef] = []
+        effects: list[tuple[object, ...]] = []
+        for position, (step_id, record) in enumerate(state.effects.items()):
+            body = canonical_bytes({"task_id": task_id, "record": stored_record_json(record, codec, referenced)}, what=f"effect record {step_id!r}")
+            check_loadable(body, f"task {task_id!r}: the effect record of step {step_id!r}")
+            effects.append((task_id, step_id, position, 1, body.decode("utf-8"), row_checksum(body)))
+        outline: tuple[object, ...] | None = None
+        if state.plan_outline is not None:
+            body = canonical_bytes({"task_id": task_id, "plan_outline": state.plan_outline.to_json()})
+            check_loadable(body, f"task {task_id!r}: the plan outline")
+            outline = (task_id, 1, body.decode("utf-8"), row_checksum(body))
+        row: tuple[object, ...] = (
+            task_id, 1, 0, state.plan_digest, state.status.value, state.next_action, len(state.effects),
+            header.decode("utf-8"), row_checksum(header), state.updated_at,
+        )  # fmt: skip
+        blobs: list[tuple[object, ...]] = [(task_id, blob.ref.sha256, blob.data) for blob in codec.to_write(referenced)]
+        return row, effects, blobs, outline, tuple(summarize(first).to_json().values())
 
     # -- control records ----------------------------------------------------------------------
 
@@ -674,7 +799,7 @@ class SqlStore(BaseStore):
             rows = self._db.rows("SELECT task_id FROM longrun_tasks")
         return sorted(str(row[0]) for row in rows)
 
-    _SUMMARY_COLUMNS = "task_id, status, revision, function, parent, created_at, updated_at, wake_at, error, next_action"
+    _SUMMARY_COLUMNS = SUMMARY_COLUMNS
 
     def _put_summary(self, summary: TaskSummary) -> None:
         """Upsert the task's summary row, in the open transaction (a commit's: see ``_put_state``)."""
@@ -729,42 +854,10 @@ class SqlStore(BaseStore):
         query = SummaryQuery.of(
             statuses=statuses, functions=functions, parent=parent, match=match, since=since, until=until, limit=limit, offset=offset
         )
-        conditions: list[str] = []
-        params: list[object] = []
-        for column, values in (("status", query.statuses), ("function", query.functions)):
-            if values:
-                conditions.append(f"{column} IN ({', '.join('?' * len(values))})")
-                params += values
-        if query.parent is not None:
-            conditions.append("parent = ?")
-            params.append(query.parent)
-        if query.match is not None:
-            prefix = glob_prefix(query.match)
-            if prefix:  # the task id's own index narrows the rows the pattern is tried on
-                conditions.append("task_id >= ? AND task_id < ?")
-                params += [prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)]
-            if query.match != prefix + "*":  # "PREFIX*": the range is the whole pattern
-                conditions.append(self._match_sql())
-                params.append(glob_regex(query.match))
-        if query.since is not None:
-            conditions.append("updated_at >= ?")
-            params.append(query.since)
-        if query.until is not None:
-            conditions.append("updated_at < ?")
-            params.append(query.until)
-        where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-        page = ""
-        if query.limit is not None:
-            page = " LIMIT ? OFFSET ?"
-            params += [query.limit, query.offset]
-        elif query.offset:
-            page = " LIMIT -1 OFFSET ?" if self.placeholder == "?" else " OFFSET ?"
-            params.append(query.offset)
+        tail, params = query.sql(self._match_sql(), desc=self.types["desc"], sqlite=self.placeholder == "?")
         with self._db.session(write=False, what="list task summaries"):
             rows = self._db.rows(
-                f"SELECT {self._SUMMARY_COLUMNS} FROM longrun_summaries{where} "
-                f"ORDER BY updated_at {self.types['desc']}, task_id DESC{page}",
-                params,
+f"SELECT {self._SUMMARY_COLUMNS} FROM longrun_summaries{tail}", params
             )
         names = self._SUMMARY_COLUMNS.split(", ")
         summaries = []
@@ -780,3 +873,27 @@ class SqlStore(BaseStore):
         with self._db.session(write=False, what="count tasks by status"):
             rows = self._db.rows("SELECT status, COUNT(*) FROM longrun_summaries GROUP BY status")
         return {str(status): int(count) for status, count in rows}
+
+    def count_summaries(
+        self,
+        *,
+        statuses: Iterable[str] = (),
+        functions: Iterable[str] = (),
+        parent: str | None = None,
+        match: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> int:
+        """``BaseStore.count_summaries``, counted on the summary rows and their indexes."""
+        query = SummaryQuery.of(statuses=statuses, functions=functions, parent=parent, match=match, since=since, until=until)
+        where, params = query.sql(self._match_sql(), count=True)
+        with self._db.session(write=False, what="count task summaries"):
+            row = self._db.one(f"SELECT COUNT(*) FROM longrun_summaries{where}", params)
+        return int(row[0])
+
+    def function_names(self) -> list[str]:
+        """``BaseStore.function_names`` from the summary rows' function index: one seek a name
+        (``FUNCTION_NAMES_SQL``), not a scan of every row."""
+        with self._db.session(write=False, what="list the functions"):
+            rows = self._db.rows(FUNCTION_NAMES_SQL.format(table="longrun_summaries"))
+        return sorted(str(row[0]) for row in rows)

@@ -63,7 +63,8 @@ the control records, the mailbox, the deletion; a store on this machine's file s
 ``_holders``.
 
 Beside the rules, the base gives every store the listing (``list_summaries``, ``status_counts``:
-by loading every state, which a store with a summary index replaces) and the recording of new
+by loading every state, which a store with a summary index replaces; ``load_many``: a load per
+task, which the SQL stores replace with one transaction) and the recording of new
 tasks' first revisions (``record_new``: a lease, a commit and a release per task, which a store
 that can write them in one transaction replaces).
 
@@ -254,6 +255,25 @@ class BaseStore:
         for summary in self.list_summaries():
             counts[summary.status] = counts.get(summary.status, 0) + 1
         return counts
+
+    def count_summaries(
+        self,
+        *,
+        statuses: Iterable[str] = (),
+        functions: Iterable[str] = (),
+        parent: str | None = None,
+        match: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> int:
+        """How many tasks pass the filters of ``list_summaries`` (bad ones: ``InvalidInputError``).
+        This default lists them; a store with a summary index counts its rows."""
+        return len(self.list_summaries(statuses=statuses, functions=functions, parent=parent, match=match, since=since, until=until))
+
+    def function_names(self) -> list[str]:
+        """The durable functions the tasks run (``module:name``), sorted, once each. This default
+        lists every summary; a store with a summary index walks its function index, one seek a name."""
+        return sorted({summary.function for summary in self.list_summaries() if summary.function})
 
     RECORDER = "longrun record"
     """The lease owner named by the first revision ``record_new`` writes."""
@@ -624,6 +644,22 @@ class BaseStore:
             self._revisions[task_id] = max(result.revision_floor, result.state.revision if result.state else 0)
             self._poisoned.pop(task_id, None)
         return result
+
+    def load_many(self, task_ids: Sequence[str]) -> list[LoadResult | LongrunError]:
+        """Read-only loads of ``task_ids``, in order: each task's ``LoadResult``, or the
+        ``LongrunError`` its ``load`` raised (an unknown task's ``UnknownTaskError``, a damaged
+        one's ``StateUnrecoverableError``...). A bad task id raises ``InvalidInputError`` before
+        anything is read. This default loads each; the SQL stores read every task's rows in one
+        transaction of a few queries (what a page of ``longrun ls`` costs), and leave each result's
+        ``digest`` empty."""
+        ids = [check_task_id(task_id) for task_id in task_ids]
+        results: list[LoadResult | LongrunError] = []
+        for task_id in ids:
+            try:
+                results.append(self.load(task_id))
+            except LongrunError as exc:
+                results.append(exc)
+        return results
 
     @staticmethod
     def _check_witness(task_id: str, result: LoadResult, witness: Witness) -> None:

@@ -149,8 +149,16 @@ def _surely_small(value: object) -> bool:
 
 
 class Blob(NamedTuple):
+    """A blob to write: its reference and its bytes, as the pieces its encoding was made of
+    (``canonical.canonical_pieces``: a long string's bytes apart), written one after another."""
+
     ref: BlobRef
-    data: bytes
+    pieces: tuple[bytes, ...]
+
+    @property
+    def data(self) -> bytes:
+        """The bytes in one buffer, for a store that writes a value, not a file (a database row)."""
+        return self.pieces[0] if len(self.pieces) == 1 else b"".join(self.pieces)
 
 
 class BlobCodec:
@@ -162,7 +170,7 @@ class BlobCodec:
 
     def __init__(self) -> None:
         self._known: dict[int, tuple[object, BlobRef | None]] = {}
-        self._unwritten: dict[str, bytes] = {}
+        self._unwritten: dict[str, tuple[bytes, ...]] = {}
         self.stored: set[str] = set()
         """The blobs (hex) known to be durable in the store (written, or read and verified)."""
 
@@ -185,18 +193,19 @@ class BlobCodec:
             return known[1]
         found = remembered_encoding(value)
         if found is not None:
-            data, digest = found
+            pieces, digest = found  # as digest_of made them: neither encoded nor hashed again
+            size = sum(map(len, pieces))
         else:
             data = canonical_bytes(value)  # type: ignore[arg-type]
             if len(data) < BLOB_MIN_BYTES:
                 if len(data) >= _SMALL_CACHE_BYTES:
                     self._known[id(value)] = (value, None)
                 return None
-            digest = sha256_hex(data)
-        ref = BlobRef(digest, len(data))
+            pieces, digest, size = (data,), sha256_hex(data), len(data)
+        ref = BlobRef(digest, size)
         self._known[id(value)] = (value, ref)
         if digest not in self.stored:
-            self._unwritten[digest] = data
+            self._unwritten[digest] = pieces
         return ref
 
     def split(self, values: Iterable[tuple[str, object]]) -> tuple[list[object], dict[str, BlobRef]]:
@@ -218,10 +227,10 @@ class BlobCodec:
         for ref in refs:
             if ref.sha256 in self.stored or ref.sha256 in blobs:
                 continue
-            data = self._unwritten.get(ref.sha256)
-            if data is None:
-                data = self._encode_again(ref)
-            blobs[ref.sha256] = Blob(ref, data)
+            pieces = self._unwritten.get(ref.sha256)
+            if pieces is None:
+                pieces = (self._encode_again(ref),)
+            blobs[ref.sha256] = Blob(ref, pieces)
         return list(blobs.values())
 
     def _encode_again(self, ref: BlobRef) -> bytes:
@@ -252,7 +261,7 @@ class BlobCodec:
         ids = {id(value) for value in live}
         self._known = {key: entry for key, entry in self._known.items() if key in ids}
         keep = {entry[1].sha256 for entry in self._known.values() if entry[1] is not None}
-        self._unwritten = {digest: data for digest, data in self._unwritten.items() if digest in keep}
+        self._unwritten = {digest: pieces for digest, pieces in self._unwritten.items() if digest in keep}
 
 
 def large_values(records: Iterable[Any]) -> list[object]:

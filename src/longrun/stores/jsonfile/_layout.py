@@ -345,7 +345,7 @@ class TaskFiles:
             except CorruptStateError as exc:
                 moved.append(self.quarantine_blob(task_id, blob.ref.sha256))
                 log.warning("task %s: %s; moved to %s and written again", task_id, exc, moved[-1])
-        write_new_files(self.io, directory, [(blob.ref.sha256, blob.data) for blob in blobs])
+        write_new_files(self.io, directory, [(blob.ref.sha256, blob.pieces) for blob in blobs])
         return moved
 
     def quarantine_blob(self, task_id: str, digest: str) -> str:

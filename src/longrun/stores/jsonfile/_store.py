@@ -2,32 +2,46 @@
 
 The store object owns the task locks' turns (``_enter_gate``/``_leave_gate``), the lease record,
 and what it remembers between calls (its writers, the lease bytes last parsed); it hands loading
-to ``_recovery``, committing to ``_writing``, control records to ``controlfiles`` and the
-timeline to ``_reading``.
+to ``_recovery``, committing to ``_writing``, control records to ``controlfiles``, the
+timeline to ``_reading``, and the summary index (listings in O(page)) to ``_index``, whose
+protocol it follows: a row marked before a lease lets a process write, written after each commit,
+settled at release, verified from the files by a reader once its writer is gone.
+
+One concept, the store object over its parts, and a long module: each ``stores.base`` primitive
+is a few lines handing over to its part, and the listing's methods (the index read, its rebuild,
+a row verified from the files) sit beside the lease and state writes whose index protocol they
+complete.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
+import logging
 import os
 import secrets
-from typing import Collection
+import time
+from typing import Collection, Iterable
 
 from ...approval import Approval
 from ...cancellation import Cancellation
 from ...canonical import canonical_bytes, parse_json, sha256_hex
 from ...control import ControlRecord
 from ...envelope import RunState
-from ...errors import CorruptStateError, ForeignStateError, LongrunError, SchemaVersionError, StorageError
-from ...lease import Lease
+from ... import _crashpoints
+from ...errors import CorruptStateError, ForeignStateError, LongrunError, SchemaVersionError, StorageError, UnknownTaskError
+from ...lease import RELEASED, Lease
 from ...messages import Message
 from ...protocols import LoadResult
+from ...outcome import Status
+from ...summary import MAX_ERROR_CHARS, NEW, UNREADABLE, SummaryQuery, TaskSummary, summarize
 from .. import _journal as journal
 from .._fileio import FileIO, read_small, read_small_fd, remove_tree, write_atomic
 from .._holders import HolderLocks
 from .._queue_sql import delete_side_row
 from ..base import BaseStore
 from ..controlfiles import ControlFiles
+from ._index import SummaryIndex
 from ._layout import HOLDER_LOCK, LEASE, MAX_RECORD_BYTES, NONBLOCK, Gate, Gates, Handles, Held, TaskFiles, Transaction, lease_key
 from ._mailbox import Mailbox
 from ._reading import epoch_floor, history
@@ -35,6 +49,11 @@ from ._recovery import Load
 from ._writing import Writer, Writers
 
 __all__ = ["JsonFileStore"]
+
+log = logging.getLogger("longrun")
+
+INDEX_ROW_INTERVAL_S = 1.0
+"""How often, at most, a running task's summary row is written while its holder lives and commits."""
 
 
 def _checked_lease(document: object) -> object:
@@ -100,6 +119,15 @@ class JsonFileStore(BaseStore):
         self._deleting: dict[str, str] = {}
         """Task id -> the directory its deletion set aside, between ``_delete_task`` and ``_after_delete``."""
         self._holders = HolderLocks(lambda task_id: os.path.join(self.task_dir(task_id), HOLDER_LOCK))
+        self._index = SummaryIndex(self.root, repr(self), self.list_tasks, self.io)
+        self._index_marked: dict[str, int] = {}
+        """Per task, the lease epoch whose writes this object marked in the index (``_index``, step 1)."""
+        self._index_synced: dict[str, int] = {}
+        self._index_rows: dict[str, tuple[TaskSummary, float]] = {}
+        """Per task, the row this object last wrote and when (``time.monotonic``) the next one is due."""
+        self._index_behind: dict[str, tuple[int, float, str]] = {}
+        """Per task, the revision, time and next action of a running commit whose row is not yet written."""
+        """Per task, the lease epoch in which this object's last commit also wrote the task's row."""
 
     def __repr__(self) -> str:
         return f"JsonFileStore({self.root!r})"
@@ -135,6 +163,7 @@ class JsonFileStore(BaseStore):
             finally:
                 self._leave_gate(task_id, gate)
         self._control.close()
+        self._index.close()
 
     def __enter__(self) -> "JsonFileStore":
         return self
@@ -220,6 +249,27 @@ class JsonFileStore(BaseStore):
             self.io.close(fd)
 
     def _put_lease(self, lease: Lease) -> None:
+        task_id = lease.task_id
+        released = lease.expires_at == RELEASED
+        if not released and self._index_marked.get(task_id) != lease.epoch:
+            # Before the lease that lets a process write: a crash after any of its writes leaves the row marked.
+            self._index.mark(task_id)
+            self._index_marked[task_id] = lease.epoch
+            self._index_synced.pop(task_id, None)
+            self._index_rows.pop(task_id, None)
+            self._index_behind.pop(task_id, None)
+        self._write_lease(lease)
+        self._index_catch_up(task_id, lease.epoch)  # a renewal or the release: the row catches up with the last commit
+        if released:
+            self._index_marked.pop(task_id, None)
+            self._index_rows.pop(task_id, None)
+            if self._index_synced.pop(task_id, None) == lease.epoch:
+                try:
+                    self._index.settle(task_id)
+                except StorageError as exc:
+                    log.warning("%s (the row stays marked: the next listing reads the task's files)", exc, extra={"task": task_id})
+
+    def _write_lease(self, lease: Lease) -> None:
         body = lease.to_json()
         data = canonical_bytes({**body, "checksum": "sha256:" + sha256_hex(canonical_bytes(body))})
         held = self._handles.get(lease.task_id)
@@ -251,6 +301,40 @@ class JsonFileStore(BaseStore):
 
     def _put_state(self, state: RunState, changed: Collection[str] | None) -> None:
         self._writing.commit(state, changed)
+        task_id = state.task_id
+        written = self._index_rows.get(task_id)
+        if (
+            written is not None and state.status is Status.RUNNING and written[0].status == Status.RUNNING.value
+            and time.monotonic() < written[1] and state.lease_epoch == self._index_marked.get(task_id)
+        ):  # fmt: skip
+            # A running task's row is written at most once per INDEX_ROW_INTERVAL_S while its holder
+            # lives (it stays marked; the release writes the last commit's): no index write per effect.
+            self._index_behind[task_id] = (state.revision, state.updated_at, state.next_action)
+            return
+        self._index_put(task_id, summarize(state), state.lease_epoch)
+
+    def _index_put(self, task_id: str, summary: TaskSummary, epoch: int) -> None:
+        """Write the task's row after a durable commit: a failure is logged, never raised, and leaves the row marked."""
+        self._index_behind.pop(task_id, None)
+        if _crashpoints.ARMED:
+            _crashpoints.hit("index.before_write", summary.revision)
+        try:
+            self._index.put(summary)
+        except StorageError as exc:
+            self._index_synced.pop(task_id, None)
+            self._index_rows.pop(task_id, None)
+            log.warning("%s (the row stays marked: the next listing reads the task's files)", exc, extra={"task": task_id})
+        else:
+            self._index_synced[task_id] = epoch
+            self._index_rows[task_id] = (summary, time.monotonic() + INDEX_ROW_INTERVAL_S)
+
+    def _index_catch_up(self, task_id: str, epoch: int) -> None:
+        """Write the row of the last commit a running holder left unwritten (before its release)."""
+        behind = self._index_behind.get(task_id)
+        written = self._index_rows.get(task_id)
+        if behind is not None and written is not None:
+            revision, updated_at, next_action = behind
+            self._index_put(task_id, dataclasses.replace(written[0], revision=revision, updated_at=updated_at, next_action=next_action), epoch)
 
     # -- control records ----------------------------------------------------------------------
 
@@ -299,6 +383,7 @@ class JsonFileStore(BaseStore):
         the task whole; after it, at most a ``.deleted.*`` directory that nothing reads, removed by
         hand or left."""
         directory = self.task_dir(task_id)
+        self._index.mark(task_id)  # a crash after the rename leaves a marked row, which a listing then deletes
         trash = os.path.join(self.root, f"{self.DELETED_PREFIX}{task_id}.{secrets.token_hex(4)}")
         try:
             self.io.replace(directory, trash)
@@ -306,6 +391,10 @@ class JsonFileStore(BaseStore):
         except OSError as exc:
             raise StorageError(f"cannot delete task {task_id!r} in {self.root}: {exc}") from exc
         self._deleting[task_id] = trash
+        try:
+            self._index.remove(task_id)
+        except StorageError as exc:
+            log.warning("%s (the row stays marked: the next listing removes it)", exc, extra={"task": task_id})
         return [directory + os.sep]
 
     def _after_delete(self, task_id: str) -> None:
@@ -318,6 +407,10 @@ class JsonFileStore(BaseStore):
             self._leave_gate(task_id, gate)
         self._control.forget(task_id)
         self._leases.pop(task_id, None)
+        self._index_marked.pop(task_id, None)
+        self._index_synced.pop(task_id, None)
+        self._index_rows.pop(task_id, None)
+        self._index_behind.pop(task_id, None)
         if trash is not None:
             try:
                 remove_tree(self.io, trash)
@@ -354,3 +447,119 @@ class JsonFileStore(BaseStore):
 
     def list_tasks(self) -> list[str]:
         return self._files.list_tasks()
+
+    def list_summaries(
+        self,
+        *,
+        statuses: Iterable[str] = (),
+        functions: Iterable[str] = (),
+        parent: str | None = None,
+        match: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[TaskSummary]:
+        """``BaseStore.list_summaries`` from the summary index (``_index``): O(page), after the rows
+        a crashed writer left marked are read again from their files. If the index cannot be used
+        (its file cannot be written), every task is loaded instead, and a warning says why."""
+        query = SummaryQuery.of(
+            statuses=statuses, functions=functions, parent=parent, match=match, since=since, until=until, limit=limit, offset=offset
+        )
+        if not os.path.isdir(self.root):
+            return []
+        try:
+            self._refresh_index()
+            return self._index.query(query)
+        except StorageError as exc:
+            log.warning("%s; this listing loads every task instead", exc)
+            return query.select(self._summary(task_id) for task_id in self.list_tasks())
+
+    def status_counts(self) -> dict[str, int]:
+        """How many tasks have each status, counted in the summary index (see ``list_summaries``)."""
+        if not os.path.isdir(self.root):
+            return {}
+        try:
+            self._refresh_index()
+            return self._index.counts()
+        except StorageError as exc:
+            log.warning("%s; this count loads every task instead", exc)
+            return super().status_counts()
+
+    def count_summaries(
+        self,
+        *,
+        statuses: Iterable[str] = (),
+        functions: Iterable[str] = (),
+        parent: str | None = None,
+        match: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> int:
+        """``BaseStore.count_summaries``, counted in the summary index (see ``list_summaries``)."""
+        query = SummaryQuery.of(statuses=statuses, functions=functions, parent=parent, match=match, since=since, until=until)
+        if not os.path.isdir(self.root):
+            return 0
+        try:
+            self._refresh_index()
+            return self._index.count(query)
+        except StorageError as exc:
+            log.warning("%s; this count loads every task instead", exc)
+            return len(query.select(self._summary(task_id) for task_id in self.list_tasks()))
+
+    def function_names(self) -> list[str]:
+        """``BaseStore.function_names`` from the summary index's function index."""
+        if not os.path.isdir(self.root):
+            return []
+        try:
+            self._refresh_index()
+            return self._index.function_names()
+        except StorageError as exc:
+            log.warning("%s; this listing loads every task instead", exc)
+            return super().function_names()
+
+    def _refresh_index(self) -> None:
+        """Build the index from every task if it was never built; verify the rows whose writer is gone."""
+        if not self._index.built():
+            tasks = self.list_tasks()
+            for task_id in tasks:
+                self._verify(task_id)
+            self._index.set_built()
+            log.info("%r: summary index built from %d tasks", self, len(tasks))
+        for task_id in self._index.dirty():
+            if not self._held(task_id):
+                self._verify(task_id)
+
+    def _held(self, task_id: str) -> bool:
+        """Whether a process on this machine holds the task's holder lock (``_holders``): its writer lives."""
+        assert self._holders is not None  # this store always has them (``__init__``)
+        return self._holders.someone_holds(task_id)
+
+    def _verify(self, task_id: str) -> None:
+        """Write the task's row from its files, under its shared flock (no commit lands meanwhile), and
+        clear its mark unless a live lease may still write (a holder on this machine, or a lease
+        that names no holder lock and is not released); delete the row of a task that is gone."""
+        try:
+            if not self._files.exists(task_id):
+                self._index.verified(None, task_id, settle=True)
+                return
+            with self._transaction(task_id, create=False, write=False):
+                settle = True
+                try:
+                    result = self._get_state(task_id, repair=False)
+                    self._check_witness(task_id, result, self._witness(task_id))
+                    summary = summarize(result.state) if result.state is not None else TaskSummary(task_id, NEW)
+                except LongrunError as exc:
+                    summary = TaskSummary(task_id, UNREADABLE, error=str(exc)[:MAX_ERROR_CHARS])
+                    settle = False  # read again by the next listing: the damage may be repaired, or the error passing
+                if settle:
+                    try:
+                        lease = self._get_lease(task_id)
+                    except LongrunError:
+                        lease = None
+                    if lease is not None and lease.expires_at != RELEASED:
+                        # A lease not released may still write: settled only if its holder is provably gone.
+                        settle = lease.holder_lock is not None and not self._held(task_id)
+                self._index.verified(summary, task_id, settle=settle)
+        except UnknownTaskError:
+            self._index.verified(None, task_id, settle=True)

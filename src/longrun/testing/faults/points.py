@@ -47,6 +47,9 @@ consumption and the receive not yet committed),
 ``message.received`` (the message a receive took is recorded in memory, not yet committed) and
 ``event.set`` (an event's record is in memory, just before its commit).
 
+``index.before_write`` (not in ``POINTS``): a JSON-file store's commit is durable, the task's
+summary row not yet written (``stores.jsonfile._index``).
+
 ``deadline.children``, reached only by a durable task that stops ``deadline-exceeded``: its stop
 is committed, its unfinished children not yet cancelled (running the task again cancels them).
 

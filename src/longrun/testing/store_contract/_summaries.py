@@ -1,5 +1,6 @@
 """The store contract, listings: the summary of each task follows its commits exactly (a refused
-commit changes none), filters and pages, counts by status, and ``record_new``'s first revisions.
+commit changes none), filters and pages, counts by status, ``record_new``'s first revisions and
+``load_many``.
 
 Drives ``SummaryStore`` and ``RecordingStore`` (``longrun.protocols``); a store that offers
 neither skips these tests."""
@@ -7,12 +8,12 @@ neither skips these tests."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
-from ...errors import FencedError, InvalidInputError
+from ...errors import FencedError, InvalidInputError, UnknownTaskError
 from ...ledger import EffectRecord
 from ...outcome import Status
-from ...protocols import RecordingStore, SummaryStore
+from ...protocols import LoadManyStore, LoadResult, RecordingStore, SummaryStore
 from ...summary import FUNCTION_STEP, TaskSummary, summarize
 from ._base import TTL, ContractBase, sample_state
 
@@ -118,6 +119,13 @@ class SummaryContract(ContractBase):
         case.assertEqual(ids(limit=0), [])
         case.assertEqual(ids(statuses=["done"], functions=["jobs:work"], limit=5), ["job-2"])
         case.assertEqual(store.status_counts(), {"running": 2, "done": 2})
+        case.assertEqual(store.count_summaries(), 4)
+        case.assertEqual(store.count_summaries(statuses=["done"], match="job-*"), 2)
+        case.assertEqual(store.count_summaries(functions=["jobs:work"], since=1_700_000_002.0), 1)
+        case.assertEqual(store.count_summaries(match="misc*."), 0)
+        case.assertEqual(store.function_names(), ["jobs:other", "jobs:work"])
+        with case.assertRaises(InvalidInputError):
+            store.count_summaries(statuses=["finished"])
 
     def test_contract_bad_listing_filters_are_refused(self) -> None:
         case, store = self._case, self.summary_store()
@@ -146,6 +154,26 @@ class SummaryContract(ContractBase):
         state = store.load("new-1", lease=lease).state
         case.assertEqual(store.commit(lease, state), 2)
         del existing
+
+    def test_contract_record_new_and_load_many_over_many_tasks(self) -> None:
+        case, store = self._case, self.recording_store()
+        if not isinstance(cast(object, store), LoadManyStore):
+            case.skipTest("the store loads no tasks together (LoadManyStore)")
+        fresh = [sample_state_at_zero(f"many-{index:03d}") for index in range(230)]  # more than one batch of rows
+        case.assertEqual(store.record_new(fresh, self.now()), [True] * len(fresh))
+        ids = [state.task_id for state in fresh[::-1]] + ["missing"]
+        with self.reader() as reader:
+            loaded = reader.load_many(ids)
+            case.assertEqual(len(loaded), len(ids))
+            for task_id, result in zip(ids[:-1], loaded):
+                case.assertIsInstance(result, LoadResult, task_id)
+                assert isinstance(result, LoadResult) and result.state is not None
+                case.assertEqual(result.state.to_json(), reader.load(task_id).state.to_json(), "as load reads it")
+            case.assertIsInstance(loaded[-1], UnknownTaskError)
+            case.assertEqual(reader.load_many([]), [])
+            with case.assertRaises(InvalidInputError):
+                reader.load_many(["../x"])
+            case.assertEqual(reader.status_counts(), {fresh[0].status.value: len(fresh)})
 
     def test_contract_record_new_refuses_bad_input_and_writes_nothing(self) -> None:
         case, store = self._case, self.recording_store()
