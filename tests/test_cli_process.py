@@ -1,5 +1,6 @@
 """The CLI tests' commands run in the process a shell would start: ``helpers.cli_process.run_longrun``
-(a fork server) against ``subprocess.run([python, "-m", "longrun", ...])``, compared from inside.
+(a fork server) against ``subprocess.run([python, "-m", "longrun", ...])``, compared from inside; and
+the kill tests' child programs: ``run_script`` against ``subprocess.run([python, SCRIPT, ...])``.
 
 ``longrun start probe:f`` imports a module ``probe`` before it finds that ``f`` is no durable
 function; the module writes down what the process looks like (``sys.path``, ``sys.argv``, the
@@ -38,7 +39,7 @@ PROBE = textwrap.dedent(
         "streams": [stream(sys.stdin), stream(sys.stdout), stream(sys.stderr)],
         "dunder_streams": [sys.__stdin__ is sys.stdin, sys.__stdout__ is sys.stdout, sys.__stderr__ is sys.stderr],
         "armed": _crashpoints.ARMED, "target": _crashpoints._TARGET,
-        "main": [main.__spec__.name, main.__file__], "flags": list(sys.flags), "executable": sys.executable,
+        "main": [getattr(main.__spec__, "name", None), main.__file__], "flags": list(sys.flags), "executable": sys.executable,
         "parent": os.getppid(),
     }
     with open(os.environ["PROBE_OUT"], "w") as handle:
@@ -122,6 +123,27 @@ class ForkServerTests(TempDirTest):
         with self.assertRaises(subprocess.TimeoutExpired):
             cli_process.run_longrun(["start", "probe:f", "t1"], env=self.env(PROBE_HANG="1"), cwd=self.work, timeout=1.0)
         self.assertEqual(cli_process.run_longrun(["--version"]).returncode, 0)
+
+    def test_a_script_run_by_path_sees_the_process_a_start_would_make(self) -> None:
+        """``run_script`` (the kill tests' child programs) against ``python SCRIPT ARGS``."""
+        script = os.path.join(self.code, "probe.py")
+        env = self.env(LONGRUN_CRASH_AT="effect.applied:3")
+        results = []
+        for run in (
+            lambda: cli_process.run_script(script, ["one", "two"], env=env, cwd=self.work, input="in\n"),
+            lambda: subprocess.run([sys.executable, script, "one", "two"], env=env, cwd=self.work, input="in\n",
+                                   capture_output=True, text=True, timeout=60),
+        ):  # fmt: skip
+            result = run()
+            with open(env["PROBE_OUT"]) as handle:
+                results.append((result, json.load(handle)))
+            os.remove(env["PROBE_OUT"])
+        (forked, seen_forked), (started, seen_started) = results
+        self.assert_same(seen_forked, seen_started)
+        self.assertEqual((seen_started["argv"], seen_started["path"][0]), ([script, "one", "two"], self.code))
+        self.assertEqual((seen_started["main"], seen_started["stdin"], seen_started["target"]), ([None, script], "in\n", ["effect.applied", 3]))
+        self.assertEqual((forked.returncode, forked.stdout, forked.stderr), (started.returncode, started.stdout, started.stderr))
+        self.assertEqual(started.returncode, 0, started.stderr)
 
     def test_a_start_the_server_cannot_reproduce_is_started_as_a_process(self) -> None:
         env = self.env(PYTHONPATH=self.code)  # longrun would not come from src: a real start (and no longrun at all)

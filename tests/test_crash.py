@@ -13,6 +13,7 @@ import time
 import unittest
 
 from helpers import scale, support
+from helpers.cli_process import run_script
 from longrun import JsonFileStore, SqliteStore, Status
 from longrun.testing import copy_keeping_links, read_outbox
 from longrun.testing.faults import BLOB_POINTS
@@ -60,8 +61,14 @@ class ChildRunnerCase(support.TempDirTest):
     def run_child(
         self, *options: str, timeout: float = 60, later: float | None = None, env: dict[str, str] | None = None
     ) -> tuple[int, dict | None]:
-        child = self.spawn(*options, later=later, env=env)
-        out, err = child.communicate(timeout=timeout)
+        """Run a child runner to its end (or its SIGKILL): a process of its own, forked from the
+        fork server (``cli_process.run_script``), which has imported longrun once for all of them."""
+        if later is None:
+            self.later += 100.0
+            later = self.later
+        arguments = [self.root, self.outbox, "--task", self.task, "--later", str(later), *(("--sqlite",) if self.sqlite else ()), *options]
+        child = run_script(support.CHILD, arguments, env={**support.child_env(), **(env or {})}, cwd=None, timeout=timeout)
+        out = child.stdout
         outcome = json.loads(out.strip().splitlines()[-1]) if out.strip() else None
         return child.returncode, outcome
 
@@ -270,24 +277,25 @@ class LargeValueKillTests(ChildRunnerCase):
 
     def run_blob_child(self, task: str, *, crash_at: str | None, kill_after_s: float | None) -> tuple[int, dict | None]:
         self.later += 100.0
-        command = [
-            sys.executable, os.path.join(support.HELPERS, "blob_child.py"), self.root, self.outbox, "--task", task,
-            "--steps", str(self.steps), "--later", str(self.later), "--compact-early", *(("--sqlite",) if self.sqlite else ()),
+        arguments = [
+            self.root, self.outbox, "--task", task, "--steps", str(self.steps), "--later", str(self.later), "--compact-early",
+            *(("--sqlite",) if self.sqlite else ()),
         ]  # fmt: skip
         env = support.child_env()
         if crash_at is not None:
             env["LONGRUN_CRASH_AT"] = crash_at
-        child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.children.append(child)
-        if kill_after_s is not None:
-            try:
-                child.wait(kill_after_s)
-            except subprocess.TimeoutExpired:
-                child.kill()
-        out, err = child.communicate(timeout=120)
-        if child.returncode not in (0, -signal.SIGKILL):
-            self.fail(f"the child exited {child.returncode}: {err[-2000:]}")
-        return child.returncode, (json.loads(out.strip().splitlines()[-1]) if child.returncode == 0 else None)
+        # Forked from the fork server (longrun imported once): a kill from outside after
+        # ``kill_after_s`` is the SIGKILL the server sends when that timeout passes.
+        try:
+            child = run_script(os.path.join(support.HELPERS, "blob_child.py"), arguments, env=env, cwd=None, timeout=kill_after_s or 120)
+            code, out, err = child.returncode, child.stdout, child.stderr
+        except subprocess.TimeoutExpired as expired:
+            if kill_after_s is None:
+                raise
+            code, out, err = -signal.SIGKILL, "", str(expired.stderr or "")
+        if code not in (0, -signal.SIGKILL):
+            self.fail(f"the child exited {code}: {err[-2000:]}")
+        return code, (json.loads(out.strip().splitlines()[-1]) if code == 0 else None)
 
     def check(self, task: str) -> None:
         sys.path.insert(0, support.HELPERS)

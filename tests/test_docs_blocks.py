@@ -1,7 +1,8 @@
 """Every ```python block in README.md, docs/*.md and templates/*.md runs as written.
 
 Each block is a complete program: it is written to a file in a fresh temporary directory and run
-there in a new interpreter, with ``src`` on ``PYTHONPATH`` (as from a checkout), and must exit 0;
+there in a process of its own (``python PROGRAM``, forked from the tests' fork server,
+``helpers.cli_process.run_script``), with ``src`` on ``PYTHONPATH`` (as from a checkout), and must exit 0;
 the line numbers of a traceback are the document's.
 A block whose first line is a comment starting ``# fragment:`` (followed by what it is a part of)
 is a part of a larger program and is not run. A block that imports a package that is not
@@ -12,6 +13,7 @@ document and the line of the block's opening fence.
 from __future__ import annotations
 
 from helpers import support
+from helpers.cli_process import run_script
 
 import ast
 import glob
@@ -104,10 +106,9 @@ def run_block(block: Block) -> subprocess.CompletedProcess[str]:
         program = os.path.join(directory, re.sub(r"\W", "_", block.document) + ".py")
         with open(program, "w", encoding="utf-8") as handle:
             handle.write("\n" * block.line + block.code)  # a traceback's line numbers are the document's
-        return subprocess.run(
-            [sys.executable, program], cwd=directory, env=environment, capture_output=True, text=True,
-            timeout=RUN_TIMEOUT_S, check=False,
-        )  # fmt: skip
+        # ``python PROGRAM``, forked from the fork server (``cli_process.run_script``): the process a
+        # start would make, without paying an interpreter start and ``import longrun`` per block.
+        return run_script(program, [], env=environment, cwd=directory, timeout=RUN_TIMEOUT_S)
 
 
 class ExtractionTests(unittest.TestCase):

@@ -51,7 +51,7 @@ class FleetCrashCases:
         while not finished():
             if time.monotonic() > deadline:
                 self.fail(f"not every task finished: {database.statuses()}\n{fleet.logs()}")  # type: ignore[attr-defined]
-            time.sleep(0.5)
+            time.sleep(0.1)
         elapsed = time.monotonic() - started
         fleet.wait_ready(database)
         reports = fleet.drain()
@@ -109,7 +109,7 @@ class ScheduleFleetCases:
                 break
             if time.monotonic() > deadline:
                 t.fail(f"not every slot finished: {statuses}\n{fleet.logs()}")
-            time.sleep(0.3)
+            time.sleep(0.1)
         fleet.wait_ready(database)
         fleet.drain()
         os.environ["LONGRUN_FLEET_WORK"] = work
@@ -147,7 +147,7 @@ class RateFleetCases:
         while database.statuses() != {"done": self.tasks}:
             if time.monotonic() > deadline:
                 t.fail(f"not every task finished: {database.statuses()}\n{fleet.logs()}")
-            time.sleep(0.3)
+            time.sleep(0.1)
         fleet.wait_ready(database)
         fleet.drain()
         starts = sorted(float(at) for (at,) in database.rows("SELECT started_at FROM fleet_start_log WHERE queue_name = 'rated'"))

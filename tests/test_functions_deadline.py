@@ -13,12 +13,11 @@ import datetime as dt
 import io
 import json
 import os
-import subprocess
-import sys
 import unittest
 from typing import Any
 
 from helpers import pg_support, support
+from helpers.cli_process import run_script
 import longrun
 from longrun import InvalidInputError, JsonFileStore, Limits, PostgresStore, SqliteStore, Status, Store
 from longrun.deadline import TaskDeadline
@@ -410,10 +409,8 @@ class RestartCases(support.TempDirTest):
         return store
 
     def run_child(self, later: float, deadline_s: float) -> tuple[int, Any]:
-        process = subprocess.run(
-            [sys.executable, CHILD, self.spec(), "t", str(later), str(deadline_s), self.path("calls")],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+        # A process of its own, forked from the fork server (longrun imported once for all runs).
+        process = run_script(CHILD, [self.spec(), "t", str(later), str(deadline_s), self.path("calls")], cwd=None, timeout=120)
         if process.returncode not in (0, -9):
             self.fail(f"the child exited {process.returncode}: {process.stderr}")
         return process.returncode, json.loads(process.stdout) if process.stdout.strip() else None
@@ -447,11 +444,10 @@ class FamilyRestartCases(support.TempDirTest):
     open = RestartCases.open
 
     def run_family(self, which: str, later: float, crash_at: str | None = None) -> tuple[int, Any]:
-        env = {**os.environ, "LONGRUN_CRASH_AT": crash_at} if crash_at else {k: v for k, v in os.environ.items() if k != "LONGRUN_CRASH_AT"}
-        process = subprocess.run(
-            [sys.executable, FAMILY, self.spec(), which, str(later), "1000", self.path("calls")],
-            capture_output=True, text=True, timeout=120, env=env,
-        )  # fmt: skip
+        base = support.child_env()
+        env = {**base, "LONGRUN_CRASH_AT": crash_at} if crash_at else {k: v for k, v in base.items() if k != "LONGRUN_CRASH_AT"}
+        # A process of its own, forked from the fork server (longrun imported once for all runs).
+        process = run_script(FAMILY, [self.spec(), which, str(later), "1000", self.path("calls")], env=env, cwd=None, timeout=120)
         if process.returncode not in (0, -9):
             self.fail(f"the {which} process exited {process.returncode}: {process.stderr}")
         return process.returncode, json.loads(process.stdout) if process.stdout.strip() else None

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import unittest
 from typing import Any
 
 from helpers import pg_support, support
+from helpers.cli_process import run_script
 import longrun
 from longrun import InvalidInputError, JsonFileStore, Limits, PostgresStore, RetryPolicy, SqliteStore, Status, Store
 from longrun.failures import CRASH_TYPE, MAX_TRACEBACK_CHARS, RunFailure
@@ -268,10 +267,8 @@ class CrashLoopCases(support.TempDirTest):
 
     def run_child(self, task: str, mode: str, run: int, max_failures: int) -> tuple[int, Any]:
         later = str(100.0 * run)  # each run's clock past the previous one's lease: no wait for its expiry
-        process = subprocess.run(
-            [sys.executable, CHILD, self.spec(), task, mode, later, str(max_failures), self.path(f"{task}.calls")],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+        # A process of its own, forked from the fork server (longrun imported once for all runs).
+        process = run_script(CHILD, [self.spec(), task, mode, later, str(max_failures), self.path(f"{task}.calls")], cwd=None, timeout=120)
         outcome = json.loads(process.stdout) if process.stdout.strip() else None
         if process.returncode not in (0, -9):
             self.fail(f"the child exited {process.returncode}: {process.stderr}")

@@ -5,6 +5,7 @@ on the source Protocols, not on where records come from)."""
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import os
@@ -18,6 +19,13 @@ import longrun
 from longrun import errors
 
 
+@functools.lru_cache(maxsize=None)
+def parsed(path: str) -> ast.Module:
+    """The syntax tree of a source file, parsed once for all the tests here (they only read it)."""
+    with open(path) as handle:
+        return ast.parse(handle.read())
+
+
 class PublicNameTests(unittest.TestCase):
     def test_every_name_in_all_is_importable(self) -> None:
         for name in longrun.__all__:
@@ -27,8 +35,7 @@ class PublicNameTests(unittest.TestCase):
     def test_every_name_in_all_is_bound_by_an_import_a_type_checker_reads(self) -> None:
         # Names that __getattr__ imports lazily are untyped for mypy and pyright (a decorated
         # durable function would lose its type) unless they are also imported under TYPE_CHECKING.
-        with open(os.path.join(support.SRC, "longrun", "__init__.py")) as handle:
-            tree = ast.parse(handle.read())
+        tree = parsed(os.path.join(support.SRC, "longrun", "__init__.py"))
         bound = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
         self.assertEqual(sorted(set(longrun.__all__) - bound), [])
 
@@ -111,8 +118,7 @@ class LayerTests(unittest.TestCase):
         files = [os.path.join(path, name) for name in sorted(os.listdir(path)) if name.endswith(".py")] if os.path.isdir(path) else [path]
         names: set[str] = set()
         for file in files:
-            with open(file) as handle:
-                tree = ast.parse(handle.read())
+            tree = parsed(file)
             names |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
             names |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
         return {name.lstrip(".") for name in names}
@@ -127,8 +133,7 @@ class LayerTests(unittest.TestCase):
     """The engine's modules, each importing only those before it (counting every import)."""
 
     def engine_tree(self, name: str) -> ast.Module:
-        with open(os.path.join(support.SRC, "longrun", "engine", name + ".py")) as handle:
-            return ast.parse(handle.read())
+        return parsed(os.path.join(support.SRC, "longrun", "engine", name + ".py"))
 
     def test_each_module_of_the_engine_imports_only_the_modules_before_it(self) -> None:
         order = self.ENGINE_ORDER
@@ -205,9 +210,8 @@ class LayerTests(unittest.TestCase):
             for name in files:
                 if name.endswith(".py"):
                     path = os.path.join(folder, name)
-                    with open(path) as handle:
-                        for member in self.engine_members_read(ast.parse(handle.read())):
-                            used.setdefault(member, set()).add(os.path.relpath(path, root))
+                    for member in self.engine_members_read(parsed(path)):
+                        used.setdefault(member, set()).add(os.path.relpath(path, root))
         self.assertLessEqual(len(self.ENGINE_API), 15)
         self.assertEqual({member: sorted(where) for member, where in used.items() if member not in self.ENGINE_API}, {})
 
@@ -227,8 +231,7 @@ class LayerTests(unittest.TestCase):
                 path = os.path.join(folder, name)
                 module = os.path.relpath(path, support.SRC)[:-3].replace(os.sep, ".").removesuffix(".__init__")
                 package = module if name == "__init__.py" else module.rsplit(".", 1)[0]
-                with open(path) as handle:
-                    tree = ast.parse(handle.read())
+                tree = parsed(path)
                 for node in tree.body if at_load_only else ast.walk(tree):
                     if isinstance(node, ast.ImportFrom) and node.level > 0:
                         parts = package.split(".")
@@ -275,8 +278,7 @@ class LayerTests(unittest.TestCase):
             graph[module].add(f"{target}.{name}" if cls.is_module(f"{target}.{name}") else target)
         for module in graph:
             path = os.path.join(support.SRC, *module.split("."))
-            with open(path + ".py" if os.path.exists(path + ".py") else os.path.join(path, "__init__.py")) as handle:
-                tree = ast.parse(handle.read())
+            tree = parsed(path + ".py" if os.path.exists(path + ".py") else os.path.join(path, "__init__.py"))
             for node in ast.walk(tree):
                 if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("longrun"):
                     graph[module] |= {f"{node.module}.{alias.name}" if cls.is_module(f"{node.module}.{alias.name}")

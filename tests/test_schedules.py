@@ -8,7 +8,6 @@ import datetime
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 import unittest
@@ -16,6 +15,7 @@ import zoneinfo
 from typing import Any
 
 from helpers import pg_support, support
+from helpers.cli_process import run_longrun
 from helpers.fleet_support import TASKS_DIR, fleet_env
 from longrun import JsonFileStore, Limits, SqliteStore, durable, scheduled
 from longrun.cron import Cron, CronError, ZoneNotFoundError, zone
@@ -311,9 +311,7 @@ class ScheduleCliTests(support.TempDirTest):
 
     def longrun(self, spec: str, *args: str) -> subprocess.CompletedProcess[str]:
         env = fleet_env(spec, self.tmp)
-        return subprocess.run(
-            [sys.executable, "-m", "longrun", "schedule", *args], env=env, cwd=TASKS_DIR, capture_output=True, text=True, timeout=120
-        )
+        return run_longrun(["schedule", *args], env=env, cwd=TASKS_DIR, timeout=120)  # forked from the fork server
 
     def check_commands(self, spec: str) -> None:
         add = self.longrun(spec, "add", spec, "ticks", "--function", "fleet_tasks:ticker", "--cron", "*/30 * * * *", "--catchup", "backfill", "--json")

@@ -11,7 +11,11 @@ import unittest
 from typing import Any
 
 import helpers  # noqa: F401  (puts src on sys.path)
+from helpers import scale
 from helpers.session_support import SessionCase
+
+FUZZ_CASES = scale.scaled(100, 300)
+"""The odd command lines the argument fuzzer tries: 300 under ``LONGRUN_TEST_SCALE=full``."""
 
 from longrun.session import holder_gone
 from longrun.lease import Lease
@@ -368,7 +372,7 @@ class ArgumentFuzzTests(SessionCase):
         stores = [name for name in weird if name not in ("/", "../..") and not os.path.isabs(name)]
         self.addCleanup(os.chdir, os.getcwd())
         os.chdir(self.work)
-        for case in range(300):
+        for case in range(FUZZ_CASES):
             command = rng.choice(["init", "next", "exec", "checkpoint", "done", "stop"])
             argv = [command, self.store if rng.random() < 0.8 else rng.choice(stores), "t1" if rng.random() < 0.7 else rng.choice(weird)]
             if command in ("exec", "checkpoint"):

@@ -22,6 +22,7 @@ consumer is done, on the JSON-file, SQLite and PostgreSQL stores, and with the t
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import unittest
@@ -50,14 +51,14 @@ class TalkCrashCase(support.TempDirTest):
 
     def setUp(self) -> None:
         super().setUp()
-        self.server = forked.Server(self, CHILD, self.path("server.err"))
-        self.case = 0
+        self.servers = forked.Servers(self, CHILD, self.path("server.err"))
+        self.cases = itertools.count(1)
+        """Case numbers: the cases run a few at once (``forked.concurrently``), each in its own directory."""
 
     # -- one case: a fresh store and work directory ---------------------------------------------
 
     def fresh(self) -> dict[str, Any]:
-        self.case += 1
-        work = self.path(f"case-{self.case}")
+        work = self.path(f"case-{next(self.cases)}")
         os.makedirs(work)
         root = os.path.join(work, "store")
         os.makedirs(root)
@@ -73,18 +74,18 @@ class TalkCrashCase(support.TempDirTest):
 
     def run_child(self, case: dict[str, Any], **extra: Any) -> dict[str, Any]:
         case["later"] += 100.0  # a killed run's lease has expired for the next run
-        return self.server.run({**case, "async": self.asynchronous, **extra}, f"run {case['work']} {extra}")
+        return self.servers.run({**case, "async": self.asynchronous, **extra}, f"run {case['work']} {extra}")
 
     def after_kill(self, case: dict[str, Any]) -> None:
         """Whatever the next run needs after a kill (the store's lease clock may be the server's)."""
 
-    def finish(self, case: dict[str, Any]) -> dict[str, Any]:
+    def finish(self, case: dict[str, Any], what: str = "") -> dict[str, Any]:
         for _ in range(8):
             reply = self.run_child(case)
-            self.assertEqual(reply["exit"], 0)
+            self.assertEqual(reply["exit"], 0, what)
             if reply["outcome"]["status"] == "done":
                 return reply["outcome"]
-        self.fail(f"the consumer did not finish: {reply['outcome']}")
+        self.fail(f"{what}: the consumer did not finish: {reply['outcome']}")
 
     # -- what must hold however the runs were killed ----------------------------------------------
 
@@ -140,20 +141,23 @@ class TalkCrashCase(support.TempDirTest):
 
     def test_killed_at_every_named_point_each_message_is_stored_once_received_once_and_each_event_set_once(self) -> None:
         counts = self.traced()
-        kills = 0
+        targets = []
         for point, count in sorted(counts.items()):
             if point in NEW_POINTS or self.thorough:
                 occurrences = range(1, count + 1) if count <= 4 or point in NEW_POINTS else sorted({1, 2, count // 2, count - 1, count})
             else:
                 occurrences = range(1, 2)
-            for occurrence in occurrences:
-                with self.subTest(point=point, occurrence=occurrence):
-                    case = self.fresh()
-                    reply = self.run_child(case, crash_at=f"{point}:{occurrence}")
-                    self.assertEqual(reply["exit"], KILLED, f"{point}:{occurrence} was not reached")
-                    kills += 1
-                    self.after_kill(case)
-                    self.check(case, self.finish(case), f"killed at {point}:{occurrence}")
+            targets += [f"{point}:{occurrence}" for occurrence in occurrences]
+
+        def killed_then_finished(target: str) -> None:
+            """One case, in its own store: killed at ``target``, then run until done; each failure names the target."""
+            case = self.fresh()
+            reply = self.run_child(case, crash_at=target)
+            self.assertEqual(reply["exit"], KILLED, f"{target} was not reached")
+            self.after_kill(case)
+            self.check(case, self.finish(case, f"killed at {target}"), f"killed at {target}")
+
+        kills = sum(1 for _ in forked.concurrently(killed_then_finished, targets))
         self.assertGreaterEqual(kills, len(counts))
 
 
@@ -189,7 +193,7 @@ class PostgresTalkCrashTests(TalkCrashCase):
         request = {key: value for key, value in case.items() if key != "schema"}
         request["later"] += 100.0
         case["later"] = request["later"]
-        return self.server.run({**request, **extra}, f"run {case['work']} {extra}")
+        return self.servers.run({**request, **extra}, f"run {case['work']} {extra}")
 
     def after_kill(self, case: dict[str, Any]) -> None:
         time.sleep(self.ttl + 0.3)

@@ -1,5 +1,8 @@
 """The fork server behind ``helpers.cli_process.run_longrun``: ``python -m longrun ARGS`` without
-paying an interpreter start and ``import longrun`` for every command a test runs.
+paying an interpreter start and ``import longrun`` for every command a test runs; and behind
+``run_script``: ``python SCRIPT ARGS`` for the test programs in ``helpers`` (``child_runner.py``), the
+same way (a request with a ``script``: ``sys.path`` then starts with the script's directory, as a
+start by path has it, and the script runs with ``runpy.run_path`` as ``__main__``).
 
     python cli_child.py
 
@@ -76,11 +79,17 @@ def _become(request: dict[str, Any], stdin: BinaryIO, stdout: BinaryIO, stderr: 
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    sys.path[:] = list(dict.fromkeys([os.getcwd(), *request["python_path"], *_BASE_PATH]))  # as site leaves it: no duplicates
+    first = os.path.dirname(request["script"]) if request.get("script") else os.getcwd()
+    # As a start leaves it: site drops the duplicates among PYTHONPATH's entries and its own, and
+    # then the interpreter puts the script's directory (or the cwd, for -m) in front of them.
+    sys.path[:] = [first, *dict.fromkeys([*request["python_path"], *_BASE_PATH])]
     importlib.reload(_crashpoints)  # armed (or not) from the command's environment, as at a start
     streams = (_stream(0, sys.stdin, write=False), _stream(1, sys.stdout, write=True), _stream(2, sys.stderr, write=True))
     sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams
-    sys.argv = ["-m", *request["args"]]  # runpy puts the module's path in argv[0], as -m does
+    if request.get("script"):
+        sys.argv = [request["script"], *request["args"]]
+    else:
+        sys.argv = ["-m", *request["args"]]  # runpy puts the module's path in argv[0], as -m does
 
 
 def serve() -> dict[str, Any] | None:
@@ -112,6 +121,10 @@ def serve() -> dict[str, Any] | None:
 
 
 if __name__ == "__main__":
-    if serve() is None:
+    request = serve()
+    if request is None:
         raise SystemExit(0)
-    runpy.run_module("longrun", run_name="__main__", alter_sys=True)
+    if request.get("script"):
+        runpy.run_path(request["script"], run_name="__main__")
+    else:
+        runpy.run_module("longrun", run_name="__main__", alter_sys=True)

@@ -1,5 +1,6 @@
 """``run_longrun``: ``python -m longrun ARGS`` in a child process, as ``subprocess.run`` would run it,
-for a fraction of the cost.
+for a fraction of the cost; ``run_script``: ``python SCRIPT ARGS`` the same way, for the test programs
+in ``helpers``.
 
 The tests run hundreds of commands. Each in a fresh interpreter pays its start and
 ``import longrun`` (most of a short command's time); here a fork server (``cli_child.py``),
@@ -104,11 +105,12 @@ class _Server:
         return reply
 
     def run(
-        self, command: list[str], args: list[str], env: dict[str, str], python_path: list[str], cwd: str, input: str | None, timeout: float | None
+        self, command: list[str], args: list[str], env: dict[str, str], python_path: list[str], cwd: str, input: str | None, timeout: float | None,
+        script: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         assert self._process.stdin is not None
         data = (input or "").encode(_ENCODING).decode("latin-1")
-        request = {"args": args, "env": env, "python_path": python_path, "cwd": cwd, "input": data}
+        request = {"args": args, "env": env, "python_path": python_path, "cwd": cwd, "input": data, "script": script}
         self._process.stdin.write(json.dumps(request).encode() + b"\n")
         self._process.stdin.flush()
         started = self._reply(None)
@@ -142,10 +144,28 @@ def run_longrun(
     capture_output=True, text=True, timeout=timeout)``, through the fork server when it can
     reproduce that start (see the module's docstring). ``env`` defaults to ``child_env()`` (longrun
     from ``src``); ``cwd=None`` is this process's."""
+    return _run(["-m", "longrun"], None, args, env=env, cwd=cwd, input=input, timeout=timeout)
+
+
+def run_script(
+    script: str, args: list[str] | tuple[str, ...], *, env: dict[str, str] | None = None, cwd: str | None = ROOT, input: str | None = None,
+    timeout: float | None = 60.0,
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run([python, SCRIPT, *args], ...)`` as ``run_longrun`` runs ``-m longrun``: through
+    the fork server when it can reproduce that start. ``script`` is a path to a program in
+    ``helpers`` (one that imports longrun from ``src``)."""
+    script = os.path.abspath(script)
+    return _run([script], script, args, env=env, cwd=cwd, input=input, timeout=timeout)
+
+
+def _run(
+    start: list[str], script: str | None, args: list[str] | tuple[str, ...], *, env: dict[str, str] | None, cwd: str | None, input: str | None,
+    timeout: float | None,
+) -> subprocess.CompletedProcess[str]:
     global _server
     env = child_env() if env is None else dict(env)
     cwd = os.path.abspath(cwd if cwd is not None else os.getcwd())
-    command = [sys.executable, "-m", "longrun", *args]
+    command = [sys.executable, *start, *args]
     python_path = _python_path(env, cwd)
     if hasattr(os, "fork") and python_path is not None and _lock.acquire(blocking=False):
         try:
@@ -153,7 +173,7 @@ def run_longrun(
                 _server = _Server()
             if _startup(env) == _startup(_server.env):
                 try:
-                    return _server.run(command, list(args), env, python_path, cwd, input, timeout)
+                    return _server.run(command, list(args), env, python_path, cwd, input, timeout, script)
                 except subprocess.TimeoutExpired:
                     raise
                 except BaseException:

@@ -1,12 +1,20 @@
 """The kill tests' fork servers (``durable_child``, ``async_child``): the server process imports
 longrun once and forks one child per run, armed with crash points, which is much cheaper than
-starting a Python process each time; ``Server`` is the test's side of it."""
+starting a Python process each time; ``Server`` is the test's side of it.
+
+The kill loops' tasks are independent of each other, while each loop drives its task's runs one
+after another, one core at a time: ``Servers`` keeps a server per worker so that ``concurrently``
+can drive several tasks at once (one thread each, every task in its own store directory), which
+keeps the cores of a small machine busy."""
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import importlib
 import json
 import os
+import queue
 import select
 import signal
 import subprocess
@@ -14,7 +22,7 @@ import sys
 import time
 import traceback
 import unittest
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from longrun import _crashpoints
 
@@ -115,3 +123,53 @@ class Server:
             with open(self._errors_path) as handle:
                 self._case.fail(f"{what} exited {reply['exit']}:\n{handle.read()}")
         return reply
+
+
+WORKERS = 2
+"""How many tasks ``concurrently`` drives at once: the two cores of a small machine; each is a
+server process more to start (an interpreter and ``import longrun``), so no more than that."""
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+class Servers:
+    """``WORKERS`` fork servers of ``child`` for one test, each started on first use: ``run`` sends
+    a request to one that is free (each answers one request at a time), so threads may share them."""
+
+    def __init__(self, case: unittest.TestCase, child: str, errors_prefix: str, *, workers: int = WORKERS, timeout_s: float = 120.0):
+        self._idle: queue.SimpleQueue[Server] = queue.SimpleQueue()
+        for i in range(workers):
+            self._idle.put(Server(case, child, f"{errors_prefix}.{i}", timeout_s=timeout_s))
+
+    def run(self, request: dict[str, Any], what: str) -> dict[str, Any]:
+        """``Server.run`` on whichever server is free."""
+        server = self._idle.get()
+        try:
+            return server.run(request, what)
+        finally:
+            self._idle.put(server)
+
+
+def concurrently(job: Callable[[_T], _R], items: Iterable[_T], *, workers: int = WORKERS) -> Iterator[_R]:
+    """``job(item)`` for each item, ``workers`` at a time in threads; yields the results in the items'
+    order. ``items`` is read lazily: the next item is taken only when a job has ended and its result
+    been yielded, so a generator of items may stop on what the ended jobs did. A job's failure (an
+    assertion included) is raised here as the job raised it, once the jobs already started have
+    ended; no job starts after it."""
+    remaining = iter(items)
+    pending: collections.deque[concurrent.futures.Future[_R]] = collections.deque()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        try:
+            while True:
+                while len(pending) < workers and (item := next(remaining, _END)) is not _END:
+                    pending.append(pool.submit(job, item))
+                if not pending:
+                    return
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
+
+
+_END: Any = object()
