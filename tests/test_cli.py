@@ -11,6 +11,7 @@ from dataclasses import replace
 from helpers.cli_case import CliCase, cli
 
 import longrun
+from longrun.stores.jsonfile import INDEX_FILE
 from longrun import JsonFileStore, Limits, Runner, Status, Step
 from longrun.cli import main
 from longrun.testing import OutboxAdapter, read_outbox
@@ -346,8 +347,9 @@ class ListTest(CliCase):
         connection.commit()
         connection.close()
         loads: list[str] = []
-        load = store.load
+        load, load_many = store.load, store.load_many
         store.load = lambda task_id, **kwargs: (loads.append(task_id), load(task_id, **kwargs))[1]  # type: ignore[method-assign]
+        store.load_many = lambda task_ids: (loads.extend(task_ids), load_many(task_ids))[1]  # type: ignore[method-assign]
         out = io.StringIO()
         self.assertEqual(cmd_ls(store, "sqlite:tasks.db", True, out, limit=3), 0)
         entries = json.loads(out.getvalue())
@@ -401,7 +403,7 @@ class WrongArgumentsTest(CliCase):
             for command in ("status", "approve", "cancel"):
                 with self.subTest(task_id=task_id, command=command):
                     self.assert_fails(cli(command, self.store_dir, task_id), 2, "not a safe name")
-        self.assertEqual(sorted(os.listdir(self.store_dir)), [".longrun-store", "finished"])
+        self.assertEqual(sorted(n for n in os.listdir(self.store_dir) if not n.startswith(INDEX_FILE)), [".longrun-store", "finished"])
 
 
 class SignedApprovalCliTest(CliCase):

@@ -14,6 +14,7 @@ from unittest import mock
 from helpers.cli_case import OpsCase, cli
 from helpers.support import HELPERS, child_env
 
+from longrun.stores.jsonfile import INDEX_FILE
 from longrun import JsonFileStore, Limits, Status, Step
 from longrun.testing import OutboxAdapter, read_outbox
 
@@ -677,7 +678,7 @@ class WrongArgumentsTest(OpsCase):
                 for task_id in ("../etc", "/etc", ".hidden", "a/b", ""):
                     self.assert_fails(cli(command, self.store_dir, task_id), 2, "not a safe name")
         self.assertFalse(os.path.exists(missing))
-        self.assertEqual(sorted(os.listdir(self.store_dir)), [".longrun-store", "finished"], "the marker and the one task")
+        self.assertEqual(sorted(n for n in os.listdir(self.store_dir) if not n.startswith(INDEX_FILE)), [".longrun-store", "finished"], "the marker and the one task")
 
     def test_bad_store_specs_exit_2(self) -> None:
         with open(self.path("tasks.db"), "w") as handle:

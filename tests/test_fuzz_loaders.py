@@ -40,6 +40,7 @@ from typing import Any, Callable
 from helpers import scale, support
 from helpers.fuzzgen import dumps, mutate_bytes, mutate_value
 
+from longrun.stores.jsonfile import INDEX_FILE
 from longrun import envelope
 from longrun.approval import Approval, ApprovalRequest, evaluate_gate
 from longrun.authority import FileControlSource, SignedApprovals, SignedCancellations, load_key
@@ -326,10 +327,14 @@ class _Records:
 
 
 def fingerprint(root: str) -> dict[str, tuple]:
-    """Every path under ``root`` with its type, mode and content (bytes digest or link target)."""
+    """Every path under ``root`` with its type, mode and content (bytes digest or link target);
+    the JSON-file store's summary index aside: a cache of the task files that a listing refreshes
+    (``ls`` reads a damaged task's files and records it as unreadable there), never a task file."""
     found = {}
     for directory, names, files in os.walk(root, followlinks=False):
         for name in names + files:
+            if name.startswith(INDEX_FILE):
+                continue
             path = os.path.join(directory, name)
             info = os.lstat(path)
             if stat.S_ISREG(info.st_mode):
