@@ -19,6 +19,7 @@ from helpers import browser_support, pg_support, scale
 from helpers.cli_case import CliCase
 
 import longrun
+from longrun.stores.jsonfile import INDEX_FILE
 from longrun import Approval, JsonFileStore, Limits, PostgresStore, Runner, SqliteStore, Status, Step
 from longrun.authority import FileControlSource
 from longrun.cli._console import CSP, ConsoleServer, start_console
@@ -307,11 +308,12 @@ class SecurityTests(ConsoleCase):
 
 
 def support_fingerprint(root: str) -> dict[str, bytes]:
-    """Every file under ``root`` (but lock files) with its bytes."""
+    """Every file under ``root`` (but lock files, and the JSON-file store's summary index: a cache of
+    the task files that the console's listings refresh) with its bytes."""
     out = {}
     for directory, _, files in os.walk(root):
         for name in files:
-            if name != "lock":
+            if name != "lock" and not name.startswith(INDEX_FILE):
                 with open(os.path.join(directory, name), "rb") as handle:
                     out[os.path.relpath(os.path.join(directory, name), root)] = handle.read()
     return out
