@@ -350,6 +350,8 @@ class OperatorCases(support.TempDirTest):
         self.assertEqual(function.fork("f4", "f4b", from_step="charge"), "charge")
         self.assertEqual(self.state("f4").effects["longrun.fork/f4b"].payload, {"task": "f4b", "step": "charge"})
         with self.assertRaises(TaskExistsError):
+            function.fork("f4", "f4b", from_step="reserve")  # the same new task from another step
+        with self.assertRaises(TaskExistsError):
             function.fork("f4", "f4", from_step="charge")
 
 

@@ -24,7 +24,7 @@ from ..contract import RunContract, check_task_id
 from ..deadline import deadline_timestamp
 from ..engine import Engine, EngineOptions
 from ..envelope import RunState
-from ..errors import ForkRefusedError, InvalidInputError, UnknownTaskError
+from ..errors import ForkRefusedError, InvalidInputError, TaskExistsError, UnknownTaskError
 from ..intervention import ApprovalWriter, Signer, reopen
 from ..outcome import TERMINAL, RunOutcome, Status
 from ..queues import Queue, check_dedup_id, check_queue_name
@@ -460,6 +460,11 @@ class DurableFunction(Generic[R]):
         with holding_origin(store, task_id, now) as (lease, origin):
             args, kwargs = self._recorded_arguments(origin, ForkRefusedError)
             made = check_new_task(store, new_task_id, task_id)
+            if made is not None and from_step is not None and made["step"] != from_step:
+                raise TaskExistsError(
+                    f"task {new_task_id!r} already exists: a fork of {task_id!r} from step {made['step']!r}, not "
+                    f"{from_step!r}; nothing was written"
+                )
             if made is not None:  # a fork of this origin that stopped before the origin recorded it
                 start_at = str(made["step"])
             else:
