@@ -329,7 +329,7 @@ class JsonFileStore(BaseStore):
             self._index_rows[task_id] = (summary, time.monotonic() + INDEX_ROW_INTERVAL_S)
 
     def _index_catch_up(self, task_id: str, epoch: int) -> None:
-        """Write the row of the last commit a running holder left unwritten (before its release)."""
+        """Write the row of the last commit a running holder left unwritten (at a renewal or the release)."""
         behind = self._index_behind.get(task_id)
         written = self._index_rows.get(task_id)
         if behind is not None and written is not None:
