@@ -408,6 +408,34 @@ class SessionTests(PostgresCase):
 
 
 class SchemaTests(PostgresCase):
+    def drop_status_counts(self) -> None:
+        """Make the database look as schema version 8 left it: no status counts, no triggers."""
+        self.schema.execute("DROP TABLE longrun_status_counts")
+        self.schema.execute("DROP FUNCTION longrun_count_status CASCADE")  # and its triggers
+        self.schema.execute("DELETE FROM longrun_schema WHERE version = 9")
+
+    def test_a_version_8_database_gets_its_status_counts_built_from_the_summary_rows(self) -> None:
+        lease, state = self.committed("a")
+        self.committed("b")
+        done_lease, done = self.committed("c")
+        done.status = Status.DONE
+        self.store.commit(done_lease, done, ())
+        self.store.acquire_lease("n", "me", 30.0, time.time())  # a task with no revision
+        self.store.close()
+        self.drop_status_counts()
+        self.assertEqual(self.schema.execute("SELECT MAX(version) FROM longrun_schema"), [(8,)])
+        store = self.open()
+        with self.assertLogs("longrun", "INFO") as logs:
+            counts = store.status_counts()
+        self.assertTrue(any("schema migrated to version 9" in line for line in logs.output), logs.output)
+        self.assertEqual(counts, {"running": 2, "done": 1, "new": 1})
+        self.assertEqual(self.schema.execute("SELECT MAX(version) FROM longrun_schema"), [(SCHEMA_VERSION,)])
+        state.status = Status.FAILED  # the triggers count from here on, in the commit's one call too
+        store.load("a", lease=lease)
+        store.commit(lease, state, ())
+        self.assertEqual(store.status_counts(), {"running": 1, "failed": 1, "done": 1, "new": 1})
+        self.assertEqual(store.status_counts(), dict(self.schema.execute("SELECT status, COUNT(*) FROM longrun_summaries GROUP BY status")))
+
     def test_a_version_6_database_gets_a_summary_row_per_task_built_on_open(self) -> None:
         self.committed("a")
         lease, done = self.committed("b")
@@ -416,6 +444,7 @@ class SchemaTests(PostgresCase):
         self.store.acquire_lease("c", "me", 30.0, time.time())
         expected = self.store.list_summaries()
         self.store.close()
+        self.drop_status_counts()
         self.schema.execute("DROP TABLE longrun_summaries")
         self.schema.execute("DROP FUNCTION longrun_commit")
         self.schema.execute("DELETE FROM longrun_schema WHERE version >= 7")
@@ -428,13 +457,14 @@ class SchemaTests(PostgresCase):
     def test_a_version_7_database_gets_the_commit_function_on_open_and_commits_in_one_call(self) -> None:
         lease, state = self.committed()
         self.store.close()
+        self.drop_status_counts()
         self.schema.execute("DROP FUNCTION longrun_commit")
-        self.schema.execute("DELETE FROM longrun_schema WHERE version = 8")
+        self.schema.execute("DELETE FROM longrun_schema WHERE version >= 8")
         store = self.open()
         with self.assertLogs("longrun", "INFO") as logs:
             self.assertEqual(store.load("t", lease=lease).state.to_json(), state.to_json())  # type: ignore[union-attr]
         self.assertTrue(any("schema migrated to version 8" in line for line in logs.output), logs.output)
-        self.assertEqual(self.schema.execute("SELECT MAX(version) FROM longrun_schema"), [(8,)])
+        self.assertEqual(self.schema.execute("SELECT MAX(version) FROM longrun_schema"), [(SCHEMA_VERSION,)])
         self.assertEqual(self.schema.execute("SELECT to_regproc('longrun_commit') IS NOT NULL"), [(True,)])
         statements: list[str] = []
         real = store._db.run

@@ -65,6 +65,11 @@ class SqliteCase(support.TempDirTest):
     def downgrade(self, version: int) -> None:
         """Make the database look as longrun schema ``version`` left it (its lease rows included)."""
         dropped = {3: ("token", "holder_lock"), 2: ("monotonic_clock", "monotonic_expires_at")}
+        if version < 9:
+            for change in ("insert", "delete", "update"):
+                self.sql(f"DROP TRIGGER longrun_status_counts_{change}")
+            self.sql("DROP TABLE longrun_status_counts")
+            self.sql("DELETE FROM longrun_schema WHERE version = 9")
         if version < 8:  # version 8 is PostgreSQL's commit function: SQLite records the version only
             self.sql("DELETE FROM longrun_schema WHERE version = 8")
         if version < 7:
@@ -617,8 +622,31 @@ class SummaryMigrationTests(SqliteCase):
         with self.assertLogs("longrun", "INFO") as logs:
             self.assertEqual(store.load("t", lease=lease).state.to_json(), state.to_json())  # type: ignore[union-attr]
         self.assertTrue(any("schema migrated to version 8" in line for line in logs.output), logs.output)
-        self.assertEqual(self.sql("SELECT MAX(version) FROM longrun_schema"), [(8,)])
+        self.assertEqual(self.sql("SELECT MAX(version) FROM longrun_schema"), [(SCHEMA_VERSION,)])
         self.assertEqual(store.commit(lease, state), 2)
+
+    def test_a_version_8_database_gets_its_status_counts_built_from_the_summary_rows(self) -> None:
+        lease, state = self.committed("a")
+        self.committed("b")
+        done_lease, done = self.committed("c")
+        done.status = Status.DONE
+        self.store.commit(done_lease, done, ())
+        self.store.acquire_lease("n", "me", 30.0, 1000.0)  # a task with no revision
+        self.store.close()
+        self.downgrade(8)
+        self.assertEqual(self.sql("SELECT MAX(version) FROM longrun_schema"), [(8,)])
+        store = self.open()
+        with self.assertLogs("longrun", "INFO") as logs:
+            counts = store.status_counts()
+        self.assertTrue(any("schema migrated to version 9" in line for line in logs.output), logs.output)
+        self.assertEqual(counts, {"running": 2, "done": 1, "new": 1})
+        self.assertEqual(self.sql("SELECT MAX(version) FROM longrun_schema"), [(SCHEMA_VERSION,)])
+        state.status = Status.FAILED  # the triggers count from here on
+        store.commit(lease, state, ())
+        store.release_lease(done_lease, 1001.0)
+        store.delete_task("c", time.time() + 60)
+        self.assertEqual(store.status_counts(), {"running": 1, "failed": 1, "new": 1})
+        self.assertEqual(store.status_counts(), dict(self.sql("SELECT status, COUNT(*) FROM longrun_summaries GROUP BY status")))
 
 
 class BlobTests(SqliteCase):

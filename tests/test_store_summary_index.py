@@ -126,6 +126,25 @@ class SummaryIndexTests(support.TempDirTest):
         self.assertIn("is damaged", "\n".join(logs.output))
         self.assertTrue([name for name in os.listdir(self.root) if name.startswith(INDEX_FILE + ".damaged.")], "set aside, not deleted")
 
+    def test_a_version_1_index_gets_its_status_counts_built_in_place_and_kept_by_each_write(self) -> None:
+        commit(self.store, "a", Status.DONE)
+        commit(self.store, "b", Status.CANCELLED, NOW + 1)
+        commit(self.store, "c", Status.DONE, NOW + 2)
+        self.store.close()
+        path = os.path.join(self.root, INDEX_FILE)
+        with sqlite3.connect(path) as connection:  # what version 1 left: no counts, no triggers
+            connection.execute("DROP TABLE status_counts")  # its triggers go with it
+            connection.execute("UPDATE meta SET value = '1' WHERE name = 'version'")
+        store = JsonFileStore(self.root)
+        with mock.patch.object(JsonFileStore, "load", side_effect=AssertionError("the rows are kept, not rebuilt")):
+            self.assertEqual(store.status_counts(), {"done": 2, "cancelled": 1})
+        commit(store, "d", Status.FAILED, NOW + 3)
+        self.assertEqual(store.status_counts(), {"done": 2, "cancelled": 1, "failed": 1})
+        with sqlite3.connect(path) as connection:
+            self.assertEqual(connection.execute("SELECT value FROM meta WHERE name = 'version'").fetchall(), [("2",)])
+            rows = dict(connection.execute("SELECT status, COUNT(*) FROM summaries GROUP BY status").fetchall())
+        self.assertEqual(store.status_counts(), rows)
+
     def test_a_deleted_task_leaves_the_index_even_if_the_deletion_was_cut_short(self) -> None:
         commit(self.store, "a", Status.DONE)
         commit(self.store, "b", Status.DONE)

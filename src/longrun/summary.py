@@ -28,8 +28,8 @@ from .ledger import EffectState
 from .outcome import Status
 
 __all__ = [
-    "FUNCTION_NAMES_SQL", "FUNCTION_STEP", "MAX_ERROR_CHARS", "NEW", "SUMMARY_COLUMNS", "SUMMARY_STATUSES", "UNREADABLE", "SummaryQuery", "TaskSummary",
-    "glob_prefix", "glob_regex", "summarize",
+    "FUNCTION_NAMES_SQL", "FUNCTION_STEP", "STATUS_COUNTS_SQL", "MAX_ERROR_CHARS", "NEW", "SUMMARY_COLUMNS", "SUMMARY_STATUSES", "UNREADABLE", "SummaryQuery", "TaskSummary",
+    "fill_status_counts", "glob_prefix", "sqlite_status_counters", "glob_regex", "summarize",
 ]  # fmt: skip
 
 FUNCTION_STEP = INTERNAL_PREFIX + "function"
@@ -52,6 +52,35 @@ FUNCTION_NAMES_SQL = """WITH RECURSIVE names (name) AS (
 ) SELECT name FROM names WHERE name IS NOT NULL"""
 """The distinct function names of a summary table (``{table}``), each found by one seek on the
 function index from the last (a loose index scan): O(functions), not O(rows), in SQLite and PostgreSQL."""
+
+STATUS_COUNTS_SQL = "SELECT status, SUM(tasks) FROM {counts} GROUP BY status HAVING SUM(tasks) <> 0"
+"""How many tasks have each status, from a status count table (``{counts}``): its rows are
+deltas (a shard's count may go below zero; a status's sum is its count), so a page's count of
+tasks by status reads a few rows, not every summary row."""
+
+
+def sqlite_status_counters(summaries: str, counts: str) -> list[str]:
+    """SQLite's DDL for a status count table ``counts`` kept by triggers on the summary table
+    ``summaries``, so every statement that inserts, deletes or changes the status of a summary row
+    counts it in its own transaction (SQLite has one writer at a time: one shard, 0). A row whose
+    status does not change writes nothing here. Then fill it once with ``fill_status_counts``."""
+    bump = (
+        f"INSERT INTO {counts} (status, shard, tasks) VALUES (new.status, 0, 1) "
+        f"ON CONFLICT (status, shard) DO UPDATE SET tasks = tasks + 1;"
+    )
+    drop = f"UPDATE {counts} SET tasks = tasks - 1 WHERE status = old.status AND shard = 0;"
+    return [
+        f"CREATE TABLE IF NOT EXISTS {counts} (status TEXT NOT NULL, shard INTEGER NOT NULL, tasks INTEGER NOT NULL, PRIMARY KEY (status, shard))",
+        f"CREATE TRIGGER IF NOT EXISTS {counts}_insert AFTER INSERT ON {summaries} BEGIN {bump} END",
+        f"CREATE TRIGGER IF NOT EXISTS {counts}_delete AFTER DELETE ON {summaries} BEGIN {drop} END",
+        f"CREATE TRIGGER IF NOT EXISTS {counts}_update AFTER UPDATE OF status ON {summaries} "
+        f"WHEN old.status IS NOT new.status BEGIN {drop} {bump} END",
+    ]
+
+
+def fill_status_counts(summaries: str, counts: str) -> str:
+    """The statement that counts every summary row once into an empty status count table."""
+    return f"INSERT INTO {counts} (status, shard, tasks) SELECT status, 0, COUNT(*) FROM {summaries} GROUP BY status"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -37,7 +37,10 @@ from ..ledger import EffectRecord
 from ..messages import Message, decode_message, encode_message
 from ..outcome import Evidence
 from ..protocols import LoadResult
-from ..summary import FUNCTION_NAMES_SQL, MAX_ERROR_CHARS, NEW, SUMMARY_COLUMNS, SUMMARY_STATUSES, UNREADABLE, SummaryQuery, TaskSummary, summarize
+from ..summary import (
+    FUNCTION_NAMES_SQL, MAX_ERROR_CHARS, NEW, STATUS_COUNTS_SQL, SUMMARY_COLUMNS, SUMMARY_STATUSES, UNREADABLE, SummaryQuery, TaskSummary,
+    sqlite_status_counters, summarize,
+)  # fmt: skip
 from .blobs import Blob, BlobCodec, BlobFetcher, BlobRef, large_values, resolve_record_json, stored_record_json
 from ._sql_schema import SCHEMA_VERSION, column_text, quarantine_text, row_checksum, utf8_bytes
 from ._sql_connection import SqlConnection
@@ -154,6 +157,10 @@ class SqlStore(BaseStore):
     def _routines(self) -> list[str]:
         """The DDL of the database's server-side routines (schema version 8); none by default."""
         return []
+
+    def _status_counters(self) -> list[str]:
+        """The DDL of the status count table and its triggers (schema version 9); SQLite's by default."""
+        return sqlite_status_counters("longrun_summaries", "longrun_status_counts")
 
     # -- the connection -----------------------------------------------------------------------
 
@@ -919,9 +926,10 @@ f"SELECT {self._SUMMARY_COLUMNS} FROM longrun_summaries{tail}", params
         return summaries
 
     def status_counts(self) -> dict[str, int]:
-        """How many tasks have each status, counted on the summary rows' status index."""
+        """How many tasks have each status, from the status count rows (schema version 9) that
+        triggers on the summary rows keep in each commit's transaction: a few rows, not one a task."""
         with self._db.session(write=False, what="count tasks by status"):
-            rows = self._db.rows("SELECT status, COUNT(*) FROM longrun_summaries GROUP BY status")
+            rows = self._db.rows(STATUS_COUNTS_SQL.format(counts="longrun_status_counts"))
         return {str(status): int(count) for status, count in rows}
 
     def count_summaries(

@@ -69,6 +69,10 @@ class SqlDialect(Protocol):
         """The DDL of the database's server-side routines (schema version 8), or none."""
         ...
 
+    def _status_counters(self) -> list[str]:
+        """The DDL of the status count table and the triggers that keep it (schema version 9)."""
+        ...
+
     def _migrated(self, version: int) -> None:
         """Called in the migration's transaction after the DDL of ``version``: fill what DDL cannot
         (version 6: a summary row from every stored state)."""
@@ -281,7 +285,8 @@ class SqlConnection:
         return current
 
     def _migrate(self, current: int) -> None:
-        for version, description, statements in migrations(dict(self._dialect.types), self._dialect._routines()):
+        dialect = self._dialect
+        for version, description, statements in migrations(dict(dialect.types), dialect._routines(), dialect._status_counters()):
             if version <= current:
                 continue
             for statement in statements:

@@ -39,6 +39,8 @@ database whose version is newer than this code knows is refused with ``SchemaVer
     longrun_summaries      task_id, status, revision, function, parent, created_at, updated_at, wake_at,
                            error, next_action (version 7: ``longrun.summary``; indexed by update
                            time, by status, by function and by parent)
+    longrun_status_counts  status, shard, tasks (version 9: how many tasks have each status, kept by
+                           triggers on longrun_summaries; a status's count is the sum over its shards)
 
 The commit routine (version 8; PostgreSQL only: SQLite runs in the process and needs none).
 ``longrun_commit(...)`` is a PL/pgSQL function that makes a whole commit in one call, so in one
@@ -53,7 +55,11 @@ The summary row. Every commit upserts the task's summary row in its own transact
 checked by the same transaction), so a summary is exactly the committed state's; a task's row is
 created with the task (status ``new``). A database migrated to version 7 has its summaries built
 from every stored state in the migration's transaction. Listings read only this table and its
-indexes: a page costs O(page), not O(tasks).
+indexes: a page costs O(page), not O(tasks). How many tasks have each status is kept apart
+(version 9): triggers on the summary table add and take away in the status count rows whenever
+a summary row is inserted, deleted or changes status, in the same transaction (a commit that
+leaves the status as it was writes no count row); a database migrated to version 9 has the
+counts built from its summary rows in the migration's transaction.
 
 A commit writes the header row and only the effect rows the runner says changed (plus any row the
 store has not written yet), so its cost grows with the change, not with the ledger. A declared
@@ -87,15 +93,18 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..canonical import sha256_hex
+from ..summary import fill_status_counts
 
-__all__ = ["SCHEMA_VERSION", "column_text", "migrations", "quarantine_text", "row_checksum", "utf8_bytes"]
+__all__ = ["SCHEMA_VERSION", "column_text", "migrations", "postgres_status_counters", "quarantine_text", "row_checksum", "utf8_bytes"]
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 
-def migrations(types: dict[str, str], routines: Sequence[str] = ()) -> list[tuple[int, str, list[str]]]:
+def migrations(types: dict[str, str], routines: Sequence[str] = (), counters: Sequence[str] = ()) -> list[tuple[int, str, list[str]]]:
     """Every schema version, in order, as DDL in the dialect's column types; ``routines`` is the
-    dialect's server-side code (version 8: PostgreSQL's commit function; SQLite has none)."""
+    dialect's server-side code (version 8: PostgreSQL's commit function; SQLite has none);
+    ``counters`` the dialect's status count table and the triggers that keep it (version 9:
+    ``summary.sqlite_status_counters`` or ``postgres_status_counters``)."""
     t = types
     return [
         (
@@ -235,6 +244,56 @@ def migrations(types: dict[str, str], routines: Sequence[str] = ()) -> list[tupl
             "a commit in one call to the server: the database's own routine checks the fence and writes the rows",
             list(routines),
         ),
+        (
+            9,
+            "how many tasks have each status, kept by triggers on the summary rows in each commit's transaction",
+            [*counters, "DELETE FROM longrun_status_counts", fill_status_counts("longrun_summaries", "longrun_status_counts")],
+        ),
+    ]
+
+
+def postgres_status_counters() -> list[str]:
+    """PostgreSQL's status count table and the triggers that keep it (schema version 9).
+
+    Each change is counted in the row of its status and of the writing session's shard
+    (``pg_backend_pid() & 15``), not of the task: a commit then locks at most two count rows, both
+    of its own shard, so concurrent commits on other connections never wait for one another here,
+    and a bulk insert of many tasks of one status locks one row. The two rows of a status change
+    are taken in status order, so two sessions of one shard cannot deadlock on them. A row's
+    count may go below zero (a task counted in on one shard, out on another); a status's sum is
+    its count. Only an insert, a delete or a change of status writes here."""
+    return [
+        """CREATE TABLE IF NOT EXISTS longrun_status_counts (
+            status TEXT NOT NULL,
+            shard INTEGER NOT NULL,
+            tasks BIGINT NOT NULL,
+            PRIMARY KEY (status, shard))""",
+        """CREATE OR REPLACE FUNCTION longrun_count_status() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    my_shard INTEGER := pg_backend_pid() & 15;
+    changes TEXT[];
+    change TEXT;
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        changes := ARRAY['+' || NEW.status];
+    ELSIF TG_OP = 'DELETE' THEN
+        changes := ARRAY['-' || OLD.status];
+    ELSIF OLD.status < NEW.status THEN
+        changes := ARRAY['-' || OLD.status, '+' || NEW.status];
+    ELSE
+        changes := ARRAY['+' || NEW.status, '-' || OLD.status];
+    END IF;
+    FOREACH change IN ARRAY changes LOOP
+        INSERT INTO longrun_status_counts AS counted (status, shard, tasks)
+        VALUES (substr(change, 2), my_shard, CASE WHEN left(change, 1) = '+' THEN 1 ELSE -1 END)
+        ON CONFLICT (status, shard) DO UPDATE SET tasks = counted.tasks + excluded.tasks;
+    END LOOP;
+    RETURN NULL;
+END $$""",
+        """CREATE TRIGGER longrun_status_counts_rows AFTER INSERT OR DELETE ON longrun_summaries
+            FOR EACH ROW EXECUTE FUNCTION longrun_count_status()""",
+        """CREATE TRIGGER longrun_status_counts_status AFTER UPDATE OF status ON longrun_summaries
+            FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status) EXECUTE FUNCTION longrun_count_status()""",
     ]
 
 

@@ -49,6 +49,7 @@ from ..envelope import RunState
 from ..errors import InvalidInputError, NotAStoreError, UnknownTaskError
 from ..lease import Lease
 from ._sql import SqlStore, StateWrite
+from ._sql_schema import postgres_status_counters
 
 __all__ = ["PostgresStore", "driver_errors"]
 
@@ -274,6 +275,9 @@ class PostgresStore(SqlStore):
 
     def _routines(self) -> list[str]:
         return [_COMMIT_FUNCTION]
+
+    def _status_counters(self) -> list[str]:
+        return postgres_status_counters()
 
     @contextlib.contextmanager
     def _commit_transaction(self, lease: Lease) -> Generator[None, None, None]:

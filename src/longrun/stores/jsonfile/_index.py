@@ -1,5 +1,7 @@
 """The JSON-file store's summary index: a row per task in ``ROOT/.summaries.sqlite``, so that a
-listing, a filter, a page or a count costs O(page), not a load of every task.
+listing, a filter, a page or a count costs O(page), not a load of every task. How many tasks
+have each status is kept in ``status_counts`` by triggers on the rows, in each row write's own
+transaction, so the counts read a few rows.
 
 The task files are the state of record; the index is derived from them and kept beside them (a
 dot name, never a task id). A row holds the task's summary (``longrun.summary``) and a ``dirty``
@@ -55,14 +57,18 @@ from typing import Any, Callable, Sequence, TypeVar
 
 from ...errors import CorruptStateError, StorageError
 from .._fileio import FileIO
-from ...summary import FUNCTION_NAMES_SQL, NEW, SUMMARY_COLUMNS, SummaryQuery, TaskSummary
+from ...summary import (
+    FUNCTION_NAMES_SQL, NEW, STATUS_COUNTS_SQL, SUMMARY_COLUMNS, SummaryQuery, TaskSummary, fill_status_counts, sqlite_status_counters,
+)  # fmt: skip
 
 __all__ = ["INDEX_FILE", "SummaryIndex"]
 
 log = logging.getLogger("longrun")
 
 INDEX_FILE = ".summaries.sqlite"
-VERSION = "1"
+VERSION = "2"
+"""Version 2 adds the status counts (``status_counts``, kept by triggers on ``summaries``); a
+version 1 index gets them built from its rows in place, any other version is rebuilt."""
 _T = TypeVar("_T")
 
 _SCHEMA = [
@@ -85,6 +91,8 @@ _SCHEMA = [
     "CREATE INDEX IF NOT EXISTS summaries_dirty ON summaries (task_id) WHERE dirty = 1",
     "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
 ]
+_COUNTERS = [*sqlite_status_counters("summaries", "status_counts"), "DELETE FROM status_counts", fill_status_counts("summaries", "status_counts")]
+"""How many rows have each status, kept by triggers as rows are written, in the same transaction."""
 _UPSERT = (
     f"INSERT INTO summaries ({SUMMARY_COLUMNS}, dirty) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (task_id) DO UPDATE SET status = excluded.status, revision = excluded.revision, "
@@ -164,12 +172,13 @@ class SummaryIndex:
             if version is None or version[0] != VERSION:
                 connection.execute("BEGIN IMMEDIATE")
                 try:
-                    if version is not None:  # another version's layout: made again from the files
+                    if version is not None and version[0] != "1":  # another version's layout: made again from the files
                         connection.execute("DROP TABLE IF EXISTS summaries")
+                        connection.execute("DROP TABLE IF EXISTS status_counts")
                         connection.execute("DELETE FROM meta")
-                    for statement in _SCHEMA:
+                    for statement in (*_SCHEMA, *_COUNTERS):  # version 1's rows are kept and counted
                         connection.execute(statement)
-                    connection.execute("INSERT INTO meta (name, value) VALUES ('version', ?) ON CONFLICT (name) DO NOTHING", (VERSION,))
+                    connection.execute("INSERT INTO meta (name, value) VALUES ('version', ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value", (VERSION,))
                     if not set(self._tasks()) - {newcomer}:
                         connection.execute("INSERT INTO meta (name, value) VALUES ('built', '1') ON CONFLICT (name) DO NOTHING")
                     connection.execute("COMMIT")
@@ -264,7 +273,7 @@ class SummaryIndex:
         return [self._summary(row) for row in rows]
 
     def counts(self) -> dict[str, int]:
-        rows = self._run("count", lambda connection: connection.execute("SELECT status, COUNT(*) FROM summaries GROUP BY status").fetchall())
+        rows = self._run("count", lambda connection: connection.execute(STATUS_COUNTS_SQL.format(counts="status_counts")).fetchall())
         return {str(value): int(count) for value, count in rows}
 
     def function_names(self) -> list[str]:
