@@ -138,3 +138,17 @@ class EnvelopeTests(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class EncodingTests(unittest.TestCase):
+    def test_the_envelope_is_the_canonical_encoding_of_its_fields_with_the_body_encoded_once(self) -> None:
+        from longrun.canonical import canonical_bytes, sha256_hex
+        from longrun.envelope import FORMAT, SCHEMA_VERSION
+
+        state = RunState(task_id="t", plan_digest="sha256:" + "0" * 64, budget=BudgetCounters(created_at=1.0), created_at=1.0, updated_at=2.0, revision=1)
+        for step_id, payload in (("small", {"n": 1, "text": "caf\u00e9 \u2603"}), ("long", {"blob": "x" * 40_000, "quote": '"\\'})):
+            state.effects[step_id] = EffectRecord(f"t/{step_id}", step_id, "write", payload, "sha256:" + "1" * 64, EffectState.PLANNED, updated_at=3.0)
+        body = state.to_json()
+        expected = canonical_bytes({"format": FORMAT, "schema_version": SCHEMA_VERSION, "checksum": "sha256:" + sha256_hex(canonical_bytes(body)), "state": body})
+        self.assertEqual(encode(state), expected + b"\n")
+        self.assertEqual(decode(encode(state)).to_json(), body)

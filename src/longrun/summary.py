@@ -137,8 +137,8 @@ class TaskSummary:
         )  # fmt: skip
 
 
-def summarize(state: RunState, *, created_at: float | None = None) -> TaskSummary:
-    """The summary of ``state``. O(1) for a running or finished task; a task that stops to wait or
+def summarize(state: RunState, *, created_at: float | None = None, revision: int | None = None) -> TaskSummary:
+    """The summary of ``state`` (at ``revision``, if given: the one a write is about to give it). O(1) for a running or finished task; a task that stops to wait or
     on an error is scanned once for its wake time and last error (at that stop, not per effect)."""
     record = state.effects.get(FUNCTION_STEP)
     payload = record.payload if record is not None else None
@@ -159,7 +159,7 @@ def summarize(state: RunState, *, created_at: float | None = None) -> TaskSummar
     return TaskSummary(
         task_id=state.task_id,
         status=state.status.value,
-        revision=state.revision,
+        revision=state.revision if revision is None else revision,
         function=function if isinstance(function, str) else None,
         parent=parent if isinstance(parent, str) else None,
         created_at=state.created_at if created_at is None else created_at,

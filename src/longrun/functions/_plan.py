@@ -7,7 +7,7 @@ import asyncio
 import inspect
 from typing import Any
 
-from ..canonical import JSONValue, digest_of, ensure_json
+from ..canonical import MAX_VALUE_BYTES, JSONValue, digest_of, ensure_json
 from ..contract import INTERNAL_PREFIX, RunContract, Step
 from ..deadline import TaskDeadline, earliest
 from ..engine import Engine, Stop, procedures
@@ -81,13 +81,15 @@ class FunctionPlan:
         """The state a first run records before it calls the function (``initial`` on a new state):
         what ``Store.record_new`` writes for ``fn.start`` without running the engine. A test holds
         it equal to what the engine records."""
-        step = Step(FUNCTION_STEP, FUNCTION_STEP, self._payload)
-        static = step.static_payload
-        assert static is not None  # a function's record has a static payload: its name and arguments
-        payload, digest = static
-        record = EffectRecord(
-            key=step.effect_key(task_id), step_id=FUNCTION_STEP, action=FUNCTION_STEP, payload=payload,
-            payload_digest=digest, updated_at=now,
+        # The payload is plain JSON already (its arguments checked by ``ensure_json`` where they
+        # entered, the rest this module's strings): it is encoded once, for its digest and its size
+        # limit, as ``Step`` would; a ``Step`` (which checks it again and builds the plan digest's
+        # parts, which no durable function uses) and a second check of the record are not made.
+        payload = self._payload
+        digest = digest_of(payload, what=f"step {FUNCTION_STEP!r} payload", max_bytes=MAX_VALUE_BYTES, checked=True)
+        record = EffectRecord.from_checked(
+            (f"{task_id}/{FUNCTION_STEP}", FUNCTION_STEP, FUNCTION_STEP, payload, digest, EffectState.PLANNED, 0, 0, None, 0.0,
+             None, None, None, None, None, now, None)
         )  # fmt: skip
         asked = self._deadline_asked
         return RunState(

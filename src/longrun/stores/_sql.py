@@ -13,7 +13,6 @@ and how damage is handled are described in ``stores._sql_schema``.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import itertools
 import logging
@@ -717,9 +716,9 @@ class SqlStore(BaseStore):
         its effect rows, its blob rows, its outline row (None without an outline) and its summary
         row, each encoded and checked as ``_put_state`` does, before anything is written."""
         task_id = state.task_id
-        first = copy.copy(state)  # shallow copies: the state was checked (``_check_new``), nothing to check again
-        first.revision, first.lease_epoch, first.lease_owner, first.lease_expires_at = 1, 0, self.RECORDER, RELEASED
-        bare = copy.copy(first)
+        bare = object.__new__(RunState)  # a shallow copy: the state was checked (``_check_new``), nothing to check again
+        bare.__dict__.update(state.__dict__)
+        bare.revision, bare.lease_epoch, bare.lease_owner, bare.lease_expires_at = 1, 0, self.RECORDER, RELEASED
         bare.effects, bare.plan_outline = {}, None
         header = encode(bare)
         check_loadable(header, f"task {task_id!r}: the state header")
@@ -740,7 +739,7 @@ class SqlStore(BaseStore):
             header.decode("utf-8"), row_checksum(header), state.updated_at,
         )  # fmt: skip
         blobs: list[tuple[object, ...]] = [(task_id, blob.ref.sha256, blob.data) for blob in codec.to_write(referenced)]
-        return row, effects, blobs, outline, tuple(summarize(first).to_json().values())
+        return row, effects, blobs, outline, tuple(summarize(state, revision=1).to_json().values())
 
     # -- control records ----------------------------------------------------------------------
 
