@@ -22,6 +22,7 @@ import time
 import urllib.error
 import urllib.request
 from typing import Any
+from unittest import mock
 
 from helpers import pg_support, support
 from helpers.fleet_support import TASKS_DIR, fleet_env
@@ -30,7 +31,7 @@ from helpers.optional import installed, skip_or_fail
 import longrun
 from longrun import EffectRequest, JsonFileStore, PermanentError, PostgresStore, Receipt, RetryPolicy, SqliteStore, Status, Store
 from longrun.cli import main
-from longrun.metrics import DURATION_BOUNDS, FAILED_STATUSES, MetricsSnapshot, collect, failure_of, render
+from longrun.metrics import DURATION_BOUNDS, FAILED_STATUSES, LEDGER_FAMILIES, MetricsSnapshot, collect, failure_of, render
 from longrun.stores.queue import open_queue
 from longrun.telemetry import LATENCY_BOUNDS
 from longrun.testing import FakeClock, OutboxAdapter
@@ -228,6 +229,26 @@ class StoreCases(MetricsCase):
         self.assertIn("# TYPE longrun_effects_applied_total counter", text)
         self.assertEqual(snapshot.value("longrun_effects_applied_total", action="mail.send"), 6)
 
+    def test_from_the_summaries_the_same_families_without_the_ledgers_loading_only_what_they_need(self) -> None:
+        self.build()
+        full = collect(self.store, now=self.now)
+        store_type = type(self.store)
+        real_load = store_type.load
+        loaded: list[str] = []
+
+        def load(store: Any, task_id: str, *args: Any, **kwargs: Any) -> Any:
+            loaded.append(task_id)
+            return real_load(store, task_id, *args, **kwargs)
+
+        with mock.patch.object(store_type, "load", load):
+            brief = collect(self.store, now=self.now, ledgers=False)
+        self.assertEqual(sorted(loaded), ["ask-1", "blocked-1", "gated-1"], "the ended tasks are read from their summaries")
+        kept = [family for family in full.families if family.name not in LEDGER_FAMILIES]
+        self.assertEqual([family.name for family in brief.families], [family.name for family in kept])
+        for ours, theirs in zip(brief.families, kept):
+            self.assertEqual(sorted(map(repr, ours.samples)), sorted(map(repr, theirs.samples)), ours.name)
+        self.assertIsNone(brief.value("longrun_effects_applied_total", action="mail.send"))
+
     def test_the_counters_are_the_same_from_another_process_and_after_a_restart(self) -> None:
         self.build()
         here = render(collect(self.store, now=self.now))
@@ -278,6 +299,12 @@ class JsonFileStoreMetricsTests(StoreCases):
         document = json.loads(out.getvalue())
         [tasks] = [family for family in document["families"] if family["name"] == "longrun_tasks"]
         self.assertEqual(sum(item["value"] for item in tasks["samples"]), 5)
+        out = io.StringIO()
+        with contextlib_redirect(out, io.StringIO()):
+            self.assertEqual(main(["metrics", "--summaries", self.path("store")]), 0)
+        families = parse(out.getvalue())
+        self.assertEqual(sample(families, "longrun_tasks", "longrun_tasks", status="blocked", function=self.names["refused"]), 1)
+        self.assertNotIn("longrun_effects_applied", families, "only every ledger says it")
         with contextlib_redirect(io.StringIO(), err := io.StringIO()):
             self.assertEqual(main(["metrics", self.path("no-such-store")]), 2)
         self.assertIn("longrun metrics: error:", err.getvalue())

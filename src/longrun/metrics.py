@@ -40,8 +40,14 @@ Families (each with its HELP and TYPE lines)::
 ``function`` is the durable function's name, empty for a declared plan or a session; ``status`` is
 a run status, ``new``, ``DAMAGED`` or ``UNREADABLE`` (as ``longrun ls`` says).
 
+``collect(store, ledgers=False)`` (``longrun metrics --summaries``) reads the tasks by status and
+function, the run durations and the collect errors from the summary rows instead, and loads only
+the failed tasks, those waiting on a person and the unfinished ones that have run; the effect
+families, step failures and effect latency need every ledger and are left out.
+
 Not guaranteed: a consistent view across tasks (each is read after the other), or a cheap scrape of
-a store with many large ledgers (each scrape loads every state: scrape less often).
+a store with many large ledgers (each scrape loads every state: scrape less often, or scrape the
+summaries).
 """
 
 from __future__ import annotations
@@ -58,7 +64,8 @@ from .errors import CorruptStateError, LongrunError
 from .ledger import EffectRecord, EffectState
 from .outcome import TERMINAL, Status
 from .progress import pending_of
-from .protocols import Store
+from .protocols import Store, SummaryStore
+from .summary import TaskSummary
 from .telemetry import LATENCY_BOUNDS, EffectLatency
 
 __all__ = [
@@ -66,6 +73,7 @@ __all__ = [
     "DURATION_BOUNDS",
     "FAILED_STATUSES",
     "FleetView",
+    "LEDGER_FAMILIES",
     "MetricFamily",
     "MetricsSnapshot",
     "Sample",
@@ -246,7 +254,18 @@ class _Families:
         return tuple(families)
 
 
-def _declare(families: _Families) -> None:
+LEDGER_FAMILIES = frozenset({
+    "longrun_step_failures_total", "longrun_effects", "longrun_effects_applied_total", "longrun_effects_verified_total",
+    "longrun_effects_uncertain_total", "longrun_effects_retried_total", "longrun_effect_latency_seconds",
+})  # fmt: skip
+"""The families only every task's ledger answers: left out of ``collect(ledgers=False)``."""
+_LOADED_FOR = frozenset({*(status.value for status in FAILED_STATUSES), Status.AWAITING_APPROVAL.value, Status.AWAITING_INPUT.value})
+"""Summary statuses whose task ``collect(ledgers=False)`` loads: a failure's error type, a pending request."""
+_NOT_LOADED = frozenset({*(status.value for status in TERMINAL), Status.QUEUED.value, "new", "unreadable"})
+"""Summary statuses whose task it does not load otherwise (an unfinished task is loaded for its progress report)."""
+
+
+def _declare(families: _Families, *, ledgers: bool = True) -> None:
     for name, kind, help in (
         ("longrun_tasks", "gauge", "Tasks in the store by status and durable function (empty for a plan or a session)."),
         ("longrun_tasks_failed", "gauge", "Tasks whose run ended or stopped on an error, by function and error type."),
@@ -271,21 +290,37 @@ def _declare(families: _Families) -> None:
         ("longrun_effect_latency_seconds", "histogram", "Time from an effect attempt's start to its verification, by action."),
         ("longrun_collect_errors", "gauge", "Tasks whose state could not be read while collecting (DAMAGED or UNREADABLE)."),
     ):  # fmt: skip
-        families.declare(name, kind, help)
+        if ledgers or name not in LEDGER_FAMILIES:
+            families.declare(name, kind, help)
 
 
-def collect(store: Store, fleet: FleetView | None = None, *, now: float | None = None, tasks: Iterable[str] | None = None) -> MetricsSnapshot:
-    """Read ``store`` (every task, or ``tasks``) and ``fleet`` once; return what they say as metrics."""
+def collect(
+    store: Store, fleet: FleetView | None = None, *, now: float | None = None, tasks: Iterable[str] | None = None, ledgers: bool = True
+) -> MetricsSnapshot:
+    """Read ``store`` (every task, or ``tasks``) and ``fleet`` once; return what they say as metrics.
+
+    With ``ledgers=False`` (a store that keeps summaries: ``SummaryStore``, and no ``tasks``), what
+    the summary rows answer is read from them, not from every state: the tasks by status and
+    function, the run durations, the collect errors (a summary marked unreadable). Only the tasks
+    that need their state are loaded: a failed one (its error type), one waiting on a person (its
+    pending requests) and an unfinished one that has run (its progress report); a queued, new or
+    ended task is not. The families that only every ledger answers (``LEDGER_FAMILIES``: effects
+    by action and state, the effect counters, step failures, effect latency) are left out."""
     at = time.time() if now is None else now
+    if not ledgers and (tasks is not None or not isinstance(store, SummaryStore)):
+        ledgers = True  # nothing lists the summaries: every state is read
     families = _Families()
-    _declare(families)
+    _declare(families, ledgers=ledgers)
     for kind in ("approval", "question"):
         families.set("longrun_pending_requests", 0.0, kind=kind)
         families.set("longrun_pending_request_oldest_age_seconds", 0.0, kind=kind)
     families.set("longrun_collect_errors", 0.0)
     latency: dict[str, tuple[list[float], float]] = {}
     durations: dict[str, tuple[list[float], float]] = {}
-    for task_id in store.list_tasks() if tasks is None else tasks:
+    if not ledgers:
+        assert isinstance(store, SummaryStore)
+        _from_summaries(families, store, store.list_summaries(), at, durations)
+    for task_id in () if not ledgers else store.list_tasks() if tasks is None else tasks:
         try:
             state = store.load(task_id).state
         except CorruptStateError:
@@ -309,19 +344,57 @@ def collect(store: Store, fleet: FleetView | None = None, *, now: float | None =
     return MetricsSnapshot(families.build(), at)
 
 
+def _from_summaries(
+    families: _Families, store: Store, summaries: Iterable[TaskSummary], now: float, durations: dict[str, tuple[list[float], float]]
+) -> None:
+    """``collect(ledgers=False)``'s reading: every summary row, and the states only some need."""
+    for summary in summaries:
+        function = summary.function or ""
+        if summary.status == "unreadable":
+            families.add("longrun_tasks", 1.0, status="UNREADABLE", function="")
+            families.add("longrun_collect_errors", 1.0)
+            continue
+        families.add("longrun_tasks", 1.0, status=summary.status, function=function)
+        if summary.status in _TERMINAL_VALUES and summary.created_at is not None and summary.updated_at is not None:
+            _add_duration(durations, function, summary.updated_at - summary.created_at)
+        if summary.status in _LOADED_FOR or summary.status not in _NOT_LOADED:
+            try:
+                state = store.load(summary.task_id).state
+            except LongrunError:
+                families.add("longrun_collect_errors", 1.0)  # counted by its summary's status above
+                continue
+            if state is not None:
+                _task(families, state, now, {}, durations, ledgers=False)
+
+
+_TERMINAL_VALUES = frozenset(status.value for status in TERMINAL)
+
+
+def _add_duration(durations: dict[str, tuple[list[float], float]], function: str, seconds: float) -> None:
+    counts, total = durations.setdefault(function, ([0.0] * (len(DURATION_BOUNDS) + 1), 0.0))
+    seconds = max(0.0, seconds)
+    counts[_bucket(DURATION_BOUNDS, seconds)] += 1
+    durations[function] = (counts, total + seconds)
+
+
 def _task(
     families: _Families,
     state: RunState,
     now: float,
     latency: dict[str, tuple[list[float], float]],
     durations: dict[str, tuple[list[float], float]],
+    *,
+    ledgers: bool = True,
 ) -> None:
+    """One task's samples; without ``ledgers``, only what its summary did not give (its error
+    type, its pending requests, its progress)."""
     function = function_of(state)
-    families.add("longrun_tasks", 1.0, status=state.status.value, function=function)
+    if ledgers:
+        families.add("longrun_tasks", 1.0, status=state.status.value, function=function)
     error_type = failure_of(state)
     if error_type is not None:
         families.add("longrun_tasks_failed", 1.0, function=function, error_type=error_type)
-    for record in state.effects.values():
+    for record in state.effects.values() if ledgers else ():
         action = record.action
         if record.state is EffectState.FAILED:
             families.add("longrun_step_failures_total", 1.0, function=function, error_type=_error_type(record))
@@ -338,13 +411,10 @@ def _task(
     for request in pending_of(state):
         families.add("longrun_pending_requests", 1.0, kind=request.kind)
         families.maximum("longrun_pending_request_oldest_age_seconds", max(0.0, now - request.requested_at), kind=request.kind)
-    if state.effect_latency is not None:
+    if state.effect_latency is not None and ledgers:
         _add_latency(latency, state.effect_latency)
-    if state.status in TERMINAL:
-        counts, total = durations.setdefault(function, ([0.0] * (len(DURATION_BOUNDS) + 1), 0.0))
-        seconds = max(0.0, state.updated_at - state.created_at)
-        counts[_bucket(DURATION_BOUNDS, seconds)] += 1
-        durations[function] = (counts, total + seconds)
+    if state.status in TERMINAL and ledgers:
+        _add_duration(durations, function, state.updated_at - state.created_at)
     report = state.progress
     if report is not None and state.status not in TERMINAL:
         labels = {"task": state.task_id, "function": function}

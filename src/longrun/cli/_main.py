@@ -243,7 +243,7 @@ def _store_command(args: argparse.Namespace, store: Store, label: str, out: Text
     if args.command == "metrics":
         from ._metrics import cmd_metrics
 
-        return cmd_metrics(store, args.json, out)
+        return cmd_metrics(store, args.json, out, summaries=args.summaries)
     if args.command == "status":
         from ._inspect import cmd_status
 

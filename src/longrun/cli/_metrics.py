@@ -30,16 +30,17 @@ __all__ = ["CONTENT_TYPE", "MetricsEndpoint", "cmd_metrics", "metrics_text", "sn
 log = logging.getLogger("longrun")
 
 
-def snapshot_of(store: Store) -> MetricsSnapshot:
-    """The store's metrics, with its fleet's (workers, queue) when the store can have a fleet."""
+def snapshot_of(store: Store, *, ledgers: bool = True) -> MetricsSnapshot:
+    """The store's metrics, with its fleet's (workers, queue) when the store can have a fleet;
+    without ``ledgers``, those the summary rows answer (``metrics.collect``)."""
     from ..stores.queue import open_queue
 
     try:
         queue = open_queue(store)
     except InvalidInputError:  # a store no fleet runs on (an in-memory one): its tasks only
-        return collect(store)
+        return collect(store, ledgers=ledgers)
     try:
-        return collect(store, queue)
+        return collect(store, queue, ledgers=ledgers)
     finally:
         queue.close()
 
@@ -49,8 +50,8 @@ def metrics_text(store: Store) -> str:
     return render(snapshot_of(store))
 
 
-def cmd_metrics(store: Store, as_json: bool, out: TextIO) -> int:
-    snapshot = snapshot_of(store)
+def cmd_metrics(store: Store, as_json: bool, out: TextIO, *, summaries: bool = False) -> int:
+    snapshot = snapshot_of(store, ledgers=not summaries)
     if as_json:
         write_json(out, snapshot.to_json())
     else:

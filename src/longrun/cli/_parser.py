@@ -462,6 +462,11 @@ def build_parser() -> argparse.ArgumentParser:
         "/metrics; `longrun worker --metrics-port` serves it to a scraper. See docs/observability.md.",
     )
     add_store(metrics, task=False)
+    metrics.add_argument(
+        "--summaries", action="store_true",
+        help="read tasks by status and function and run durations from the summary rows, loading only failed, waiting "
+        "and running tasks; leaves out the families only every ledger answers (effects, step failures, effect latency)",
+    )  # fmt: skip
     add_json(metrics, "{collected_at, families: [{name, type, help, samples: [{name, labels, value}]}]}")
 
     queues = add("queues", "list the fleet's queues: depth, running, oldest wait and limits (read-only)")
