@@ -269,25 +269,19 @@ def postgres_status_counters() -> list[str]:
             tasks BIGINT NOT NULL,
             PRIMARY KEY (status, shard))""",
         """CREATE OR REPLACE FUNCTION longrun_count_status() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    my_shard INTEGER := pg_backend_pid() & 15;
-    changes TEXT[];
-    change TEXT;
 BEGIN
-    IF TG_OP = 'INSERT' THEN
-        changes := ARRAY['+' || NEW.status];
-    ELSIF TG_OP = 'DELETE' THEN
-        changes := ARRAY['-' || OLD.status];
-    ELSIF OLD.status < NEW.status THEN
-        changes := ARRAY['-' || OLD.status, '+' || NEW.status];
-    ELSE
-        changes := ARRAY['+' || NEW.status, '-' || OLD.status];
+    IF TG_OP = 'UPDATE' AND OLD.status < NEW.status THEN  -- the two rows in status order
+        INSERT INTO longrun_status_counts AS counted (status, shard, tasks) VALUES (OLD.status, pg_backend_pid() & 15, -1)
+            ON CONFLICT (status, shard) DO UPDATE SET tasks = counted.tasks - 1;
     END IF;
-    FOREACH change IN ARRAY changes LOOP
-        INSERT INTO longrun_status_counts AS counted (status, shard, tasks)
-        VALUES (substr(change, 2), my_shard, CASE WHEN left(change, 1) = '+' THEN 1 ELSE -1 END)
-        ON CONFLICT (status, shard) DO UPDATE SET tasks = counted.tasks + excluded.tasks;
-    END LOOP;
+    IF TG_OP <> 'DELETE' THEN
+        INSERT INTO longrun_status_counts AS counted (status, shard, tasks) VALUES (NEW.status, pg_backend_pid() & 15, 1)
+            ON CONFLICT (status, shard) DO UPDATE SET tasks = counted.tasks + 1;
+    END IF;
+    IF TG_OP = 'DELETE' OR (TG_OP = 'UPDATE' AND OLD.status > NEW.status) THEN
+        INSERT INTO longrun_status_counts AS counted (status, shard, tasks) VALUES (OLD.status, pg_backend_pid() & 15, -1)
+            ON CONFLICT (status, shard) DO UPDATE SET tasks = counted.tasks - 1;
+    END IF;
     RETURN NULL;
 END $$""",
         """CREATE TRIGGER longrun_status_counts_rows AFTER INSERT OR DELETE ON longrun_summaries
