@@ -273,6 +273,10 @@ class ConsoleServer(http.server.ThreadingHTTPServer):
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}/?token={self.console.token}"
 
+    def server_close(self) -> None:
+        super().server_close()
+        self.console.close()
+
 
 def start_console(
     store: Store,

@@ -35,7 +35,7 @@ from ..progress import progress_of
 from ..lease import Lease
 from ..protocols import LoadManyStore, LoadResult, Store, SummaryStore
 from ..summary import SUMMARY_STATUSES, UNREADABLE, TaskSummary
-from ..stores.queue import QueueEntry, WorkerRecord, open_queue
+from ..stores.queue import QueueEntry, TaskQueue, WorkerRecord, open_queue
 from ._common import name_store, short_digest
 from ._inspect import LS_STATUSES, NO_STATE_ACTION, parse_since, reported_line
 
@@ -358,17 +358,23 @@ class Fleet:
         return dict(sorted(grouped.items()))
 
 
-def read_fleet(store: Store, *, rows: bool = True) -> Fleet:
+def read_fleet(store: Store, *, rows: bool = True, kept: list[TaskQueue] | None = None) -> Fleet:
     """The workers and the queue's rows (without ``rows``: only their count due now, for the band),
     from the fleet's tables; for a JSON-file store whose fleet file does not exist, none (it is not
-    created to answer)."""
+    created to answer). With ``kept``, the queue is kept open there between calls (its owner closes
+    it): a page then costs no new connection to the fleet's tables (a PostgreSQL session's setup)."""
     root = getattr(store, "root", None)
     if isinstance(root, str) and not os.path.exists(os.path.join(root, ".fleet.sqlite")):
         return Fleet(note="no worker has used this store")
-    try:
-        queue = open_queue(store)
-    except InvalidInputError as exc:
-        return Fleet(note=str(exc))
+    if kept:
+        queue = kept[0]
+    else:
+        try:
+            queue = open_queue(store)
+        except InvalidInputError as exc:
+            return Fleet(note=str(exc))
+        if kept is not None:
+            kept.append(queue)
     try:
         if not rows:
             return Fleet(tuple(queue.workers()), due_now=queue.due_count())
@@ -376,7 +382,8 @@ def read_fleet(store: Store, *, rows: bool = True) -> Fleet:
     except LongrunError as exc:
         return Fleet(note=f"the fleet's tables cannot be read: {exc}")
     finally:
-        queue.close()
+        if kept is None:
+            queue.close()
 
 
 @dataclass(frozen=True, slots=True)

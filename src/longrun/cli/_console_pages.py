@@ -23,6 +23,7 @@ import secrets
 import threading
 import time
 import urllib.parse
+import weakref
 from typing import Any, Callable, Mapping, Sequence
 
 from ..contract import ASK_ACTION
@@ -35,7 +36,7 @@ from ..ledger import EffectState
 from ..outcome import TERMINAL
 from ..progress import progress_of
 from ..protocols import LoadResult, Store
-from ..stores.queue import QueueEntry, WorkerRecord, open_queue
+from ..stores.queue import QueueEntry, TaskQueue, WorkerRecord, open_queue
 from ..task_events import events_of
 from ._common import format_time, lease_summary, relative, short_digest
 from ._console_listing import (
@@ -239,9 +240,17 @@ class Console:
         self.token = secrets.token_urlsafe(32)
         self.csrf = hmac.new(self.token.encode("ascii"), b"longrun console csrf", "sha256").hexdigest()
         self.lock = threading.Lock()
+        self.fleet_queue: list[TaskQueue] = []
+        """The fleet's queue, opened by the first page that reads it and kept (``read_fleet``'s ``kept``); ``close`` closes it."""
+        weakref.finalize(self, _close_all, self.fleet_queue)
         self.row_cache = RowCache()
         """The rows of tasks at rest, between two renders (``_console_listing.RowCache``)."""
         """Serializes store access: one store object serves every request thread."""
+
+    def close(self) -> None:
+        """Close the fleet's queue the pages kept open (the next page opens it again)."""
+        with self.lock:
+            _close_all(self.fleet_queue)
 
     # -- pages --------------------------------------------------------------------------------
 
@@ -275,13 +284,13 @@ class Console:
 
     def _fleet(self) -> Fleet:
         with self.lock:
-            return read_fleet(self.store)
+            return read_fleet(self.store, kept=self.fleet_queue)
 
     def task_list(self, query: Mapping[str, list[str]]) -> str:
         now = self.clock()
         listing = Listing.from_query(query, now)
         with self.lock:
-            band_fleet = read_fleet(self.store, rows=False)  # the band's figures: a count, not every queue row
+            band_fleet = read_fleet(self.store, rows=False, kept=self.fleet_queue)  # the band's figures: a count, not every queue row
             indexed = indexed_page(self.store, listing, band_fleet, now)
         fleet = band_fleet
         if indexed is not None:  # O(page): from the store's summary index
@@ -820,3 +829,8 @@ class Console:
                 )  # fmt: skip
                 return "cancelled"
         raise ConsoleError(404, "no such action")
+
+
+def _close_all(queues: list[TaskQueue]) -> None:
+    while queues:
+        queues.pop().close()
