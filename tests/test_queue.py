@@ -96,6 +96,14 @@ class QueueCases:
         self.assertEqual(OutboxAdapter(self.outbox).counts(), {})  # type: ignore[attr-defined]  # nothing ran
         self.assertEqual(self.job.run("t1", 2).result, 2)  # type: ignore[attr-defined]  # and each runs as started
 
+    def test_due_count_counts_due_unclaimed_rows_and_stops_past_at_most(self) -> None:
+        self.assertEqual(self.job.start_many([(f"t{i}", (i,)) for i in range(5)]), [True] * 5)
+        self.assertEqual(self.queue.due_count(), 5)  # type: ignore[attr-defined]
+        self.assertEqual(self.queue.due_count(at_most=2), 3, "more than 2")  # type: ignore[attr-defined]
+        self.assertEqual(self.queue.due_count(at_most=9), 5)  # type: ignore[attr-defined]
+        self.queue.claim("w", [self.job.name], 2, 30.0)  # type: ignore[attr-defined]
+        self.assertEqual(self.queue.due_count(), 3)  # type: ignore[attr-defined]
+
     def test_start_records_the_state_a_first_run_records(self) -> None:
         from longrun.functions._plan import Recording
 

@@ -41,7 +41,7 @@ from ._inspect import LS_STATUSES, NO_STATE_ACTION, parse_since, reported_line
 
 __all__ = [
     "FAILED_STATUSES", "FAILURE_WINDOW_S", "PAGE_SIZE", "Fleet", "IndexedPage", "Listing", "RowCache", "Summary", "TaskRow", "complete",
-    "indexed_page", "read_fleet", "read_rows", "short_action", "summary_row",
+    "DUE_COUNT_CAP", "indexed_page", "read_fleet", "read_rows", "short_action", "summary_row",
 ]  # fmt: skip
 
 PAGE_SIZE = 50
@@ -328,6 +328,11 @@ class Listing:
         return pairs
 
 
+DUE_COUNT_CAP = 10_000
+"""The band counts the due rows up to this many and shows more as ``10,000+``: a page costs
+O(page), not a count of every due row."""
+
+
 @dataclass(frozen=True, slots=True)
 class Fleet:
     """The fleet's tables as the console reads them (None: the store has none yet)."""
@@ -337,7 +342,8 @@ class Fleet:
     note: str | None = None
     """Why there are no figures, when there are none."""
     due_now: int | None = None
-    """The queue's depth as the database counted it, for a read without the rows (the band's)."""
+    """The queue's depth as the database counted it, for a read without the rows (the band's);
+    ``DUE_COUNT_CAP + 1``: more than ``DUE_COUNT_CAP``."""
 
     @property
     def alive(self) -> int:
@@ -377,7 +383,7 @@ def read_fleet(store: Store, *, rows: bool = True, kept: list[TaskQueue] | None 
             kept.append(queue)
     try:
         if not rows:
-            return Fleet(tuple(queue.workers()), due_now=queue.due_count())
+            return Fleet(tuple(queue.workers()), due_now=queue.due_count(at_most=DUE_COUNT_CAP))
         return Fleet(tuple(queue.workers()), tuple(queue.entries()))
     except LongrunError as exc:
         return Fleet(note=f"the fleet's tables cannot be read: {exc}")

@@ -40,6 +40,7 @@ from ..stores.queue import QueueEntry, TaskQueue, WorkerRecord, open_queue
 from ..task_events import events_of
 from ._common import format_time, lease_summary, relative, short_digest
 from ._console_listing import (
+    DUE_COUNT_CAP,
     FAILED_STATUSES, PAGE_SIZE, Fleet, Listing, RowCache, Summary, TaskRow, complete, indexed_page, read_fleet, read_rows, short_action,
 )  # fmt: skip
 from ._control import cmd_approve, cmd_cancel, parse_answer, payload_view
@@ -334,7 +335,7 @@ class Console:
             f"oldest requested {relative(summary.oldest_request, now)}" if summary.oldest_request is not None else "none waiting"
         )
         fleet = summary.fleet
-        depth = str(fleet.due) if fleet.note is None else "-"
+        depth = "-" if fleet.note is not None else f"{DUE_COUNT_CAP:,}+" if fleet.due > DUE_COUNT_CAP else str(fleet.due)
         alive = f"{fleet.alive} of {len(fleet.workers)}" if fleet.note is None else "-"
         note = f'<span class="label">{e(fleet.note)}</span>' if fleet.note else ""
         tiles = [

@@ -756,14 +756,19 @@ class TaskQueue:
             for r in rows
         ]
 
-    def due_count(self) -> int:
+    def due_count(self, *, at_most: int | None = None) -> int:
         """How many rows are due now and not claimed (what ``entries`` would show so), counted in
-        the database rather than read row by row."""
+        the database rather than read row by row. With ``at_most``, the count stops past it
+        (``at_most + 1`` means more than ``at_most``): O(at_most), not O(due rows)."""
+        due = (
+            "SELECT 1 FROM longrun_queue WHERE claimed_by IS NULL AND wake_at IS NOT NULL "
+            "AND CASE WHEN not_before > wake_at THEN not_before ELSE wake_at END <= {now}"
+        )
         with self._tables.session("count the due rows", write=False):
-            row = self._tables.one(
-                "SELECT COUNT(*) FROM longrun_queue WHERE claimed_by IS NULL AND wake_at IS NOT NULL "
-                "AND CASE WHEN not_before > wake_at THEN not_before ELSE wake_at END <= {now}"
-            )
+            if at_most is None:
+                row = self._tables.one(f"SELECT COUNT(*) FROM ({due}) AS due")
+            else:
+                row = self._tables.one(f"SELECT COUNT(*) FROM ({due} LIMIT ?) AS due", (max(0, at_most) + 1,))
         return int(row[0])
 
     def change_count(self) -> int | None:
