@@ -45,6 +45,9 @@ function, the run durations and the collect errors from the summary rows instead
 the failed tasks, those waiting on a person and the unfinished ones that have run; the effect
 families, step failures and effect latency need every ledger and are left out.
 
+One concept, so one module, longer than most: collecting the metrics (from the states, or from the
+summary rows) and rendering them, every family's reading beside its declaration.
+
 Not guaranteed: a consistent view across tasks (each is read after the other), or a cheap scrape of
 a store with many large ledgers (each scrape loads every state: scrape less often, or scrape the
 summaries).
