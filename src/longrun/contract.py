@@ -320,7 +320,7 @@ def _plan_encoding(contract: RunContract, steps: Sequence[Step]) -> Iterator[byt
     are laid out around the task id by list slicing, with no Python-level loop over the steps."""
     task_id = contract.task_id.encode("ascii")  # a safe name
     yield b'{"contract":' + canonical_bytes(contract.to_json(), what="plan.contract") + b',"steps":['
-    statics = list(map(_statics_of, steps))
+    statics: list[Any] = list(map(_statics_of, steps))  # every item a 4-tuple once all(statics) holds
     count = len(statics)
     if count and all(statics):
         if _UNBUILT in map(_tails_of, statics):  # a plan digested for the first time: its steps' parts built once
