@@ -139,8 +139,8 @@ def dbos_postgres(steps: int, directory: str) -> dict[str, Any]:
     return {
         "per_step_s": per_step,
         "label": f"DBOS {version('dbos')} on PostgreSQL",
-        "detail": f"one workflow, system database in {where} on PostgreSQL {server // 10000}.{server % 10000} "
-        f"at {parts.hostname}, synchronous_commit={synchronous_commit[0] if synchronous_commit else '?'}",
+        "detail": f"one workflow, system database in {where}, PostgreSQL {server // 10000}.{server % 10000}, "
+        f"synchronous_commit={synchronous_commit[0] if synchronous_commit else '?'}",
     }
 
 
