@@ -243,9 +243,9 @@ def run_module(module: str, verbosity: int) -> dict[str, Any]:
     try:
         suite = unittest.TestLoader().loadTestsFromName(module)
     except unittest.SkipTest as skip:  # a module that skips itself on import, as discover allows
-        suite = unittest.TestSuite([_Placeholder(module, skip=str(skip))])
+        suite = unittest.TestSuite([_placeholder(module, skip=str(skip))])
     except Exception:  # an import that fails other than with ImportError: the module's one error
-        suite = unittest.TestSuite([_Placeholder(module, error=traceback.format_exc())])
+        suite = unittest.TestSuite([_placeholder(module, error=traceback.format_exc())])
     result = unittest.TextTestResult(unittest.runner._WritelnDecorator(stream), True, 2 if verbosity > 1 else 0)  # type: ignore[attr-defined]
     suite(result)
     result.printErrors()
@@ -256,23 +256,16 @@ def run_module(module: str, verbosity: int) -> dict[str, Any]:
     return {**dict(zip(COUNTS, counts)), "module": module, "seconds": time.perf_counter() - started, "output": output, "failed": failed}
 
 
-class _Placeholder(unittest.TestCase):
-    """Stands for a module that could not be loaded: skipped with its reason, or one error."""
+def _placeholder(module: str, *, skip: str = "", error: str = "") -> unittest.TestCase:
+    """Stands for a module that could not be loaded: skipped with its reason (as ``discover``
+    reports it, so that the counts agree), or one failure carrying the import's traceback."""
 
-    def __init__(self, module: str, *, skip: str = "", error: str = "") -> None:
-        super().__init__("test_module")
-        self.module, self.skip, self.error = module, skip, error
+    def test_module(self: unittest.TestCase) -> None:
+        self.fail(f"{module} could not be imported:\n{error}")
 
-    def id(self) -> str:
-        return f"{self.module}.load"
-
-    def __str__(self) -> str:
-        return f"{self.module} (its import)"
-
-    def test_module(self) -> None:
-        if self.skip:
-            self.skipTest(self.skip)
-        self.fail(f"{self.module} could not be imported:\n{self.error}")
+    method = unittest.skip(skip)(test_module) if skip else test_module
+    namespace = {"test_module": method, "id": lambda self: f"{module}.load", "__str__": lambda self: f"{module} (its import)"}
+    return type("ModuleLoad", (unittest.TestCase,), namespace)("test_module")
 
 
 if __name__ == "__main__":
