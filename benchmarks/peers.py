@@ -3,7 +3,10 @@
 Runs the same loop as longrun's benchmark (``STEPS`` sequential no-op steps, each durably recorded)
 through a peer framework, and prints one JSON line: ``{"per_step_s": ..., "label": ...}``, or
 ``{"skipped": "why"}`` when the peer is not installed or cannot run here. A separate process keeps
-a framework's global state, threads and logging out of the other measurements.
+a framework's global state, threads and logging out of the other measurements. ``NAME`` is
+``langgraph`` (SqliteSaver), ``dbos`` (its system database in SQLite, in ``DIRECTORY``) or
+``dbos-postgres`` (its system database on the server ``LONGRUN_TEST_POSTGRES_DSN`` names, in a
+throwaway database this creates and drops; skipped when that variable is not set).
 """
 
 from __future__ import annotations
@@ -90,7 +93,7 @@ def dbos_loop(steps: int, config: dict[str, Any]) -> float:
 def dbos(steps: int, directory: str) -> dict[str, Any]:
     """A DBOS workflow of ``steps`` no-op steps, with its system database in SQLite."""
     try:
-        import dbos as _  # noqa: F401
+        import dbos as _installed  # noqa: F401 - the import is the check
     except ImportError as exc:
         return {"skipped": f"not installed ({exc.name}); pip install dbos"}
     per_step = dbos_loop(steps, {"system_database_url": f"sqlite:///{os.path.join(directory, 'dbos.sqlite')}"})
@@ -109,7 +112,7 @@ def dbos_postgres(steps: int, directory: str) -> dict[str, Any]:
     if not url:
         return {"skipped": "set LONGRUN_TEST_POSTGRES_DSN to include it"}
     try:
-        import dbos as _  # noqa: F401
+        import dbos as _installed  # noqa: F401 - the import is the check
         import psycopg
     except ImportError as exc:
         return {"skipped": f"not installed ({exc.name}); pip install dbos psycopg"}
