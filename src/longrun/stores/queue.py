@@ -236,7 +236,7 @@ class _Tables:
             errors = self.dialect.errors()
             try:
                 self._cursor = self._connection.cursor()
-                self.dialect.begin(self.run, write=write)
+                self.dialect.begin(self.run, write=write, connection=self._connection)
             except errors as exc:
                 self._drop()
                 raise StorageError(f"{self!r}: cannot open a transaction to {what}: {exc}") from exc
@@ -277,7 +277,7 @@ class _Tables:
         errors = self.dialect.errors()
         try:
             self._cursor = self._connection.cursor()
-            self.dialect.begin(self.run, write=False)
+            self.dialect.begin(self.run, write=False, connection=self._connection)
             exists = bool(self.one(self.dialect.schema_exists_sql())[0])
             version = int(self.one("SELECT MAX(version) FROM longrun_fleet_schema")[0] or 0) if exists else 0
             self.dialect.end(self._connection, commit=True)
@@ -287,7 +287,7 @@ class _Tables:
                 )
             if version < SCHEMA_VERSION:
                 self._cursor = self._connection.cursor()
-                self.dialect.begin(self.run, write=True)
+                self.dialect.begin(self.run, write=True, connection=self._connection)
                 self._create()
                 self.dialect.end(self._connection, commit=True)
         except LongrunError:
