@@ -228,6 +228,10 @@ class PostgresStore(SqlStore):
         self._one_call: _OneCall | None = None
         self._reading = False
         self._in_one_statement = False
+        self._task_in_transaction: str | None = None
+        """The task whose transaction is open (``_transaction``)."""
+        self._lease_read: tuple[str, Sequence[Any] | None] | None = None
+        """The lease row ``_clock`` read with the clock, for the next ``_get_lease`` of that task in the transaction."""
         """A read-only load is checking the rows of its one statement (``load``): no other read may run."""
         """A read transaction is open (``_begin``): its end sets the connection's BEGIN back to a write's."""
         """Set while ``commit`` gathers a commit for one ``longrun_commit`` call (``_commit_transaction``)."""
@@ -431,6 +435,7 @@ class PostgresStore(SqlStore):
     def _put_lease(self, lease: Lease) -> None:
         """``SqlStore._put_lease`` in one statement (``_LEASE_WRITE``): the same conditional upsert, the
         same floor, the same refusal when a newer epoch is recorded."""
+        self._lease_read = None
         row = self._db.one(
             _LEASE_WRITE,
             (
@@ -445,9 +450,37 @@ class PostgresStore(SqlStore):
                 write_epoch=lease.epoch,
             )
 
+    @contextlib.contextmanager
+    def _transaction(self, task_id: str, *, create: bool, write: bool = True) -> Generator[None, None, None]:
+        self._task_in_transaction = task_id
+        try:
+            with super()._transaction(task_id, create=create, write=write):
+                yield
+        finally:
+            self._task_in_transaction = None
+            self._lease_read = None
+
     def _clock(self, now: float) -> float:
-        row = self._db.one(f"SELECT {self._now_sql()}")
+        """The server's clock, read once the task's row lock is held; the task's lease row read by the
+        same statement, for the ``_get_lease`` that follows (every lease operation reads the lease
+        right after the clock: one round trip for both)."""
+        task_id = self._task_in_transaction
+        if task_id is None:
+            row = self._db.one(f"SELECT {self._now_sql()}")
+            return float(row[0])
+        row = self._db.one(
+            f"SELECT {self._now_sql()}, l.task_id, {', '.join('l.' + name for name in self._LEASE_COLUMNS.split(', '))} "
+            "FROM (SELECT CAST(? AS TEXT) AS task_id) k LEFT JOIN longrun_leases l ON l.task_id = k.task_id",
+            (task_id,),
+        )
+        self._lease_read = (task_id, None if row[1] is None else tuple(row[2:]))
         return float(row[0])
+
+    def _lease_row(self, task_id: str) -> Sequence[Any] | None:
+        read, self._lease_read = self._lease_read, None
+        if read is not None and read[0] == task_id:
+            return read[1]
+        return super()._lease_row(task_id)
 
 
 _REPEATABLE_READ = 3

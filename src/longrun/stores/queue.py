@@ -260,6 +260,32 @@ class _Tables:
             finally:
                 self._cursor = None
 
+    def single(self, what: str, statement: str, params: Sequence[object]) -> int:
+        """Run one write statement as a transaction of its own and return its row count: in one round
+        trip where the driver has an autocommit mode (PostgreSQL's: neither BEGIN nor COMMIT
+        travels), else in a ``session``. A failure drops the connection and raises ``StorageError``
+        (whether it was written is then unknown, as for a failed COMMIT)."""
+        if not self.dialect.notify:  # SQLite: its session is a local transaction
+            with self.session(what):
+                return int(self.run(statement, params).rowcount)
+        with self._lock:
+            if not self._ready:
+                self._prepare()
+            errors = self.dialect.errors()
+            connection = self._connection
+            try:
+                connection.autocommit = True
+                try:
+                    self._cursor = connection.cursor()
+                    return int(self.run(statement, params).rowcount)
+                finally:
+                    connection.autocommit = False
+            except errors as exc:
+                self._drop()
+                raise StorageError(f"{self!r}: cannot {what}: {exc}") from exc
+            finally:
+                self._cursor = None
+
     def _prepare(self) -> None:
         """Connect, and create or check the tables (once per connection)."""
         if self.dialect.in_store:  # the store's own tables first: the triggers are on them
@@ -684,21 +710,23 @@ class TaskQueue:
             due, due_params = "CASE WHEN ? > {now} THEN ? ELSE {now} END", [float(wake_at), float(wake_at)]
         else:
             due, due_params = "NULL", []
-        with self._tables.session(f"finish task {claim.task_id!r}"):
-            cursor = self._tables.run(
-                f"UPDATE longrun_queue SET claimed_by = NULL, claim_token = NULL, status = ?, "
-                f"wake_at = CASE WHEN nudge <> ? THEN {{now}} ELSE {due} END, "
-                f"failures = {'0' if error is None else 'failures + 1'}, last_error = ?, fingerprint = ?, updated_at = {{now}} "
-                "WHERE task_id = ? AND claim_token = ?",
-                (status, claim.nudge, *due_params, error, fingerprint, claim.task_id, claim.token),
-            )
-            held = bool(cursor.rowcount == 1)
-            woken = wake_in_s is not None and wake_in_s <= 0
-            if wake_parent and claim.parent is not None:
-                self._wake_parent(claim.parent)
-                woken = True
-            if woken:
-                self._tables.notify()
+        statement = (
+            f"UPDATE longrun_queue SET claimed_by = NULL, claim_token = NULL, status = ?, "
+            f"wake_at = CASE WHEN nudge <> ? THEN {{now}} ELSE {due} END, "
+            f"failures = {'0' if error is None else 'failures + 1'}, last_error = ?, fingerprint = ?, updated_at = {{now}} "
+            "WHERE task_id = ? AND claim_token = ?"
+        )
+        params = (status, claim.nudge, *due_params, error, fingerprint, claim.task_id, claim.token)
+        woken = wake_in_s is not None and wake_in_s <= 0
+        parent = claim.parent if wake_parent else None
+        what = f"finish task {claim.task_id!r}"
+        if not woken and parent is None:  # one statement: one round trip where the driver allows
+            return self._tables.single(what, statement, params) == 1
+        with self._tables.session(what):
+            held = bool(self._tables.run(statement, params).rowcount == 1)
+            if parent is not None:
+                self._wake_parent(parent)
+            self._tables.notify()
         return held
 
     def _wake_parent(self, parent: str) -> None:
