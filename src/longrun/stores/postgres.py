@@ -399,11 +399,13 @@ class PostgresStore(SqlStore):
                 raise UnknownTaskError(f"no task {task_id!r} in {self!r}")
             self._in_one_statement = True
             try:
-                result = self._state_rows(task_id, row, repair=False)
+                result: LoadResult | None = self._state_rows(task_id, row, repair=False)
             except _AnotherRead:
-                return super().load(task_id)
+                result = None
             finally:
                 self._in_one_statement = False
+            if result is None:
+                return super().load(task_id)
         try:
             self._check_witness(task_id, result, self._witness(task_id))
         except StateUnrecoverableError as exc:
