@@ -178,6 +178,17 @@ def _function_record(body: object) -> tuple[str, str | None] | None:
 
 
 
+class _Done:
+    """What ``_Tables._single`` ran: its row count and the rows it returned, read before the cursor closed."""
+
+    def __init__(self, rowcount: int, rows: list[Any]) -> None:
+        self.rowcount = rowcount
+        self._rows = rows
+
+    def fetchall(self) -> list[Any]:
+        return self._rows
+
+
 class _Tables:
     """The connection to one store's fleet tables, one transaction at a time, and the tables'
     creation on first use (adopting every durable task already stored). ``TaskQueue`` holds one and
@@ -265,9 +276,17 @@ class _Tables:
         trip where the driver has an autocommit mode (PostgreSQL's: neither BEGIN nor COMMIT
         travels), else in a ``session``. A failure drops the connection and raises ``StorageError``
         (whether it was written is then unknown, as for a failed COMMIT)."""
+        return int(self._single(what, statement, params).rowcount)
+
+    def single_rows(self, what: str, statement: str, params: Sequence[object]) -> list[Any]:
+        """``single`` for a statement that returns rows (``RETURNING``): its rows."""
+        return list(self._single(what, statement, params).fetchall())
+
+    def _single(self, what: str, statement: str, params: Sequence[object]) -> Any:
         if not self.dialect.notify:  # SQLite: its session is a local transaction
             with self.session(what):
-                return int(self.run(statement, params).rowcount)
+                cursor = self.run(statement, params)
+                return _Done(cursor.rowcount, list(cursor.fetchall()) if cursor.description else [])
         with self._lock:
             if not self._ready:
                 self._prepare()
@@ -277,7 +296,8 @@ class _Tables:
                 connection.autocommit = True
                 try:
                     self._cursor = connection.cursor()
-                    return int(self.run(statement, params).rowcount)
+                    cursor = self.run(statement, params)
+                    return _Done(cursor.rowcount, list(cursor.fetchall()) if cursor.description else [])
                 finally:
                     connection.autocommit = False
             except errors as exc:
@@ -501,6 +521,28 @@ class TaskQueue:
         due = f"wake_at <= {{now}} AND (not_before IS NULL OR not_before <= {{now}}) AND function IN ({marks})"
         columns = "task_id, function, nudge, parent, priority, failures, queue_name, wake_at"
         lock = " FOR UPDATE SKIP LOCKED" if self._tables.dialect.skip_locked else ""
+        if lock:
+            # PostgreSQL: one statement in autocommit while no named queue is defined (the common
+            # case): the due rows locked (SKIP LOCKED, as below) and claimed, their values before the
+            # claim returned. With named queues it claims nothing and the transaction below runs.
+            picked = ", ".join(f"p.{column}" for column in columns.split(", "))
+            found = self._tables.single_rows(
+                "claim due tasks",
+                f"WITH named AS (SELECT COUNT(*) AS n FROM longrun_named_queues), "
+                f"p AS (SELECT {columns} FROM longrun_queue WHERE {due} AND queue_name IS NULL "
+                f"ORDER BY priority DESC, wake_at LIMIT ?{lock}), "
+                "claimed AS (UPDATE longrun_queue SET claimed_by = ?, claim_token = ?, wake_at = {now} + ?, runs = runs + 1, "
+                f"updated_at = {{now}} FROM p WHERE longrun_queue.task_id = p.task_id AND (SELECT n FROM named) = 0 RETURNING {picked}) "
+                f"SELECT (SELECT n FROM named), {', '.join('c.' + column for column in columns.split(', '))} "
+                "FROM (SELECT 1) one LEFT JOIN claimed c ON TRUE",
+                (*names, limit, worker, token, ttl_s),
+            )
+            if found and found[0][0] == 0:
+                ordered = sorted((row[1:] for row in found if row[1] is not None), key=lambda r: (-int(r[4]), float(r[7])))
+                return [
+                    Claim(str(r[0]), str(r[1]), token, int(r[2]), str(r[3]) if r[3] is not None else None, int(r[4]), int(r[5]))
+                    for r in ordered
+                ]
         with self._tables.session("claim due tasks"):
             defined = self._named_queues(lock=bool(lock))
             rows = self._tables.rows(
