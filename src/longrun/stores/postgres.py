@@ -28,9 +28,20 @@ Guarantees, on top of ``longrun.stores._sql`` (schema, row checksums, quarantine
   statements in a transaction of its own, which raises ``FencedError`` as before (or writes, if the
   lease row holds after all). The first commit after a lease is taken without a load, whose
   revision the store has not read yet, also runs as statements.
+- Fewer round trips elsewhere, the fence unchanged: a load without a lease is one statement in
+  autocommit (the task's row, header, outline and effect rows, one snapshot; a state that needs
+  another read, a large value or the quarantine, loads in a read transaction instead); a load with
+  a lease reads the rows in one statement; every lease operation reads the server's clock and the
+  lease row in one statement once the row lock is held, and writes the lease and the epoch floor
+  in one (the epoch-conditional upsert's row count checked as before); psycopg says how a read
+  transaction runs in its own ``BEGIN``.
 - A broken connection is closed and a new one made on the next call; a commit whose outcome is
   unknown (the connection died during the call or during COMMIT) poisons the task until it is
   loaded again.
+
+One concept, the PostgreSQL dialect of ``SqlStore``; long because the statements that fold several
+round trips into one (the commit function, the state query, the lease write) are written out here
+beside the code that checks what they return.
 
 Not guaranteed: anything if the database itself loses committed transactions (run it with
 ``fsync=on`` and ``synchronous_commit=on``, the defaults), or exclusion against someone who
