@@ -237,15 +237,13 @@ class PostgresStore(SqlStore):
         self.transaction_timeout_s = float(transaction_timeout_s)
         self._errors: tuple[type[BaseException], ...] = (OSError,)
         self._one_call: _OneCall | None = None
-        self._reading = False
+        """Set while ``commit`` gathers a commit for one ``longrun_commit`` call (``_commit_transaction``)."""
         self._in_one_statement = False
+        """A read-only load is checking the rows of its one statement (``load``): no other read may run."""
         self._task_in_transaction: str | None = None
         """The task whose transaction is open (``_transaction``)."""
         self._lease_read: tuple[str, Sequence[Any] | None] | None = None
         """The lease row ``_clock`` read with the clock, for the next ``_get_lease`` of that task in the transaction."""
-        """A read-only load is checking the rows of its one statement (``load``): no other read may run."""
-        """A read transaction is open (``_begin``): its end sets the connection's BEGIN back to a write's."""
-        """Set while ``commit`` gathers a commit for one ``longrun_commit`` call (``_commit_transaction``)."""
 
     def __repr__(self) -> str:
         # Never the factory's arguments: a DSN may hold a password.
@@ -285,17 +283,14 @@ class PostgresStore(SqlStore):
         if not begin_as(self._db.connection, write=write, isolation=None if write else _REPEATABLE_READ):
             if not write:
                 self._db.run("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        self._reading = not write
 
     def _finish(self, *, commit: bool) -> None:
-        connection = self._db.connection
+        # Every transaction on the connection begins through ``_begin`` (the schema's check too),
+        # which sets the driver's BEGIN for it; a statement in autocommit sends no BEGIN at all.
         if commit:
-            connection.commit()
+            self._db.connection.commit()
         else:
-            connection.rollback()
-        if self._reading:  # what else runs on the connection (the schema's check) begins as a write again
-            self._reading = False
-            begin_as(connection, write=True, isolation=None)
+            self._db.connection.rollback()
 
     def _lock_schema(self) -> None:
         self._db.run(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK})")
