@@ -6,7 +6,8 @@ beside the working tree, or ``--dir``):
 1. Per durably recorded step: the floors (append + fdatasync; write temp + fsync + rename + fsync
    directory; SQLite WAL with synchronous=FULL; overwrite of preallocated zeros + fdatasync),
    longrun's Runner with a no-op adapter on each store longrun ships that can run here, and the
-   peers that are installed (LangGraph + SqliteSaver, DBOS on SQLite), each as a ratio to the
+   peers that are installed (LangGraph + SqliteSaver, DBOS on SQLite; DBOS on PostgreSQL, in the
+   row after the PostgresStore's, when the PostgreSQL store runs), each as a ratio to the
    append + fdatasync floor. Measured in interleaved rounds; the table shows medians.
 2. Per transition at ledger sizes of 10 to 100,000 effects (a direct store loop, one changed effect
    record per commit, amortized over a full compaction cycle), recovery time with an empty journal
@@ -16,7 +17,9 @@ beside the working tree, or ``--dir``):
 ``--quick`` is a smoke run (sizes up to 10,000, fewer rounds); its figures are noisier.
 Peers are optional: install ``langgraph langgraph-checkpoint-sqlite dbos`` into the interpreter
 that runs this to include them; PostgreSQL runs when ``LONGRUN_TEST_POSTGRES_DSN`` is set and
-``psycopg`` or ``pg8000`` imports (in a throwaway schema). Unit tests never time anything.
+``psycopg`` or ``pg8000`` imports (in a throwaway schema), and DBOS on the same server when
+``dbos`` and ``psycopg`` import (its system database in a throwaway database the peer creates and
+drops). Unit tests never time anything.
 """
 
 from __future__ import annotations
@@ -162,6 +165,8 @@ def per_step_rows(workdir: str, quick: bool) -> tuple[list[Row], list[Callable[[
             pg_store, drop = made
             cleanups.append(drop)
             rows.append(Row("runner-postgres", postgres_label, lambda d: stores.runner_per_effect(pg_store, 1000)))
+    # Beside the PostgresStore row: the same loop through DBOS with its system database on that server.
+    rows.append(peer_row("dbos-postgres", 100 if quick else 300, quick))
     rows.append(peer_row("langgraph", 200 if quick else 500, quick))
     rows.append(peer_row("dbos", 100 if quick else 300, quick))
     return rows, cleanups
@@ -306,6 +311,9 @@ def targets(by_key: dict[str, Row], ledgers: list[dict[str, Any]], floor: float 
         line(f">= 2x faster than the fastest peer measured ({fastest.key})", f"{speedup:.1f}x", speedup >= 2.0)
     else:
         line(">= 2x faster than the fastest peer measured", "no peer installed", None)
+    postgres, dbos_postgres = by_key["runner-postgres"].value, by_key["dbos-postgres"].value
+    if postgres and dbos_postgres:
+        print(f"  {'  (on PostgreSQL: DBOS per step / PostgresStore per effect)':58} {dbos_postgres / postgres:>23.1f}x  (reported)")
     return verdicts
 
 

@@ -1,4 +1,5 @@
-"""longrun's tests: ``python -m unittest discover -s tests`` runs them all, from the repository root.
+"""longrun's tests: ``python -m tests`` runs them all, from the repository root, in one worker
+process per core (``__main__.py``); ``python -m unittest discover -s tests`` runs the same in one.
 
 A single file runs by path too (``python -m unittest tests/test_runner.py``): importing this
 package first puts ``tests`` on ``sys.path``, so that the test files find ``helpers`` (the shared

@@ -915,18 +915,15 @@ class PostgresListingTests(ListingTests):
 
 
 class ListingScaleTests(ConsoleCase):
-    """A page of the list over 1,000 tasks, its render time measured in the server (no browser
-    start-up in the figure): under a second as an open console refreshes it. The SQL stores list
-    from their index of task summaries where they keep one; the JSON-file store loads every task
-    at the first render and then only those that moved (``RowCache``); each render loads the
-    page's tasks. The first render's figure is printed too. ``LONGRUN_TEST_SCALE=full`` lists
-    1,000 tasks; the default scale 300, which still makes seven pages."""
+    """A page of the list over many tasks. The SQL stores list from their index of task summaries
+    where they keep one; the JSON-file store loads every task at the first render and then only
+    those that moved (``RowCache``); each render loads the page's tasks. What a page costs is
+    measured by ``benchmarks/many_tasks.py``, not here. ``LONGRUN_TEST_SCALE=full`` lists 1,000
+    tasks; the default scale 300, which still makes seven pages."""
 
     TASKS = scale.scaled(300, 1000)
 
-    def test_a_page_of_a_thousand_tasks_renders_in_under_a_second(self) -> None:
-        import time
-
+    def test_a_later_page_of_many_tasks_shows_its_own_rows_after_a_task_moved(self) -> None:
         store = self.store()
 
         @longrun.durable(store=store, clock=self.clock)
@@ -937,19 +934,12 @@ class ListingScaleTests(ConsoleCase):
             job.run(f"job-{n:04d}", n)
             self.clock.advance(1)
         server = self.serve(refresh_s=0)
-        started = time.perf_counter()
         self.assertEqual(self.request(server, "GET", "/", cookie=server.console.token).status, 200)
-        first = time.perf_counter() - started
         job.run("job-0000", 0)  # a task read again: it ran since (its lease moved)
-        started = time.perf_counter()
         page = server.console.task_list({"page": ["3"]})
-        elapsed = time.perf_counter() - started
-        print(f"\n{self.store_kind}: a page of {self.TASKS} tasks: first render {first * 1000:.0f} ms, then {elapsed * 1000:.0f} ms",
-              file=sys.stderr)  # fmt: skip
         self.assertIn(f"101–150 of {self.TASKS}", page)
         self.assertIn(f">job-{self.TASKS - 101:04d}</a>", page)
         self.assertEqual(page.count('<td class="mono task"'), 50)
-        self.assertLess(elapsed, 1.0)
 
     def test_a_page_reads_the_index_and_loads_only_its_own_tasks_together(self) -> None:
         from unittest import mock

@@ -147,7 +147,9 @@ class Step:
     the step adds to the plan digest's encoding (``_pinned_parts``), made from the payload's encoding
     that its digest took anyway: None, None for a payload over ``_PINNED_PAYLOAD_BYTES`` (not kept
     twice) or a step that cannot be encoded (``plan_digest`` encodes ``static_json`` then, and
-    names the bad value). In this one field: a field more would make each step a larger object,
+    names the bad value). Until a plan holding the step is first digested, the last two are the
+    payload's encoding (or None) and ``_UNBUILT``; ``_built`` makes the parts then, once.
+    In this one field: a field more would make each step a larger object,
     which the garbage collector's passes over a long plan were measured to walk at twice the cost."""
 
     def __post_init__(self) -> None:
@@ -189,8 +191,10 @@ class Step:
             else:  # size-checked, hashed piece by piece and remembered for the store that writes it as a blob
                 encoded = b"".join(pieces) if sum(map(len, pieces)) <= _PINNED_PAYLOAD_BYTES else b""
                 digest = digest_of(plain, what=what, max_bytes=MAX_VALUE_BYTES, checked=True, pieces=pieces)
-            head, tail = _pinned_parts(self, encoded) if 0 < len(encoded) <= _PINNED_PAYLOAD_BYTES else (None, None)
-            object.__setattr__(self, "_static", (plain, digest, head, tail))
+            # The plan digest's parts are built from this encoding when a plan is first digested
+            # (``_built``): a durable function's steps are never digested, so they never build them.
+            pinned = encoded if 0 < len(encoded) <= _PINNED_PAYLOAD_BYTES else None
+            object.__setattr__(self, "_static", (plain, digest, pinned, _UNBUILT))
 
     @property
     def dynamic(self) -> bool:
@@ -271,9 +275,26 @@ def _pinned_parts(step: Step, payload: bytes) -> tuple[bytes | None, bytes | Non
     return head + b'"', b"/" + step.step_id.encode("ascii") + b'"' + tail
 
 
+_UNBUILT = b"\0unbuilt"
+"""In a step's ``_static``, where the tail goes: its digest parts are not built yet (compared by identity)."""
+
+
+def _built(step: Step) -> tuple[dict[str, JSONValue], str, bytes | None, bytes | None] | None:
+    """``step._static`` with the plan digest's parts built (once: kept on the step). Two threads
+    digesting one plan at once may both build them; both build the same bytes."""
+    static = step._static
+    if static is None or static[3] is not _UNBUILT:
+        return static
+    payload = static[2]
+    head, tail = _pinned_parts(step, payload) if payload is not None else (None, None)
+    built = (static[0], static[1], head, tail)
+    object.__setattr__(step, "_static", built)
+    return built
+
+
 def _step_encoding(step: Step, task_id: str, index: int) -> bytes:
     """``canonical_bytes(step.static_json(task_id))``, from the parts the step made when it has them."""
-    static = step._static
+    static = _built(step)
     if static is None or static[2] is None:
         return canonical_bytes(step.static_json(task_id), what=f"plan.steps[{index}]")
     head, tail = static[2], static[3]
@@ -299,9 +320,11 @@ def _plan_encoding(contract: RunContract, steps: Sequence[Step]) -> Iterator[byt
     are laid out around the task id by list slicing, with no Python-level loop over the steps."""
     task_id = contract.task_id.encode("ascii")  # a safe name
     yield b'{"contract":' + canonical_bytes(contract.to_json(), what="plan.contract") + b',"steps":['
-    statics = list(map(_statics_of, steps))
+    statics: list[Any] = list(map(_statics_of, steps))  # every item a 4-tuple once all(statics) holds
     count = len(statics)
     if count and all(statics):
+        if _UNBUILT in map(_tails_of, statics):  # a plan digested for the first time: its steps' parts built once
+            statics = list(map(_built, steps))
         heads: list[bytes] = list(map(_heads_of, statics))
         tails: list[bytes] = list(map(_tails_of, statics))
         if all(heads) and all(tails):  # no None among them

@@ -202,7 +202,8 @@ def _execute(inv: Invocation, step: Step, record: EffectRecord) -> Steps[None]:
         return
     if _crashpoints.ARMED:
         _crashpoints.hit("effect.applied", f"{step.step_id}#{attempt}")
-    yield RENEW_LEASE
+    # No lease check here: nothing is written before the next commit, which takes the current
+    # lease (renewed if late, ``Stop(lease-lost)`` if renewal failed) and is fenced by the store.
     checked = check_receipt(receipt, key=record.key, step_id=step.step_id, already_spent=record.cost + state.budget.cost_spent)
     for problem in checked.problems:  # an adapter bug, or a result too large to keep: evidence, never dropped
         log.warning("task %s: step %s: %s: %s", inv.task_id, step.step_id, record.key, problem, extra={"task": inv.task_id, **record_fields(record)})
