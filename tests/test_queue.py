@@ -14,7 +14,7 @@ import unittest
 from typing import Any
 
 from helpers import pg_support, support
-from longrun import JsonFileStore, SqliteStore, durable
+from longrun import JsonFileStore, Queue, SqliteStore, durable
 from longrun.approval import Approval
 from longrun.errors import InvalidInputError
 from longrun.cancellation import Cancellation
@@ -399,6 +399,40 @@ class PostgresQueueTests(TriggerCases, pg_support.SchemaPerTest, support.TempDir
             "VALUES ('odd', 'longrun.function', 0, 1, 'not json', 'x')"
         )
         self.assertEqual(self.queue.entries(["odd"]), [])
+
+    def test_a_claim_and_a_finish_are_one_statement_each_until_a_named_queue_exists(self) -> None:
+        for task_id, priority in (("low", 0), ("high", 5), ("mid", 2)):
+            self.job.start(task_id, 1)
+            self.queue.enqueue(task_id, self.job.name, priority=priority)
+        self.queue.ensure()
+        tables = self.queue._tables
+        sent: list[tuple[str, bool]] = []
+        run = tables.run
+
+        def counted(statement: str, params: Any = ()) -> Any:
+            sent.append((statement.split()[0], bool(tables._connection.autocommit)))
+            return run(statement, params)
+
+        tables.run = counted  # type: ignore[method-assign]
+        claims = self.queue.claim("w", [self.job.name], 2, 30.0)
+        self.assertEqual([claim.task_id for claim in claims], ["high", "mid"], "highest priority first, at most the limit")
+        self.assertEqual(sent, [("WITH", True)], "one statement in autocommit: no BEGIN, no COMMIT")
+        self.assertEqual(self.entry("high").claimed_by, "w")
+        self.assertIsNone(self.entry("low").claimed_by)
+        sent.clear()
+        self.assertTrue(self.queue.finish(claims[0], "done"))
+        self.assertEqual(sent, [("UPDATE", True)])
+        self.assertIsNone(self.entry("high").claimed_by)
+        self.assertFalse(self.queue.finish(claims[0], "done"), "a claim already ended is not held")
+        # A named queue defined: the statement claims nothing, and the transaction that judges the
+        # queues' limits claims as before.
+        self.queue.define_queue(Queue("slow", concurrency=1))
+        sent.clear()
+        self.assertEqual([claim.task_id for claim in self.queue.claim("w2", [self.job.name], 5, 30.0)], ["low"])
+        self.assertEqual(sent[0], ("WITH", True))
+        self.assertGreater(len(sent), 1)
+        self.assertFalse(any(autocommit for _, autocommit in sent[1:]))
+        self.assertEqual(self.entry("mid").claimed_by, "w", "a row claimed by another worker stays its")
 
     def test_claims_use_the_database_clock(self) -> None:
         self.job.start("t1", 1)

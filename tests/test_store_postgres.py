@@ -31,7 +31,9 @@ from longrun import (
     Status,
     Step,
     StorageError,
+    UnknownTaskError,
 )
+from longrun.canonical import LARGE_VALUE_BYTES
 from longrun.errors import NotAStoreError
 from longrun.stores import open_store
 from longrun.stores._spec import postgres_connector
@@ -271,6 +273,48 @@ class OneRoundTripTests(PostgresCase):
         self.assertEqual(store.commit(lease, state), 2)
         self.assertEqual(made[-1].commits, commits + 1, "the call, then its COMMIT")
         self.assertEqual(self.open().load("t").state.next_action, state.next_action)  # type: ignore[union-attr]
+
+
+    def test_a_read_only_load_is_one_statement_in_autocommit(self) -> None:
+        lease, state = self.committed()
+        store, counts = self.counted()
+        store.read_lease("t")  # connected, the schema checked
+        counts.update({name: 0 for name in counts})
+        self.assertEqual(store.load("t").state.to_json(), state.to_json())  # type: ignore[union-attr]
+        self.assertEqual(counts, {"execute": 1, "commit": 0, "rollback": 0, "in transaction": 0})
+        with self.assertRaises(UnknownTaskError):
+            store.load("nobody")
+
+    def test_a_read_only_load_that_needs_another_read_loads_in_a_transaction(self) -> None:
+        # A task recorded but never committed (its quarantine is read), and a record whose payload is
+        # kept apart as a blob: the one statement cannot say all, so the load runs as a transaction.
+        self.store.acquire_lease("new", "me", 30.0, time.time())
+        lease, state = self.committed()
+        key = next(iter(state.effects))
+        state.effects[key] = dataclasses.replace(state.effects[key], payload={"big": "x" * LARGE_VALUE_BYTES})
+        self.store.commit(lease, state, {key})
+        store, counts = self.counted()
+        store.read_lease("t")  # connected, the schema checked
+        counts.update({name: 0 for name in counts})
+        self.assertIsNone(store.load("new").state)
+        self.assertEqual(counts["commit"], 1, "the read transaction")
+        self.assertEqual(store.load("t").state.to_json(), state.to_json())  # type: ignore[union-attr]
+        self.assertEqual(counts["commit"], 2)
+        self.assertEqual(store.load("t").state.to_json(), state.to_json())  # type: ignore[union-attr]
+
+    def test_a_lease_operation_reads_the_clock_and_the_lease_in_one_statement_and_writes_the_lease_in_one(self) -> None:
+        store, counts = self.counted()
+        lease = store.acquire_lease("t", "me", 30.0, time.time())
+        counts.update({name: 0 for name in counts})
+        lease = store.renew_lease(lease, 30.0, time.time())
+        # the row lock, the clock with the lease row, the lease write (its epoch floor in the same statement)
+        self.assertEqual((counts["execute"], counts["commit"]), (3, 1))
+        counts.update({name: 0 for name in counts})
+        store.release_lease(lease, time.time())
+        self.assertEqual((counts["execute"], counts["commit"]), (3, 1))
+        self.assertTrue(self.open().read_lease("t").released)  # type: ignore[union-attr]
+        epochs = self.schema.execute("SELECT epoch_floor FROM longrun_tasks WHERE task_id = 't'")
+        self.assertEqual(epochs, [(lease.epoch,)], "the epoch floor, raised by the lease write's statement")
 
 
 class Pg8000OneRoundTripTests(OneRoundTripTests):

@@ -591,15 +591,19 @@ def build_state(
     state = RunState.from_json(document)
     if columns is None:
         effects = {step_id: record_from_row(row, fetch) for step_id, row in rows.items()}
+        from_columns = False
     else:
         effects = columns.records(rows, fetch)
+        # Every record a snapshot's position names was built from its step id column, the very
+        # value its key is: only a row a journal record wrote can name another step.
+        from_columns = {int}.issuperset(map(type, rows.values()))
     if not are_step_ids(list(effects)):  # check_step_id's rule, in one match for all of them
         for step_id in effects:
             try:
                 check_step_id(step_id)
             except InvalidInputError as exc:
                 raise CorruptStateError(str(exc)) from None
-    if list(map(_step_id_of, effects.values())) != list(effects):
+    if not from_columns and list(map(_step_id_of, effects.values())) != list(effects):
         step_id, record = next(item for item in effects.items() if item[1].step_id != item[0])
         raise CorruptStateError(f"effect record filed under {step_id!r} names step {record.step_id!r}")
     state.effects = effects

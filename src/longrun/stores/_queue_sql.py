@@ -49,7 +49,8 @@ class Dialect:
     def errors(self) -> tuple[type[BaseException], ...]:
         raise NotImplementedError
 
-    def begin(self, run: Callable[[str], Any], *, write: bool) -> None:
+    def begin(self, run: Callable[[str], Any], *, write: bool, connection: Any) -> None:
+        """Open a transaction on ``connection`` (statements through ``run``): a write, or a read."""
         raise NotImplementedError
 
     def end(self, connection: Any, *, commit: bool) -> None:
@@ -70,6 +71,10 @@ class Dialect:
 
     def describe(self) -> str:
         raise NotImplementedError
+
+
+_READ_COMMITTED = 2
+"""psycopg's ``IsolationLevel.READ_COMMITTED`` (its value: the driver is not imported here)."""
 
 
 class PostgresDialect(Dialect):
@@ -112,8 +117,13 @@ class PostgresDialect(Dialect):
     def errors(self) -> tuple[type[BaseException], ...]:
         return self._errors
 
-    def begin(self, run: Callable[[str], Any], *, write: bool) -> None:
-        run("SET TRANSACTION ISOLATION LEVEL READ COMMITTED, " + ("READ WRITE" if write else "READ ONLY"))
+    def begin(self, run: Callable[[str], Any], *, write: bool, connection: Any) -> None:
+        # READ COMMITTED; READ ONLY for a read. Said in the driver's BEGIN where it can (psycopg 3:
+        # no statement of its own travels), else by a statement.
+        from .postgres import begin_as
+
+        if not begin_as(connection, write=write, isolation=_READ_COMMITTED):
+            run("SET TRANSACTION ISOLATION LEVEL READ COMMITTED, " + ("READ WRITE" if write else "READ ONLY"))
 
     def end(self, connection: Any, *, commit: bool) -> None:
         if commit:
@@ -231,7 +241,7 @@ class SqliteDialect(Dialect):
     def errors(self) -> tuple[type[BaseException], ...]:
         return (sqlite3.Error, OSError)
 
-    def begin(self, run: Callable[[str], Any], *, write: bool) -> None:
+    def begin(self, run: Callable[[str], Any], *, write: bool, connection: Any) -> None:
         run("BEGIN IMMEDIATE" if write else "BEGIN")
 
     def end(self, connection: Any, *, commit: bool) -> None:

@@ -182,8 +182,13 @@ class SqlStore(BaseStore):
 
     _LEASE_COLUMNS = "owner, epoch, acquired_at, expires_at, monotonic_clock, monotonic_expires_at, token, holder_lock"
 
+    def _lease_row(self, task_id: str) -> Sequence[Any] | None:
+        """The task's lease row (``_LEASE_COLUMNS``), None if it has none."""
+        row: Sequence[Any] | None = self._db.one(f"SELECT {self._LEASE_COLUMNS} FROM longrun_leases WHERE task_id = ?", (task_id,))
+        return row
+
     def _get_lease(self, task_id: str) -> Lease | None:
-        row = self._db.one(f"SELECT {self._LEASE_COLUMNS} FROM longrun_leases WHERE task_id = ?", (task_id,))
+        row = self._lease_row(task_id)
         if row is None:
             return None
         owner, epoch, acquired_at, expires_at, monotonic_clock, monotonic_expires_at, token, holder_lock = row

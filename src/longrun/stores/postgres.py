@@ -28,9 +28,20 @@ Guarantees, on top of ``longrun.stores._sql`` (schema, row checksums, quarantine
   statements in a transaction of its own, which raises ``FencedError`` as before (or writes, if the
   lease row holds after all). The first commit after a lease is taken without a load, whose
   revision the store has not read yet, also runs as statements.
+- Fewer round trips elsewhere, the fence unchanged: a load without a lease is one statement in
+  autocommit (the task's row, header, outline and effect rows, one snapshot; a state that needs
+  another read, a large value or the quarantine, loads in a read transaction instead); a load with
+  a lease reads the rows in one statement; every lease operation reads the server's clock and the
+  lease row in one statement once the row lock is held, and writes the lease and the epoch floor
+  in one (the epoch-conditional upsert's row count checked as before); psycopg says how a read
+  transaction runs in its own ``BEGIN``.
 - A broken connection is closed and a new one made on the next call; a commit whose outcome is
   unknown (the connection died during the call or during COMMIT) poisons the task until it is
   loaded again.
+
+One concept, the PostgreSQL dialect of ``SqlStore``; long because the statements that fold several
+round trips into one (the commit function, the state query, the lease write) are written out here
+beside the code that checks what they return.
 
 Not guaranteed: anything if the database itself loses committed transactions (run it with
 ``fsync=on`` and ``synchronous_commit=on``, the defaults), or exclusion against someone who
@@ -41,17 +52,18 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any, Callable, Collection, Generator, Iterable
+from typing import Any, Callable, Collection, Generator, Iterable, Sequence
 
 from ..contract import check_task_id
 from ..control import ControlRecord
 from ..envelope import RunState
-from ..errors import InvalidInputError, NotAStoreError, UnknownTaskError
+from ..errors import FencedError, InvalidInputError, NotAStoreError, StateUnrecoverableError, UnknownTaskError
 from ..lease import Lease
+from ..protocols import LoadResult
 from ._sql import SqlStore, StateWrite
 from ._sql_schema import postgres_status_counters
 
-__all__ = ["PostgresStore", "driver_errors"]
+__all__ = ["PostgresStore", "begin_as", "driver_errors"]
 
 _SCHEMA_LOCK = 0x6C6F6E6772756E  # "longrun": serializes schema creation across processes
 
@@ -143,11 +155,47 @@ _WRITTEN = 0
 """What ``longrun_commit`` returns when it wrote the commit (1: its fenced ``UPDATE`` matched no row; nothing written)."""
 
 
+# A task's rows in one statement (one snapshot, one round trip): its task row's floor, its header,
+# its outline, and its effect rows as five parallel arrays (NULL when it has none). The driving row
+# is the id asked for, so a missing task row reads as the four separate queries read it.
+_STATE_QUERY = (
+    "SELECT t.revision_floor, s.revision, s.effect_count, s.header, s.checksum, p.revision, p.body, p.checksum, "
+    "e.steps, e.positions, e.revisions, e.records, e.checksums "
+    "FROM (SELECT CAST(? AS TEXT) AS task_id) k "
+    "LEFT JOIN longrun_tasks t ON t.task_id = k.task_id "
+    "LEFT JOIN longrun_states s ON s.task_id = k.task_id "
+    "LEFT JOIN longrun_plans p ON p.task_id = k.task_id "
+    "LEFT JOIN LATERAL (SELECT array_agg(step_id) AS steps, array_agg(position) AS positions, "
+    "array_agg(revision) AS revisions, array_agg(record) AS records, array_agg(checksum) AS checksums "
+    "FROM longrun_effects WHERE task_id = k.task_id) e ON TRUE"
+)
+
+# The lease write (``SqlStore._put_lease``) as one statement: the epoch-conditional upsert of the
+# lease row, and the task's epoch floor raised only if that upsert wrote; the row count of the
+# upsert is returned, checked as the two statements' was.
+_LEASE_WRITE = (
+    "WITH written AS (INSERT INTO longrun_leases (task_id, owner, epoch, acquired_at, expires_at, monotonic_clock, "
+    "monotonic_expires_at, token, holder_lock) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (task_id) DO UPDATE SET owner = excluded.owner, epoch = excluded.epoch, "
+    "acquired_at = excluded.acquired_at, expires_at = excluded.expires_at, "
+    "monotonic_clock = excluded.monotonic_clock, monotonic_expires_at = excluded.monotonic_expires_at, "
+    "token = excluded.token, holder_lock = excluded.holder_lock "
+    "WHERE longrun_leases.epoch <= excluded.epoch RETURNING task_id, epoch), "
+    "floor AS (UPDATE longrun_tasks SET epoch_floor = written.epoch FROM written "
+    "WHERE longrun_tasks.task_id = written.task_id AND longrun_tasks.epoch_floor < written.epoch RETURNING 1) "
+    "SELECT (SELECT COUNT(*) FROM written), (SELECT COUNT(*) FROM floor)"
+)
+
+
 def _text_array(values: Iterable[str]) -> str:
     """A PostgreSQL array literal of ``values``, each quoted (a backslash and a double quote escaped),
     cast to ``TEXT[]`` by the call. Built with string methods: a driver's adaptation of a list
     escapes each element in Python, which cost a commit more CPU than all the rest of its call."""
     return "{" + ",".join(['"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"' for value in values]) + "}"
+
+
+class _AnotherRead(Exception):
+    """A one-statement load whose rows need another read (``PostgresStore.load``): loaded again in a transaction."""
 
 
 class _OneCall:
@@ -191,6 +239,12 @@ class PostgresStore(SqlStore):
         self._errors: tuple[type[BaseException], ...] = (OSError,)
         self._one_call: _OneCall | None = None
         """Set while ``commit`` gathers a commit for one ``longrun_commit`` call (``_commit_transaction``)."""
+        self._in_one_statement = False
+        """A read-only load is checking the rows of its one statement (``load``): no other read may run."""
+        self._task_in_transaction: str | None = None
+        """The task whose transaction is open (``_transaction``)."""
+        self._lease_read: tuple[str, Sequence[Any] | None] | None = None
+        """The lease row ``_clock`` read with the clock, for the next ``_get_lease`` of that task in the transaction."""
 
     def __repr__(self) -> str:
         # Never the factory's arguments: a DSN may hold a password.
@@ -225,11 +279,15 @@ class PostgresStore(SqlStore):
     def _begin(self, *, write: bool) -> None:
         # The driver opens the transaction on the first statement (DB-API). A write transaction
         # runs under the session's characteristics (READ COMMITTED, READ WRITE: set on connecting),
-        # so its first statement is its first real one; a read sets REPEATABLE READ, READ ONLY.
-        if not write:
-            self._db.run("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        # so its first statement is its first real one; a read is REPEATABLE READ, READ ONLY, said
+        # in the driver's own BEGIN where it can (psycopg 3), else by a statement.
+        if not begin_as(self._db.connection, write=write, isolation=None if write else _REPEATABLE_READ):
+            if not write:
+                self._db.run("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
 
     def _finish(self, *, commit: bool) -> None:
+        # Every transaction on the connection begins through ``_begin`` (the schema's check too),
+        # which sets the driver's BEGIN for it; a statement in autocommit sends no BEGIN at all.
         if commit:
             self._db.connection.commit()
         else:
@@ -335,9 +393,127 @@ class PostgresStore(SqlStore):
             plan, write.outline_body, write.outline_checksum,
         )  # fmt: skip
 
+    def load(self, task_id: str, *, lease: Lease | None = None) -> LoadResult:
+        """``BaseStore.load``; a read-only load in one round trip: ``_STATE_QUERY`` as one statement in
+        autocommit (one snapshot), the rows checked exactly as ``_get_state``'s are. Where the rows
+        need another read (a large value kept apart, the quarantine of a state with no header), the
+        load runs as a read transaction, as it does for every store."""
+        if lease is not None:
+            return super().load(task_id, lease=lease)
+        check_task_id(task_id)
+        with self._db.exclusive():
+            if self._in_one_statement:
+                return super().load(task_id)
+            row = self._db.single(_STATE_QUERY, (task_id,), what=f"load task {task_id!r}")
+            if row[0] is None:
+                raise UnknownTaskError(f"no task {task_id!r} in {self!r}")
+            self._in_one_statement = True
+            try:
+                result: LoadResult | None = self._state_rows(task_id, row, repair=False)
+            except _AnotherRead:
+                result = None
+            finally:
+                self._in_one_statement = False
+            if result is None:
+                return super().load(task_id)
+        try:
+            self._check_witness(task_id, result, self._witness(task_id))
+        except StateUnrecoverableError as exc:
+            self._poisoned[task_id] = exc  # as ``BaseStore.load``: nothing may be written over it
+            raise
+        return result
+
+    def _blob(self, task_id: str, digest: str) -> bytes | None:
+        if self._in_one_statement:
+            raise _AnotherRead()
+        return super()._blob(task_id, digest)
+
+    def _quarantined(self, task_id: str) -> list[str]:
+        if self._in_one_statement:
+            raise _AnotherRead()
+        return super()._quarantined(task_id)
+
+    def _get_state(self, task_id: str, *, repair: bool) -> LoadResult:
+        """``SqlStore._get_state`` in one statement (``_STATE_QUERY``), checked as its four queries' rows are."""
+        return self._state_rows(task_id, self._db.one(_STATE_QUERY, (task_id,)), repair=repair)
+
+    def _state_rows(self, task_id: str, row: Sequence[Any], *, repair: bool) -> LoadResult:
+        floor_row = None if row[0] is None else (row[0],)
+        header_row = None if row[1] is None else tuple(row[1:5])
+        outline_row = None if row[5] is None else tuple(row[5:8])
+        effect_rows = [] if row[8] is None else list(zip(row[8], row[9], row[10], row[11], row[12]))
+        return self._state_from_rows(task_id, floor_row, header_row, effect_rows, outline_row, repair=repair)
+
+    def _put_lease(self, lease: Lease) -> None:
+        """``SqlStore._put_lease`` in one statement (``_LEASE_WRITE``): the same conditional upsert, the
+        same floor, the same refusal when a newer epoch is recorded."""
+        self._lease_read = None
+        row = self._db.one(
+            _LEASE_WRITE,
+            (
+                lease.task_id, lease.owner, lease.epoch, lease.acquired_at, lease.expires_at,
+                lease.monotonic_clock, lease.monotonic_expires_at, lease.token, lease.holder_lock,
+            ),
+        )  # fmt: skip
+        if row is None or row[0] != 1:
+            raise FencedError(
+                f"lease write for {lease.task_id!r} at epoch {lease.epoch} refused by the database: "
+                "a newer epoch is recorded",
+                write_epoch=lease.epoch,
+            )
+
+    @contextlib.contextmanager
+    def _transaction(self, task_id: str, *, create: bool, write: bool = True) -> Generator[None, None, None]:
+        self._task_in_transaction = task_id
+        try:
+            with super()._transaction(task_id, create=create, write=write):
+                yield
+        finally:
+            self._task_in_transaction = None
+            self._lease_read = None
+
     def _clock(self, now: float) -> float:
-        row = self._db.one(f"SELECT {self._now_sql()}")
+        """The server's clock, read once the task's row lock is held; the task's lease row read by the
+        same statement, for the ``_get_lease`` that follows (every lease operation reads the lease
+        right after the clock: one round trip for both)."""
+        task_id = self._task_in_transaction
+        if task_id is None:
+            row = self._db.one(f"SELECT {self._now_sql()}")
+            return float(row[0])
+        row = self._db.one(
+            f"SELECT {self._now_sql()}, l.task_id, {', '.join('l.' + name for name in self._LEASE_COLUMNS.split(', '))} "
+            "FROM (SELECT CAST(? AS TEXT) AS task_id) k LEFT JOIN longrun_leases l ON l.task_id = k.task_id",
+            (task_id,),
+        )
+        self._lease_read = (task_id, None if row[1] is None else tuple(row[2:]))
         return float(row[0])
+
+    def _lease_row(self, task_id: str) -> Sequence[Any] | None:
+        read, self._lease_read = self._lease_read, None
+        if read is not None and read[0] == task_id:
+            return read[1]
+        return super()._lease_row(task_id)
+
+
+_REPEATABLE_READ = 3
+"""psycopg's ``IsolationLevel.REPEATABLE_READ`` (its value: the driver is not imported here)."""
+
+
+def begin_as(connection: Any, *, write: bool, isolation: int | None) -> bool:
+    """Have the driver's next ``BEGIN`` say how the transaction runs (``READ ONLY`` unless ``write``;
+    the isolation level ``isolation``, None for the session's), so no statement of its own travels
+    for it; False where the driver cannot (pg8000): the caller then sets it by a statement.
+
+    psycopg 3 keeps both as client-side settings of the connection, read when it sends ``BEGIN``;
+    they are only assigned when they change (assigning rebuilds the driver's BEGIN text)."""
+    if not (hasattr(connection, "read_only") and hasattr(connection, "isolation_level")):
+        return False
+    read_only = None if write else True
+    if connection.read_only != read_only:
+        connection.read_only = read_only
+    if connection.isolation_level != isolation:
+        connection.isolation_level = isolation
+    return True
 
 
 def driver_errors(connection: Any) -> tuple[type[BaseException], ...]:

@@ -178,6 +178,17 @@ def _function_record(body: object) -> tuple[str, str | None] | None:
 
 
 
+class _Done:
+    """What ``_Tables._single`` ran: its row count and the rows it returned, read before the cursor closed."""
+
+    def __init__(self, rowcount: int, rows: list[Any]) -> None:
+        self.rowcount = rowcount
+        self._rows = rows
+
+    def fetchall(self) -> list[Any]:
+        return self._rows
+
+
 class _Tables:
     """The connection to one store's fleet tables, one transaction at a time, and the tables'
     creation on first use (adopting every durable task already stored). ``TaskQueue`` holds one and
@@ -236,7 +247,7 @@ class _Tables:
             errors = self.dialect.errors()
             try:
                 self._cursor = self._connection.cursor()
-                self.dialect.begin(self.run, write=write)
+                self.dialect.begin(self.run, write=write, connection=self._connection)
             except errors as exc:
                 self._drop()
                 raise StorageError(f"{self!r}: cannot open a transaction to {what}: {exc}") from exc
@@ -260,6 +271,41 @@ class _Tables:
             finally:
                 self._cursor = None
 
+    def single(self, what: str, statement: str, params: Sequence[object]) -> int:
+        """Run one write statement as a transaction of its own and return its row count: in one round
+        trip where the driver has an autocommit mode (PostgreSQL's: neither BEGIN nor COMMIT
+        travels), else in a ``session``. A failure drops the connection and raises ``StorageError``
+        (whether it was written is then unknown, as for a failed COMMIT)."""
+        return int(self._single(what, statement, params).rowcount)
+
+    def single_rows(self, what: str, statement: str, params: Sequence[object]) -> list[Any]:
+        """``single`` for a statement that returns rows (``RETURNING``): its rows."""
+        return list(self._single(what, statement, params).fetchall())
+
+    def _single(self, what: str, statement: str, params: Sequence[object]) -> Any:
+        if not self.dialect.notify:  # SQLite: its session is a local transaction
+            with self.session(what):
+                cursor = self.run(statement, params)
+                return _Done(cursor.rowcount, list(cursor.fetchall()) if cursor.description else [])
+        with self._lock:
+            if not self._ready:
+                self._prepare()
+            errors = self.dialect.errors()
+            connection = self._connection
+            try:
+                connection.autocommit = True
+                try:
+                    self._cursor = connection.cursor()
+                    cursor = self.run(statement, params)
+                    return _Done(cursor.rowcount, list(cursor.fetchall()) if cursor.description else [])
+                finally:
+                    connection.autocommit = False
+            except errors as exc:
+                self._drop()
+                raise StorageError(f"{self!r}: cannot {what}: {exc}") from exc
+            finally:
+                self._cursor = None
+
     def _prepare(self) -> None:
         """Connect, and create or check the tables (once per connection)."""
         if self.dialect.in_store:  # the store's own tables first: the triggers are on them
@@ -277,7 +323,7 @@ class _Tables:
         errors = self.dialect.errors()
         try:
             self._cursor = self._connection.cursor()
-            self.dialect.begin(self.run, write=False)
+            self.dialect.begin(self.run, write=False, connection=self._connection)
             exists = bool(self.one(self.dialect.schema_exists_sql())[0])
             version = int(self.one("SELECT MAX(version) FROM longrun_fleet_schema")[0] or 0) if exists else 0
             self.dialect.end(self._connection, commit=True)
@@ -287,7 +333,7 @@ class _Tables:
                 )
             if version < SCHEMA_VERSION:
                 self._cursor = self._connection.cursor()
-                self.dialect.begin(self.run, write=True)
+                self.dialect.begin(self.run, write=True, connection=self._connection)
                 self._create()
                 self.dialect.end(self._connection, commit=True)
         except LongrunError:
@@ -475,6 +521,28 @@ class TaskQueue:
         due = f"wake_at <= {{now}} AND (not_before IS NULL OR not_before <= {{now}}) AND function IN ({marks})"
         columns = "task_id, function, nudge, parent, priority, failures, queue_name, wake_at"
         lock = " FOR UPDATE SKIP LOCKED" if self._tables.dialect.skip_locked else ""
+        if lock:
+            # PostgreSQL: one statement in autocommit while no named queue is defined (the common
+            # case): the due rows locked (SKIP LOCKED, as below) and claimed, their values before the
+            # claim returned. With named queues it claims nothing and the transaction below runs.
+            picked = ", ".join(f"p.{column}" for column in columns.split(", "))
+            found = self._tables.single_rows(
+                "claim due tasks",
+                f"WITH named AS (SELECT COUNT(*) AS n FROM longrun_named_queues), "
+                f"p AS (SELECT {columns} FROM longrun_queue WHERE {due} AND queue_name IS NULL "
+                f"ORDER BY priority DESC, wake_at LIMIT ?{lock}), "
+                "claimed AS (UPDATE longrun_queue SET claimed_by = ?, claim_token = ?, wake_at = {now} + ?, runs = runs + 1, "
+                f"updated_at = {{now}} FROM p WHERE longrun_queue.task_id = p.task_id AND (SELECT n FROM named) = 0 RETURNING {picked}) "
+                f"SELECT (SELECT n FROM named), {', '.join('c.' + column for column in columns.split(', '))} "
+                "FROM (SELECT 1) one LEFT JOIN claimed c ON TRUE",
+                (*names, limit, worker, token, ttl_s),
+            )
+            if found and found[0][0] == 0:
+                ordered = sorted((row[1:] for row in found if row[1] is not None), key=lambda r: (-int(r[4]), float(r[7])))
+                return [
+                    Claim(str(r[0]), str(r[1]), token, int(r[2]), str(r[3]) if r[3] is not None else None, int(r[4]), int(r[5]))
+                    for r in ordered
+                ]
         with self._tables.session("claim due tasks"):
             defined = self._named_queues(lock=bool(lock))
             rows = self._tables.rows(
@@ -684,21 +752,23 @@ class TaskQueue:
             due, due_params = "CASE WHEN ? > {now} THEN ? ELSE {now} END", [float(wake_at), float(wake_at)]
         else:
             due, due_params = "NULL", []
-        with self._tables.session(f"finish task {claim.task_id!r}"):
-            cursor = self._tables.run(
-                f"UPDATE longrun_queue SET claimed_by = NULL, claim_token = NULL, status = ?, "
-                f"wake_at = CASE WHEN nudge <> ? THEN {{now}} ELSE {due} END, "
-                f"failures = {'0' if error is None else 'failures + 1'}, last_error = ?, fingerprint = ?, updated_at = {{now}} "
-                "WHERE task_id = ? AND claim_token = ?",
-                (status, claim.nudge, *due_params, error, fingerprint, claim.task_id, claim.token),
-            )
-            held = bool(cursor.rowcount == 1)
-            woken = wake_in_s is not None and wake_in_s <= 0
-            if wake_parent and claim.parent is not None:
-                self._wake_parent(claim.parent)
-                woken = True
-            if woken:
-                self._tables.notify()
+        statement = (
+            f"UPDATE longrun_queue SET claimed_by = NULL, claim_token = NULL, status = ?, "
+            f"wake_at = CASE WHEN nudge <> ? THEN {{now}} ELSE {due} END, "
+            f"failures = {'0' if error is None else 'failures + 1'}, last_error = ?, fingerprint = ?, updated_at = {{now}} "
+            "WHERE task_id = ? AND claim_token = ?"
+        )
+        params = (status, claim.nudge, *due_params, error, fingerprint, claim.task_id, claim.token)
+        woken = wake_in_s is not None and wake_in_s <= 0
+        parent = claim.parent if wake_parent else None
+        what = f"finish task {claim.task_id!r}"
+        if not woken and parent is None:  # one statement: one round trip where the driver allows
+            return self._tables.single(what, statement, params) == 1
+        with self._tables.session(what):
+            held = bool(self._tables.run(statement, params).rowcount == 1)
+            if parent is not None:
+                self._wake_parent(parent)
+            self._tables.notify()
         return held
 
     def _wake_parent(self, parent: str) -> None:
