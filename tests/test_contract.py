@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import random
 import unittest
 from typing import Any, Sequence
@@ -109,6 +110,24 @@ class PlanDigestTests(unittest.TestCase):
         ):
             with self.subTest(contract=contract):
                 self.assertNotEqual(plan_digest(contract, base), digest)
+
+    def test_steps_pickled_and_loaded_again_digest_as_the_originals_do(self) -> None:
+        # A plan may travel between processes (multiprocessing, a cache): the copy's digest must
+        # pin every static part as the original's does, whether the original was digested first or not.
+        contract = RunContract("t1", "g", allowed_actions=("charge", "refund"))
+        plans = [
+            [Step("s1", "charge", {"amount": 5})],
+            [Step("s1", "refund", {"amount": 5}, approval=True)],
+            [Step("s1", "charge", {"amount": 5}, key="own"), Step("s2", "charge", {"n": "é"}, after=("s1",))],
+        ]
+        digested = [pickle.loads(pickle.dumps(plan)) for plan in plans]
+        for plan in digested:
+            plan_digest(contract, plan)  # parts built before the copy is made
+        for original, digested_first in zip(plans, digested):
+            fresh = pickle.loads(pickle.dumps(original))
+            self.assertEqual(plan_digest(contract, fresh), encoded_afresh(contract, original))
+            self.assertEqual(plan_digest(contract, pickle.loads(pickle.dumps(digested_first))), encoded_afresh(contract, original))
+        self.assertEqual(len({plan_digest(contract, pickle.loads(pickle.dumps(plan))) for plan in plans}), len(plans))
 
     def test_observe_first_is_pinned_only_when_set_so_existing_digests_stay(self) -> None:
         plan = [Step("a", "write", {"x": 1}), Step("b", "write", lambda r: {}, approval=True, key="k")]

@@ -276,14 +276,16 @@ def _pinned_parts(step: Step, payload: bytes) -> tuple[bytes | None, bytes | Non
 
 
 _UNBUILT = b"\0unbuilt"
-"""In a step's ``_static``, where the tail goes: its digest parts are not built yet (compared by identity)."""
+"""In a step's ``_static``, where the tail goes: its digest parts are not built yet. Compared by
+equality, never identity (a step pickled and loaded again holds an equal copy): a built tail is
+None or starts with ``/``, so it never equals this."""
 
 
 def _built(step: Step) -> tuple[dict[str, JSONValue], str, bytes | None, bytes | None] | None:
     """``step._static`` with the plan digest's parts built (once: kept on the step). Two threads
     digesting one plan at once may both build them; both build the same bytes."""
     static = step._static
-    if static is None or static[3] is not _UNBUILT:
+    if static is None or static[3] != _UNBUILT:
         return static
     payload = static[2]
     head, tail = _pinned_parts(step, payload) if payload is not None else (None, None)
