@@ -28,7 +28,7 @@ import sys
 import time
 import traceback
 import unittest
-from typing import IO, Any
+from typing import Any
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
@@ -180,30 +180,48 @@ class Worker:
         self.process = subprocess.Popen(command + (["-v"] if verbose else []), cwd=ROOT, pass_fds=(commands_read, reports_write))
         os.close(commands_read)
         os.close(reports_write)
-        self.reports: IO[str] = os.fdopen(reports_read, "r", encoding="utf-8")
+        self.reports = reports_read
+        os.set_blocking(reports_read, False)
+        self.received = b""
         self.module = "?"
 
     def give(self, module: str) -> None:
         self.module = module
         os.write(self.commands, (module + "\n").encode())
 
+    def drain(self) -> None:
+        """Read what the worker has written so far, never waiting for more."""
+        while True:
+            try:
+                chunk = os.read(self.reports, 1 << 16)
+            except BlockingIOError:
+                return
+            if not chunk:
+                return
+            self.received += chunk
+
+    def has_report(self) -> bool:
+        return b"\n" in self.received
+
     @staticmethod
     def wait_any(workers: list[Worker]) -> list[Worker]:
-        """The workers with a report to take: one that wrote one, or one whose process has ended
-        (a child a test forked may hold the pipe open after the worker is gone, so no end of file
-        can be waited for)."""
+        """The workers with a report to take: one that wrote a whole one, or one whose process has
+        ended. Reads never block: a child a test forked may hold the pipe open after the worker is
+        gone, so neither the end of the file nor the rest of a line can be waited for."""
         while True:
-            readable = select.select([worker.reports for worker in workers], [], [], 0.5)[0]
-            done = [worker for worker in workers if worker.reports in readable or not worker.alive()]
+            select.select([worker.reports for worker in workers], [], [], 0.5)
+            for worker in workers:
+                worker.drain()
+            done = [worker for worker in workers if worker.has_report() or not worker.alive()]
             if done:
                 return done
 
     def take(self) -> dict[str, Any]:
-        if select.select([self.reports], [], [], 0)[0]:
-            line = self.reports.readline()
-            if line:
-                report: dict[str, Any] = json.loads(line)
-                return report
+        self.drain()
+        if self.has_report():
+            line, self.received = self.received.split(b"\n", 1)
+            report: dict[str, Any] = json.loads(line)
+            return report
         code = self.process.wait()
         output = f"ERROR: {self.module}: its worker process ended with status {code} before it reported\n"
         return {**dict.fromkeys(COUNTS, 0), "errors": 1, "module": self.module, "seconds": 0.0, "output": output, "failed": [self.module]}
@@ -214,7 +232,7 @@ class Worker:
     def close(self) -> None:
         os.close(self.commands)
         self.process.wait()
-        self.reports.close()
+        os.close(self.reports)
 
     def kill(self) -> None:
         self.process.kill()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import textwrap
 
 from helpers.support import TempDirTest, run_python
@@ -37,6 +38,23 @@ MODULES = {
     """,
     "test_breaks_on_import": """
         raise RuntimeError("broken at import")
+    """,
+    "test_dies_mid_report": """
+        import os, signal, sys, time, unittest
+        class DiesMidReport(unittest.TestCase):
+            def test_leaves_half_a_report_and_a_child_holding_the_pipe(self):
+                reports = int(sys.argv[sys.argv.index("--worker") + 1].split(",")[1])
+                os.write(reports, b'{"module": "half')
+                child = os.fork()
+                if child == 0:  # keeps the report pipe open; not the run's output, which the test reads to its end
+                    null = os.open(os.devnull, os.O_WRONLY)
+                    os.dup2(null, 1)
+                    os.dup2(null, 2)
+                    time.sleep(300)
+                    os._exit(0)
+                with open(os.path.join(os.path.dirname(__file__), "child.pid"), "w") as handle:
+                    handle.write(str(child))
+                os.kill(os.getpid(), signal.SIGKILL)
     """,
     "test_after": """
         import os, unittest
@@ -72,7 +90,7 @@ class SuiteRunnerTests(TempDirTest):
         self.assertIn("OK (skipped=2)", errors)
 
     def test_failures_errors_a_dead_worker_and_a_broken_import_each_fail_the_run(self) -> None:
-        self.write(list(MODULES))
+        self.write([name for name in MODULES if name != "test_dies_mid_report"])
         code, errors = self.run_suite("--workers", "2", "-v")
         self.assertEqual(code, 1, errors)
         self.assertIn("FAILED (failures=2, errors=2, skipped=2, expected failures=1)", errors)
@@ -87,6 +105,22 @@ class SuiteRunnerTests(TempDirTest):
         self.assertIn("RuntimeError: broken at import", errors)
         self.assertIn("test_one (test_passes.Passes.test_one) ... ok", errors, "-v prints a line per test")
         self.assertTrue(os.path.exists(self.path("after-ran")), "a fresh worker ran the modules left")
+
+    def test_a_worker_killed_mid_report_with_a_child_holding_its_pipe_fails_its_module_without_a_hang(self) -> None:
+        self.write(["test_dies_mid_report", "test_after"])
+        self.addCleanup(self.kill_child)
+        code, errors = self.run_suite("--workers", "1")  # a hang would end in the run's timeout
+        self.assertEqual(code, 1, errors)
+        self.assertIn("failed: test_dies_mid_report", errors)
+        self.assertIn("its worker process ended with status -9", errors)
+        self.assertTrue(os.path.exists(self.path("after-ran")), "a fresh worker ran the module left")
+
+    def kill_child(self) -> None:
+        try:
+            with open(self.path("child.pid"), encoding="utf-8") as handle:
+                os.kill(int(handle.read()), signal.SIGKILL)
+        except (FileNotFoundError, ProcessLookupError):
+            pass
 
     def test_one_worker_runs_the_named_modules_only(self) -> None:
         self.write(["test_passes", "test_fails"])
