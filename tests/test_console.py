@@ -44,17 +44,21 @@ class ConsoleCase(CliCase):
     """Which store the console reads: ``json`` (``JsonFileStore``) or ``sqlite`` (``SqliteStore``)."""
 
     def store(self) -> Any:
+        """A new store object on the test's store, closed when the test ends (each holds its
+        database connections, or the JSON-file store its summary index's, until closed)."""
+        store: Any
         if self.store_kind == "sqlite":
-            return SqliteStore(self.path("store.sqlite"), create=True)
-        if self.store_kind == "postgres":
+            store = SqliteStore(self.path("store.sqlite"), create=True)
+        elif self.store_kind == "postgres":
             if getattr(self, "pg_schema", None) is None:
                 pg_support.check()
                 self.pg_schema = pg_support.Schema(prefix="lr_console")
                 self.addCleanup(self.pg_schema.drop)
             store = PostgresStore(self.pg_schema.factory())  # one per caller, as separate processes would have
-            self.addCleanup(store.close)
-            return store
-        return JsonFileStore(self.store_dir, create=True)
+        else:
+            store = JsonFileStore(self.store_dir, create=True)
+        self.addCleanup(store.close)
+        return store
 
     def setUp(self) -> None:
         super().setUp()
