@@ -130,6 +130,16 @@ class SuiteRunnerTests(TempDirTest):
         self.assertIn("(1 worker process)", errors)
         self.assertNotIn("test_fails", errors)
 
+    def test_modules_that_share_effect_keys_run_in_one_unit_and_every_module_once(self) -> None:
+        import importlib
+
+        runner = importlib.import_module("tests.__main__")
+        names = ["test_b", "test_mcp", "test_a", "test_session", "test_fleet_crash"]
+        units = runner.ordered(names)
+        self.assertEqual(sorted(name for unit in units for name in unit), sorted(names))
+        self.assertIn(["test_session", "test_mcp"], units, "one worker runs them one after another")
+        self.assertEqual(units[0], ["test_fleet_crash"], "the slowest first")
+
     def test_an_unknown_module_is_a_usage_error(self) -> None:
         self.write(["test_passes"])
         code, errors = self.run_suite("test_missing")
